@@ -1,0 +1,206 @@
+"""The `ramforge` command line. click parses, rich renders; errors are one line on stderr."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+
+import click
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .errors import RamforgeError
+from .gguf.constants import GGML_BLOCK, GGMLType, Keys
+from .gguf.reader import GGUFFile
+from .memory.size import format_bytes, parse_memory_size
+from .resolve import resolve_model
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+_ARRAY_HEAD = 8
+
+
+def _summarise(value, limit: int = 16):
+    """A JSON-able value with long arrays cut to their head and length."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, list):
+        if len(value) <= limit:
+            return value
+        return {"length": len(value), "head": value[:_ARRAY_HEAD]}
+    return value
+
+
+def _short(value, width: int = 80) -> str:
+    s = _summarise(value)
+    if isinstance(s, dict):
+        head = ", ".join(repr(v) for v in s["head"])
+        return f"[{s['length']:,} items] {head}, ..."
+    s = repr(s) if not isinstance(s, str) else s
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def _open(model: str | None) -> GGUFFile:
+    return GGUFFile(resolve_model(model))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ramforge")
+def cli():
+    """Run GGUF language models larger than the RAM you allow.
+
+    MODEL is a path to a .gguf file, or `default` (or nothing) for the embedded gemma-3-270m.
+    Add --debug (or RAMFORGE_DEBUG=1) to any command to see tracebacks.
+    """
+
+
+@cli.command()
+@click.argument("model", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def inspect(model, as_json):
+    """Metadata, quantization summary and tensor table of MODEL (reads no tensor data)."""
+    with _open(model) as f:
+        md = f.metadata
+        arch = md.get(Keys.ARCHITECTURE)
+        types = Counter(t.ggml_type.name for t in f.tensors.values())
+        tbytes = Counter()
+        for t in f.tensors.values():
+            tbytes[t.ggml_type.name] += t.nbytes
+        info = {
+            "path": f.path, "version": f.version, "file_size": f.size, "alignment": f.alignment,
+            "data_offset": f.data_offset, "architecture": arch,
+            "block_count": md.get(Keys.of(Keys.BLOCK_COUNT, arch)) if arch else None,
+            "embedding_length": md.get(Keys.of(Keys.EMBEDDING_LENGTH, arch)) if arch else None,
+            "tensor_count": len(f.tensors),
+            "types": dict(types.most_common()),
+            "type_bytes": {k: tbytes[k] for k, _ in types.most_common()},
+            "metadata": {k: _summarise(v) for k, v in md.items()},
+            "tensors": [{"name": t.name, "type": t.ggml_type.name, "dims": list(t.dims),
+                         "offset": t.offset, "nbytes": t.nbytes} for t in f.tensors.values()],
+        }
+    if as_json:
+        print(json.dumps(info, indent=1))
+        return
+    out.print(f"[bold]{info['path']}[/] GGUF v{info['version']}, {format_bytes(info['file_size'])}, "
+              f"{info['tensor_count']} tensors, architecture [bold]{arch}[/]")
+    meta = Table(title="metadata", show_lines=False)
+    meta.add_column("key"), meta.add_column("value", overflow="fold")
+    for k, v in md.items():
+        meta.add_row(k, _short(v))
+    out.print(meta)
+    q = Table(title="quantization")
+    for c in ("type", "tensors", "bytes", "share"):
+        q.add_column(c, justify="right" if c != "type" else "left")
+    total = sum(tbytes.values()) or 1
+    for name, n in types.most_common():
+        q.add_row(name, str(n), format_bytes(tbytes[name]), f"{100 * tbytes[name] / total:.1f}%")
+    out.print(q)
+    tt = Table(title="tensors")
+    for c in ("name", "type", "dims", "bytes", "offset"):
+        tt.add_column(c, justify="right" if c in ("bytes", "offset") else "left")
+    for t in info["tensors"]:
+        tt.add_row(t["name"], t["type"], " x ".join(map(str, t["dims"])), f"{t['nbytes']:,}", f"{t['offset']:,}")
+    out.print(tt)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def support(as_json):
+    """What ramforge executes, inspects only, or refuses."""
+    from .kernels.registry import is_executable as type_ok
+    from .models import ALIASES, ARCHITECTURES
+    from .tokenizer import SUPPORTED_TOKENIZERS
+
+    info = {
+        "architectures": {"executable": sorted(ARCHITECTURES), "aliases": dict(ALIASES),
+                          "inspect_only": "every other GGUF architecture"},
+        "quant_types": {
+            "executable": [t.name for t in GGMLType if type_ok(t)],
+            "refused": [t.name for t in GGMLType if not type_ok(t)],
+        },
+        "tokenizers": {m: list(p) for m, p in SUPPORTED_TOKENIZERS.items()},
+    }
+    if as_json:
+        print(json.dumps(info, indent=1))
+        return
+    t = Table(title="ramforge support")
+    t.add_column("kind"), t.add_column("status"), t.add_column("names", overflow="fold")
+    t.add_row("architecture", "executable", ", ".join(info["architectures"]["executable"]) or "(none yet)")
+    t.add_row("architecture", "inspect-only", info["architectures"]["inspect_only"])
+    t.add_row("quant type", "executable", ", ".join(info["quant_types"]["executable"]))
+    t.add_row("quant type", "refused", ", ".join(info["quant_types"]["refused"]))
+    for m, pres in info["tokenizers"].items():
+        t.add_row("tokenizer", m, ", ".join(pres) or "-")
+    out.print(t)
+
+
+@cli.command()
+@click.argument("model", required=False)
+@click.option("--ram", required=True, help="Memory budget, e.g. 4G, 512MiB, 1.5G.")
+@click.option("--ctx", type=click.IntRange(min=1), default=None, help="Context length (default: 4096, or the model's if smaller).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def plan(model, ram, ctx, as_json):
+    """How MODEL runs under a RAM budget: resident and streamed bytes, KV cache, minimum budget."""
+    from .plan import make_plan
+
+    budget = parse_memory_size(ram)
+    with _open(model) as f:
+        p = make_plan(f, budget, ctx)
+    if as_json:
+        print(json.dumps(p.to_json(), indent=1))
+        return
+    li, lb = p.largest_layer
+    t = Table(title=f"plan: {os.path.basename(p.path)} ({p.arch}) at --ram {format_bytes(budget)}, ctx {p.n_ctx}")
+    t.add_column("item"), t.add_column("bytes", justify="right"), t.add_column("", justify="right")
+    t.add_row("model weights", f"{p.model_bytes:,}", format_bytes(p.model_bytes))
+    t.add_row(f"persistent tensors ({len(p.persistent)})", f"{p.persistent_bytes:,}", format_bytes(p.persistent_bytes))
+    t.add_row(f"layers ({len(p.layer_bytes)}), largest is {li}", f"{lb:,}", format_bytes(lb))
+    t.add_row(f"KV cache (F16, ctx {p.n_ctx})", f"{p.kv_bytes:,}", format_bytes(p.kv_bytes))
+    t.add_row("activations", f"{p.activation_bytes:,}", format_bytes(p.activation_bytes))
+    t.add_row("fully resident needs", f"{p.resident_budget:,}", format_bytes(p.resident_budget))
+    t.add_row("minimum budget (streaming)", f"{p.min_budget:,}", format_bytes(p.min_budget))
+    out.print(t)
+    colour = {"resident": "green", "streaming": "yellow", "insufficient": "red"}[p.verdict]
+    extra = f"; needs at least {format_bytes(p.min_budget)} ({p.min_budget:,} B)" if p.verdict == "insufficient" else ""
+    out.print(f"verdict: [bold {colour}]{p.verdict}[/]{extra}")
+    for n in p.notes:
+        out.print(f"note: {n}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: typed errors become one line on stderr and a non-zero exit."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("RAMFORGE_DEBUG", "") not in ("", "0")
+    if "--debug" in argv:
+        argv.remove("--debug")
+        debug = True
+    try:
+        cli.main(args=argv, prog_name="ramforge", standalone_mode=False)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except RamforgeError as e:
+        if debug:
+            err.print_exception()
+        err.print(f"[red]error:[/] {escape(str(e))}")
+        sys.exit(1)
+    except (OSError, MemoryError) as e:
+        if debug:
+            err.print_exception()
+        err.print(f"[red]error:[/] {type(e).__name__}: {escape(str(e))}")
+        sys.exit(1)
+    except Exception as e:  # a bug: still one line, with the way to see more
+        if debug:
+            err.print_exception()
+        err.print(f"[red]internal error:[/] {type(e).__name__}: {escape(str(e))} (run with --debug for the traceback)")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""The engine: a model file, its weights, KV cache and run state under one memory budget.
+
+Python orchestrates (chunks of tokens, layers, sampling); the @njit kernels compute.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from .errors import ContextLengthExceeded, RamforgeError, UnsupportedArch
+from .gguf.constants import Keys
+from .gguf.reader import GGUFFile
+from .memory import MemoryBudget
+from .memory.kv_cache import KVCache
+from .models import ALIASES, ARCHITECTURES
+from .models.config import HParams
+from .models.weights import ModelError, ResidentWeights, gguf_name
+from .plan import DEFAULT_CTX, n_vocab_of
+
+DEFAULT_BATCH = 64           # prompt tokens per forward chunk
+
+
+def _refuse_unsupported_keys(md: dict, arch: str) -> dict:
+    """Metadata that would change the math but that ramforge does not implement, refused by name."""
+    def get(t):
+        return md.get(Keys.of(t, arch))
+
+    scaling = get(Keys.ROPE_SCALING_TYPE)
+    if scaling not in (None, "none"):
+        raise UnsupportedArch(f"{Keys.of(Keys.ROPE_SCALING_TYPE, arch)} = {scaling!r}: RoPE scaling is not supported")
+    factor = get(Keys.ROPE_SCALING_FACTOR)
+    if factor not in (None, 0.0, 1.0):
+        raise UnsupportedArch(f"{Keys.of(Keys.ROPE_SCALING_FACTOR, arch)} = {factor}: RoPE scaling is not supported")
+    for t in ("{arch}.expert_count", "{arch}.attn_logit_softcapping", "{arch}.final_logit_softcapping",
+              "{arch}.rope.dimension_sections", "{arch}.attention.sliding_window_pattern"):
+        v = md.get(Keys.of(t, arch))
+        if v is not None and not (np.isscalar(v) and v == 0):
+            raise UnsupportedArch(f"{Keys.of(t, arch)} = {v!r} is not supported by ramforge's {arch} forward pass")
+    if arch != "gemma3" and get(Keys.SLIDING_WINDOW):
+        raise UnsupportedArch(f"{Keys.of(Keys.SLIDING_WINDOW, arch)} is not supported for {arch}")
+    extra = {}
+    base_swa = md.get(f"{arch}.rope.freq_base_swa")
+    if base_swa is not None:
+        extra["rope_base_swa"] = float(base_swa)
+    return extra
+
+
+def arch_module(arch: str):
+    name = ARCHITECTURES.get(ALIASES.get(arch, arch))
+    if name is None:
+        raise UnsupportedArch(f"architecture {arch!r} cannot be executed; executable: "
+                              f"{', '.join(sorted(ARCHITECTURES))} (any architecture can be inspected)")
+    return importlib.import_module(f"ramforge.models.{name}")
+
+
+@dataclass
+class State:
+    """Activations for a chunk of up to `batch` tokens, allocated once and charged to the budget."""
+
+    x: np.ndarray        # f32[batch, n_embd]        residual stream
+    xb: np.ndarray       # f32[batch, n_embd]        normed input / projection output
+    q: np.ndarray        # f32[batch, n_head, hd_k]
+    k: np.ndarray        # f32[batch, n_head_kv, hd_k]
+    v: np.ndarray        # f32[batch, n_head_kv, hd_v]
+    att: np.ndarray      # f32[batch, n_head, hd_v]  attention output
+    gate: np.ndarray     # f32[batch, n_ff]
+    up: np.ndarray       # f32[batch, n_ff]
+    hn: np.ndarray       # f32[batch, n_embd]        final norm
+    logits: np.ndarray   # f32[batch, n_vocab]
+
+    @staticmethod
+    def nbytes(hp: HParams, batch: int) -> int:
+        per_tok = (3 * hp.n_embd + hp.n_head * hp.head_dim_k + hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v)
+                   + hp.n_head * hp.head_dim_v + 2 * hp.n_ff + hp.n_vocab)
+        return 4 * batch * per_tok
+
+    @classmethod
+    def allocate(cls, hp: HParams, batch: int) -> "State":
+        z = lambda *shape: np.zeros((batch, *shape), np.float32)  # noqa: E731
+        return cls(z(hp.n_embd), z(hp.n_embd), z(hp.n_head, hp.head_dim_k), z(hp.n_head_kv, hp.head_dim_k),
+                   z(hp.n_head_kv, hp.head_dim_v), z(hp.n_head, hp.head_dim_v), z(hp.n_ff), z(hp.n_ff),
+                   z(hp.n_embd), z(hp.n_vocab))
+
+
+@dataclass
+class Timings:
+    load_s: float = 0.0
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        rate = lambda n, s: n / s if s > 0 else 0.0  # noqa: E731
+        return {"load_s": self.load_s, "prompt_tokens": self.prompt_tokens, "prompt_s": self.prompt_s,
+                "prefill_tok_s": rate(self.prompt_tokens, self.prompt_s), "gen_tokens": self.gen_tokens,
+                "gen_s": self.gen_s, "decode_tok_s": rate(self.gen_tokens, self.gen_s)}
+
+
+@dataclass
+class Engine:
+    """A loaded model. `eval` advances the KV cache; `generate` samples continuations.
+
+    >>> eng = Engine.load("model.gguf", n_ctx=512)          # doctest: +SKIP
+    >>> ids = eng.tokenizer.encode("Hello")                  # doctest: +SKIP
+    >>> list(eng.generate(ids, max_tokens=8))                # doctest: +SKIP
+    """
+
+    path: str
+    hp: HParams
+    module: object
+    weights: ResidentWeights
+    kv: KVCache
+    state: State
+    tokenizer: object
+    budget: MemoryBudget
+    batch: int
+    extra: dict = field(default_factory=dict)
+    timings: Timings = field(default_factory=Timings)
+    _charges: list = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None,
+             batch: int = DEFAULT_BATCH) -> "Engine":
+        from .tokenizer import load_tokenizer
+
+        t0 = time.perf_counter()
+        budget = budget or MemoryBudget()
+        with GGUFFile(path) as f:
+            md = f.metadata
+            hp = HParams.from_metadata(md, n_vocab_of(f))
+            module = arch_module(hp.arch)
+            extra = _refuse_unsupported_keys(md, hp.arch)
+            _refuse_unknown_tensors(f, hp, module)
+            n_ctx = min(hp.n_ctx_train, DEFAULT_CTX) if n_ctx is None else n_ctx
+            if n_ctx <= 0:
+                raise RamforgeError(f"context length must be positive, got {n_ctx}")
+            tokenizer = load_tokenizer(md)
+            weights = ResidentWeights(f, hp, module.LAYER_TENSORS, budget, module.OPTIONAL)
+        charges = []
+        try:
+            kv = KVCache(budget, hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
+            charges.append(kv.charge)
+            charges.append(budget.charge("activations", State.nbytes(hp, batch)))
+            state = State.allocate(hp, batch)
+        except BaseException:
+            for c in charges:
+                c.release()
+            weights.close()
+            raise
+        eng = cls(str(path), hp, module, weights, kv, state, tokenizer, budget, batch, extra, _charges=charges)
+        eng.timings.load_s = time.perf_counter() - t0
+        return eng
+
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.n_ctx
+
+    @property
+    def n_past(self) -> int:
+        return self.kv.n_past
+
+    def reset(self, n_past: int = 0) -> None:
+        """Forget cached positions from n_past on (0: the whole context)."""
+        self.kv.n_past = max(0, min(n_past, self.kv.n_past))
+
+    def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
+        """Append tokens to the context; return logits f32[n, n_vocab] (all_logits) or f32[1, n_vocab]."""
+        toks = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if toks.size == 0:
+            raise RamforgeError("eval needs at least one token")
+        self.kv.check_room(toks.size)
+        bad = toks[(toks < 0) | (toks >= self.hp.n_vocab)]
+        if bad.size:
+            raise RamforgeError(f"token id {int(bad[0])} is out of range for a vocabulary of {self.hp.n_vocab}")
+        out = []
+        for c0 in range(0, toks.size, self.batch):
+            chunk = toks[c0:c0 + self.batch]
+            self.module.forward(self, self.state, chunk, self.kv.n_past)
+            self.kv.n_past += chunk.size
+            last = c0 + chunk.size == toks.size
+            if all_logits or last:
+                rows = slice(0, chunk.size) if all_logits else slice(chunk.size - 1, chunk.size)
+                out.append(self._logits(rows).copy())
+        return np.concatenate(out) if len(out) > 1 else out[0]
+
+    def _logits(self, rows: slice) -> np.ndarray:
+        from .kernels.ops import rms_norm
+
+        s = self.state
+        n = rows.stop - rows.start
+        rms_norm(s.hn[:n], s.x[rows], self.weights.output_norm.data, self.hp.rms_eps)
+        return self.weights.output.rows(s.logits[:n], s.hn[:n])
+
+    def generate(self, prompt: list[int], max_tokens: int, sampler=None, stop_on_eog: bool = True) -> Iterator[int]:
+        """Yield up to max_tokens sampled tokens after the prompt (greedy when sampler is None)."""
+        if len(prompt) + max_tokens > self.n_ctx:
+            raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens + {max_tokens} to generate exceed the "
+                                        f"context of {self.n_ctx}; raise --ctx or lower --max-tokens")
+        self.reset()
+        t0 = time.perf_counter()
+        logits = self.eval(prompt)[-1]
+        self.timings = Timings(self.timings.load_s, len(prompt), time.perf_counter() - t0)
+        history = list(prompt)
+        t1 = time.perf_counter()
+        for _ in range(max_tokens):
+            tok = int(np.argmax(logits)) if sampler is None else sampler.sample(logits, history)
+            if stop_on_eog and self.tokenizer.is_eog(tok):
+                break
+            history.append(tok)
+            self.timings.gen_tokens += 1
+            yield tok
+            if self.timings.gen_tokens == max_tokens:
+                break
+            logits = self.eval([tok])[-1]
+            self.timings.gen_s = time.perf_counter() - t1
+        self.timings.gen_s = time.perf_counter() - t1
+
+    def close(self) -> None:
+        for c in self._charges:
+            c.release()
+        self._charges.clear()
+        self.weights.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _refuse_unknown_tensors(f: GGUFFile, hp: HParams, module) -> None:
+    """A tensor the forward pass would ignore changes the answer: refuse it by name."""
+    known = {gguf_name(s) for s in ("token_embd", "output_norm", "output", "rope_freqs")}
+    for il in range(hp.n_layer):
+        known.update(gguf_name(s, il) for s in module.LAYER_TENSORS)
+    for name in f.tensors:
+        if name not in known:
+            raise ModelError(f"{f.path}: tensor {name} is not used by ramforge's {hp.arch} forward pass; "
+                             f"refusing rather than ignoring it")

@@ -1,0 +1,103 @@
+"""Matmul of float activations with compact quantized weights, as llama.cpp's CPU backend does it.
+
+llama.cpp rounds the activation to its weight type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16, BF16
+or F32) before the dot product. `round_activation` reproduces that rounding in float32, and the
+kernel then dequantizes each weight row block by block into a thread-local buffer and dots it
+with every token of the chunk, so a weight row is read once per chunk of tokens.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..errors import RamforgeError
+from ..gguf.constants import GGML_BLOCK, QK_K
+from .dequant import _dequant_any
+from .registry import ActType, kernels_for
+
+_ROWS_PER_TASK = 16          # weight rows per parallel task
+
+
+def _round_q8_0(x: np.ndarray) -> np.ndarray:
+    """x (f32[n_tok, n]) through Q8_0 and back: per 32 values d = f16(amax/127), q = rint(x*127/amax)."""
+    xb = x.reshape(-1, 32)
+    amax = np.abs(xb).max(axis=1)
+    d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[:, None])
+    return (q * d[:, None]).reshape(x.shape)
+
+
+def _round_q8_k(x: np.ndarray) -> np.ndarray:
+    """x through Q8_K and back: per 256 values, scale by -127/max of the signed largest-|x| value."""
+    xb = x.reshape(-1, QK_K)
+    big = xb[np.arange(xb.shape[0]), np.abs(xb).argmax(axis=1)]
+    nz = big != 0
+    iscale = np.zeros_like(big)
+    iscale[nz] = np.float32(-127) / big[nz]
+    q = np.minimum(np.rint(xb * iscale[:, None]), np.float32(127))
+    d = np.zeros_like(big)
+    d[nz] = np.float32(1) / iscale[nz]
+    return (q * d[:, None]).reshape(x.shape)
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """Round f32 to bf16 (nearest, ties to even), as ggml's GGML_FP32_TO_BF16, and back."""
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    r = np.where(np.isnan(x), (u | 0x400000) >> 16 << 16, r)      # quiet NaNs, as ggml
+    return r.astype(np.uint32).view(np.float32).reshape(x.shape)
+
+
+_ROUND = {
+    ActType.F32: lambda x: x,
+    ActType.F16: lambda x: x.astype(np.float16).astype(np.float32),
+    ActType.BF16: _round_bf16,
+    ActType.Q8_0: _round_q8_0,
+    ActType.Q8_1: _round_q8_0,
+    ActType.Q8_K: _round_q8_k,
+}
+
+
+def round_activation(x: np.ndarray, act: ActType) -> np.ndarray:
+    """x (f32[n_tok, n]) rounded the way llama.cpp rounds it before a dot with a weight of `act`."""
+    return _ROUND[act](np.ascontiguousarray(x, dtype=np.float32))
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _matmul(y, x, raw, tid, n_out, n_in, row_bytes, block_elems):
+    # y f32[n_tok, n_out] = x f32[n_tok, n_in] @ W^T, W: n_out rows of row_bytes packed bytes in raw u8
+    n_tok = x.shape[0]
+    n_tasks = (n_out + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
+    nb = n_in // block_elems
+    for task in prange(n_tasks):
+        row = np.empty(n_in, dtype=np.float32)
+        r1 = min(n_out, (task + 1) * _ROWS_PER_TASK)
+        for r in range(task * _ROWS_PER_TASK, r1):
+            _dequant_any(tid, row, raw[r * row_bytes:(r + 1) * row_bytes], 0, nb)
+            for t in range(n_tok):
+                s = np.float32(0.0)
+                for i in range(n_in):
+                    s += row[i] * x[t, i]
+                y[t, r] = s
+
+
+def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements.
+
+    Validates the shapes against the packed size, rounds x as llama.cpp would, then runs the kernel.
+    """
+    k = kernels_for(ggml_type)
+    be, bb = GGML_BLOCK[k.ggml_type]
+    if n_in % be:
+        raise RamforgeError(f"row length {n_in} is not a multiple of {k.ggml_type.name}'s block size {be}")
+    row_bytes = n_in // be * bb
+    if raw.dtype != np.uint8 or raw.size != n_out * row_bytes:
+        raise RamforgeError(f"{k.ggml_type.name} weight of {n_out} x {n_in} needs {n_out * row_bytes:,} B, "
+                            f"got {raw.size:,} ({raw.dtype})")
+    if x.ndim != 2 or x.shape[1] != n_in or y.shape != (x.shape[0], n_out) or y.dtype != np.float32:
+        raise RamforgeError(f"matmul shapes: x {x.shape}, y {y.shape} {y.dtype}, weight {n_out} x {n_in}")
+    xr = round_activation(x, k.act)
+    _matmul(y, xr, raw.reshape(-1), int(k.ggml_type), n_out, n_in, row_bytes, be)
+    return y

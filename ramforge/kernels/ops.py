@@ -1,0 +1,228 @@
+"""Transformer ops as llama.cpp's CPU backend computes them: RMSNorm, RoPE, attention, GLUs.
+
+Each public function checks shapes and calls a private @njit kernel. Numerics follow ggml where it
+matters for agreement: RMSNorm sums squares in float64, attention rounds q and the probabilities
+to f16 (the F16 KV cache's vec_dot_type), softmax sums in float64, GELU goes through ggml's f16
+table.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from ..errors import RamforgeError
+
+# ---------------------------------------------------------------- RMSNorm
+
+
+@njit(cache=True, parallel=True)
+def _rms_norm(out, x, w, eps):
+    # out, x f32[n_tok, n]; w f32[n]: out = (x * 1/sqrt(mean(x^2) + eps)) * w
+    n = x.shape[1]
+    for t in prange(x.shape[0]):
+        s = 0.0
+        for i in range(n):
+            v = np.float64(x[t, i] * x[t, i])
+            s += v
+        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / n) + eps))
+        for i in range(n):
+            out[t, i] = (x[t, i] * scale) * w[i]
+
+
+def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """Row-wise RMSNorm of x (f32[..., n]) times w (f32[n]) into out (same shape as x)."""
+    n = x.shape[-1]
+    if w.shape != (n,) or out.shape != x.shape:
+        raise RamforgeError(f"rms_norm: x {x.shape}, w {w.shape}, out {out.shape}")
+    _rms_norm(out.reshape(-1, n), x.reshape(-1, n), w, np.float32(eps))
+    return out
+
+
+# ---------------------------------------------------------------- RoPE
+
+
+@njit(cache=True)
+def _rope(x, pos, n_rot, base, neox, freq_factors):
+    # x f32[n_tok, n_head, head_dim], rotated in place; pos i32[n_tok]; freq_factors f32[n_rot/2] or empty
+    theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
+    half = n_rot // 2
+    for t in range(x.shape[0]):
+        theta = np.float32(pos[t])
+        for i in range(half):
+            th = theta / freq_factors[i] if freq_factors.size else theta
+            c, s = np.float32(math.cos(th)), np.float32(math.sin(th))
+            for h in range(x.shape[1]):
+                if neox:
+                    a, b = i, i + half
+                else:
+                    a, b = 2 * i, 2 * i + 1
+                x0, x1 = x[t, h, a], x[t, h, b]
+                x[t, h, a] = x0 * c - x1 * s
+                x[t, h, b] = x0 * s + x1 * c
+            theta = theta * theta_scale
+
+
+def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
+         freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """Rotate the first n_rot dims of each head of x (f32[n_tok, n_head, head_dim]) in place.
+
+    neox=False pairs (2i, 2i+1) as llama; neox=True pairs (i, i + n_rot/2) as qwen2/qwen3/gemma3.
+    """
+    if x.ndim != 3 or n_rot > x.shape[2] or n_rot % 2 or pos.shape != (x.shape[0],):
+        raise RamforgeError(f"rope: x {x.shape}, pos {pos.shape}, n_rot {n_rot}")
+    ff = np.empty(0, np.float32) if freq_factors is None else np.ascontiguousarray(freq_factors, np.float32)
+    if ff.size not in (0, n_rot // 2):
+        raise RamforgeError(f"rope: {ff.size} frequency factors for n_rot {n_rot} (expected {n_rot // 2})")
+    _rope(x, pos.astype(np.int32), n_rot, base, neox, ff)
+    return x
+
+
+# ---------------------------------------------------------------- attention over the F16 KV cache
+
+
+@intrinsic
+def _f32_as_bits(typingctx, f):
+    """Reinterpret a float32 as its uint32 bits."""
+    if not isinstance(f, types.Float) or f.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(f), codegen
+
+
+@njit(cache=True)
+def _f32_to_half_bits(f):
+    # float32 -> IEEE binary16 bits, round to nearest even, as numpy and F16C do
+    b = np.int64(_f32_as_bits(np.float32(f)))
+    sign = (b >> 16) & 0x8000
+    e = (b >> 23) & 0xFF
+    m = b & 0x7FFFFF
+    if e == 0xFF:
+        return sign | 0x7C00 | (0x200 if m else 0)
+    ee = e - 112                             # rebias 127 -> 15
+    if ee >= 31:
+        return sign | 0x7C00
+    if ee <= 0:                              # subnormal f16
+        if ee < -10:
+            return sign
+        m |= 0x800000
+        shift = 14 - ee
+        h = m >> shift
+        rem, mid = m & ((1 << shift) - 1), 1 << (shift - 1)
+        if rem > mid or (rem == mid and (h & 1)):
+            h += 1
+        return sign | h
+    h = sign | (ee << 10) | (m >> 13)
+    rem = m & 0x1FFF
+    if rem > 0x1000 or (rem == 0x1000 and (h & 1)):
+        h += 1                               # may carry into the exponent: still correct
+    return h
+
+
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)   # f32[65536]
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16):
+    # out f32[n_tok, n_head, hd_v]; q f32[n_tok, n_head, hd_k] (already f16-rounded)
+    # k_cache u16[n_ctx, n_head_kv, hd_k], v_cache u16[n_ctx, n_head_kv, hd_v]: f16 bits
+    # f16 f32[65536]: the value of each f16 bit pattern
+    n_head = q.shape[1]
+    hd_k, hd_v = q.shape[2], v_cache.shape[2]
+    n_kv_max = pos0 + n_tok
+    for job in prange(n_tok * n_head):
+        t, h = job // n_head, job % n_head
+        kvh = h // gqa
+        p = pos0 + t
+        j0 = 0 if window <= 0 else max(0, p - window + 1)
+        scores = np.empty(n_kv_max, np.float32)
+        mx = -np.inf
+        for j in range(j0, p + 1):
+            s = np.float32(0.0)
+            for d in range(hd_k):
+                s += q[t, h, d] * f16[k_cache[j, kvh, d]]
+            s *= kq_scale
+            scores[j] = s
+            if s > mx:
+                mx = s
+        total = 0.0
+        for j in range(j0, p + 1):
+            e = np.float32(math.exp(scores[j] - mx))
+            scores[j] = e
+            total += e
+        inv = np.float32(1.0 / total)
+        for d in range(hd_v):
+            out[t, h, d] = 0.0
+        for j in range(j0, p + 1):
+            pj = f16[_f32_to_half_bits(scores[j] * inv)]    # probabilities meet V as f16
+            for d in range(hd_v):
+                out[t, h, d] += pj * f16[v_cache[j, kvh, d]]
+
+
+def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
+              kq_scale: float, window: int = 0) -> np.ndarray:
+    """Causal attention of n_tok queries at positions pos0.. over the cache rows 0..pos0+n_tok-1.
+
+    window > 0 masks keys at distance >= window (llama.cpp's standard sliding window).
+    """
+    n_tok, n_head, hd_k = q.shape
+    n_kv = k_cache.shape[1]
+    if n_kv == 0 or n_head % n_kv or k_cache.shape[2] != hd_k or pos0 + n_tok > k_cache.shape[0]:
+        raise RamforgeError(f"attention: q {q.shape}, k cache {k_cache.shape}, pos0 {pos0}")
+    qr = q.astype(np.float16).astype(np.float32)          # q meets an F16 cache as f16
+    _attention(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32)
+    return out
+
+
+# ---------------------------------------------------------------- gated FFN activations
+
+
+def _gelu_table() -> np.ndarray:
+    """ggml's GELU table: f16(gelu_tanh(x)) for every f16 x, as float32."""
+    x = F16_TO_F32
+    with np.errstate(all="ignore"):
+        g = np.float32(0.5) * x * (np.float32(1) + np.tanh(np.float32(0.7978845608028654) * x *
+                                                         (np.float32(1) + np.float32(0.044715) * x * x)))
+    return g.astype(np.float16).astype(np.float32)
+
+
+_GELU = _gelu_table()
+
+
+@njit(cache=True, parallel=True)
+def _geglu(out, gate, up, table):
+    for t in prange(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            g = gate[t, i]
+            if g <= -10.0:
+                out[t, i] = 0.0
+            elif g >= 10.0:
+                out[t, i] = g * up[t, i]
+            else:
+                out[t, i] = table[_f32_to_half_bits(g)] * up[t, i]
+
+
+@njit(cache=True, parallel=True)
+def _swiglu(out, gate, up):
+    for t in prange(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            g = gate[t, i]
+            out[t, i] = (g / (np.float32(1.0) + np.float32(math.exp(-g)))) * up[t, i]
+
+
+def geglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """out = gelu(gate) * up (gemma3's FFN), f32[n_tok, n_ff]."""
+    _geglu(out, gate, up, _GELU)
+    return out
+
+
+def swiglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """out = silu(gate) * up (llama/qwen FFN), f32[n_tok, n_ff]."""
+    _swiglu(out, gate, up)
+    return out

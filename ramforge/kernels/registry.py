@@ -1,0 +1,97 @@
+"""The one table of executable ggml types and their kernels.
+
+A type not in `REGISTRY` can still be inspected (its block size is in GGML_BLOCK) but not run:
+`kernels_for` refuses it with UnsupportedType.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable
+
+from ramforge.errors import UnsupportedType
+from ramforge.gguf.constants import GGML_BLOCK, GGMLType
+from ramforge.kernels import dequant as _dq
+
+
+class ActType(Enum):
+    """How llama.cpp's CPU backend rounds the activation before a dot with a weight type
+    (ggml-cpu's `vec_dot_type`): the matmul reproduces that rounding."""
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+    Q8_0 = "q8_0"      # blocks of 32, f16 scale amax/127, round half to even
+    Q8_1 = "q8_1"      # as Q8_0 (plus block sums, which a float dot does not need)
+    Q8_K = "q8_k"      # blocks of 256, f32 scale -max/127 of the signed max
+
+
+@dataclass(frozen=True)
+class QuantKernels:
+    """Kernels of one executable ggml type.
+
+    dequant(out_f32, raw_u8, first_block, n_blocks): numba kernel writing
+    n_blocks * block_elems float32 values decoded from blocks [first_block, first_block + n_blocks).
+    """
+
+    ggml_type: GGMLType
+    dequant: Callable
+    act: ActType
+    # a later issue adds the dot / matvec kernel here
+
+    @property
+    def block_elems(self) -> int:
+        return GGML_BLOCK[self.ggml_type][0]
+
+    @property
+    def block_bytes(self) -> int:
+        return GGML_BLOCK[self.ggml_type][1]
+
+
+def _table(*entries: QuantKernels) -> dict[GGMLType, QuantKernels]:
+    return {k.ggml_type: k for k in entries}
+
+
+T, A = GGMLType, ActType
+REGISTRY: dict[GGMLType, QuantKernels] = _table(
+    QuantKernels(T.F32, _dq._dequant_f32, A.F32),
+    QuantKernels(T.F16, _dq._dequant_f16, A.F16),
+    QuantKernels(T.BF16, _dq._dequant_bf16, A.BF16),
+    QuantKernels(T.Q4_0, _dq._dequant_q4_0, A.Q8_0),
+    QuantKernels(T.Q4_1, _dq._dequant_q4_1, A.Q8_1),
+    QuantKernels(T.Q5_0, _dq._dequant_q5_0, A.Q8_0),
+    QuantKernels(T.Q5_1, _dq._dequant_q5_1, A.Q8_1),
+    QuantKernels(T.Q8_0, _dq._dequant_q8_0, A.Q8_0),
+    QuantKernels(T.Q2_K, _dq._dequant_q2_k, A.Q8_K),
+    QuantKernels(T.Q3_K, _dq._dequant_q3_k, A.Q8_K),
+    QuantKernels(T.Q4_K, _dq._dequant_q4_k, A.Q8_K),
+    QuantKernels(T.Q5_K, _dq._dequant_q5_k, A.Q8_K),
+    QuantKernels(T.Q6_K, _dq._dequant_q6_k, A.Q8_K),
+    QuantKernels(T.Q8_K, _dq._dequant_q8_k, A.Q8_K),
+    QuantKernels(T.IQ4_NL, _dq._dequant_iq4_nl, A.Q8_0),
+    QuantKernels(T.IQ4_XS, _dq._dequant_iq4_xs, A.Q8_K),
+)
+del T, A
+
+
+def _as_type(t) -> GGMLType | None:
+    try:
+        return GGMLType(t)
+    except ValueError:
+        return None
+
+
+def is_executable(t) -> bool:
+    """True when ggml type `t` (a GGMLType or its int id) has kernels."""
+    gt = _as_type(t)
+    return gt is not None and gt in REGISTRY
+
+
+def kernels_for(t) -> QuantKernels:
+    """The kernels of ggml type `t` (a GGMLType or its int id); UnsupportedType if it has none."""
+    gt = _as_type(t)
+    if gt is not None and gt in REGISTRY:
+        return REGISTRY[gt]
+    supported = ", ".join(k.name for k in REGISTRY)
+    what = gt.name if gt is not None else f"id {t!r} (unknown to ggml)"
+    raise UnsupportedType(f"tensor type {what} is not supported for execution; supported: {supported}")

@@ -1,0 +1,20 @@
+"""Architectures: the table of what ramforge can execute; everything else is inspect-only.
+
+Mistral models ship as GGUF architecture `llama` and run through ramforge.models.llama.
+"""
+from __future__ import annotations
+
+# GGUF general.architecture -> module under ramforge.models with LAYER_TENSORS, OPTIONAL, forward()
+ARCHITECTURES: dict[str, str] = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+}
+
+# Aliases that share another architecture's forward pass.
+ALIASES: dict[str, str] = {}
+
+
+def is_executable(arch: str) -> bool:
+    return ALIASES.get(arch, arch) in ARCHITECTURES

@@ -1,0 +1,64 @@
+"""gemma3, as llama.cpp's src/models/gemma3.cpp.
+
+Embeddings scaled by sqrt(n_embd); per-head Q/K RMSNorm; q scaled by 1/sqrt(head_dim) before
+attention; post-attention and post-FFN RMSNorms; GELU-gated FFN; sliding-window attention on every
+layer but each sixth (il % 6 == 5), which attends globally. Sliding layers use rope base
+{arch}.rope.freq_base_swa (default 10000), global layers {arch}.rope.freq_base. NEOX-style RoPE.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..kernels.ops import attention, geglu, rms_norm, rope
+
+ROPE_NEOX = True
+SWA_PATTERN = 6                 # layers with il % 6 < 5 use the sliding window
+ROPE_BASE_SWA = 10000.0         # llama.cpp's default for rope_freq_base_train_swa
+LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+                 "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"]
+OPTIONAL: set[str] = set()
+
+
+def is_swa(hp, il: int) -> bool:
+    return hp.sliding_window > 0 and il % SWA_PATTERN < SWA_PATTERN - 1
+
+
+def forward(m, s, tokens: np.ndarray, pos0: int) -> None:
+    """Run tokens (i32[n]) at positions pos0.., leaving s.x = final hidden states f32[n, n_embd]."""
+    hp, w, kv = m.hp, m.weights, m.kv
+    n = len(tokens)
+    pos = np.arange(pos0, pos0 + n, dtype=np.int32)
+    x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
+    q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
+    att, gate, up = s.att[:n], s.gate[:n], s.up[:n]
+    w.token_embd.get_rows(tokens, x)
+    x *= np.float32(math.sqrt(hp.n_embd))
+    q_scale = np.float32(1.0 / math.sqrt(hp.head_dim_k))
+    base_swa = m.extra.get("rope_base_swa", ROPE_BASE_SWA)
+    for il in range(hp.n_layer):
+        L = w.layer(il)
+        swa = is_swa(hp, il)
+        rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
+        L.attn_q.rows(q.reshape(n, -1), xb)
+        L.attn_k.rows(k.reshape(n, -1), xb)
+        L.attn_v.rows(v.reshape(n, -1), xb)
+        rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
+        rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
+        base = base_swa if swa else hp.rope_base
+        rope(q, pos, hp.rope_dim, base, ROPE_NEOX)
+        rope(k, pos, hp.rope_dim, base, ROPE_NEOX)
+        q *= q_scale
+        kv.store(il, pos0, k, v)
+        attention(att, q, kv.k[il], kv.v[il], pos0, 1.0, hp.sliding_window if swa else 0)
+        L.attn_output.rows(xb, att.reshape(n, -1))
+        rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
+        x += xb                                                 # sa_out
+        rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
+        L.ffn_gate.rows(gate, xb)
+        L.ffn_up.rows(up, xb)
+        geglu(gate, gate, up)
+        L.ffn_down.rows(xb, gate)
+        rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
+        x += xb

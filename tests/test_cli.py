@@ -1,0 +1,69 @@
+"""The command line: inspect, support, plan, and one-line errors without tracebacks."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.ggufbuild import valid_model
+
+
+def ramforge(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "ramforge", *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_inspect_default_json():
+    r = ramforge("inspect", "default", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["tensor_count"] == 236
+    assert d["types"] == {"F32": 109, "Q5_0": 81, "Q4_K": 27, "Q8_0": 10, "Q6_K": 9}
+    assert (d["architecture"], d["block_count"], d["embedding_length"]) == ("gemma3", 18, 640)
+    tokens = d["metadata"]["tokenizer.ggml.tokens"]
+    assert tokens["length"] == 262144 and tokens["head"][:2] == ["<pad>", "<eos>"]
+
+
+def test_inspect_table_without_model_argument():
+    r = ramforge("inspect")
+    assert r.returncode == 0, r.stderr
+    assert "gemma3" in r.stdout and "Q4_K" in r.stdout and "blk.17.ffn_down.weight" in r.stdout
+    assert "262,144 items" in r.stdout
+
+
+def test_support_lists_types():
+    r = ramforge("support", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert {"Q4_K", "IQ4_XS", "BF16", "Q8_K"} <= set(d["quant_types"]["executable"])
+    assert {"IQ2_XXS", "TQ1_0", "MXFP4", "IQ1_S"} <= set(d["quant_types"]["refused"])
+    assert ramforge("support").returncode == 0
+
+
+@pytest.mark.parametrize("ram,verdict", [("1G", "resident"), ("100M", "streaming"), ("50M", "insufficient")])
+def test_plan_verdicts(ram, verdict):
+    r = ramforge("plan", "default", "--ram", ram, "--ctx", "2048", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["verdict"] == verdict and p["n_ctx"] == 2048
+    assert p["kv_bytes"] == 18 * 2048 * 1 * (256 + 256) * 2
+    assert p["min_budget"] == p["largest_layer"]["bytes"] + p["kv_bytes"] + p["activation_bytes"]
+    assert p["model_bytes"] == p["persistent_bytes"] + sum(p["layer_bytes"])
+    text = ramforge("plan", "--ram", ram, "--ctx", "2048")
+    assert text.returncode == 0 and verdict in text.stdout
+
+
+def test_errors_are_one_line_without_traceback(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + valid_model().build()[4:])
+    for args in (["inspect", str(bad)], ["inspect", str(tmp_path / "missing.gguf")],
+                 ["plan", "--ram", "12Q"], ["inspect", str(tmp_path)]):
+        r = ramforge(*args)
+        assert r.returncode == 1, (args, r.stderr)
+        assert "Traceback" not in r.stderr and r.stderr.startswith("error:") and r.stderr.count("\n") == 1, r.stderr
+    r = ramforge("inspect", str(bad), "--debug")
+    assert r.returncode == 1 and "Traceback" in r.stderr and "magic" in r.stderr
+    r = ramforge("plan", "--ram")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
