@@ -170,6 +170,12 @@ def plan(model, ram, ctx, as_json):
         out.print(f"note: {n}")
 
 
+from .cli_gen import COMMANDS  # noqa: E402  (the commands that run the model)
+
+for _command in COMMANDS:
+    cli.add_command(_command)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: typed errors become one line on stderr and a non-zero exit."""
     argv = list(sys.argv[1:] if argv is None else argv)

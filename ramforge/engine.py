@@ -132,8 +132,8 @@ class Engine:
         budget = budget or MemoryBudget()
         with GGUFFile(path) as f:
             md = f.metadata
+            module = arch_module(md.get(Keys.ARCHITECTURE))
             hp = HParams.from_metadata(md, n_vocab_of(f))
-            module = arch_module(hp.arch)
             extra = _refuse_unsupported_keys(md, hp.arch)
             _refuse_unknown_tensors(f, hp, module)
             n_ctx = min(hp.n_ctx_train, DEFAULT_CTX) if n_ctx is None else n_ctx

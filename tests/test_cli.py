@@ -42,7 +42,7 @@ def test_support_lists_types():
     assert ramforge("support").returncode == 0
 
 
-@pytest.mark.parametrize("ram,verdict", [("1G", "resident"), ("100M", "streaming"), ("50M", "insufficient")])
+@pytest.mark.parametrize("ram,verdict", [("1G", "resident"), ("100M", "streaming"), ("30M", "insufficient")])
 def test_plan_verdicts(ram, verdict):
     r = ramforge("plan", "default", "--ram", ram, "--ctx", "2048", "--json")
     assert r.returncode == 0, r.stderr

@@ -29,6 +29,19 @@ def _round_q8_0(x: np.ndarray) -> np.ndarray:
     return (q * d[:, None]).reshape(x.shape)
 
 
+def _q8_1_sum_correction(x: np.ndarray, xr: np.ndarray, raw: np.ndarray, n_out: int, block_bytes: int) -> np.ndarray:
+    """Q4_1/Q5_1 dot Q8_1 adds m * s per block, where llama.cpp stores s = f16(amax/127 * sum(q)), not
+    sum(x') of the rounded activation: returns that difference through m, f32[n_tok, n_out]."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(axis=2)
+    s = (np.rint(xr.reshape(xb.shape) / np.where(amax != 0, (amax / np.float32(127)).astype(np.float16)
+                                                   .astype(np.float32), 1)[..., None]).sum(axis=2)
+         * (amax / np.float32(127))).astype(np.float16).astype(np.float32)
+    c = s - xr.reshape(xb.shape).sum(axis=2, dtype=np.float32)              # f32[n_tok, n_blocks]
+    m = raw.reshape(n_out, -1, block_bytes)[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    return c @ m.T
+
+
 def _round_q8_k(x: np.ndarray) -> np.ndarray:
     """x through Q8_K and back: per 256 values, scale by -127/max of the signed largest-|x| value."""
     xb = x.reshape(-1, QK_K)
@@ -100,4 +113,6 @@ def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int,
         raise RamforgeError(f"matmul shapes: x {x.shape}, y {y.shape} {y.dtype}, weight {n_out} x {n_in}")
     xr = round_activation(x, k.act)
     _matmul(y, xr, raw.reshape(-1), int(k.ggml_type), n_out, n_in, row_bytes, be)
+    if k.act == ActType.Q8_1:
+        y += _q8_1_sum_correction(np.ascontiguousarray(x, np.float32), xr, raw, n_out, bb)
     return y

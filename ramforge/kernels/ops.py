@@ -184,11 +184,17 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
 
 
 def _gelu_table() -> np.ndarray:
-    """ggml's GELU table: f16(gelu_tanh(x)) for every f16 x, as float32."""
+    """ggml's GELU table, f16(gelu_tanh(x)) for every f16 x, as float32.
+
+    Matches llama.cpp's ggml_table_gelu_f16 bit for bit: the inner 1 + a*x*x is fused (as GCC
+    contracts it), and tanh is computed in float64 then rounded, as glibc's tanhf rounds.
+    """
+    f = np.float32
     x = F16_TO_F32
     with np.errstate(all="ignore"):
-        g = np.float32(0.5) * x * (np.float32(1) + np.tanh(np.float32(0.7978845608028654) * x *
-                                                         (np.float32(1) + np.float32(0.044715) * x * x)))
+        ax = (f(0.044715) * x).astype(np.float64)
+        inner = (f(0.7978845608028654) * x) * (ax * x + 1.0).astype(np.float32)
+        g = f(0.5) * x * (f(1) + np.tanh(inner.astype(np.float64)).astype(np.float32))
     return g.astype(np.float16).astype(np.float32)
 
 

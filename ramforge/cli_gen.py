@@ -1,0 +1,145 @@
+"""CLI commands that run the model or its tokenizer: run, tokenize, detokenize, logits."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+import numpy as np
+from rich.table import Table
+
+from .gguf.reader import GGUFFile
+from .memory import MemoryBudget, parse_memory_size
+from .resolve import resolve_model
+
+
+def _tokenizer(model):
+    from .tokenizer import load_tokenizer
+
+    with GGUFFile(resolve_model(model)) as f:
+        return load_tokenizer(f.metadata)
+
+
+def _engine(model, ctx, ram):
+    from .engine import Engine
+
+    budget = MemoryBudget(parse_memory_size(ram) if ram else None)
+    return Engine.load(resolve_model(model), n_ctx=ctx, budget=budget)
+
+
+def _sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, n_vocab):
+    from .sampling import Sampler, SamplerParams
+
+    params = SamplerParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                           repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed).validate()
+    return Sampler(params, n_vocab)
+
+
+ctx_option = click.option("--ctx", type=click.IntRange(min=1), default=None,
+                          help="Context length (default: 4096, or the model's if smaller).")
+ram_option = click.option("--ram", default=None, help="Memory budget, e.g. 4G (default: unlimited).")
+
+
+@click.command()
+@click.argument("model", required=False)
+@click.option("-p", "--prompt", required=True, help="Prompt text (special tokens like <bos> are parsed).")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=128, show_default=True)
+@click.option("--temp", type=float, default=0.8, show_default=True, help="Temperature; 0 is greedy.")
+@click.option("--top-k", type=int, default=40, show_default=True, help="0 disables.")
+@click.option("--top-p", type=float, default=0.95, show_default=True)
+@click.option("--min-p", type=float, default=0.05, show_default=True)
+@click.option("--repeat-penalty", type=float, default=1.0, show_default=True)
+@click.option("--repeat-last-n", type=int, default=64, show_default=True)
+@click.option("--seed", type=int, default=None, help="Seed for sampling (default: random).")
+@ctx_option
+@ram_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
+def run(model, prompt, max_tokens, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, ctx, ram,
+        as_json):
+    """Generate a continuation of PROMPT; text streams to stdout, stats to stderr."""
+    with _engine(model, ctx, ram) as eng:
+        sampler = _sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, eng.hp.n_vocab)
+        ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        out, dec = [], eng.tokenizer.stream()
+        for tok in eng.generate(ids, max_tokens, sampler):
+            out.append(tok)
+            if not as_json:
+                sys.stdout.write(dec.feed(tok))
+                sys.stdout.flush()
+        t = eng.timings.as_dict()
+        finish = "length" if len(out) == max_tokens else "stop"
+        if as_json:
+            print(json.dumps({"text": eng.tokenizer.decode(out), "prompt_tokens": ids, "completion_tokens": out,
+                              "n_prompt": len(ids), "n_completion": len(out), "finish_reason": finish,
+                              "timings": t}))
+            return
+        sys.stdout.write(dec.flush() + "\n")
+        click.echo(f"prompt {t['prompt_tokens']} tokens, prefill {t['prefill_tok_s']:.1f} tok/s, "
+                   f"decode {t['gen_tokens']} tokens at {t['decode_tok_s']:.1f} tok/s, load {t['load_s']:.2f} s",
+                   err=True)
+
+
+@click.command()
+@click.argument("model")
+@click.argument("text")
+@click.option("--no-bos", is_flag=True, help="Do not add BOS/EOS as the model's flags ask.")
+@click.option("--special", is_flag=True, help="Parse special tokens such as <start_of_turn> in TEXT.")
+@click.option("--json", "as_json", is_flag=True)
+def tokenize(model, text, no_bos, special, as_json):
+    """Token ids of TEXT, as llama.cpp's llama_tokenize gives them."""
+    from .cli import out
+
+    tok = _tokenizer(model)
+    ids = tok.encode(text, add_special=not no_bos, parse_special=special)
+    if as_json:
+        print(json.dumps({"ids": ids, "pieces": [tok.token_text(i) for i in ids]}))
+        return
+    t = Table()
+    t.add_column("id", justify="right"), t.add_column("piece")
+    for i in ids:
+        t.add_row(str(i), repr(tok.token_text(i)))
+    out.print(t)
+    out.print(f"{len(ids)} tokens")
+
+
+@click.command()
+@click.argument("model")
+@click.argument("ids", nargs=-1, type=int, required=True)
+@click.option("--special", is_flag=True, help="Render control tokens too.")
+def detokenize(model, ids, special):
+    """Text of token IDS (UTF-8 assembled across byte tokens)."""
+    tok = _tokenizer(model)
+    bad = [i for i in ids if not 0 <= i < tok.n_vocab]
+    if bad:
+        raise click.BadParameter(f"token id {bad[0]} is outside 0..{tok.n_vocab - 1}", param_hint="IDS")
+    sys.stdout.write(tok.decode(list(ids), special=special) + "\n")
+
+
+@click.command()
+@click.argument("model")
+@click.argument("prompt")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
+@ctx_option
+@ram_option
+@click.option("--json", "as_json", is_flag=True)
+def logits(model, prompt, top, ctx, ram, as_json):
+    """The top-N logits after PROMPT (BOS added as the model asks; special tokens not parsed)."""
+    from .cli import out
+
+    with _engine(model, ctx, ram) as eng:
+        ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=False)
+        lg = eng.eval(ids)[-1]
+        order = np.argsort(-lg, kind="stable")[:top]
+        rows = [{"id": int(i), "piece": eng.tokenizer.token_text(int(i)), "logit": float(lg[i])} for i in order]
+        if as_json:
+            print(json.dumps({"prompt_tokens": ids, "top": rows, "std": float(lg.std())}))
+            return
+        t = Table(title=f"top {top} logits after {len(ids)} tokens")
+        for c in ("rank", "id", "piece", "logit"):
+            t.add_column(c, justify="left" if c == "piece" else "right")
+        for r, row in enumerate(rows, 1):
+            t.add_row(str(r), str(row["id"]), repr(row["piece"]), f"{row['logit']:.4f}")
+        out.print(t)
+
+
+COMMANDS = [run, tokenize, detokenize, logits]

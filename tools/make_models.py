@@ -1,0 +1,418 @@
+"""Write deterministic random-weight GGUF models (llama / qwen2 / qwen3) with real vocabularies,
+and quantize them with llama.cpp (via llama-cpp-python) to the types ramforge supports.
+
+    python tools/make_models.py                                 # all archs x all types
+    python tools/make_models.py --arch qwen3 --types F16 Q4_K_M
+    python tools/make_models.py --preset llama-3b --types Q4_K_M --out /big/disk
+
+From tests:  sys.path.insert(0, "<repo>/tools"); from make_models import ensure_model
+             path = ensure_model("llama", "Q4_K_M")       # built on demand, cached
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import dataclasses
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _fixtures import (  # noqa: E402
+    ORACLE_DIR, llama_cpp_or_none, models_dir, read_gguf_header, sha256_file, stable_seed, vocab_path,
+)
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
+               "Q6_K", "IQ4_NL", "IQ4_XS")
+ALL_TYPES = FLOAT_TYPES + QUANT_TYPES
+FILE_TYPE = {"F32": 0, "F16": 1, "BF16": 32}      # llama_ftype of the float variants
+
+
+@dataclass(frozen=True)
+class Spec:
+    arch: str
+    vocab: str                # key of _fixtures.VOCAB_FILES
+    name: str = "tiny"
+    n_embd: int = 256
+    n_layer: int = 3
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ff: int = 768
+    n_ctx: int = 512
+    rope_base: float = 10000.0
+    eps: float = 1e-5
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tied: bool = False        # no output.weight: llama.cpp reuses token_embd
+    seed: int = 1234
+    # init scales (tuned so logits have std ~ a few units; see README of the report)
+    embd_std: float = 0.25    # token_embd (and the lm head when tied)
+    out_std: float = 0.25     # output.weight
+    proj_gain: float = 1.0    # projection std = gain / sqrt(fan_in)
+    resid_gain: float = 1.0   # extra gain of attn_output / ffn_down (what writes the residual)
+    norm_jitter: float = 0.1  # norm weights = 1 + jitter * N(0,1)
+    bias_std: float = 0.2
+
+
+SPECS = {
+    "llama": Spec("llama", "llama-spm"),
+    "qwen2": Spec("qwen2", "qwen2", rope_base=1e6, eps=1e-6, qkv_bias=True),
+    # tied: a bigger residual keeps the token's own embedding from dominating its logit
+    "qwen3": Spec("qwen3", "qwen2", rope_base=1e6, eps=1e-6, qk_norm=True, tied=True, resid_gain=4.0),
+}
+PRESETS = {
+    # ~3.2B params with the llama-spm vocab; Q4_K_M ~1.8 GB (benchmarks)
+    "llama-3b": dataclasses.replace(SPECS["llama"], name="3b", n_embd=3072, n_layer=28, n_head=24,
+                                    n_head_kv=8, head_dim=128, n_ff=8192, n_ctx=4096),
+    # the same code path, scaled down (checks the preset/streaming path quickly)
+    "llama-3b-mini": dataclasses.replace(SPECS["llama"], name="3b-mini", n_embd=512, n_layer=4,
+                                         n_head=8, n_head_kv=2, head_dim=64, n_ff=1536),
+}
+
+
+def model_id(spec: Spec, qtype: str) -> str:
+    return f"{spec.arch}-{spec.name}-{qtype.lower()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# tensor plan and deterministic values
+
+def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, numpy shape [rows, cols], kind) in the file order llama.cpp's converters use."""
+    e, hd, nq, nkv = spec.n_embd, spec.head_dim, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    plan = [("token_embd.weight", (n_vocab, e), "embd")]
+    for i in range(spec.n_layer):
+        b = f"blk.{i}."
+        plan.append((b + "attn_norm.weight", (e,), "norm"))
+        for t, rows in (("q", nq), ("k", nkv), ("v", nkv)):
+            plan.append((b + f"attn_{t}.weight", (rows, e), "proj"))
+            if spec.qkv_bias:
+                plan.append((b + f"attn_{t}.bias", (rows,), "bias"))
+        if spec.qk_norm:
+            plan += [(b + "attn_q_norm.weight", (hd,), "norm"), (b + "attn_k_norm.weight", (hd,), "norm")]
+        plan += [(b + "attn_output.weight", (e, nq), "proj"),
+                 (b + "ffn_norm.weight", (e,), "norm"),
+                 (b + "ffn_gate.weight", (spec.n_ff, e), "proj"),
+                 (b + "ffn_up.weight", (spec.n_ff, e), "proj"),
+                 (b + "ffn_down.weight", (e, spec.n_ff), "proj")]
+    plan.append(("output_norm.weight", (e,), "norm"))
+    if not spec.tied:
+        plan.append(("output.weight", (n_vocab, e), "out"))
+    return plan
+
+
+def tensor_values(spec: Spec, name: str, shape: tuple[int, ...], kind: str) -> np.ndarray:
+    """The float32 master values of one tensor; depends only on (spec.seed, name, shape, kind)."""
+    rng = np.random.Generator(np.random.PCG64(stable_seed(spec.seed, name)))
+    x = rng.standard_normal(shape, dtype=np.float32)
+    if kind == "norm":
+        return x * np.float32(spec.norm_jitter) + np.float32(1.0)
+    scale = {"embd": spec.embd_std, "out": spec.out_std, "bias": spec.bias_std,
+             "proj": spec.proj_gain / np.sqrt(shape[-1])}[kind]
+    if name.endswith(("attn_output.weight", "ffn_down.weight")):
+        scale *= spec.resid_gain
+    x *= np.float32(scale)
+    return x
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), round to nearest even, as ggml_fp32_to_bf16."""
+    u = x.astype(np.float32).view(np.uint32)
+    return ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(np.uint16)
+
+
+def encode(x: np.ndarray, ftype: str) -> tuple[np.ndarray, object]:
+    """(array to write, raw_dtype) for one tensor in a float variant; 1-D tensors stay F32."""
+    import gguf
+    if x.ndim == 1 or ftype == "F32":
+        return x.astype(np.float32, copy=False), None
+    if ftype == "F16":
+        return x.astype(np.float16), None
+    return to_bf16_bits(x), gguf.GGMLQuantizationType.BF16
+
+
+# ---------------------------------------------------------------------------------------------
+# float models
+
+@functools.lru_cache(maxsize=4)
+def _vocab_kv(vocab_file: Path) -> tuple:
+    kv, _ = read_gguf_header(vocab_file)
+    return tuple((k, v) for k, v in kv.items() if k.startswith("tokenizer."))
+
+
+def _copy_vocab(writer, vocab_file: Path) -> int:
+    """Copy every tokenizer.* key (raw bytes for strings, same value types) from a vocab GGUF;
+    returns n_vocab."""
+    import gguf
+    VT = gguf.GGUFValueType
+    for key, (vt, val, st) in _vocab_kv(vocab_file):
+        if vt == VT.ARRAY:
+            writer.add_key_value(key, val if st == VT.STRING else val.tolist(), VT.ARRAY, sub_type=VT(st))
+        else:
+            writer.add_key_value(key, val, VT(vt))
+    tokens = dict(_vocab_kv(vocab_file)).get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ValueError(f"{vocab_file} has no tokenizer.ggml.tokens")
+    return len(tokens[1])
+
+
+def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None = None) -> Path:
+    """Stream a float (F32/F16/BF16) model to `out` one tensor at a time (bounded memory)."""
+    import gguf
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    w = gguf.GGUFWriter(tmp, spec.arch)
+    w.add_name(model_id(spec, ftype))
+    w.add_description(f"ramforge synthetic random-weight test model, seed {spec.seed}")
+    A = spec.arch
+    w.add_uint32(f"{A}.context_length", spec.n_ctx)
+    w.add_uint32(f"{A}.embedding_length", spec.n_embd)
+    w.add_uint32(f"{A}.block_count", spec.n_layer)
+    w.add_uint32(f"{A}.feed_forward_length", spec.n_ff)
+    w.add_uint32(f"{A}.attention.head_count", spec.n_head)
+    w.add_uint32(f"{A}.attention.head_count_kv", spec.n_head_kv)
+    w.add_uint32(f"{A}.attention.key_length", spec.head_dim)
+    w.add_uint32(f"{A}.attention.value_length", spec.head_dim)
+    w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", spec.eps)
+    w.add_float32(f"{A}.rope.freq_base", spec.rope_base)
+    w.add_uint32(f"{A}.rope.dimension_count", spec.head_dim)
+    w.add_file_type(FILE_TYPE[ftype])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    n_vocab = _copy_vocab(w, vocab_path(spec.vocab, vocab_dir))
+    w.add_uint32(f"{A}.vocab_size", n_vocab)
+
+    plan = tensor_plan(spec, n_vocab)
+    f32 = np.dtype(np.float32)
+    for name, shape, _ in plan:
+        n = int(np.prod(shape))
+        if len(shape) == 1 or ftype == "F32":
+            w.add_tensor_info(name, shape, f32, 4 * n)
+        elif ftype == "F16":
+            w.add_tensor_info(name, shape, np.dtype(np.float16), 2 * n)
+        else:
+            w.add_tensor_info(name, shape, np.dtype(np.uint16), 2 * n, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for name, shape, kind in plan:
+            data, _ = encode(tensor_values(spec, name, shape, kind), ftype)
+            w.write_tensor_data(data)
+            del data
+        w.close()
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# quantization (llama.cpp) and the expected per-tensor types
+
+def require_llama_cpp(what: str):
+    lc = llama_cpp_or_none()
+    if lc is None:
+        raise RuntimeError(
+            f"{what} needs llama.cpp's quantizer: `pip install llama-cpp-python==0.3.36` "
+            "(or use a float type F32/F16/BF16, which needs only gguf)")
+    return lc
+
+
+@contextlib.contextmanager
+def _stderr_filtered():
+    """Send fd 2 to a temp file during a C call, then re-emit the warning/error lines."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            for line in f.read().decode(errors="replace").splitlines():
+                if any(w in line.lower() for w in ("warn", "error", "fail", "fallback")):
+                    print(line, file=sys.stderr)
+
+
+def quantize(src: Path, dst: Path, qtype: str, nthread: int = 2) -> Path:
+    lc = require_llama_cpp(f"quantizing {src.name} to {qtype}")
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = getattr(lc, f"LLAMA_FTYPE_MOSTLY_{qtype}")
+    params.nthread = nthread
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    try:
+        with _stderr_filtered():   # llama.cpp logs every tensor; keep only warnings/errors
+            rc = lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+        if rc != 0:
+            raise RuntimeError(f"llama_model_quantize({src.name} -> {qtype}) failed with {rc}")
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst
+
+
+_BASE = {"Q2_K": "Q2_K", "Q3_K_M": "Q3_K", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K"}
+_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32}
+
+
+def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
+    """Per-tensor ggml types llama.cpp's quantizer (llama-quant.cpp, 0.3.36) picks for our specs:
+    dense, no imatrix, n_gqa < 4, not a 70B, no tensor-type overrides."""
+    base = _BASE.get(qtype, qtype)
+    n = spec.n_layer
+    more = lambda i: i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # use_more_bits
+    out = {}
+    for name, shape, kind in tensor_plan(spec, n_vocab):
+        if len(shape) == 1:
+            out[name] = "F32"
+            continue
+        role = name.split(".")[-2]
+        i = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        t = base
+        if kind == "out" or (kind == "embd" and spec.tied):
+            t = "Q8_0" if shape[1] % _BLOCK.get(base, 256) else ("Q6_K" if base != "Q8_0" else "Q8_0")
+        elif role == "attn_v":
+            t = {"Q2_K": "Q3_K", "Q3_K_M": "Q5_K" if i < 2 else "Q4_K"}.get(qtype, base)
+            if qtype in ("Q4_K_M", "Q5_K_M") and more(i):
+                t = "Q6_K"
+        elif role == "ffn_down":
+            if qtype == "Q2_K":
+                t = "Q3_K"
+            elif qtype == "Q3_K_M":
+                t = "Q5_K" if i < n // 16 else "Q4_K"
+            elif qtype in ("Q4_K_M", "Q5_K_M") and more(i):
+                t = "Q6_K"
+            elif qtype in ("IQ4_NL", "IQ4_XS") and i < n // 8:
+                t = "Q5_K"
+        elif role == "attn_output":
+            t = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K"}.get(qtype, base)
+        out[name] = t
+    return out
+
+
+def file_tensor_types(path: Path) -> dict[str, str]:
+    import gguf
+    return {name: gguf.GGMLQuantizationType(ty).name for name, _, ty, _ in read_gguf_header(path)[1]}
+
+
+def type_summary(types: dict[str, str]) -> str:
+    """Compact 'role: type per layer' summary, e.g. 'ffn_down=Q4_K,Q4_K,Q6_K'."""
+    roles: dict[str, list[str]] = defaultdict(list)
+    for name, t in types.items():
+        key = name.rsplit(".", 1)[0].split(".", 2)[-1] if name.startswith("blk.") else name.rsplit(".", 1)[0]
+        key += ".bias" if name.endswith(".bias") else ""
+        roles[key].append(t)
+    return " ".join(f"{k}={','.join(v) if len(set(v)) > 1 else v[0]}" for k, v in roles.items()
+                    if not (k.endswith("norm") or k.endswith(".bias")))
+
+
+# ---------------------------------------------------------------------------------------------
+# cached builds
+
+_verified: set[Path] = set()
+
+
+def _recorded_sha(mid: str) -> str | None:
+    p = ORACLE_DIR / f"{mid}.json"
+    if p.is_file():
+        return json.loads(p.read_text())["model"]["sha256"]
+    return None
+
+
+def build(spec: Spec, qtype: str, out_dir: Path | None = None, vocab_dir: str | None = None,
+          nthread: int = 2, keep_f16: bool = True, verbose: bool = True) -> Path:
+    """Build (or reuse) one model file; quantized types go through the F16 model."""
+    out_dir = Path(out_dir) if out_dir else models_dir()
+    path = out_dir / f"{model_id(spec, qtype)}.gguf"
+    if path.is_file():
+        return path
+    t0 = time.perf_counter()
+    if qtype in FLOAT_TYPES:
+        write_float_model(spec, qtype, path, vocab_dir)
+    elif qtype in QUANT_TYPES:
+        require_llama_cpp(f"building {path.name}")
+        f16 = out_dir / f"{model_id(spec, 'F16')}.gguf"
+        had_f16 = f16.is_file()
+        build(spec, "F16", out_dir, vocab_dir, nthread, verbose=verbose)
+        try:
+            quantize(f16, path, qtype, nthread)
+        finally:
+            if not keep_f16 and not had_f16:
+                f16.unlink(missing_ok=True)
+        got = file_tensor_types(path)
+        n_vocab = next(ne[1] for name, ne, _, _ in read_gguf_header(path)[1] if name == "token_embd.weight")
+        want = expected_types(spec, qtype, n_vocab)
+        if got != want:
+            diff = {k: (want.get(k), got.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+            print(f"WARNING {path.name}: tensor types differ from expectation (want, got): {diff}",
+                  file=sys.stderr)
+    else:
+        raise ValueError(f"unknown type {qtype!r}; one of {ALL_TYPES}")
+    if verbose:
+        print(f"built {path.name}: {path.stat().st_size / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f}s",
+              file=sys.stderr)
+    return path
+
+
+def ensure_model(arch: str, qtype: str, *, verify: bool = True) -> Path:
+    """Path of the cached synthetic `arch` model (llama/qwen2/qwen3) of type `qtype`, built on demand.
+    With verify, the file's sha256 must equal the one in tests/fixtures/oracle/<id>.json (if any),
+    so oracle comparisons never run against a drifted model."""
+    if arch not in SPECS:
+        raise ValueError(f"unknown arch {arch!r}; one of {sorted(SPECS)}")
+    qtype = qtype.upper()
+    spec = SPECS[arch]
+    path = build(spec, qtype, verbose=False)
+    if verify and path not in _verified:
+        want = _recorded_sha(model_id(spec, qtype))
+        if want is not None and sha256_file(path) != want:
+            raise RuntimeError(
+                f"{path} does not match the sha256 recorded in {ORACLE_DIR}/{model_id(spec, qtype)}.json; "
+                "delete it to rebuild, or re-record the oracle if the generator changed on purpose")
+        _verified.add(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", nargs="+", default=list(SPECS), choices=list(SPECS))
+    ap.add_argument("--types", nargs="+", default=list(ALL_TYPES), type=str.upper)
+    ap.add_argument("--preset", choices=list(PRESETS), help="a big model instead of the tiny archs")
+    ap.add_argument("--out", type=Path, help="output dir (default: <fixtures cache>/models)")
+    ap.add_argument("--vocab-dir", help="dir with ggml-vocab-*.gguf (default $RAMFORGE_VOCAB_DIR or <cache>/vocab)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--keep-f16", action="store_true", help="keep a preset's F16 intermediate")
+    ap.add_argument("--force", action="store_true", help="rebuild files that already exist")
+    a = ap.parse_args(argv)
+    bad = [t for t in a.types if t not in ALL_TYPES]
+    if bad:
+        ap.error(f"unknown types {bad}; choose from {ALL_TYPES}")
+    specs = [PRESETS[a.preset]] if a.preset else [SPECS[x] for x in a.arch]
+    out_dir = a.out or models_dir()
+    for spec in specs:
+        if a.force:
+            for t in a.types + ["F16"]:
+                (out_dir / f"{model_id(spec, t)}.gguf").unlink(missing_ok=True)
+        keep = a.keep_f16 or not a.preset or "F16" in a.types
+        for t in a.types:
+            p = build(spec, t, out_dir, a.vocab_dir, a.threads, keep_f16=keep)
+            print(f"{p.name:32s} {p.stat().st_size / 2**20:9.2f} MiB  sha256 {sha256_file(p)}")
+            print(f"    {type_summary(file_tensor_types(p))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
