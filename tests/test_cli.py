@@ -67,3 +67,51 @@ def test_errors_are_one_line_without_traceback(tmp_path):
     assert r.returncode == 1 and "Traceback" in r.stderr and "magic" in r.stderr
     r = ramforge("plan", "--ram")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def _gemma_record(name):
+    from tools.oracle_report import records
+
+    rec = next(r for r in records() if r["model"]["source"] != "synthetic")
+    return next(p for p in rec["prompts"] if p["name"] == name)
+
+
+def test_run_greedy_json_matches_oracle():
+    pr = _gemma_record("prose")
+    r = ramforge("run", "--prompt", pr["text"], "-n", "32", "--temp", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["prompt_tokens"] == pr["tokens"] and d["completion_tokens"] == pr["gen_tokens"]
+    assert d["text"] == pr["gen_text"] and d["n_completion"] == 32 and d["finish_reason"] == "length"
+    assert d["timings"]["decode_tok_s"] > 0 and d["timings"]["prompt_tokens"] == len(pr["tokens"])
+
+
+def test_run_streams_text_and_prints_stats():
+    pr = _gemma_record("prose")
+    r = ramforge("run", "default", "-p", pr["text"], "-n", "32", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == pr["gen_text"] + "\n"
+    assert "prefill" in r.stderr and "decode 32 tokens" in r.stderr
+
+
+def test_run_sampling_is_seeded():
+    args = ("run", "-p", "Once upon a time", "-n", "12", "--temp", "0.9", "--seed", "7", "--json")
+    a, b = ramforge(*args), ramforge(*args)
+    assert a.returncode == 0 and json.loads(a.stdout)["completion_tokens"] == json.loads(b.stdout)["completion_tokens"]
+    bad = ramforge("run", "-p", "x", "--top-p", "1.5")
+    assert bad.returncode == 1 and "top_p" in bad.stderr and "Traceback" not in bad.stderr
+    long = ramforge("run", "-p", "word " * 40, "--ctx", "16")
+    assert long.returncode == 1 and "16" in long.stderr and "context" in long.stderr
+
+
+def test_tokenize_detokenize_logits():
+    pr = _gemma_record("russian")
+    r = ramforge("tokenize", "default", pr["text"], "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ids"] == pr["tokens"]
+    r = ramforge("detokenize", "default", *map(str, pr["tokens"][1:]))
+    assert r.returncode == 0 and r.stdout == pr["text"] + "\n"
+    r = ramforge("logits", "default", pr["text"], "--top", "3", "--json")
+    assert r.returncode == 0
+    top = json.loads(r.stdout)["top"]
+    assert top[0]["id"] == pr["logits"]["top_ids"][len(pr["tokens"]) - 1][0] and len(top) == 3
+    assert ramforge("detokenize", "default", "999999999").returncode == 2

@@ -14,12 +14,16 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import os
 import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+# llama.cpp's OpenMP workers spin by default, which wastes most of the time on a shared 2-core box
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before llama_cpp is first imported
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _fixtures import ORACLE_DIR, sha256_file, stable_seed  # noqa: E402
@@ -205,7 +209,8 @@ def record_model(mid: str, info: dict) -> tuple[dict, float]:
                    "sampler": "argmax of llm.scores (no temperature, no penalties); stop at n_gen or EOG",
                    "gen_text": "llm.detokenize(gen_tokens) (concatenated pieces, special=False)",
                    "decimals": DECIMALS, "cpu": _cpu_name(),
-                   "system_info": llama_cpp.llama_print_system_info().decode().strip(), "recorder": f"python tools/record_oracle.py {mid}"},
+                   "system_info": llama_cpp.llama_print_system_info().decode().strip(),
+                   "recorder": f"python tools/record_oracle.py {mid}"},
         "n_gen": N_GEN, "top_k": TOP_K, "probe_ids": probes,
         "prompts": [],
     }
