@@ -141,31 +141,44 @@ def support(as_json):
 @click.argument("model", required=False)
 @click.option("--ram", required=True, help="Memory budget, e.g. 4G, 512MiB, 1.5G.")
 @click.option("--ctx", type=click.IntRange(min=1), default=None, help="Context length (default: 4096, or the model's if smaller).")
+@click.option("--probe-io", is_flag=True, help="Measure the file's O_DIRECT read speed and estimate seconds per token.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan(model, ram, ctx, as_json):
-    """How MODEL runs under a RAM budget: resident and streamed bytes, KV cache, minimum budget."""
-    from .plan import make_plan
+def plan(model, ram, ctx, probe_io, as_json):
+    """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget."""
+    from .plan import plan_for_budget
+    from .stream.io import probe_read_speed
 
     budget = parse_memory_size(ram)
     with _open(model) as f:
-        p = make_plan(f, budget, ctx)
+        p = plan_for_budget(f, budget, ctx)
+    info = p.to_json()
+    if probe_io:
+        bw = probe_read_speed(p.path)
+        info["probe_io"] = {"read_gb_s": bw / 1e9, "seconds_per_token_io": p.streamed_bytes_per_token / bw}
     if as_json:
-        print(json.dumps(p.to_json(), indent=1))
+        print(json.dumps(info, indent=1))
         return
     li, lb = p.largest_layer
-    t = Table(title=f"plan: {os.path.basename(p.path)} ({p.arch}) at --ram {format_bytes(budget)}, ctx {p.n_ctx}")
+    t = Table(title=f"plan: {os.path.basename(p.path)} ({p.arch}) at --ram {format_bytes(budget)}, ctx {p.n_ctx}, batch {p.batch}")
     t.add_column("item"), t.add_column("bytes", justify="right"), t.add_column("", justify="right")
-    t.add_row("model weights", f"{p.model_bytes:,}", format_bytes(p.model_bytes))
-    t.add_row(f"persistent tensors ({len(p.persistent)})", f"{p.persistent_bytes:,}", format_bytes(p.persistent_bytes))
-    t.add_row(f"layers ({len(p.layer_bytes)}), largest is {li}", f"{lb:,}", format_bytes(lb))
-    t.add_row(f"KV cache (F16, ctx {p.n_ctx})", f"{p.kv_bytes:,}", format_bytes(p.kv_bytes))
-    t.add_row("activations", f"{p.activation_bytes:,}", format_bytes(p.activation_bytes))
-    t.add_row("fully resident needs", f"{p.resident_budget:,}", format_bytes(p.resident_budget))
-    t.add_row("minimum budget (streaming)", f"{p.min_budget:,}", format_bytes(p.min_budget))
+    rows = [("model weights", p.model_bytes),
+            (f"persistent tensors ({len(p.persistent)}); resident: {', '.join(p.resident) or 'none'}", p.persistent_bytes),
+            (f"layers ({len(p.layer_bytes)}); largest read span is layer {li}", lb),
+            (f"pinned layers ({len(p.pinned)} of {len(p.layer_bytes)})", sum(p.layer_bytes[i - p.layers[0]] for i in p.pinned)),
+            (f"stream buffers ({p.n_buffers})", p.n_buffers * p.buffer_bytes),
+            (f"KV cache (F16, ctx {p.n_ctx})", p.kv_bytes), (f"activations (batch {p.batch})", p.state_bytes),
+            ("planned peak (managed)", p.planned_peak), ("streamed per token", p.streamed_bytes_per_token),
+            ("fully resident needs", p.resident_budget), ("minimum budget", p.min_budget)]
+    for name, v in rows:
+        t.add_row(name, f"{v:,}", format_bytes(v))
     out.print(t)
     colour = {"resident": "green", "streaming": "yellow", "insufficient": "red"}[p.verdict]
     extra = f"; needs at least {format_bytes(p.min_budget)} ({p.min_budget:,} B)" if p.verdict == "insufficient" else ""
     out.print(f"verdict: [bold {colour}]{p.verdict}[/]{extra}")
+    if probe_io:
+        pi = info["probe_io"]
+        out.print(f"storage reads at {pi['read_gb_s']:.2f} GB/s: about {pi['seconds_per_token_io']:.3f} s per token "
+                  f"of I/O for {format_bytes(p.streamed_bytes_per_token)} streamed")
     for n in p.notes:
         out.print(f"note: {n}")
 

@@ -20,11 +20,11 @@ def _tokenizer(model):
         return load_tokenizer(f.metadata)
 
 
-def _engine(model, ctx, ram):
+def _engine(model, ctx, ram, io="direct"):
     from .engine import Engine
 
     budget = MemoryBudget(parse_memory_size(ram) if ram else None)
-    return Engine.load(resolve_model(model), n_ctx=ctx, budget=budget)
+    return Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io)
 
 
 def _sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, n_vocab):
@@ -38,6 +38,8 @@ def _sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, n_v
 ctx_option = click.option("--ctx", type=click.IntRange(min=1), default=None,
                           help="Context length (default: 4096, or the model's if smaller).")
 ram_option = click.option("--ram", default=None, help="Memory budget, e.g. 4G (default: unlimited).")
+io_option = click.option("--io", type=click.Choice(["direct", "buffered", "mmap"]), default="direct", show_default=True,
+                         help="How streamed weights are read: O_DIRECT, pread + fadvise(DONTNEED), or mmap.")
 
 
 @click.command()
@@ -53,11 +55,19 @@ ram_option = click.option("--ram", default=None, help="Memory budget, e.g. 4G (d
 @click.option("--seed", type=int, default=None, help="Seed for sampling (default: random).")
 @ctx_option
 @ram_option
+@io_option
+@click.option("--profile", is_flag=True, help="Per-layer I/O and per-op compute tables on stderr (and in --json).")
+@click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
 def run(model, prompt, max_tokens, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, ctx, ram,
-        as_json):
+        io, profile, memory_report, as_json):
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr."""
-    with _engine(model, ctx, ram) as eng:
+    from .profiling import PROFILE
+    from .report import memory_report as mem_report, render_memory, render_profile
+
+    PROFILE.enabled = profile
+    PROFILE.reset()
+    with _engine(model, ctx, ram, io) as eng:
         sampler = _sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, eng.hp.n_vocab)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
@@ -68,15 +78,25 @@ def run(model, prompt, max_tokens, temp, top_k, top_p, min_p, repeat_penalty, re
                 sys.stdout.flush()
         t = eng.timings.as_dict()
         finish = "length" if len(out) == max_tokens else "stop"
+        extra = {}
+        if profile:
+            extra["profile"] = PROFILE.summary()
+            PROFILE.enabled = False
+        if memory_report:
+            extra["memory"] = mem_report(eng)
         if as_json:
             print(json.dumps({"text": eng.tokenizer.decode(out), "prompt_tokens": ids, "completion_tokens": out,
                               "n_prompt": len(ids), "n_completion": len(out), "finish_reason": finish,
-                              "timings": t}))
+                              "timings": t, **extra}))
             return
         sys.stdout.write(dec.flush() + "\n")
         click.echo(f"prompt {t['prompt_tokens']} tokens, prefill {t['prefill_tok_s']:.1f} tok/s, "
                    f"decode {t['gen_tokens']} tokens at {t['decode_tok_s']:.1f} tok/s, load {t['load_s']:.2f} s",
                    err=True)
+        if profile:
+            render_profile(extra["profile"], t)
+        if memory_report:
+            render_memory(extra["memory"])
 
 
 @click.command()

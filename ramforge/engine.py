@@ -11,17 +11,19 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import ContextLengthExceeded, RamforgeError, UnsupportedArch
+from .errors import BudgetTooSmall, ContextLengthExceeded, RamforgeError, UnsupportedArch
 from .gguf.constants import Keys
 from .gguf.reader import GGUFFile
+from .kernels.ops import rms_norm
 from .memory import MemoryBudget
 from .memory.kv_cache import KVCache
 from .models import ALIASES, ARCHITECTURES
 from .models.config import HParams
-from .models.weights import ModelError, ResidentWeights, gguf_name
-from .plan import DEFAULT_CTX, n_vocab_of
-
-DEFAULT_BATCH = 64           # prompt tokens per forward chunk
+from .models.weights import ModelError, gguf_name
+from .plan import Plan, n_vocab_of, plan_for_budget
+from .profiling import PROFILE, PassRecord
+from .stream.io import IOMode
+from .stream.weights import Weights
 
 
 def _refuse_unsupported_keys(md: dict, arch: str) -> dict:
@@ -72,12 +74,6 @@ class State:
     hn: np.ndarray       # f32[batch, n_embd]        final norm
     logits: np.ndarray   # f32[batch, n_vocab]
 
-    @staticmethod
-    def nbytes(hp: HParams, batch: int) -> int:
-        per_tok = (3 * hp.n_embd + hp.n_head * hp.head_dim_k + hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v)
-                   + hp.n_head * hp.head_dim_v + 2 * hp.n_ff + hp.n_vocab)
-        return 4 * batch * per_tok
-
     @classmethod
     def allocate(cls, hp: HParams, batch: int) -> "State":
         z = lambda *shape: np.zeros((batch, *shape), np.float32)  # noqa: E731
@@ -103,29 +99,29 @@ class Timings:
 
 @dataclass
 class Engine:
-    """A loaded model. `eval` advances the KV cache; `generate` samples continuations.
+    """A loaded model under a memory budget. `eval` advances the KV cache; `generate` samples.
 
-    >>> eng = Engine.load("model.gguf", n_ctx=512)          # doctest: +SKIP
-    >>> ids = eng.tokenizer.encode("Hello")                  # doctest: +SKIP
-    >>> list(eng.generate(ids, max_tokens=8))                # doctest: +SKIP
+    >>> eng = Engine.load("model.gguf", n_ctx=512, budget=MemoryBudget("1G"))   # doctest: +SKIP
+    >>> list(eng.generate(eng.tokenizer.encode("Hello"), max_tokens=8))          # doctest: +SKIP
     """
 
     path: str
     hp: HParams
     module: object
-    weights: ResidentWeights
+    plan: Plan
+    weights: Weights
     kv: KVCache
     state: State
     tokenizer: object
     budget: MemoryBudget
-    batch: int
     extra: dict = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)
     _charges: list = field(default_factory=list)
 
     @classmethod
-    def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None,
-             batch: int = DEFAULT_BATCH) -> "Engine":
+    def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
+             io: IOMode | str = IOMode.DIRECT, layers: tuple[int, int] | None = None) -> "Engine":
+        """Plan under the budget, then read what stays resident. layers=(a, b) runs only that range."""
         from .tokenizer import load_tokenizer
 
         t0 = time.perf_counter()
@@ -136,25 +132,30 @@ class Engine:
             hp = HParams.from_metadata(md, n_vocab_of(f))
             extra = _refuse_unsupported_keys(md, hp.arch)
             _refuse_unknown_tensors(f, hp, module)
-            n_ctx = min(hp.n_ctx_train, DEFAULT_CTX) if n_ctx is None else n_ctx
-            if n_ctx <= 0:
-                raise RamforgeError(f"context length must be positive, got {n_ctx}")
+            plan = plan_for_budget(f, budget.available, n_ctx, layers, batch)
+            if plan.verdict == "insufficient":
+                raise BudgetTooSmall(budget.available, plan.min_budget, plan.n_ctx)
             tokenizer = load_tokenizer(md)
-            weights = ResidentWeights(f, hp, module.LAYER_TENSORS, budget, module.OPTIONAL)
+            weights = Weights(f, plan, hp, module, budget, io)
         charges = []
         try:
-            kv = KVCache(budget, hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
+            a, b = plan.layers
+            kv = KVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a)
             charges.append(kv.charge)
-            charges.append(budget.charge("activations", State.nbytes(hp, batch)))
-            state = State.allocate(hp, batch)
+            charges.append(budget.charge("activations", plan.state_bytes))
+            state = State.allocate(hp, plan.batch)
         except BaseException:
             for c in charges:
                 c.release()
             weights.close()
             raise
-        eng = cls(str(path), hp, module, weights, kv, state, tokenizer, budget, batch, extra, _charges=charges)
+        eng = cls(str(path), hp, module, plan, weights, kv, state, tokenizer, budget, extra, _charges=charges)
         eng.timings.load_s = time.perf_counter() - t0
         return eng
+
+    @property
+    def layers(self) -> tuple[int, int]:
+        return self.plan.layers
 
     @property
     def n_ctx(self) -> int:
@@ -170,7 +171,9 @@ class Engine:
 
     def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Append tokens to the context; return logits f32[n, n_vocab] (all_logits) or f32[1, n_vocab]."""
-        toks = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if self.layers != (0, self.hp.n_layer):
+            raise RamforgeError(f"this engine runs layers {self.layers}; use eval_hidden")
         if toks.size == 0:
             raise RamforgeError("eval needs at least one token")
         self.kv.check_room(toks.size)
@@ -178,23 +181,56 @@ class Engine:
         if bad.size:
             raise RamforgeError(f"token id {int(bad[0])} is out of range for a vocabulary of {self.hp.n_vocab}")
         out = []
-        for c0 in range(0, toks.size, self.batch):
-            chunk = toks[c0:c0 + self.batch]
-            self.module.forward(self, self.state, chunk, self.kv.n_past)
-            self.kv.n_past += chunk.size
+        for c0 in range(0, toks.size, self.plan.batch):
+            chunk = toks[c0:c0 + self.plan.batch]
             last = c0 + chunk.size == toks.size
-            if all_logits or last:
-                rows = slice(0, chunk.size) if all_logits else slice(chunk.size - 1, chunk.size)
-                out.append(self._logits(rows).copy())
-        return np.concatenate(out) if len(out) > 1 else out[0]
+            want = all_logits or last
+            rows = slice(0, chunk.size) if all_logits else slice(chunk.size - 1, chunk.size)
+            out.append(self._pass(chunk.size, lambda x: self.module.embed(self, x, chunk), rows if want else None))
+        return np.concatenate([o for o in out if o is not None])
+
+    def eval_hidden(self, hidden: np.ndarray, logits: bool = False) -> np.ndarray:
+        """Run hidden states f32[n, n_embd] through this engine's layer range; return the new hidden
+        states (or the logits f32[n, n_vocab] when logits=True and the range ends the model)."""
+        h = np.asarray(hidden, dtype=np.float32).reshape(-1, self.hp.n_embd)
+        self.kv.check_room(h.shape[0])
+        if logits and self.layers[1] != self.hp.n_layer:
+            raise RamforgeError(f"layers {self.layers} do not end the model; it has no logits")
+        out = []
+        for c0 in range(0, h.shape[0], self.plan.batch):
+            part = h[c0:c0 + self.plan.batch]
+            n = part.shape[0]
+
+            def put(x, part=part):
+                x[:] = part
+            res = self._pass(n, put, slice(0, n) if logits else None)
+            out.append(res if logits else self.state.x[:n].copy())
+        return np.concatenate(out)
+
+    def _pass(self, n: int, fill, rows: slice | None) -> np.ndarray | None:
+        """One forward pass over n tokens: fill s.x, run the layers, logits for `rows` if asked."""
+        rec = PassRecord(n, "prefill" if n > 1 else "decode") if PROFILE.enabled else None
+        self.weights.record = rec.layers if rec else None
+        t0 = time.perf_counter()
+        try:
+            self.weights.begin_pass(logits=rows is not None)
+            fill(self.state.x[:n])
+            self.module.forward(self, self.state, n, self.kv.n_past)
+            self.kv.n_past += n
+            res = None if rows is None else self._logits(rows).copy()
+        except BaseException:
+            self.weights.abort()
+            raise
+        if rec:
+            rec.seconds = time.perf_counter() - t0
+            PROFILE.passes.append(rec)
+        return res
 
     def _logits(self, rows: slice) -> np.ndarray:
-        from .kernels.ops import rms_norm
-
         s = self.state
         n = rows.stop - rows.start
         rms_norm(s.hn[:n], s.x[rows], self.weights.output_norm.data, self.hp.rms_eps)
-        return self.weights.output.rows(s.logits[:n], s.hn[:n])
+        return self.weights.output_rows(s.logits[:n], s.hn[:n])
 
     def generate(self, prompt: list[int], max_tokens: int, sampler=None, stop_on_eog: bool = True) -> Iterator[int]:
         """Yield up to max_tokens sampled tokens after the prompt (greedy when sampler is None)."""
@@ -207,18 +243,19 @@ class Engine:
         self.timings = Timings(self.timings.load_s, len(prompt), time.perf_counter() - t0)
         history = list(prompt)
         t1 = time.perf_counter()
-        for _ in range(max_tokens):
-            tok = int(np.argmax(logits)) if sampler is None else sampler.sample(logits, history)
-            if stop_on_eog and self.tokenizer.is_eog(tok):
-                break
-            history.append(tok)
-            self.timings.gen_tokens += 1
-            yield tok
-            if self.timings.gen_tokens == max_tokens:
-                break
-            logits = self.eval([tok])[-1]
+        try:
+            for _ in range(max_tokens):
+                tok = int(np.argmax(logits)) if sampler is None else sampler.sample(logits, history)
+                if stop_on_eog and self.tokenizer.is_eog(tok):
+                    break
+                history.append(tok)
+                self.timings.gen_tokens += 1
+                yield tok
+                if self.timings.gen_tokens == max_tokens:
+                    break
+                logits = self.eval([tok])[-1]
+        finally:
             self.timings.gen_s = time.perf_counter() - t1
-        self.timings.gen_s = time.perf_counter() - t1
 
     def close(self) -> None:
         for c in self._charges:

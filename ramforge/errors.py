@@ -43,5 +43,15 @@ class BudgetExceeded(RamforgeError):
         )
 
 
+class BudgetTooSmall(RamforgeError):
+    """The budget cannot hold even one layer plus the working set."""
+
+    def __init__(self, budget: int, minimum: int, n_ctx: int):
+        self.budget, self.minimum = budget, minimum
+        super().__init__(f"--ram {budget:,} B is below this model's minimum of {minimum:,} B at context {n_ctx} "
+                         f"(one layer + KV cache + activations); raise --ram to at least {minimum:,} B or lower "
+                         f"--ctx (`ramforge plan` shows the same figure)")
+
+
 class ContextLengthExceeded(RamforgeError):
     """A prompt (plus generation) does not fit the context window."""

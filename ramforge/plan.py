@@ -1,11 +1,14 @@
-"""Memory plan: what stays resident, what streams, and the smallest budget that works.
+"""The memory plan: what stays resident, what streams, and the smallest budget that works.
 
-Rules (the runtime follows the same ones):
-- KV cache: F16, n_layer x n_ctx x n_head_kv x (key_length + value_length) x 2 B.
-- Activations: f32 working vectors for one token plus the attention scores and the logits.
-- Streaming needs one layer buffer (the largest layer) plus the KV cache and activations;
-  persistent tensors that do not fit are streamed through that buffer in chunks.
-- Fully resident needs the whole model plus the KV cache and activations.
+The engine allocates exactly what the plan says, so `ramforge plan` is the runtime's own rule:
+- fixed: the F16 KV cache (layers x n_ctx x n_head_kv x (key_length + value_length) x 2 B), the run
+  state for a chunk of `batch` tokens, and the small persistent tensors (norms, rope factors);
+- if the whole model fits beside the fixed part, everything is resident;
+- otherwise a pool of 2 buffers (1 when only one fits) of the largest layer's read span streams the
+  layers; of the headroom left, up to half keeps the output projection (then the token embedding)
+  resident, and the rest pins whole layers, first to last. A streamed output projection goes through
+  the pool in row chunks; a streamed token embedding is read a row per token.
+- the minimum budget is the fixed part plus one buffer.
 """
 from __future__ import annotations
 
@@ -13,12 +16,17 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from .errors import RamforgeError
-from .gguf.constants import Keys
-from .gguf.reader import GGUFFile
+from .gguf.constants import GGML_BLOCK, Keys
+from .gguf.reader import GGUFFile, TensorInfo
 from .models import is_executable
 from .models.config import HParams
 
 DEFAULT_CTX = 4096          # as llama-cli: the default context, capped by the model's own
+DEFAULT_BATCH = 64          # prompt tokens per forward chunk
+ALIGN = 4096                # read spans are aligned to this (O_DIRECT); the plan counts the slack
+MERGE_GAP = 1 << 16         # tensors closer than this are read in one span
+PERSISTENT_SHARE = 0.5      # of the streaming headroom, at most this much for resident persistent tensors
+SMALL = ("output_norm.weight", "rope_freqs.weight")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -37,22 +45,71 @@ def n_vocab_of(f: GGUFFile) -> int:
     return embd.dims[1]
 
 
+def state_bytes(hp: HParams, batch: int, n_ctx: int) -> int:
+    """Run state for `batch` tokens (see engine.State) plus matmul and attention scratch."""
+    per_tok = (3 * hp.n_embd + hp.n_head * hp.head_dim_k + hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v)
+               + hp.n_head * hp.head_dim_v + 2 * hp.n_ff + hp.n_vocab)
+    scratch = 2 * batch * max(hp.n_embd, hp.n_ff, hp.n_head * hp.head_dim_k) + hp.n_head * n_ctx
+    return 4 * (batch * per_tok + scratch)
+
+
+@dataclass
+class Span:
+    """One layer's read plan: file segments laid out back to back in a buffer."""
+
+    index: int
+    segments: list[tuple[int, int, int]]          # (file offset, length, buffer offset), all aligned
+    offsets: dict[str, int]                       # tensor name -> buffer offset
+    tensor_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, n, _ in self.segments)
+
+
+def span_of(index: int, tensors: list[TensorInfo]) -> Span:
+    segs: list[list[int]] = []                    # [aligned start, aligned end]
+    for t in sorted(tensors, key=lambda t: t.offset):
+        lo, hi = t.offset - t.offset % ALIGN, -(-(t.offset + t.nbytes) // ALIGN) * ALIGN
+        if segs and lo <= segs[-1][1] + MERGE_GAP:
+            segs[-1][1] = max(segs[-1][1], hi)
+        else:
+            segs.append([lo, hi])
+    out, pos = [], 0
+    for lo, hi in segs:
+        out.append((lo, hi - lo, pos))
+        pos += hi - lo
+    offsets = {}
+    for t in tensors:
+        lo, _, buf = next(s for s in out if s[0] <= t.offset < s[0] + s[1])
+        offsets[t.name] = buf + t.offset - lo
+    return Span(index, out, offsets, sum(t.nbytes for t in tensors))
+
+
 @dataclass
 class Plan:
     path: str
     arch: str
     executable: bool
     n_ctx: int
+    batch: int
     budget: int | None
+    layers: tuple[int, int]                       # the contiguous range [first, last) this plan runs
     model_bytes: int
-    persistent: dict[str, int]          # tensor name -> bytes (outside the layers)
-    layer_bytes: list[int]              # bytes of each layer, by index
+    persistent: dict[str, int]                    # tensor name -> bytes (outside the layers)
+    layer_bytes: list[int]                        # read-span bytes of each layer in the range
     kv_bytes: int
-    activation_bytes: int
-    min_budget: int                     # one layer + KV + activations
-    resident_budget: int                # whole model + KV + activations
-    verdict: str                        # "resident", "streaming" or "insufficient"
-    streamed_bytes_per_token: int
+    state_bytes: int
+    small_bytes: int
+    verdict: str                                  # "resident", "streaming" or "insufficient"
+    min_budget: int
+    resident_budget: int
+    resident: list[str] = field(default_factory=list)    # big persistent tensors kept resident
+    pinned: list[int] = field(default_factory=list)      # layers kept resident
+    n_buffers: int = 0
+    buffer_bytes: int = 0
+    embd_row_bytes: int = 0                       # scratch for streamed embedding rows
+    streamed_bytes_per_token: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -61,22 +118,36 @@ class Plan:
 
     @property
     def largest_layer(self) -> tuple[int, int]:
-        i = max(range(len(self.layer_bytes)), key=self.layer_bytes.__getitem__) if self.layer_bytes else -1
-        return i, (self.layer_bytes[i] if i >= 0 else 0)
+        if not self.layer_bytes:
+            return -1, 0
+        i = max(range(len(self.layer_bytes)), key=self.layer_bytes.__getitem__)
+        return self.layers[0] + i, self.layer_bytes[i]
+
+    @property
+    def planned_peak(self) -> int:
+        """Every byte the engine charges: the managed peak."""
+        lb = dict(zip(range(*self.layers), self.layer_bytes))
+        return (self.kv_bytes + self.state_bytes + self.small_bytes + self.n_buffers * self.buffer_bytes
+                + sum(self.persistent[n] for n in self.resident) + sum(lb[i] for i in self.pinned)
+                + self.embd_row_bytes)
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d["persistent_bytes"] = self.persistent_bytes
-        d["largest_layer"] = {"index": self.largest_layer[0], "bytes": self.largest_layer[1]}
+        d.update(persistent_bytes=self.persistent_bytes, planned_peak=self.planned_peak,
+                 largest_layer={"index": self.largest_layer[0], "bytes": self.largest_layer[1]})
         return d
 
 
-def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None) -> Plan:
+def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: int = DEFAULT_BATCH,
+              layers: tuple[int, int] | None = None) -> Plan:
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
     n_ctx = min(hp.n_ctx_train, DEFAULT_CTX) if n_ctx is None else n_ctx
-    if n_ctx <= 0:
-        raise RamforgeError(f"context length must be positive, got {n_ctx}")
-    layers = [0] * hp.n_layer
+    if n_ctx <= 0 or batch <= 0:
+        raise RamforgeError(f"context length and batch must be positive, got {n_ctx} and {batch}")
+    a, b = layers or (0, hp.n_layer)
+    if not 0 <= a < b <= hp.n_layer:
+        raise RamforgeError(f"layer range [{a}, {b}) is not within the model's {hp.n_layer} layers")
+    by_layer: dict[int, list[TensorInfo]] = {i: [] for i in range(a, b)}
     persistent: dict[str, int] = {}
     for t in f.tensors.values():
         i = layer_of(t.name)
@@ -84,23 +155,78 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None) -> Plan
             persistent[t.name] = t.nbytes
         elif i >= hp.n_layer:
             raise RamforgeError(f"tensor {t.name} belongs to layer {i}, but block_count is {hp.n_layer}")
-        else:
-            layers[i] += t.nbytes
-    kv = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2
-    q_dim, kv_dim = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k
-    act = 4 * (4 * hp.n_embd + 2 * hp.n_ff + q_dim + 2 * kv_dim + hp.n_head * n_ctx + hp.n_vocab)
-    model = sum(layers) + sum(persistent.values())
-    largest = max(layers, default=0)
-    min_budget = largest + kv + act
-    resident = model + kv + act
-    if budget is None or budget >= resident:
-        verdict, streamed = "resident", 0
-    elif budget >= min_budget:
-        verdict, streamed = "streaming", model
+        elif a <= i < b:
+            by_layer[i].append(t)
+    spans = [span_of(i, by_layer[i]) for i in range(a, b)]
+    out_name = "output.weight" if "output.weight" in persistent else "token_embd.weight"
+    big = [out_name] if b == hp.n_layer else []              # the last range computes logits
+    if a == 0 and "token_embd.weight" not in big:            # the first range embeds tokens
+        big.append("token_embd.weight")
+    big = [n for n in big if n in persistent]
+    kv = (b - a) * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2
+    state = state_bytes(hp, batch, n_ctx)
+    small = sum(4 * f.tensors[n].n_elements for n in SMALL                # kept as float32
+                if n in f.tensors and (b == hp.n_layer or n != "output_norm.weight"))
+    fixed = kv + state + small
+    layer_total = sum(s.nbytes for s in spans)
+    resident_budget = fixed + layer_total + sum(persistent[n] for n in big)
+    max_span = max((s.nbytes for s in spans), default=0)
+    embd = f.tensors.get("token_embd.weight")
+    row_bytes = embd.nbytes // embd.dims[1] if embd is not None else 0
+    min_budget = fixed + max_span + (batch * row_bytes if a == 0 else 0)
+    p = Plan(f.path, hp.arch, is_executable(hp.arch), n_ctx, batch, budget, (a, b),
+             sum(t.nbytes for t in f.tensors.values()), persistent, [s.nbytes for s in spans],
+             kv, state, small, "resident", min_budget, resident_budget)
+    if budget is None or budget >= resident_budget:
+        p.resident, p.pinned = big, list(range(a, b))
+    elif budget < min_budget:
+        p.verdict = "insufficient"
     else:
-        verdict, streamed = "insufficient", model
-    p = Plan(f.path, hp.arch, is_executable(hp.arch), n_ctx, budget, model, persistent, layers,
-             kv, act, min_budget, resident, verdict, streamed)
+        p.verdict = "streaming"
+        avail = budget - fixed
+        p.n_buffers = 2 if avail >= 2 * max_span + (batch * row_bytes if a == 0 else 0) else 1
+        p.buffer_bytes = max_span
+        head = avail - p.n_buffers * max_span
+        share = int(head * PERSISTENT_SHARE)
+        for n in big:
+            if persistent[n] <= share:
+                p.resident.append(n)
+                share -= persistent[n]
+                head -= persistent[n]
+        if a == 0 and "token_embd.weight" not in p.resident:
+            p.embd_row_bytes = batch * row_bytes
+            head -= p.embd_row_bytes
+        for s in spans:
+            if s.nbytes <= head:
+                p.pinned.append(s.index)
+                head -= s.nbytes
+        streamed = [s.nbytes for s in spans if s.index not in p.pinned]
+        if b == hp.n_layer and out_name in persistent and out_name not in p.resident:
+            streamed.append(persistent[out_name])
+        if not streamed:                          # everything that streams is a row of the embedding
+            p.n_buffers = p.buffer_bytes = 0
+        p.streamed_bytes_per_token = sum(streamed) + (row_bytes if p.embd_row_bytes else 0)
     if not p.executable:
-        p.notes.append(f"architecture {hp.arch} can be inspected and planned but not yet executed")
+        p.notes.append(f"architecture {hp.arch} can be inspected and planned but not executed")
+    return p
+
+
+def block_row_bytes(t: TensorInfo) -> int:
+    """Bytes of one row (dims[0] elements) of a 2-D tensor."""
+    be, bb = GGML_BLOCK[t.ggml_type]
+    return t.dims[0] // be * bb
+
+
+BATCHES = (64, 32, 16, 8, 4, 2, 1)
+
+
+def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
+                    layers: tuple[int, int] | None = None, batch: int | None = None) -> Plan:
+    """The plan with the largest prompt chunk (64 down to 1 tokens) that fits the budget."""
+    batches = (batch,) if batch else BATCHES
+    for b in batches:
+        p = make_plan(f, budget, n_ctx, b, layers)
+        if p.verdict != "insufficient":
+            break
+    p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers).min_budget    # at the smallest chunk
     return p

@@ -171,9 +171,11 @@ class GGUFFile:
             st = os.fstat(self._fd)
             self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
             self.bytes_read = 0          # every byte this object has read, header and payload
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)   # no kernel read-ahead into the payload
             self.fields: dict[str, Field] = {}
             self.tensors: dict[str, TensorInfo] = {}
             self._parse()
+            os.posix_fadvise(self._fd, 0, self.data_offset, os.POSIX_FADV_DONTNEED)   # keep the page cache clean
         except BaseException:
             self.close()
             raise

@@ -15,6 +15,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ..errors import RamforgeError
+from ..profiling import timed
 
 # ---------------------------------------------------------------- RMSNorm
 
@@ -33,6 +34,7 @@ def _rms_norm(out, x, w, eps):
             out[t, i] = (x[t, i] * scale) * w[i]
 
 
+@timed("norm")
 def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """Row-wise RMSNorm of x (f32[..., n]) times w (f32[n]) into out (same shape as x)."""
     n = x.shape[-1]
@@ -66,6 +68,7 @@ def _rope(x, pos, n_rot, base, neox, freq_factors):
             theta = theta * theta_scale
 
 
+@timed("rope")
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
          freq_factors: np.ndarray | None = None) -> np.ndarray:
     """Rotate the first n_rot dims of each head of x (f32[n_tok, n_head, head_dim]) in place.
@@ -165,6 +168,7 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
                 out[t, h, d] += pj * f16[v_cache[j, kvh, d]]
 
 
+@timed("attention")
 def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
               kq_scale: float, window: int = 0) -> np.ndarray:
     """Causal attention of n_tok queries at positions pos0.. over the cache rows 0..pos0+n_tok-1.
@@ -222,12 +226,14 @@ def _swiglu(out, gate, up):
             out[t, i] = (g / (np.float32(1.0) + np.float32(math.exp(-g)))) * up[t, i]
 
 
+@timed("glu")
 def geglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """out = gelu(gate) * up (gemma3's FFN), f32[n_tok, n_ff]."""
     _geglu(out, gate, up, _GELU)
     return out
 
 
+@timed("glu")
 def swiglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """out = silu(gate) * up (llama/qwen FFN), f32[n_tok, n_ff]."""
     _swiglu(out, gate, up)

@@ -10,8 +10,9 @@ from .budget import MemoryBudget
 class KVCache:
     """k[il]: u16[n_ctx, n_head_kv, head_dim_k] and v[il]: u16[n_ctx, n_head_kv, head_dim_v] of f16 bits."""
 
-    def __init__(self, budget: MemoryBudget, n_layer: int, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int):
-        self.n_ctx = n_ctx
+    def __init__(self, budget: MemoryBudget, n_layer: int, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int,
+                 first_layer: int = 0):
+        self.n_ctx, self.first = n_ctx, first_layer
         nbytes = n_layer * n_ctx * n_head_kv * (hd_k + hd_v) * 2
         self.charge = budget.charge("kv cache", nbytes)
         try:
@@ -29,9 +30,13 @@ class KVCache:
 
     def store(self, il: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """Write f32 keys/values for positions pos0.. (rounded to f16, as llama.cpp's cache)."""
-        n = k.shape[0]
-        self.k[il, pos0:pos0 + n] = k.astype(np.float16).view(np.uint16)
-        self.v[il, pos0:pos0 + n] = v.astype(np.float16).view(np.uint16)
+        n, i = k.shape[0], il - self.first
+        self.k[i, pos0:pos0 + n] = k.astype(np.float16).view(np.uint16)
+        self.v[i, pos0:pos0 + n] = v.astype(np.float16).view(np.uint16)
+
+    def layer(self, il: int) -> tuple[np.ndarray, np.ndarray]:
+        """(k, v) slabs of model layer il."""
+        return self.k[il - self.first], self.v[il - self.first]
 
     def close(self) -> None:
         self.charge.release()

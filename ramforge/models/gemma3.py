@@ -25,40 +25,43 @@ def is_swa(hp, il: int) -> bool:
     return hp.sliding_window > 0 and il % SWA_PATTERN < SWA_PATTERN - 1
 
 
-def forward(m, s, tokens: np.ndarray, pos0: int) -> None:
-    """Run tokens (i32[n]) at positions pos0.., leaving s.x = final hidden states f32[n, n_embd]."""
+def embed(m, x: np.ndarray, tokens) -> None:
+    """x f32[n, n_embd] = token embeddings scaled by sqrt(n_embd)."""
+    m.weights.embed(tokens, x)
+    x *= np.float32(math.sqrt(m.hp.n_embd))
+
+
+def forward(m, s, n: int, pos0: int) -> None:
+    """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place."""
     hp, w, kv = m.hp, m.weights, m.kv
-    n = len(tokens)
     pos = np.arange(pos0, pos0 + n, dtype=np.int32)
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
     q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
     att, gate, up = s.att[:n], s.gate[:n], s.up[:n]
-    w.token_embd.get_rows(tokens, x)
-    x *= np.float32(math.sqrt(hp.n_embd))
     q_scale = np.float32(1.0 / math.sqrt(hp.head_dim_k))
     base_swa = m.extra.get("rope_base_swa", ROPE_BASE_SWA)
-    for il in range(hp.n_layer):
-        L = w.layer(il)
+    for il in range(*m.layers):
         swa = is_swa(hp, il)
-        rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-        L.attn_q.rows(q.reshape(n, -1), xb)
-        L.attn_k.rows(k.reshape(n, -1), xb)
-        L.attn_v.rows(v.reshape(n, -1), xb)
-        rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
-        rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
-        base = base_swa if swa else hp.rope_base
-        rope(q, pos, hp.rope_dim, base, ROPE_NEOX)
-        rope(k, pos, hp.rope_dim, base, ROPE_NEOX)
-        q *= q_scale
-        kv.store(il, pos0, k, v)
-        attention(att, q, kv.k[il], kv.v[il], pos0, 1.0, hp.sliding_window if swa else 0)
-        L.attn_output.rows(xb, att.reshape(n, -1))
-        rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
-        x += xb                                                 # sa_out
-        rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-        L.ffn_gate.rows(gate, xb)
-        L.ffn_up.rows(up, xb)
-        geglu(gate, gate, up)
-        L.ffn_down.rows(xb, gate)
-        rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
-        x += xb
+        with w.layer(il) as L:
+            rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
+            L.attn_q.rows(q.reshape(n, -1), xb)
+            L.attn_k.rows(k.reshape(n, -1), xb)
+            L.attn_v.rows(v.reshape(n, -1), xb)
+            rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
+            rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
+            base = base_swa if swa else hp.rope_base
+            rope(q, pos, hp.rope_dim, base, ROPE_NEOX)
+            rope(k, pos, hp.rope_dim, base, ROPE_NEOX)
+            q *= q_scale
+            kv.store(il, pos0, k, v)
+            attention(att, q, *kv.layer(il), pos0, 1.0, hp.sliding_window if swa else 0)
+            L.attn_output.rows(xb, att.reshape(n, -1))
+            rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
+            x += xb                                             # sa_out
+            rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
+            L.ffn_gate.rows(gate, xb)
+            L.ffn_up.rows(up, xb)
+            geglu(gate, gate, up)
+            L.ffn_down.rows(xb, gate)
+            rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
+            x += xb

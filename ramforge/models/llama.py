@@ -17,40 +17,41 @@ LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn
 OPTIONAL = {"attn_q_bias", "attn_k_bias", "attn_v_bias"}
 
 
-def forward(m, s, tokens: np.ndarray, pos0: int, neox: bool = ROPE_NEOX) -> None:
-    """Run tokens (i32[n]) at positions pos0.. through the model m, leaving s.x = final hidden states.
+def embed(m, x: np.ndarray, tokens) -> None:
+    """x f32[n, n_embd] = token embeddings."""
+    m.weights.embed(tokens, x)
 
-    s is the preallocated state (ramforge.engine.State); all buffers are sliced to n rows.
-    """
+
+def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX) -> None:
+    """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place."""
     hp, w, kv = m.hp, m.weights, m.kv
-    n = len(tokens)
     pos = np.arange(pos0, pos0 + n, dtype=np.int32)
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
     q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
     att, gate, up = s.att[:n], s.gate[:n], s.up[:n]             # f32[n, n_head, hd_v], f32[n, n_ff]
-    w.token_embd.get_rows(tokens, x)
     kq_scale = 1.0 / math.sqrt(hp.head_dim_k)
-    for il in range(hp.n_layer):
-        L = w.layer(il)
-        rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-        for proj, bias, out in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k), (L.attn_v, L.attn_v_bias, v)):
-            flat = out.reshape(n, -1)
-            proj.rows(flat, xb)
-            if bias is not None:
-                flat += bias.data
-        if L.attn_q_norm is not None:                           # qwen3: per-head RMSNorm of q and k
-            rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
-            rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
-        ff = w.rope_freqs.data if w.rope_freqs is not None else None
-        rope(q, pos, hp.rope_dim, hp.rope_base, neox, ff)
-        rope(k, pos, hp.rope_dim, hp.rope_base, neox, ff)
-        kv.store(il, pos0, k, v)
-        attention(att, q, kv.k[il], kv.v[il], pos0, kq_scale)
-        L.attn_output.rows(xb, att.reshape(n, -1))
-        x += xb                                                 # residual
-        rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-        L.ffn_gate.rows(gate, xb)
-        L.ffn_up.rows(up, xb)
-        swiglu(gate, gate, up)
-        L.ffn_down.rows(xb, gate)
-        x += xb                                                 # residual
+    ff = w.rope_freqs.data if w.rope_freqs is not None else None
+    for il in range(*m.layers):
+        with w.layer(il) as L:
+            rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
+            for proj, bias, out in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k),
+                                    (L.attn_v, L.attn_v_bias, v)):
+                flat = out.reshape(n, -1)
+                proj.rows(flat, xb)
+                if bias is not None:
+                    flat += bias.data
+            if L.attn_q_norm is not None:                       # qwen3: per-head RMSNorm of q and k
+                rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
+                rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
+            rope(q, pos, hp.rope_dim, hp.rope_base, neox, ff)
+            rope(k, pos, hp.rope_dim, hp.rope_base, neox, ff)
+            kv.store(il, pos0, k, v)
+            attention(att, q, *kv.layer(il), pos0, kq_scale)
+            L.attn_output.rows(xb, att.reshape(n, -1))
+            x += xb                                             # residual
+            rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
+            L.ffn_gate.rows(gate, xb)
+            L.ffn_up.rows(up, xb)
+            swiglu(gate, gate, up)
+            L.ffn_down.rows(xb, gate)
+            x += xb                                             # residual

@@ -8,5 +8,8 @@ LAYER_TENSORS = llama.LAYER_TENSORS
 OPTIONAL = llama.OPTIONAL
 
 
-def forward(m, s, tokens, pos0: int) -> None:
-    llama.forward(m, s, tokens, pos0, neox=ROPE_NEOX)
+embed = llama.embed
+
+
+def forward(m, s, n: int, pos0: int) -> None:
+    llama.forward(m, s, n, pos0, neox=ROPE_NEOX)

@@ -8,5 +8,8 @@ LAYER_TENSORS = [t for t in llama.LAYER_TENSORS if not t.endswith("_bias")] + ["
 OPTIONAL: set[str] = set()
 
 
-def forward(m, s, tokens, pos0: int) -> None:
-    llama.forward(m, s, tokens, pos0, neox=ROPE_NEOX)
+embed = llama.embed
+
+
+def forward(m, s, n: int, pos0: int) -> None:
+    llama.forward(m, s, n, pos0, neox=ROPE_NEOX)

@@ -1,8 +1,7 @@
 """Model weights as compact tensors, named after their GGUF tensors, and the run state.
 
-`ResidentWeights` reads every tensor once into budget-charged memory. Layers are handed out by
-`layer(il)` as a `Layer` whose attributes are the GGUF tensor suffixes (attn_q, ffn_down, ...), so
-a forward pass reads like the graph in llama.cpp's src/models/*.cpp.
+A `Layer`'s attributes are the GGUF tensor suffixes (attn_q, ffn_down, ...), so a forward pass
+reads like the graph in llama.cpp's src/models/*.cpp. ramforge.stream.weights lays them out.
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.dequant import dequantize
 from ..kernels.matmul import matmul
 from ..kernels.registry import kernels_for
-from ..memory import MemoryBudget
+from ..profiling import timed
 from .config import HParams
 
 
@@ -33,10 +32,12 @@ class QTensor:
     dims: tuple[int, ...]             # GGUF order: dims[0] is the row length
     data: np.ndarray                  # uint8 packed rows, or f32[dims[0]] for a vector
 
+    @timed(lambda self, y, x: f"matvec {self.ggml_type.name}")
     def rows(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """y f32[n_tok, dims[1]] = x f32[n_tok, dims[0]] @ W^T."""
         return matmul(y, x, self.ggml_type, self.data, self.dims[1], self.dims[0])
 
+    @timed("embedding")
     def get_rows(self, ids, out: np.ndarray) -> np.ndarray:
         """Dequantized rows `ids` (an embedding lookup) into out f32[len(ids), dims[0]]."""
         k = kernels_for(self.ggml_type)
@@ -84,53 +85,24 @@ def gguf_name(suffix: str, il: int | None = None) -> str:
     return f"{base}.{kind}" if il is None else f"blk.{il}.{base}.{kind}"
 
 
-class ResidentWeights:
-    """Every tensor read once into memory charged to the budget; `close()` releases it all."""
-
-    def __init__(self, f: GGUFFile, hp: HParams, layer_tensors: list[str], budget: MemoryBudget,
-                 optional: set[str] = frozenset()):
-        self.hp = hp
-        self._charges = []
-        shapes = layer_shapes(hp)
-        try:
-            self.token_embd = self._load(f, "token_embd", (hp.n_embd, hp.n_vocab), budget)
-            self.output_norm = self._load(f, "output_norm", (hp.n_embd,), budget)
-            tied = "output.weight" not in f.tensors
-            self.output = self.token_embd if tied else self._load(f, "output", (hp.n_embd, hp.n_vocab), budget)
-            self.rope_freqs = self._load(f, "rope_freqs", None, budget) if "rope_freqs.weight" in f.tensors else None
-            self.layers = []
-            for il in range(hp.n_layer):
-                layer = Layer(il)
-                for s in layer_tensors:
-                    if gguf_name(s, il) in f.tensors or s not in optional:
-                        layer.tensors[s] = self._load(f, s, shapes[s], budget, il)
-                self.layers.append(layer)
-        except BaseException:
-            self.close()
-            raise
-
-    def _load(self, f: GGUFFile, suffix: str, shape, budget: MemoryBudget, il: int | None = None) -> QTensor:
+def validate_tensors(f: GGUFFile, hp: HParams, module, layers: tuple[int, int]) -> None:
+    """Every tensor the forward pass needs is present, of the expected shape and of an executable type."""
+    shapes = layer_shapes(hp)
+    need = [("token_embd", None, (hp.n_embd, hp.n_vocab))]
+    if layers[1] == hp.n_layer:
+        need.append(("output_norm", None, (hp.n_embd,)))
+        if "output.weight" in f.tensors:
+            need.append(("output", None, (hp.n_embd, hp.n_vocab)))
+    for il in range(*layers):
+        for s in module.LAYER_TENSORS:
+            if s not in module.OPTIONAL or gguf_name(s, il) in f.tensors:
+                need.append((s, il, shapes[s]))
+    for suffix, il, shape in need:
         name = gguf_name(suffix, il)
         info: TensorInfo | None = f.tensors.get(name)
         if info is None:
-            raise ModelError(f"{f.path}: tensor {name} is missing; architecture {self.hp.arch} needs it")
-        if shape is not None and info.dims != tuple(shape):
+            raise ModelError(f"{f.path}: tensor {name} is missing; architecture {hp.arch} needs it")
+        if info.dims != tuple(shape):
             raise ModelError(f"{f.path}: tensor {name} has shape {list(info.dims)}, expected {list(shape)} "
                              f"from the hyperparameters")
         kernels_for(info.ggml_type)          # refuses a type without kernels, by name
-        charge = budget.charge(name, info.nbytes)
-        self._charges.append(charge)
-        raw = f.read_tensor(info)
-        if len(info.dims) == 1:              # vectors are used as float32
-            vec = dequantize(info.ggml_type, raw, n_elements=info.n_elements)
-            charge.settle(vec.nbytes)
-            return QTensor(name, GGMLType.F32, info.dims, vec)
-        return QTensor(name, info.ggml_type, info.dims, raw)
-
-    def layer(self, il: int) -> Layer:
-        return self.layers[il]
-
-    def close(self) -> None:
-        for c in self._charges:
-            c.release()
-        self._charges.clear()

@@ -1,0 +1,89 @@
+"""Profile records: plain dataclasses and one global switch; rendering lives in the CLI.
+
+When `PROFILE.enabled`, the public ops time themselves by op class (matvec per quant type,
+attention, norms, rope, glu) and the weight store records each layer's read and wait.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LayerRecord:
+    layer: int | str          # a layer index, or "output[c]" for a streamed output chunk
+    resident: bool            # pinned (a hit) or streamed (a miss)
+    bytes_read: int = 0
+    read_s: float = 0.0       # time the reader thread spent reading it
+    wait_s: float = 0.0       # time compute waited for it: I/O not hidden by compute
+    compute_s: float = 0.0
+
+
+@dataclass
+class PassRecord:
+    n_tokens: int
+    kind: str                 # "prefill" or "decode"
+    layers: list[LayerRecord] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(r.bytes_read for r in self.layers)
+
+    @property
+    def wait_s(self) -> float:
+        return sum(r.wait_s for r in self.layers)
+
+
+@dataclass
+class Profile:
+    enabled: bool = False
+    ops: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    passes: list[PassRecord] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.ops.clear()
+        self.calls.clear()
+        self.passes.clear()
+
+    def summary(self) -> dict:
+        streamed = [r for p in self.passes for r in p.layers if not r.resident]
+        total_read = sum(r.bytes_read for r in streamed)
+        read_s = sum(r.read_s for r in streamed)
+        decode = [p for p in self.passes if p.kind == "decode"]
+        return {
+            "ops_s": dict(self.ops), "op_calls": dict(self.calls),
+            "hits": sum(r.resident for p in self.passes for r in p.layers if isinstance(r.layer, int)),
+            "misses": sum(not r.resident for p in self.passes for r in p.layers if isinstance(r.layer, int)),
+            "bytes_read": total_read, "read_s": read_s,
+            "storage_gb_s": total_read / read_s / 1e9 if read_s > 0 else 0.0,
+            "wait_s": sum(p.wait_s for p in self.passes),
+            "bytes_per_decode_token": (sum(p.bytes_read for p in decode) / len(decode)) if decode else 0,
+            "passes": [{"kind": p.kind, "n_tokens": p.n_tokens, "seconds": p.seconds, "bytes_read": p.bytes_read,
+                        "wait_s": p.wait_s,
+                        "layers": [vars(r) for r in p.layers]} for p in self.passes],
+        }
+
+
+PROFILE = Profile()
+
+
+def timed(op_class):
+    """Decorator: time the call under op_class(args) (a str, or a function of the arguments)."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if not PROFILE.enabled:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                key = op_class if isinstance(op_class, str) else op_class(*args, **kwargs)
+                PROFILE.ops[key] += time.perf_counter() - t0
+                PROFILE.calls[key] += 1
+        return wrapper
+    return deco

@@ -1,0 +1,74 @@
+"""--profile and --memory-report: gather the figures (plain dicts) and render them with rich on stderr."""
+from __future__ import annotations
+
+import resource
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+from .memory import format_bytes
+from .stream.io import page_cache_residency
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def memory_report(eng) -> dict:
+    """Managed current/peak/budget, process RSS and peak RSS, the model's page-cache residency."""
+    resident, size = page_cache_residency(eng.path)
+    vm = psutil.virtual_memory()
+    return {
+        "managed_current": eng.budget.current, "managed_peak": eng.budget.peak, "budget": eng.budget.limit,
+        "planned_peak": eng.plan.planned_peak,
+        "rss": psutil.Process().memory_info().rss,
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "model_file_bytes": size, "page_cache_bytes": resident,
+        "page_cache_fraction": resident / size if size else 0.0,
+        "system_available": vm.available, "system_total": vm.total,
+        "charges": eng.budget.charges()[:12],
+    }
+
+
+def render_memory(m: dict) -> None:
+    t = Table(title="memory")
+    t.add_column("what"), t.add_column("bytes", justify="right"), t.add_column("", justify="right")
+    budget = m["budget"]
+    rows = [("ramforge-managed now", m["managed_current"]), ("ramforge-managed peak", m["managed_peak"]),
+            ("planned peak", m["planned_peak"]), ("budget", budget), ("process RSS", m["rss"]),
+            ("process peak RSS", m["peak_rss"]), ("model file in page cache", m["page_cache_bytes"]),
+            ("model file", m["model_file_bytes"]), ("system available", m["system_available"])]
+    for name, v in rows:
+        t.add_row(name, "unlimited" if v is None else f"{v:,}", "" if v is None else format_bytes(v))
+    err.print(t)
+    err.print(f"page cache holds {100 * m['page_cache_fraction']:.1f}% of the model file")
+
+
+def render_profile(p: dict, timings: dict) -> None:
+    passes = p["passes"]
+    decode = [q for q in passes if q["kind"] == "decode"]
+    last = decode[-1] if decode else (passes[-1] if passes else None)
+    if last:
+        t = Table(title=f"per layer, last {last['kind']} pass ({last['n_tokens']} tokens, {last['seconds'] * 1e3:.1f} ms)")
+        for c in ("layer", "resident", "bytes read", "read ms", "wait ms", "compute ms"):
+            t.add_column(c, justify="left" if c == "layer" else "right")
+        for r in last["layers"]:
+            t.add_row(str(r["layer"]), "pinned" if r["resident"] else "streamed", f"{r['bytes_read']:,}",
+                      f"{r['read_s'] * 1e3:.2f}", f"{r['wait_s'] * 1e3:.2f}", f"{r['compute_s'] * 1e3:.2f}")
+        err.print(t)
+    t = Table(title="per token")
+    for c in ("pass", "kind", "tokens", "ms", "bytes read", "wait ms"):
+        t.add_column(c, justify="right")
+    for i, q in enumerate(passes):
+        t.add_row(str(i), q["kind"], str(q["n_tokens"]), f"{q['seconds'] * 1e3:.1f}", f"{q['bytes_read']:,}",
+                  f"{q['wait_s'] * 1e3:.2f}")
+    err.print(t)
+    t = Table(title="compute by op class")
+    t.add_column("op"), t.add_column("calls", justify="right"), t.add_column("s", justify="right")
+    for op, s in sorted(p["ops_s"].items(), key=lambda kv: -kv[1]):
+        t.add_row(op, str(p["op_calls"][op]), f"{s:.3f}")
+    err.print(t)
+    err.print(f"layers: {p['hits']} hits (pinned), {p['misses']} misses (streamed); "
+              f"{format_bytes(p['bytes_per_decode_token'])} streamed per decode token; storage "
+              f"{p['storage_gb_s']:.2f} GB/s over {format_bytes(p['bytes_read'])}; I/O wait {p['wait_s']:.3f} s")
+    err.print(f"time to first token: load {timings['load_s']:.2f} s + prefill {timings['prompt_s']:.2f} s; "
+              f"decode {timings['gen_tokens']} tokens in {timings['gen_s']:.2f} s")

@@ -1,0 +1,184 @@
+"""File I/O for streaming weights: O_DIRECT, buffered with posix_fadvise, or mmap; page-cache residency.
+
+Reads release the GIL (os.preadv), so a reader thread overlaps them with the kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import os
+import time
+from enum import Enum
+
+import numpy as np
+
+from ..errors import RamforgeError
+
+DIRECT_ALIGN = 4096          # O_DIRECT offset, length and buffer alignment
+
+
+class IOMode(str, Enum):
+    DIRECT = "direct"        # O_DIRECT: the page cache never holds the model
+    BUFFERED = "buffered"    # pread, then posix_fadvise(DONTNEED) on what was read
+    MMAP = "mmap"            # map the file: the kernel's page cache holds what it likes
+
+
+class IOError_(RamforgeError):
+    """A read failed or came back short: names the file, offset and what was expected."""
+
+
+class ModelChanged(RamforgeError):
+    """The model file changed on disk (size or mtime) while ramforge was using it."""
+
+
+def aligned_empty(nbytes: int, align: int = DIRECT_ALIGN) -> np.ndarray:
+    """A uint8 buffer of nbytes whose address is a multiple of align."""
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    skip = (-raw.ctypes.data) % align
+    return raw[skip:skip + nbytes]
+
+
+class ModelFile:
+    """An open model file in one I/O mode; `read_into` fills a buffer from [offset, offset+len)."""
+
+    def __init__(self, path: str, mode: IOMode | str = IOMode.DIRECT):
+        self.path = path
+        self.mode = IOMode(mode)
+        st = os.stat(path)
+        self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
+        self.direct = False
+        flags = os.O_RDONLY
+        if self.mode == IOMode.DIRECT:
+            try:
+                self.fd = os.open(path, flags | os.O_DIRECT)
+                self.direct = True
+            except OSError as e:            # tmpfs and some filesystems refuse O_DIRECT
+                if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                self.fd = os.open(path, flags)
+                self.mode = IOMode.BUFFERED
+        else:
+            self.fd = os.open(path, flags)
+        if self.mode == IOMode.BUFFERED:       # reads are explicit and large: no kernel read-ahead
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+        self.map = mmap.mmap(self.fd, 0, prot=mmap.PROT_READ) if self.mode == IOMode.MMAP else None
+        self.bytes_read = 0
+
+    def check_unchanged(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            raise ModelChanged(f"{self.path} is no longer readable: {e}") from None
+        if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
+            raise ModelChanged(f"{self.path} changed on disk while in use (size {self.size} -> {st.st_size}, "
+                               f"mtime changed: {st.st_mtime_ns != self.mtime_ns}); reload the model")
+
+    def span(self, offset: int, nbytes: int) -> tuple[int, int]:
+        """The file range actually read for [offset, offset+nbytes): aligned out under O_DIRECT."""
+        if not self.direct:
+            return offset, nbytes
+        lo = offset - offset % DIRECT_ALIGN
+        hi = -(-(offset + nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
+        return lo, hi - lo
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        """mmap mode: a read-only view of the file bytes, no copy."""
+        return np.frombuffer(self.map, dtype=np.uint8, count=nbytes, offset=offset)
+
+    def read_into(self, offset: int, out: np.ndarray) -> int:
+        """Fill out (uint8, contiguous) from offset; a short read or an error is IOError_.
+
+        Under O_DIRECT an aligned span may run past EOF: only the bytes the file has are required.
+        """
+        view = memoryview(out).cast("B")
+        want = min(len(view), self.size - offset) if self.direct else len(view)
+        done = 0
+        while done < want:
+            try:
+                n = os.preadv(self.fd, [view[done:]], offset + done)
+            except OSError as e:
+                raise IOError_(f"{self.path}: read of {want - done:,} B at offset {offset + done:,} failed: "
+                               f"{e.strerror or e}") from e
+            if n <= 0:
+                raise IOError_(f"{self.path}: short read at offset {offset + done:,}: got {done:,} of {want:,} B "
+                               f"(file truncated or changed while in use?)")
+            done += n
+        self.bytes_read += done
+        return done
+
+    def drop_cache(self, offset: int, nbytes: int) -> None:
+        """Tell the kernel the range is no longer needed (buffered mode keeps the page cache clean)."""
+        if self.mode == IOMode.BUFFERED:
+            os.posix_fadvise(self.fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:         # arrays still view it; the mapping goes when they do
+                pass
+            self.map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+_libc = None
+
+
+def page_cache_residency(path: str) -> tuple[int, int]:
+    """(resident bytes, file bytes) of path in the page cache, via mincore(2) on a fresh mapping."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        _libc.mmap.restype = ctypes.c_void_p
+        _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0, 0
+    page = mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap failed")
+        try:
+            vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+            if _libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore failed")
+            resident = int(np.frombuffer(vec, dtype=np.uint8).__and__(1).sum()) * page
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return min(resident, size), size
+
+
+def evict(path: str) -> None:
+    """Drop path's pages from the page cache (as `dd iflag=nocache count=0`)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def probe_read_speed(path: str, nbytes: int = 256 << 20, chunk: int = 8 << 20) -> float:
+    """Bytes per second of O_DIRECT reads of up to nbytes from the middle of the file."""
+    f = ModelFile(path, IOMode.DIRECT)
+    try:
+        n = min(nbytes, f.size - f.size % DIRECT_ALIGN)
+        start = ((f.size - n) // 2) // DIRECT_ALIGN * DIRECT_ALIGN
+        buf = aligned_empty(chunk)
+        t0 = time.perf_counter()
+        done = 0
+        while done < n:
+            done += f.read_into(start + done, buf[:min(chunk, n - done)])
+        f.drop_cache(start, n)
+        return done / max(time.perf_counter() - t0, 1e-9)
+    finally:
+        f.close()

@@ -1,0 +1,287 @@
+"""Weights laid out by the plan: resident tensors, pinned layers, and layers streamed through a pool.
+
+A reader thread reads the next items of the current pass (layers, then output-projection chunks)
+into a bounded pool of reusable, budget-charged buffers while the current layer computes. A pass
+is a cyclic scan, so after the last item the reader goes on with the first ones of the next pass.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from ..errors import RamforgeError
+from ..gguf.constants import GGMLType
+from ..gguf.reader import GGUFFile
+from ..kernels.dequant import dequantize
+from ..memory import MemoryBudget
+from ..models.weights import Layer, QTensor, gguf_name, validate_tensors
+from ..plan import ALIGN, SMALL, Plan, block_row_bytes, span_of
+from ..profiling import PROFILE, LayerRecord
+from .io import IOMode, ModelFile, aligned_empty
+
+
+class _Reader(threading.Thread):
+    """Reads (key, segments) jobs into free buffers, in order; results come back in the same order."""
+
+    def __init__(self, file: ModelFile, buffers: list[np.ndarray]):
+        super().__init__(name="ramforge-reader", daemon=True)
+        self.file = file
+        self.free: queue.Queue = queue.Queue()
+        for b in buffers:
+            self.free.put(b)
+        self.jobs: queue.Queue = queue.Queue()
+        self.done: queue.Queue = queue.Queue()
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            key, segments = job
+            buf = self.free.get()
+            t0, n, err = time.perf_counter(), 0, None
+            try:
+                for off, length, at in segments:
+                    n += self.file.read_into(off, buf[at:at + length])
+            except BaseException as e:      # handed to the consumer, which raises it
+                err = e
+            self.done.put((key, buf, err, n, time.perf_counter() - t0))
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+        self.join(timeout=10)
+
+
+class Weights:
+    """Tensors as `plan` says; `layer(il)` yields a Layer, streaming it in if it is not pinned."""
+
+    def __init__(self, f: GGUFFile, plan: Plan, hp, module, budget: MemoryBudget, io: IOMode | str = IOMode.DIRECT):
+        self.f, self.plan, self.hp, self.module, self.budget = f, plan, hp, module, budget
+        self.tensors = module.LAYER_TENSORS
+        validate_tensors(f, hp, module, plan.layers)
+        self.file = ModelFile(f.path, io)
+        self.mmap = self.file.mode == IOMode.MMAP
+        self._charges, self._reader, self._pass, self._cursor = [], None, [], 0
+        self._inflight: list = []          # keys submitted and not yet taken, in order
+        self.record: list[LayerRecord] | None = None
+        try:
+            self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- loading --------------------------------------------------------------------------
+    def _charge(self, name: str, nbytes: int):
+        c = self.budget.charge(name, nbytes)
+        self._charges.append(c)
+        return c
+
+    def _read(self, name: str, offset: int, nbytes: int) -> np.ndarray:
+        if self.mmap:
+            return self.file.view(offset, nbytes)
+        lo, n = self.file.span(offset, nbytes)
+        buf = aligned_empty(n)
+        self.file.read_into(lo, buf)
+        self.file.drop_cache(lo, n)
+        return buf[offset - lo:offset - lo + nbytes]
+
+    def _vector(self, name: str) -> QTensor | None:
+        t = self.f.tensors.get(name)
+        if t is None:
+            return None
+        self._charge(name, 4 * t.n_elements)
+        vec = dequantize(t.ggml_type, self._read(name, t.offset, t.nbytes), n_elements=t.n_elements)
+        return QTensor(name, GGMLType.F32, t.dims, vec)
+
+    def _matrix(self, name: str) -> QTensor:
+        t = self.f.tensors[name]
+        if not self.mmap:
+            self._charge(name, t.nbytes)
+        return QTensor(name, t.ggml_type, t.dims, self._read(name, t.offset, t.nbytes))
+
+    def _load(self) -> None:
+        p, f = self.plan, self.f
+        a, b = p.layers
+        last = b == self.hp.n_layer
+        self.output_norm = self._vector(SMALL[0]) if last else None
+        self.rope_freqs = self._vector(SMALL[1])
+        self.out_name = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
+        self.resident = {n: self._matrix(n) for n in p.resident}
+        self.token_embd = self.resident.get("token_embd.weight") if a == 0 else None
+        self.output = self.resident.get(self.out_name) if last else None
+        if p.embd_row_bytes:
+            self._charge("embedding rows", p.embd_row_bytes)
+        self.spans = {i: span_of(i, [t for n, t in f.tensors.items() if n.startswith(f"blk.{i}.")]) for i in range(a, b)}
+        self.pinned = {}
+        for il in (range(a, b) if self.mmap else p.pinned):
+            self.pinned[il] = self._pinned_layer(il)
+        self.streamed = [il for il in range(a, b) if il not in self.pinned]
+        buffers = [aligned_empty(p.buffer_bytes) for _ in range(p.n_buffers)] if self.streamed or self._out_streamed() else []
+        for i, _ in enumerate(buffers):
+            self._charge(f"stream buffer {i}", p.buffer_bytes)
+        self._buffers = buffers
+        if buffers:
+            self._reader = _Reader(self.file, buffers)
+
+    def _pinned_layer(self, il: int) -> Layer:
+        s = self.spans[il]
+        if self.mmap:
+            return self._layer_from(il, None)
+        buf = aligned_empty(s.nbytes)
+        self._charge(f"pinned layer {il}", s.nbytes)
+        for off, n, at in s.segments:
+            self.file.read_into(off, buf[at:at + n])
+            self.file.drop_cache(off, n)
+        return self._layer_from(il, buf)
+
+    def _layer_from(self, il: int, buf: np.ndarray | None) -> Layer:
+        layer = Layer(il)
+        for s in self.tensors:
+            name = gguf_name(s, il)
+            t = self.f.tensors.get(name)
+            if t is None:
+                continue
+            raw = self.file.view(t.offset, t.nbytes) if buf is None else buf[self.spans[il].offsets[name]:][:t.nbytes]
+            if len(t.dims) == 1:
+                layer.tensors[s] = QTensor(name, GGMLType.F32, t.dims, dequantize(t.ggml_type, raw, n_elements=t.n_elements))
+            else:
+                layer.tensors[s] = QTensor(name, t.ggml_type, t.dims, raw)
+        return layer
+
+    # ---- passes ---------------------------------------------------------------------------
+    def _out_streamed(self) -> bool:
+        return self.plan.layers[1] == self.hp.n_layer and self.output is None
+
+    def _out_chunks(self) -> list[tuple[int, int]]:
+        t = self.f.tensors[self.out_name]
+        rb = block_row_bytes(t)
+        rows = max(1, (self.plan.buffer_bytes - 2 * ALIGN) // rb)
+        return [(r, min(t.dims[1], r + rows)) for r in range(0, t.dims[1], rows)]
+
+    def _job(self, key):
+        if key[0] == "L":
+            return key, self.spans[key[1]].segments
+        t = self.f.tensors[self.out_name]
+        rb = block_row_bytes(t)
+        r0, r1 = key[1]
+        lo, n = self.file.span(t.offset + r0 * rb, (r1 - r0) * rb)
+        return key, [(lo, n, 0)]
+
+    def begin_pass(self, logits: bool) -> None:
+        """Start a forward pass; the reader may already hold its first items from the last one."""
+        self.file.check_unchanged()
+        items = [("L", il) for il in self.streamed]
+        if logits and self._out_streamed():
+            items += [("O", c) for c in self._out_chunks()]
+        if items != self._pass or not self._inflight or self._inflight[0] != items[0]:
+            self._drain()
+            self._pass, self._cursor = items, 0
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._pass and len(self._inflight) < len(self._buffers):
+            key = self._pass[self._cursor % len(self._pass)]
+            self._cursor += 1
+            self._reader.jobs.put(self._job(key))
+            self._inflight.append(key)
+
+    def _drain(self) -> None:
+        while self._inflight:
+            key, buf, err, n, dt = self._reader.done.get()
+            self._inflight.pop(0)
+            self._reader.free.put(buf)
+            self._drop(key)
+        self._cursor = 0
+
+    def _drop(self, key) -> None:
+        if self.file.mode == IOMode.BUFFERED:
+            for off, length, _ in self._job(key)[1]:
+                self.file.drop_cache(off, length)
+
+    @contextmanager
+    def _take(self, key, label):
+        if not self._inflight or self._inflight[0] != key:
+            self._drain()
+            self._pass, self._cursor = [key], 0
+            self._fill()
+        t0 = time.perf_counter()
+        got, buf, err, n, read_s = self._reader.done.get()
+        self._inflight.pop(0)
+        rec = LayerRecord(label, False, n, read_s, time.perf_counter() - t0)
+        if err is not None:
+            self._reader.free.put(buf)
+            self._drain()
+            self._pass = []
+            raise err
+        t1 = time.perf_counter()
+        try:
+            yield buf
+        finally:
+            rec.compute_s = time.perf_counter() - t1
+            if self.record is not None:
+                self.record.append(rec)
+            self._reader.free.put(buf)
+            self._drop(key)
+            self._fill()
+
+    @contextmanager
+    def layer(self, il: int):
+        if il in self.pinned:
+            t0 = time.perf_counter()
+            yield self.pinned[il]
+            if self.record is not None:
+                self.record.append(LayerRecord(il, True, compute_s=time.perf_counter() - t0))
+            return
+        with self._take(("L", il), il) as buf:
+            yield self._layer_from(il, buf)
+
+    def output_rows(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """logits y f32[n, n_vocab] = x f32[n, n_embd] @ output^T, resident or in streamed row chunks."""
+        if self.output is not None:
+            return self.output.rows(y, x)
+        t = self.f.tensors[self.out_name]
+        rb = block_row_bytes(t)
+        for r0, r1 in self._out_chunks():
+            with self._take(("O", (r0, r1)), f"output[{r0}:{r1}]") as buf:
+                lo, _ = self.file.span(t.offset + r0 * rb, (r1 - r0) * rb)
+                skip = t.offset + r0 * rb - lo
+                part = QTensor(t.name, t.ggml_type, (t.dims[0], r1 - r0), buf[skip:skip + (r1 - r0) * rb])
+                part.rows(y[:, r0:r1], x)
+        return y
+
+    def embed(self, tokens, out: np.ndarray) -> np.ndarray:
+        """Embedding rows of tokens into out f32[n, n_embd]: from memory, or read row by row."""
+        if self.token_embd is not None:
+            return self.token_embd.get_rows(tokens, out)
+        t = self.f.tensors["token_embd.weight"]
+        rb = block_row_bytes(t)
+        for i, tok in enumerate(tokens):
+            if not 0 <= tok < t.dims[1]:
+                raise RamforgeError(f"token id {tok} is out of range for a vocabulary of {t.dims[1]}")
+            raw = self._read(t.name, t.offset + int(tok) * rb, rb)
+            dequantize(t.ggml_type, raw, out=out[i])
+            if self.record is not None:
+                self.record.append(LayerRecord("embedding", False, rb))
+        return out
+
+    def abort(self) -> None:
+        """After an error mid-pass: return every buffer so the next pass starts clean."""
+        if self._reader is not None:
+            self._drain()
+            self._pass = []
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self.abort()
+            self._reader.stop()
+            self._reader = None
+        for c in self._charges:
+            c.release()
+        self._charges.clear()
+        self.pinned, self.resident = {}, {}
+        self.file.close()
