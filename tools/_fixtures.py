@@ -36,6 +36,10 @@ def vocab_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
 def vocab_path(name: str, explicit_dir: str | os.PathLike[str] | None = None) -> Path:
     d = vocab_dir(explicit_dir)
     p = d / VOCAB_FILES[name]
+    if not p.is_file() and explicit_dir is None and not os.environ.get("RAMFORGE_VOCAB_DIR"):
+        from fetch_vocab import fetch_vocab                # download llama.cpp's vocab files once
+
+        fetch_vocab(d)
     if not p.is_file():
         raise FileNotFoundError(
             f"vocab GGUF {p} not found; run `python tools/fetch_vocab.py` to fill {cache_dir() / 'vocab'}, "

@@ -1,0 +1,128 @@
+"""Out-of-core benchmark: a ~3B llama (Q4_K_M, ~1.8 GB) under --ram 512M and 1G.
+
+    python benchmarks/out_of_core.py [--model PATH] [--tokens 16] [--ctx 512] [--rams 512M 1G]
+
+For each budget, in a fresh process with the file evicted from the page cache: seconds per decode
+token against the I/O bound (bytes streamed per token / O_DIRECT read bandwidth measured on the
+same file in the same run), peak RSS against the budget, and the file's page-cache residency after.
+llama.cpp (llama-cpp-python, mmap) runs on the same file for reference when it is importable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def child_ramforge(model: str, ram: str, tokens: int, ctx: int, io: str) -> dict:
+    from ramforge.engine import Engine
+    from ramforge.memory import MemoryBudget, parse_memory_size
+    from ramforge.profiling import PROFILE
+
+    budget = MemoryBudget(parse_memory_size(ram))
+    t0 = time.perf_counter()
+    with Engine.load(model, n_ctx=ctx, budget=budget, io=io) as e:
+        load = time.perf_counter() - t0
+        prompt = [1, 450, 4996, 17354, 1701, 29916]
+        PROFILE.enabled = True
+        PROFILE.reset()
+        out = list(e.generate(prompt, tokens + 1))
+        PROFILE.enabled = False
+        s = PROFILE.summary()
+        decode = [p for p in s["passes"] if p["kind"] == "decode"][1:]      # the first decode pass warms up
+        per_tok = sum(p["seconds"] for p in decode) / len(decode)
+        bytes_tok = sum(p["bytes_read"] for p in decode) / len(decode)
+        wait_tok = sum(p["wait_s"] for p in decode) / len(decode)
+        return {"ram": ram, "budget": budget.limit, "managed_peak": budget.peak, "planned_peak": e.plan.planned_peak,
+                "pinned": len(e.plan.pinned), "n_layer": e.hp.n_layer, "load_s": load, "s_per_token": per_tok,
+                "bytes_per_token": bytes_tok, "wait_per_token": wait_tok, "tokens": out,
+                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def child_llama(model: str, tokens: int, ctx: int) -> dict:
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(model, n_ctx=ctx, n_threads=2, use_mmap=True, verbose=False)
+    prompt = [1, 450, 4996, 17354, 1701, 29916]
+    llm.eval(prompt)
+    times = []
+    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    for _ in range(tokens):
+        t = time.perf_counter()
+        llm.eval([tok])
+        times.append(time.perf_counter() - t)
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    return {"s_per_token": sum(times[1:]) / len(times[1:]),
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def run_child(args: list[str]) -> dict:
+    r = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"child failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--rams", nargs="+", default=["512M", "1G"])
+    ap.add_argument("--io", default="direct")
+    ap.add_argument("--child", nargs="+")
+    a = ap.parse_args()
+    if a.child:
+        kind, *rest = a.child
+        res = child_ramforge(*rest[:2], int(rest[2]), int(rest[3]), rest[4]) if kind == "ramforge" else \
+            child_llama(rest[0], int(rest[1]), int(rest[2]))
+        print(json.dumps(res))
+        return 0
+    from ramforge.stream.io import evict, page_cache_residency, probe_read_speed
+
+    model = a.model
+    if model is None:
+        from tools.make_models import PRESETS, build
+
+        model = str(build(PRESETS["llama-3b"], "Q4_K_M", keep_f16=False))
+    size = os.path.getsize(model)
+    print(f"model {model}: {size / 1e9:.2f} GB")
+    evict(model)
+    bw = probe_read_speed(model, nbytes=1 << 30)
+    print(f"O_DIRECT read bandwidth on this file: {bw / 1e9:.2f} GB/s")
+    for ram in a.rams:
+        evict(model)
+        r = run_child(["ramforge", model, ram, str(a.tokens), str(a.ctx), a.io])
+        bound = r["bytes_per_token"] / bw
+        res, _ = page_cache_residency(model)
+        print(f"ramforge --ram {ram}: {r['s_per_token']:.3f} s/token, bound {bound:.3f} s "
+              f"({r['bytes_per_token'] / 1e6:.0f} MB/token at {bw / 1e9:.2f} GB/s) -> {r['s_per_token'] / bound:.2f}x the "
+              f"bound; I/O wait {r['wait_per_token']:.3f} s/token; pinned {r['pinned']}/{r['n_layer']} layers; "
+              f"managed peak {r['managed_peak'] / 2**20:.0f} MiB (planned {r['planned_peak'] / 2**20:.0f}) of "
+              f"{r['budget'] / 2**20:.0f} MiB; peak RSS {r['peak_rss'] / 2**20:.0f} MiB = budget + "
+              f"{(r['peak_rss'] - r['budget']) / 2**20:.0f} MiB; page cache after: {res / 2**20:.1f} MiB "
+              f"({100 * res / size:.1f}%)")
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        print("llama.cpp: llama-cpp-python not importable; reference skipped")
+        return 0
+    evict(model)
+    r = run_child(["llama", model, str(a.tokens), str(a.ctx)])
+    res, _ = page_cache_residency(model)
+    print(f"llama.cpp (mmap): {r['s_per_token']:.3f} s/token; peak RSS {r['peak_rss'] / 2**20:.0f} MiB; "
+          f"page cache after: {res / 2**20:.0f} MiB ({100 * res / size:.1f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
