@@ -20,11 +20,11 @@ def _tokenizer(model):
         return load_tokenizer(f.metadata)
 
 
-def _engine(model, ctx, ram, io="direct"):
+def _engine(model, ctx, ram, io="direct", threads=None):
     from .engine import Engine
 
     budget = MemoryBudget(parse_memory_size(ram) if ram else None)
-    return Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io)
+    return Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads)
 
 
 def _sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, n_vocab):
@@ -38,6 +38,8 @@ def _sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, n_v
 ctx_option = click.option("--ctx", type=click.IntRange(min=1), default=None,
                           help="Context length (default: 4096, or the model's if smaller).")
 ram_option = click.option("--ram", default=None, help="Memory budget, e.g. 4G (default: unlimited).")
+threads_option = click.option("-t", "--threads", type=int, default=None,
+                              help="Kernel threads (default: $RAMFORGE_THREADS or the physical cores).")
 io_option = click.option("--io", type=click.Choice(["direct", "buffered", "mmap"]), default="direct", show_default=True,
                          help="How streamed weights are read: O_DIRECT, pread + fadvise(DONTNEED), or mmap.")
 
@@ -56,18 +58,19 @@ io_option = click.option("--io", type=click.Choice(["direct", "buffered", "mmap"
 @ctx_option
 @ram_option
 @io_option
+@threads_option
 @click.option("--profile", is_flag=True, help="Per-layer I/O and per-op compute tables on stderr (and in --json).")
 @click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
 def run(model, prompt, max_tokens, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, ctx, ram,
-        io, profile, memory_report, as_json):
+        io, threads, profile, memory_report, as_json):
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr."""
     from .profiling import PROFILE
     from .report import memory_report as mem_report, render_memory, render_profile
 
     PROFILE.enabled = profile
     PROFILE.reset()
-    with _engine(model, ctx, ram, io) as eng:
+    with _engine(model, ctx, ram, io, threads) as eng:
         sampler = _sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, eng.hp.n_vocab)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
@@ -163,3 +166,52 @@ def logits(model, prompt, top, ctx, ram, as_json):
 
 
 COMMANDS = [run, tokenize, detokenize, logits]
+
+
+@click.command()
+@click.argument("model", required=False)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--gen", type=click.IntRange(min=1), default=64, show_default=True)
+@threads_option
+@ram_option
+@io_option
+@click.option("--json", "as_json", is_flag=True)
+def bench(model, prompt_tokens, gen, threads, ram, io, as_json):
+    """Prefill and decode speed, and the weight bandwidth decode achieves (greedy, after a warm-up)."""
+    import time as _time
+
+    from .plan import layer_of
+
+    with _engine(model, prompt_tokens + gen + 8, ram, io, threads) as eng:
+        base = eng.tokenizer.encode("The history of the printing press begins in the fifteenth century, when ",
+                                    add_special=False)
+        ids = ([eng.tokenizer.bos_id] if eng.tokenizer.add_bos else []) + (base * prompt_tokens)[:prompt_tokens]
+        ids = ids[:prompt_tokens]
+        eng.eval(ids[:2])                                     # warm-up: numba loads its cache
+        eng.reset()
+        t0 = _time.perf_counter()
+        logits = eng.eval(ids)[-1]
+        prefill = _time.perf_counter() - t0
+        tok, t1 = int(np.argmax(logits)), _time.perf_counter()
+        for _ in range(gen):
+            tok = int(np.argmax(eng.eval([tok])[-1]))
+        decode = _time.perf_counter() - t1
+        weights = sum(t.nbytes for n, t in _tensor_infos(eng).items()
+                      if layer_of(n) is not None or n in (eng.weights.out_name,))
+        res = {"model": eng.path, "threads": __import__("numba").get_num_threads(), "prompt_tokens": len(ids),
+               "gen_tokens": gen, "prefill_s": prefill, "prefill_tok_s": len(ids) / prefill,
+               "decode_s": decode, "decode_tok_s": gen / decode, "weight_bytes_per_token": weights,
+               "weight_gb_s": weights * gen / decode / 1e9, "load_s": eng.timings.load_s}
+    if as_json:
+        print(json.dumps(res))
+        return
+    click.echo(f"prefill {res['prefill_tok_s']:.1f} tok/s ({len(ids)} tokens), decode {res['decode_tok_s']:.2f} tok/s "
+               f"({gen} tokens), weights {res['weight_gb_s']:.2f} GB/s, threads {res['threads']}")
+
+
+def _tensor_infos(eng):
+    with GGUFFile(eng.path) as f:
+        return f.tensors
+
+
+COMMANDS.append(bench)

@@ -116,15 +116,19 @@ class Engine:
     budget: MemoryBudget
     extra: dict = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)
+    tokens: list = field(default_factory=list)      # the token ids whose keys and values are cached
     _charges: list = field(default_factory=list)
 
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
-             io: IOMode | str = IOMode.DIRECT, layers: tuple[int, int] | None = None) -> "Engine":
+             io: IOMode | str = IOMode.DIRECT, layers: tuple[int, int] | None = None,
+             n_threads: int | None = None) -> "Engine":
         """Plan under the budget, then read what stays resident. layers=(a, b) runs only that range."""
+        from .runtime import set_threads
         from .tokenizer import load_tokenizer
 
         t0 = time.perf_counter()
+        set_threads(n_threads)
         budget = budget or MemoryBudget()
         with GGUFFile(path) as f:
             md = f.metadata
@@ -168,6 +172,7 @@ class Engine:
     def reset(self, n_past: int = 0) -> None:
         """Forget cached positions from n_past on (0: the whole context)."""
         self.kv.n_past = max(0, min(n_past, self.kv.n_past))
+        del self.tokens[self.kv.n_past:]
 
     def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Append tokens to the context; return logits f32[n, n_vocab] (all_logits) or f32[1, n_vocab]."""
@@ -187,6 +192,7 @@ class Engine:
             want = all_logits or last
             rows = slice(0, chunk.size) if all_logits else slice(chunk.size - 1, chunk.size)
             out.append(self._pass(chunk.size, lambda x: self.module.embed(self, x, chunk), rows if want else None))
+            self.tokens.extend(int(t) for t in chunk)
         return np.concatenate([o for o in out if o is not None])
 
     def eval_hidden(self, hidden: np.ndarray, logits: bool = False) -> np.ndarray:
@@ -232,15 +238,27 @@ class Engine:
         rms_norm(s.hn[:n], s.x[rows], self.weights.output_norm.data, self.hp.rms_eps)
         return self.weights.output_rows(s.logits[:n], s.hn[:n])
 
-    def generate(self, prompt: list[int], max_tokens: int, sampler=None, stop_on_eog: bool = True) -> Iterator[int]:
-        """Yield up to max_tokens sampled tokens after the prompt (greedy when sampler is None)."""
+    def generate(self, prompt: list[int], max_tokens: int, sampler=None, stop_on_eog: bool = True,
+                 reuse_prefix: bool = False) -> Iterator[int]:
+        """Yield up to max_tokens sampled tokens after the prompt (greedy when sampler is None).
+
+        reuse_prefix keeps the cached keys/values of the longest common prefix of the prompt and the
+        tokens already in the cache; timings.prompt_tokens counts only the tokens evaluated anew.
+        """
+        if not prompt:
+            raise RamforgeError("the prompt is empty: at least one token (e.g. BOS) is needed")
         if len(prompt) + max_tokens > self.n_ctx:
             raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens + {max_tokens} to generate exceed the "
                                         f"context of {self.n_ctx}; raise --ctx or lower --max-tokens")
-        self.reset()
+        keep = 0
+        if reuse_prefix:
+            limit = min(len(prompt) - 1, len(self.tokens))
+            while keep < limit and self.tokens[keep] == prompt[keep]:
+                keep += 1
+        self.reset(keep)
         t0 = time.perf_counter()
-        logits = self.eval(prompt)[-1]
-        self.timings = Timings(self.timings.load_s, len(prompt), time.perf_counter() - t0)
+        logits = self.eval(prompt[keep:])[-1]
+        self.timings = Timings(self.timings.load_s, len(prompt) - keep, time.perf_counter() - t0)
         history = list(prompt)
         t1 = time.perf_counter()
         try:

@@ -1,0 +1,210 @@
+"""The library API, shaped like llama-cpp-python's `Llama`, on the budgeted streaming engine.
+
+    >>> from ramforge import Model
+    >>> with Model("default", ram="512M", n_ctx=2048) as m:                     # doctest: +SKIP
+    ...     print(m("The capital of France is", max_tokens=8, temperature=0)["choices"][0]["text"])
+    ...     for chunk in m.create_chat_completion([{"role": "user", "content": "Hi"}], stream=True):
+    ...         print(chunk["choices"][0]["delta"].get("content", ""), end="")
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .errors import RamforgeError
+from .memory import MemoryBudget, parse_memory_size
+from .resolve import resolve_model
+from .sampling import Sampler, SamplerParams
+
+
+@dataclass
+class Response:
+    """One step of `Model.stream()`: the new text, and on the last step the totals."""
+
+    text: str
+    token: int | None
+    done: bool = False
+    finish_reason: str | None = None      # "stop" (EOG or a stop string) or "length"
+    prompt_tokens: int = 0                # tokens in the prompt
+    prompt_eval_tokens: int = 0           # of which evaluated anew (the rest came from the KV cache)
+    completion_tokens: int = 0
+    prompt_s: float = 0.0
+    gen_s: float = 0.0
+    load_s: float = 0.0
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_eval_tokens / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.completion_tokens / self.gen_s if self.gen_s > 0 else 0.0
+
+
+class Model:
+    """A GGUF model under a memory budget. `path_or_name`: a file, a store name, or "default".
+
+    ram: a budget such as "512M" (None: unlimited). n_threads: kernel threads (None: physical cores).
+    """
+
+    def __init__(self, path_or_name: str = "default", *, ram: str | int | None = None, n_ctx: int | None = 4096,
+                 n_threads: int | None = None, seed: int | None = None, verbose: bool = False, io: str = "direct",
+                 chat_template: str | None = None):
+        from .engine import Engine
+
+        self.path = str(resolve_model(path_or_name))
+        self.name = str(path_or_name)
+        self.budget = MemoryBudget(parse_memory_size(ram) if ram is not None else None)
+        self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads)
+        self.tokenizer = self.engine.tokenizer
+        self.seed, self.verbose, self._chat_override = seed, verbose, chat_template
+        self._chat = None
+
+    # ---- tokens ------------------------------------------------------------------------------
+    def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of text, as llama_tokenize(vocab, text, add_special=add_bos, parse_special=special)."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="surrogateescape")
+        return self.tokenizer.encode(text, add_special=add_bos, parse_special=special)
+
+    def detokenize(self, ids: list[int], special: bool = False) -> bytes:
+        """UTF-8 bytes of ids (bytes, as llama-cpp-python returns)."""
+        return self.tokenizer.decode_bytes(ids, special=special)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    # ---- generation --------------------------------------------------------------------------
+    def stream(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.8, top_k: int = 40,
+               top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+               frequency_penalty: float = 0.0, presence_penalty: float = 0.0, stop: str | list[str] | None = None,
+               seed: int | None = None, special: bool = True) -> Iterator[Response]:
+        """Yield a Response per piece of text; the last one has done=True and the totals."""
+        ids = self.tokenize(prompt, add_bos=True, special=special) if isinstance(prompt, str) else list(prompt)
+        if max_tokens is None or max_tokens < 0:
+            max_tokens = self.n_ctx - len(ids)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise RamforgeError(f"stop strings must be non-empty strings, got {stop!r}")
+        params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                               seed=self.seed if seed is None else seed).validate()
+        sampler = Sampler(params, self.engine.hp.n_vocab)
+        eng, dec, hold = self.engine, self.tokenizer.stream(), max((len(s) for s in stops), default=1) - 1
+        text, sent, out, finish = "", 0, [], "length"
+        steps = eng.generate(ids, max_tokens, sampler, reuse_prefix=True)
+        for tok in steps:
+            out.append(tok)
+            text += dec.feed(tok)
+            cut = min((i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+                break
+            if len(text) - hold > sent:
+                yield Response(text[sent:len(text) - hold], tok)
+                sent = len(text) - hold
+        else:
+            if len(out) < max_tokens:
+                finish = "stop"
+            text += dec.flush()
+        steps.close()
+        t = eng.timings
+        yield Response(text[sent:], None, True, finish, len(ids), t.prompt_tokens, len(out), t.prompt_s, t.gen_s,
+                       t.load_s, out)
+
+    def generate(self, prompt: str | list[int], max_tokens: int = 256, **kwargs) -> Response:
+        """The whole completion as one Response (text, token ids, counts and timings)."""
+        parts, last = [], None
+        for r in self.stream(prompt, max_tokens, **kwargs):
+            parts.append(r.text)
+            last = r
+        last.text = "".join(parts)
+        return last
+
+    # ---- OpenAI-shaped -----------------------------------------------------------------------
+    def create_completion(self, prompt: str, max_tokens: int | None = 16, temperature: float = 0.8,
+                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                          stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False,
+                          **kwargs):
+        """An OpenAI text_completion dict, or an iterator of chunks with stream=True."""
+        args = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
+                    stop=stop, seed=seed, **kwargs)
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        chunks = self.stream(prompt, max_tokens if max_tokens is not None else -1, **args)
+
+        def shape(text, finish, usage=None):
+            d = {"id": cid, "object": "text_completion", "created": created, "model": self.name,
+                 "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+            if usage:
+                d["usage"] = usage
+            return d
+
+        if stream:
+            return (shape(r.text, r.finish_reason) for r in chunks)
+        r = self._collect(chunks)
+        return shape(r.text, r.finish_reason, _usage(r))
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, stream: bool = False,
+                               chat_template_kwargs: dict | None = None, **kwargs):
+        """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts."""
+        prompt = self.render_chat(messages, **(chat_template_kwargs or {}))
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        chunks = self.stream(prompt, max_tokens if max_tokens is not None else -1, **kwargs)
+
+        def chunk(delta, finish):
+            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.name,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+        if stream:
+            def gen():
+                yield chunk({"role": "assistant"}, None)
+                for r in chunks:
+                    if r.text:
+                        yield chunk({"content": r.text}, None)
+                    if r.done:
+                        yield chunk({}, r.finish_reason)
+            return gen()
+        r = self._collect(chunks)
+        return {"id": cid, "object": "chat.completion", "created": created, "model": self.name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
+                             "logprobs": None, "finish_reason": r.finish_reason}], "usage": _usage(r)}
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+        """The prompt text the model's chat template makes of messages."""
+        if self._chat is None:
+            from .chat import ChatTemplate
+            from .gguf.reader import GGUFFile
+
+            with GGUFFile(self.path) as f:
+                self._chat = ChatTemplate.from_metadata(f.metadata, self._chat_override)
+        return self._chat.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+
+    @staticmethod
+    def _collect(chunks) -> Response:
+        parts = []
+        for r in chunks:
+            parts.append(r.text)
+        r.text = "".join(parts)
+        return r
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _usage(r: Response) -> dict:
+    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+            "total_tokens": r.prompt_tokens + r.completion_tokens}
