@@ -49,10 +49,34 @@ def test_plan_verdicts(ram, verdict):
     p = json.loads(r.stdout)
     assert p["verdict"] == verdict and p["n_ctx"] == 2048
     assert p["kv_bytes"] == 18 * 2048 * 1 * (256 + 256) * 2
-    assert p["min_budget"] == p["largest_layer"]["bytes"] + p["kv_bytes"] + p["activation_bytes"]
-    assert p["model_bytes"] == p["persistent_bytes"] + sum(p["layer_bytes"])
+    if verdict != "insufficient":
+        assert p["planned_peak"] <= p["budget"]
+        assert p["planned_peak"] == (p["kv_bytes"] + p["state_bytes"] + p["small_bytes"] + p["n_buffers"] * p["buffer_bytes"]
+                                     + sum(p["persistent"][n] for n in p["resident"]) + p["embd_row_bytes"]
+                                     + sum(p["layer_bytes"][i] for i in p["pinned"]))
+    else:
+        assert p["min_budget"] > p["budget"]
     text = ramforge("plan", "--ram", ram, "--ctx", "2048")
     assert text.returncode == 0 and verdict in text.stdout
+
+
+def test_plan_minimum_matches_the_engine_refusal():
+    p = json.loads(ramforge("plan", "default", "--ram", "1M", "--ctx", "512", "--json").stdout)
+    r = ramforge("run", "-p", "hi", "--ram", "1M", "--ctx", "512")
+    assert r.returncode == 1 and f"{p['min_budget']:,}" in r.stderr
+
+
+def test_run_profile_and_memory_report_json():
+    r = ramforge("run", "-p", "Hello", "-n", "3", "--temp", "0", "--ram", "60M", "--ctx", "256",
+                 "--profile", "--memory-report", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    prof, mem = d["profile"], d["memory"]
+    assert prof["misses"] > 0 and prof["bytes_read"] > 0 and any(k.startswith("matvec") for k in prof["ops_s"])
+    assert mem["managed_peak"] <= mem["budget"] == 60 * 2**20 and mem["managed_peak"] == mem["planned_peak"]
+    assert 0 <= mem["page_cache_fraction"] <= 1
+    r = ramforge("run", "-p", "Hello", "-n", "2", "--ram", "60M", "--ctx", "256", "--profile", "--memory-report")
+    assert r.returncode == 0 and "per layer" in r.stderr and "page cache holds" in r.stderr
 
 
 def test_errors_are_one_line_without_traceback(tmp_path):

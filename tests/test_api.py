@@ -1,0 +1,61 @@
+"""The library API: llama-cpp-python-shaped Model on the budgeted engine."""
+from __future__ import annotations
+
+import pytest
+
+import ramforge
+from ramforge.errors import RamforgeError
+from tools.oracle_report import records
+
+
+@pytest.fixture(scope="module")
+def model():
+    with ramforge.Model("default", ram="400M", n_ctx=512) as m:
+        yield m
+    assert m.budget.current == 0
+
+
+def _prose():
+    return next(r for r in records() if r["model"]["source"] != "synthetic")["prompts"][0]
+
+
+def test_completion_is_openai_shaped_and_matches_oracle(model):
+    pr = _prose()
+    out = model(pr["text"], max_tokens=32, temperature=0)
+    assert out["object"] == "text_completion" and out["choices"][0]["text"] == pr["gen_text"]
+    assert out["usage"] == {"prompt_tokens": len(pr["tokens"]), "completion_tokens": 32,
+                            "total_tokens": len(pr["tokens"]) + 32}
+    assert out["choices"][0]["finish_reason"] == "length"
+    chunks = list(model.create_completion(pr["text"], max_tokens=32, temperature=0, stream=True))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == pr["gen_text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_generate_response_and_prefix_reuse(model):
+    pr = _prose()
+    r = model.generate(pr["tokens"], 8, temperature=0)
+    assert r.done and r.tokens == pr["gen_tokens"][:8] and r.completion_tokens == 8
+    again = model.generate(pr["tokens"] + r.tokens, 4, temperature=0)
+    assert again.prompt_tokens == len(pr["tokens"]) + 8 and again.prompt_eval_tokens <= 2
+    assert again.tokens == pr["gen_tokens"][8:12]
+
+
+def test_stop_strings_and_tokenize(model):
+    pr = _prose()
+    stop = pr["gen_text"][10:14]
+    out = model(pr["text"], max_tokens=32, temperature=0, stop=[stop])
+    assert out["choices"][0]["text"] == pr["gen_text"][:pr["gen_text"].index(stop)]
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert model.tokenize(pr["text"]) == pr["tokens"]
+    assert model.tokenize(pr["text"].encode()) == pr["tokens"]
+    assert model.detokenize(pr["gen_tokens"]).decode() == pr["gen_text"]
+
+
+def test_sampling_is_seeded_and_validated(model):
+    a = model("Once upon a time", max_tokens=10, temperature=1.0, seed=11)
+    b = model("Once upon a time", max_tokens=10, temperature=1.0, seed=11)
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    with pytest.raises(RamforgeError, match="top_p"):
+        model("x", max_tokens=2, top_p=2.0)
+    with pytest.raises(RamforgeError, match="stop"):
+        model("x", max_tokens=2, stop=[""])
