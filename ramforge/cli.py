@@ -187,6 +187,9 @@ from .cli_gen import COMMANDS  # noqa: E402  (the commands that run the model)
 
 for _command in COMMANDS:
     cli.add_command(_command)
+from .cli_store import COMMANDS as STORE_COMMANDS  # noqa: E402  (pull, list, rm, verify)
+for _command in STORE_COMMANDS:
+    cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> None:

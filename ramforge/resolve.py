@@ -1,4 +1,4 @@
-"""MODEL arguments: a path, or `default` / nothing for the embedded gemma-3-270m Q4_K_M."""
+"""MODEL arguments: a path, a name pulled into the store, or `default` / nothing for the embedded gemma-3-270m Q4_K_M."""
 from __future__ import annotations
 
 import json
@@ -49,10 +49,17 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
     if model in DEFAULT_NAMES:
         return default_model_path()
     path = Path(model).expanduser()
-    if path.is_file():
+    if path.is_file():                      # an existing file wins over a store name
         return path
+    from .store import Store, is_valid_name
+
+    if isinstance(model, str) and is_valid_name(model):
+        store = Store()
+        if store.find(model) is not None:
+            return store.path_of(model)     # BlobMissing (a ModelNotFound) when the blob is gone
     if path.exists():
         raise ModelNotFound(f"{path} is not a regular file; pass a .gguf file")
     raise ModelNotFound(f"model {str(model)!r} is neither a file nor a known name; pass a path to a .gguf "
-                        f"file, or 'default' for the embedded gemma-3-270m")
+                        f"file, a name from `ramforge list` (`ramforge pull URL|hf.co/ORG/REPO/FILE.gguf` "
+                        f"adds one), or 'default' for the embedded gemma-3-270m")
 

@@ -1,0 +1,355 @@
+"""The model store: resumable, verified pull over a loopback HTTP server; list, rm, verify; names; resolve."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import re
+import socket
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from ramforge.cli import cli, main
+from ramforge.errors import ModelNotFound, RamforgeError
+from ramforge.resolve import resolve_model
+from ramforge.store import (DigestMismatch, DownloadIncomplete, InvalidModelName, InvalidSource, NotGGUF,
+                            NotInStore, Store, StoreBusy, _PartLock, default_name, expand_source,
+                            normalize_name)
+
+SIZE = 3 * (1 << 20) + 12345
+DATA = b"GGUF" + os.urandom(SIZE - 4)
+DIGEST = hashlib.sha256(DATA).hexdigest()
+CUT = 1_500_000                      # where an interrupted response stops
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server_version = "ramforge-test"
+
+    def log_message(self, *args):    # quiet
+        pass
+
+    def do_GET(self):
+        st = self.server.state
+        rng = self.headers.get("Range")
+        st["requests"].append({"path": self.path, "range": rng})
+        if self.path.startswith("/redirect/"):
+            self.send_response(302)
+            self.send_header("Location", "/" + self.path.split("/", 2)[2])
+            self.send_header("X-Linked-Etag", f'"{st["linked_etag"]}"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = {"/model.gguf": DATA, "/Other-Model.Q4_K_M.gguf": DATA, "/page.html": b"<html>nope</html>" * 10}
+        data = body.get(self.path)
+        if data is None:
+            self.send_error(404)
+            return
+        start = 0
+        m = re.fullmatch(r"bytes=(\d+)-", rng or "")
+        if m and st["range"]:
+            start = int(m.group(1))
+            if start >= len(data):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(data)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                st["requests"][-1]["status"] = 416
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        else:
+            self.send_response(200)
+        st["requests"][-1]["status"] = 206 if start else 200
+        self.send_header("Content-Length", str(len(data) - start))
+        if st["etag"]:
+            self.send_header("ETag", f'"{st["etag"]}"')
+        self.end_headers()
+        if st.get("stall"):                       # once: send part of the body, then go quiet
+            st["stall"] = False
+            self.wfile.write(data[start:CUT])
+            self.wfile.flush()
+            time.sleep(1.0)
+            return
+        if st["cut"] is not None:                 # once: send part of the body, then drop the connection
+            cut, st["cut"] = st["cut"], None
+            self.wfile.write(data[start:cut])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(data[start:])
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd.daemon_threads = True
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def srv(server):
+    """The server with fresh state: range support on, no interruption, no ETag."""
+    server.state = {"requests": [], "range": True, "cut": None, "etag": None, "linked_etag": None}
+    server.url = f"http://127.0.0.1:{server.server_address[1]}"
+    return server
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    root = tmp_path / "home"
+    monkeypatch.setenv("RAMFORGE_HOME", str(root))
+    return root
+
+
+def run(capsys, *args):
+    """`ramforge ARGS` in-process: (exit code, stdout, stderr)."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def _check_pulled(home, name="model"):
+    m = json.loads((home / "manifests" / f"{name}.json").read_text())
+    assert m["digest"] == f"sha256:{DIGEST}" and m["size"] == SIZE and m["name"] == name
+    assert m["source"].startswith("http://127.0.0.1:") and m["pulled_at"]
+    blob = home / "blobs" / f"sha256-{DIGEST}"
+    assert blob.read_bytes() == DATA
+    assert not list((home / "blobs").glob("*.part"))
+    return blob
+
+
+# -------------------------------------------------------------------------------- names and sources
+
+def test_shorthand_maps_to_resolve_url():
+    assert expand_source("hf.co/unsloth/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q4_K_M.gguf") == \
+        "https://huggingface.co/unsloth/Qwen3-0.6B-GGUF/resolve/main/Qwen3-0.6B-Q4_K_M.gguf"
+    assert expand_source("huggingface.co/o/r/sub/f.gguf") == "https://huggingface.co/o/r/resolve/main/sub/f.gguf"
+    assert expand_source("https://example.com/x.gguf") == "https://example.com/x.gguf"
+    for bad in ("hf.co/org/file.gguf", "hf.co/o/r/../f.gguf", "file:///etc/passwd", "ftp://h/x.gguf", "x.gguf", ""):
+        with pytest.raises(InvalidSource):
+            expand_source(bad)
+    assert default_name("hf.co/unsloth/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q4_K_M.gguf") == "qwen3-0.6b-q4_k_m"
+    assert default_name("https://h/a%20b+c.gguf?download=1") == "a-b-c"
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "/abs", "..", "", ".hidden", "a\\b", "a\x00b", "a..b",
+                                 "x:", ":tag", "a:b:c", "a b", "-x", "x" * 129, "C:\\x", "a:../b"])
+def test_name_validation_refuses(bad, home):
+    with pytest.raises(InvalidModelName):
+        normalize_name(bad)
+    with pytest.raises(InvalidModelName):
+        Store().manifest_path(bad)
+    assert not home.exists()
+
+
+def test_name_normalisation():
+    assert normalize_name("Qwen3-0.6B") == "qwen3-0.6b"
+    assert normalize_name("qwen3:latest") == "qwen3"
+    assert normalize_name("qwen3:Q8_0") == "qwen3:q8_0"
+    assert issubclass(InvalidModelName, RamforgeError)
+
+
+def test_bad_name_touches_nothing(srv, home, capsys):
+    code, _, e = run(capsys, "pull", f"{srv.url}/model.gguf", "--name", "../x", "-q")
+    assert code == 1 and "invalid model name '../x'" in e and "--name" in e
+    assert not home.exists() and srv.state["requests"] == []
+
+
+# ----------------------------------------------------------------------------------------- pull
+
+def test_pull_without_range_support(srv, home, capsys):
+    srv.state["range"] = False
+    code, _, e = run(capsys, "pull", f"{srv.url}/model.gguf")          # with the progress bar
+    assert code == 0, e
+    assert "pulled model" in e
+    _check_pulled(home)
+    assert [r["range"] for r in srv.state["requests"]] == [None]
+
+
+def test_pull_resumes_existing_part_with_range(srv, home):
+    (home / "blobs").mkdir(parents=True)
+    (home / "blobs" / "model.part").write_bytes(DATA[:1 << 20])
+    m = Store().pull(f"{srv.url}/model.gguf")
+    assert m.digest == f"sha256:{DIGEST}" and m.name == "model"
+    assert srv.state["requests"] == [{"path": "/model.gguf", "range": f"bytes={1 << 20}-", "status": 206}]
+    _check_pulled(home)
+
+
+def test_interrupted_pull_resumes_with_range(srv, home, capsys):
+    srv.state["cut"] = CUT
+    code, _, e = run(capsys, "pull", f"{srv.url}/model.gguf", "--retries", "0", "-q")
+    assert code == 1 and "partial file is kept" in e and f"{CUT:,} of {SIZE:,} B" in e
+    part = home / "blobs" / "model.part"
+    assert part.stat().st_size == CUT and not (home / "manifests" / "model.json").exists()
+    code, _, e = run(capsys, "pull", f"{srv.url}/model.gguf", "-q")
+    assert code == 0, e
+    assert [(r["range"], r["status"]) for r in srv.state["requests"]] == [(None, 200), (f"bytes={CUT}-", 206)]
+    _check_pulled(home)
+
+
+def test_interruption_without_range_support_restarts_cleanly(srv, home, capsys):
+    srv.state["range"], srv.state["cut"] = False, CUT
+    code, _, _ = run(capsys, "pull", f"{srv.url}/model.gguf", "--retries", "0", "-q")
+    assert code == 1 and (home / "blobs" / "model.part").stat().st_size == CUT
+    code, _, e = run(capsys, "pull", f"{srv.url}/model.gguf", "-q")
+    assert code == 0, e
+    assert [(r["range"], r["status"]) for r in srv.state["requests"]] == [(None, 200), (f"bytes={CUT}-", 200)]
+    _check_pulled(home)
+
+
+def test_retries_resume_within_one_pull(srv, home):
+    srv.state["cut"] = CUT
+    events = []
+    m = Store().pull(f"{srv.url}/model.gguf", "m2", retries=1, retry_delay=0,
+                     progress=lambda phase, done, total: events.append(phase))
+    assert m.hex == DIGEST and any(p.startswith("retry 1/1") for p in events)
+    assert [r["status"] for r in srv.state["requests"]] == [200, 206]
+    _check_pulled(home, "m2")
+    with pytest.raises(DownloadIncomplete):          # and without retries the error surfaces
+        srv.state["cut"] = CUT
+        Store().pull(f"{srv.url}/model.gguf", "m3", retries=0)
+
+
+def test_complete_part_is_finished_after_416(srv, home):
+    (home / "blobs").mkdir(parents=True)
+    (home / "blobs" / "model.part").write_bytes(DATA)
+    Store().pull(f"{srv.url}/model.gguf", sha256=DIGEST)
+    assert [r["status"] for r in srv.state["requests"]] == [416]
+    _check_pulled(home)
+
+
+def test_expected_digests(srv, home):
+    with pytest.raises(DigestMismatch, match=f"expected {'0' * 64}, got {DIGEST}"):
+        Store().pull(f"{srv.url}/model.gguf", sha256="0" * 64)
+    assert not (home / "blobs" / "model.part").exists() and not (home / "manifests" / "model.json").exists()
+    srv.state["etag"] = "f" * 64                       # a 64-hex ETag is checked
+    with pytest.raises(DigestMismatch, match="ETag"):
+        Store().pull(f"{srv.url}/model.gguf")
+    srv.state["etag"] = "abc-123"                     # anything else is ignored
+    assert Store().pull(f"{srv.url}/model.gguf").hex == DIGEST
+    srv.state["etag"], srv.state["linked_etag"] = None, "e" * 64    # huggingface: on the redirect
+    with pytest.raises(DigestMismatch, match="e" * 64):
+        Store().pull(f"{srv.url}/redirect/model.gguf", "viaredirect")
+    srv.state["linked_etag"] = DIGEST
+    assert Store().pull(f"{srv.url}/redirect/model.gguf", "viaredirect").hex == DIGEST
+
+
+def test_not_gguf_is_refused(srv, home):
+    with pytest.raises(NotGGUF, match="not a GGUF file"):
+        Store().pull(f"{srv.url}/page.html")
+    assert list((home / "blobs").iterdir()) == [] and list((home / "manifests").iterdir()) == []
+
+
+def test_http_404(srv, home, capsys):
+    code, _, e = run(capsys, "pull", f"{srv.url}/missing.gguf", "-q")
+    assert code == 1 and "HTTP 404" in e and len(e.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------- list, rm, verify, resolve
+
+def test_list_rm_keeps_shared_blob(srv, home, capsys):
+    assert run(capsys, "pull", f"{srv.url}/model.gguf", "-q")[0] == 0
+    assert run(capsys, "pull", f"{srv.url}/Other-Model.Q4_K_M.gguf", "-q")[0] == 0   # default name
+    assert run(capsys, "pull", f"{srv.url}/model.gguf", "--name", "Tagged:V1", "-q")[0] == 0
+    code, o, _ = run(capsys, "list", "--json")
+    listed = json.loads(o)
+    assert code == 0 and [m["name"] for m in listed] == ["model", "other-model.q4_k_m", "tagged:v1"]
+    assert {m["digest"] for m in listed} == {f"sha256:{DIGEST}"}
+    r = CliRunner().invoke(cli, ["list"])
+    assert r.exit_code == 0 and "other-model.q4_k_m" in r.output and DIGEST[:12] in r.output
+    blob = home / "blobs" / f"sha256-{DIGEST}"
+    assert run(capsys, "rm", "model")[0] == 0 and blob.exists()
+    assert run(capsys, "rm", "other-model.q4_k_m:latest")[0] == 0 and blob.exists()
+    code, _, e = run(capsys, "rm", "tagged:v1")
+    assert code == 0 and "deleted its blob" in e and not blob.exists()
+    code, _, e = run(capsys, "rm", "model")
+    assert code == 1 and "no model named 'model'" in e and "ramforge list" in e
+
+
+def test_verify_catches_corruption(srv, home, capsys):
+    assert run(capsys, "pull", f"{srv.url}/model.gguf", "-q")[0] == 0
+    code, o, e = run(capsys, "verify", "model")
+    assert code == 0 and "ok" in o, e
+    blob = home / "blobs" / f"sha256-{DIGEST}"
+    raw = bytearray(blob.read_bytes())
+    raw[SIZE // 2] ^= 0xFF
+    blob.write_bytes(bytes(raw))
+    actual = hashlib.sha256(raw).hexdigest()
+    code, _, e = run(capsys, "verify", "model", "-q")
+    assert code == 1 and f"expected {DIGEST}" in e and f"got {actual}" in e
+    with pytest.raises(DigestMismatch):
+        Store().verify("model")
+
+
+def test_resolve_model_finds_pulled_name(srv, home, tmp_path, monkeypatch):
+    Store().pull(f"{srv.url}/model.gguf", "mymodel")
+    blob = home / "blobs" / f"sha256-{DIGEST}"
+    assert resolve_model("mymodel") == blob
+    assert resolve_model("MyModel:latest") == blob
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mymodel").write_bytes(b"GGUF local")                 # an existing file wins
+    assert resolve_model("mymodel").resolve() == tmp_path / "mymodel"
+    with pytest.raises(ModelNotFound, match="ramforge list"):
+        resolve_model("nosuchmodel")
+    with pytest.raises(ModelNotFound):
+        resolve_model("../nosuch/model.gguf")
+    with pytest.raises(NotInStore):
+        Store().verify("nosuchmodel")
+    blob.unlink()
+    with pytest.raises(ModelNotFound, match="missing"):
+        resolve_model("mymodel:latest")
+
+
+def test_ctrl_c_keeps_a_resumable_part(srv, home):
+    seen = []
+
+    def interrupt(phase, done, total):
+        if phase == "download" and done >= 2 << 20:
+            seen.append(done)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Store().pull(f"{srv.url}/model.gguf", progress=interrupt, chunk_size=1 << 18)
+    kept = (home / "blobs" / "model.part").stat().st_size
+    assert kept == seen[0] and 2 << 20 <= kept <= (2 << 20) + (1 << 18)
+    assert Store().pull(f"{srv.url}/model.gguf").hex == DIGEST
+    assert srv.state["requests"][-1] == {"path": "/model.gguf", "range": f"bytes={kept}-", "status": 206}
+    _check_pulled(home)
+
+
+def test_failed_connect_leaves_no_part(home):
+    with socket.socket() as s:             # a loopback port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(DownloadIncomplete, match="cannot reach"):
+        Store().pull(f"http://127.0.0.1:{port}/x.gguf", timeout=2)
+    assert list((home / "blobs").iterdir()) == []
+
+
+def test_stalled_server_times_out_and_resumes(srv, home):
+    srv.state["stall"] = True
+    with pytest.raises(DownloadIncomplete, match="stalled"):
+        Store().pull(f"{srv.url}/model.gguf", timeout=0.3)
+    assert (home / "blobs" / "model.part").stat().st_size == CUT
+    assert Store().pull(f"{srv.url}/model.gguf").hex == DIGEST
+
+
+def test_concurrent_pull_of_one_name_is_refused(srv, home):
+    (home / "blobs").mkdir(parents=True)
+    with _PartLock(home / "blobs" / "model.part"):
+        with pytest.raises(StoreBusy, match="another `ramforge pull`"):
+            Store().pull(f"{srv.url}/model.gguf")
+    assert srv.state["requests"] == []
