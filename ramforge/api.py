@@ -11,12 +11,17 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 from .errors import RamforgeError
 from .memory import MemoryBudget, parse_memory_size
 from .resolve import resolve_model
 from .sampling import Sampler, SamplerParams
+
+# Google's gemma-3 chat template, used for the embedded default model, whose GGUF has none (as
+# Ollama ships a template beside a model). Any other model without one gets llama.cpp's ChatML.
+_DEFAULT_MODEL_TEMPLATE = Path(__file__).parent / "templates" / "gemma3.jinja"
 
 
 @dataclass
@@ -183,8 +188,21 @@ class Model:
             from .gguf.reader import GGUFFile
 
             with GGUFFile(self.path) as f:
-                self._chat = ChatTemplate.from_metadata(f.metadata, self._chat_override)
-        return self._chat.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+                md = f.metadata
+            override = self._chat_override
+            if override is None and "tokenizer.chat_template" not in md and self._is_default():
+                override = _DEFAULT_MODEL_TEMPLATE.read_text()   # the embedded gemma-3 GGUF ships none
+            self._chat = ChatTemplate.from_metadata(md, override)
+        text = self._chat.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+        return self._chat.strip_special(text)      # llama.cpp's rule: the tokenizer adds BOS itself
+
+    def _is_default(self) -> bool:
+        from .resolve import DEFAULT_NAMES, default_model_path
+
+        try:
+            return self.name in DEFAULT_NAMES or self.path == str(default_model_path())
+        except RamforgeError:
+            return False
 
     @staticmethod
     def _collect(chunks) -> Response:

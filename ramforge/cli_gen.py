@@ -215,3 +215,46 @@ def _tensor_infos(eng):
 
 
 COMMANDS.append(bench)
+
+
+@click.command()
+@click.argument("model", required=False)
+@click.option("--chat-template", "template_file", type=click.File("r"), default=None,
+              help="A Jinja chat template file overriding the model's tokenizer.chat_template.")
+@click.option("--system", default=None, help="A system message to start the conversation.")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--temp", type=float, default=0.8, show_default=True)
+@click.option("--seed", type=int, default=None)
+@ctx_option
+@ram_option
+@threads_option
+def chat(model, template_file, system, max_tokens, temp, seed, ctx, ram, threads):
+    """An interactive chat with history and streaming output; /exit (or Ctrl-D) quits."""
+    from .api import Model
+
+    template = template_file.read() if template_file else None
+    history = [{"role": "system", "content": system}] if system else []
+    with Model(model or "default", ram=ram, n_ctx=ctx or 4096, n_threads=threads, seed=seed,
+               chat_template=template) as m:
+        click.echo(f"chatting with {m.path}; /exit to quit", err=True)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                break
+            if line.strip() in ("/exit", "/quit", "/bye"):
+                break
+            if not line.strip():
+                continue
+            history.append({"role": "user", "content": line})
+            reply = []
+            for chunk in m.create_chat_completion(history, max_tokens=max_tokens, temperature=temp, stream=True):
+                piece = chunk["choices"][0]["delta"].get("content", "")
+                reply.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            history.append({"role": "assistant", "content": "".join(reply)})
+
+
+COMMANDS.append(chat)
