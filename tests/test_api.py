@@ -59,3 +59,17 @@ def test_sampling_is_seeded_and_validated(model):
         model("x", max_tokens=2, top_p=2.0)
     with pytest.raises(RamforgeError, match="stop"):
         model("x", max_tokens=2, stop=[""])
+
+
+def test_chat_completion_renders_the_gemma_template(model):
+    rec = next(r for r in records() if r["model"]["source"] != "synthetic")
+    pr = next(p for p in rec["prompts"] if p["name"] == "chat")
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    assert model.render_chat(msgs) == pr["text"]
+    assert model.tokenize(model.render_chat(msgs), special=True) == pr["tokens_special"]
+    out = model.create_chat_completion(msgs, max_tokens=6, temperature=0)
+    assert out["object"] == "chat.completion" and out["choices"][0]["message"]["role"] == "assistant"
+    assert model.tokenize(out["choices"][0]["message"]["content"], add_bos=False) == pr["gen_tokens"][:6]
+    chunks = list(model.create_chat_completion(msgs, max_tokens=6, temperature=0, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == out["choices"][0]["message"]["content"]
