@@ -190,6 +190,8 @@ for _command in COMMANDS:
 from .cli_store import COMMANDS as STORE_COMMANDS  # noqa: E402  (pull, list, rm, verify)
 for _command in STORE_COMMANDS:
     cli.add_command(_command)
+from .server.cli import COMMANDS as SERVER_COMMANDS  # noqa: E402  (serve; FastAPI is imported when it runs)
+for _command in SERVER_COMMANDS: cli.add_command(_command)  # noqa: E701
 
 
 def main(argv: list[str] | None = None) -> None:

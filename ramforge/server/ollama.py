@@ -1,0 +1,322 @@
+"""Ollama's API: /api/generate, /api/chat (NDJSON streams), /api/tags, /api/show, /api/ps, /api/version.
+
+Request models forbid unknown fields. They accept every field the official `ollama` Python client
+sends (it drops None values; `chat` always sends `tools: []`) and every option Ollama knows: the
+sampling ones are honoured, the llama.cpp-runner knobs (num_gpu, num_thread, use_mmap, ...) are
+accepted and ignored, and stages ramforge lacks (mirostat, tfs_z, typical_p) only at their neutral
+values. Features ramforge lacks (images, format, suffix, Go templates, logprobs) are a 400.
+
+Defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0, num_predict -1 = until an
+end-of-generation token or the context is full), except repeat_penalty 1.0 (Ollama's is 1.1): no
+penalty, so that temperature 0 is plain greedy decoding here as on /v1 and in `ramforge.Model`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from .. import __version__
+from .app import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, APIError, Job, ModelManager, details_of, iso,
+                  list_models, manager_of, now_iso, parse_keep_alive, read_info, sampling_args, stop_list,
+                  stream_job)
+
+router = APIRouter()
+NDJSON = "application/x-ndjson"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class Options(Strict):
+    # honoured
+    num_ctx: int | None = Field(None, ge=1, le=MAX_CTX)
+    num_predict: int | None = Field(None, ge=-2, le=MAX_PREDICT)
+    temperature: float | None = Field(None, ge=0, le=100)
+    top_k: int | None = Field(None, ge=0, le=MAX_TOP_K)
+    top_p: float | None = Field(None, ge=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repeat_penalty: float | None = Field(None, gt=0, le=100)
+    repeat_last_n: int | None = Field(None, ge=-1, le=MAX_CTX)
+    presence_penalty: float | None = Field(None, ge=-100, le=100)
+    frequency_penalty: float | None = Field(None, ge=-100, le=100)
+    seed: int | None = Field(None, ge=-(2 ** 63), le=0xFFFFFFFF)
+    stop: str | list[str] | None = None
+    # llama.cpp-runner knobs with no meaning here: accepted, ignored
+    num_keep: int | None = None
+    num_batch: int | None = None
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+    num_thread: int | None = None
+    numa: bool | None = None
+    low_vram: bool | None = None
+    f16_kv: bool | None = None
+    logits_all: bool | None = None
+    vocab_only: bool | None = None
+    use_mmap: bool | None = None
+    use_mlock: bool | None = None
+    embedding_only: bool | None = None
+    penalize_newline: bool | None = None
+    # sampling stages ramforge does not have: neutral values only
+    typical_p: float | None = Field(None, ge=0, le=1)
+    tfs_z: float | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+
+    def check(self) -> "Options":
+        for name, neutral in (("typical_p", 1.0), ("tfs_z", 1.0), ("mirostat", 0)):
+            v = getattr(self, name)
+            if v is not None and v != neutral:
+                raise APIError(400, f"option {name} = {v} is not supported (only {neutral})")
+        stop_list(self.stop)
+        return self
+
+    def sampling(self) -> dict:
+        d = lambda v, default: default if v is None else v  # noqa: E731
+        return sampling_args(d(self.temperature, 0.8), d(self.top_k, 40), d(self.top_p, 0.9), d(self.min_p, 0.0),
+                             d(self.repeat_penalty, 1.0), d(self.repeat_last_n, 64), d(self.frequency_penalty, 0.0),
+                             d(self.presence_penalty, 0.0), self.seed)
+
+
+class _Generating(Strict):
+    model: str = Field("", max_length=MAX_NAME)
+    stream: bool | None = True
+    format: Any = None
+    options: Options | None = None
+    keep_alive: float | str | None = None
+    think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def check(self) -> Options:
+        if self.format not in (None, ""):
+            raise APIError(400, "format (JSON mode / structured outputs) is not supported")
+        if self.logprobs or self.top_logprobs:
+            raise APIError(400, "logprobs are not supported")
+        if isinstance(self.think, str):
+            raise APIError(400, "think levels are not supported: use true or false")
+        return (self.options or Options()).check()
+
+    def template_kwargs(self) -> dict:
+        return {} if self.think is None else {"enable_thinking": bool(self.think)}
+
+
+class GenerateRequest(_Generating):
+    prompt: str | None = None
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[Annotated[int, Field(ge=0, lt=2 ** 31)]] | None = Field(None, max_length=MAX_CTX)
+    raw: bool | None = None
+    images: list[str] | None = None
+    width: int | None = None
+    height: int | None = None
+    steps: int | None = None
+
+    def check(self) -> Options:
+        if self.suffix:
+            raise APIError(400, "suffix (fill-in-the-middle) is not supported")
+        if self.template:
+            raise APIError(400, "template (a Go template) is not supported: the model's chat template is used, "
+                                "or pass raw: true with the prompt already formatted")
+        if self.images:
+            raise APIError(400, "images are not supported")
+        if self.width is not None or self.height is not None or self.steps is not None:
+            raise APIError(400, "image generation is not supported")
+        return super().check()
+
+
+class Message(Strict):
+    role: str = Field(min_length=1, max_length=64)
+    content: str | None = ""
+    images: list[str] | None = None
+    thinking: str | None = None
+    tool_calls: list[dict] | None = None
+    tool_name: str | None = None
+
+    def for_template(self) -> dict:
+        if self.images:
+            raise APIError(400, "images are not supported")
+        m = {"role": self.role, "content": self.content or ""}
+        if self.tool_calls:
+            m["tool_calls"] = self.tool_calls
+        if self.tool_name:
+            m["name"] = self.tool_name
+        return m
+
+
+class ChatRequest(_Generating):
+    messages: list[Message] | None = None
+    tools: list[dict] | None = None
+
+
+class ShowRequest(Strict):
+    model: str | None = Field(None, max_length=MAX_NAME)
+    name: str | None = Field(None, max_length=MAX_NAME)      # the older spelling
+    verbose: bool | None = None
+
+
+def _line(obj: dict) -> str:
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+async def _load_or_unload(m: ModelManager, name: str, num_ctx, keep_alive) -> tuple[str, str]:
+    """An empty prompt: load the model (keep_alive as given), or with keep_alive 0 unload it."""
+    await m.acquire()
+    try:
+        if keep_alive == 0:
+            served, path = await m.call(m.locate, name)
+            if m.current is not None and m.current.path == path:
+                await m.unload()
+            return served, "unload"
+        loaded, _ = await m.ensure(name, num_ctx)
+        loaded.keep(m.cfg.keep_alive if keep_alive is None else keep_alive)
+        return loaded.name, "load"
+    finally:
+        m.lock.release()
+
+
+@router.post("/api/generate")
+async def generate(req: GenerateRequest, request: Request):
+    m = manager_of(request)
+    opts = req.check()
+    keep_alive = parse_keep_alive(req.keep_alive)
+    if not req.prompt and not req.system and not req.context:
+        served, reason = await _load_or_unload(m, req.model, opts.num_ctx, keep_alive)
+        return {"model": req.model or served, "created_at": now_iso(), "response": "", "done": True,
+                "done_reason": reason}
+    kwargs, context = req.template_kwargs(), list(req.context or [])
+    messages = ([{"role": "system", "content": req.system}] if req.system else []) + \
+        [{"role": "user", "content": req.prompt or ""}]
+
+    def build(model):
+        text = (req.prompt or "") if req.raw else model.render_chat(messages, **kwargs)
+        if context:
+            return context + model.tokenize(text, add_bos=False, special=True)
+        return model.tokenize(text, add_bos=True, special=True)
+
+    job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
+                          max_tokens=opts.num_predict, clamp=True, sampling=opts.sampling(), stop=stop_list(opts.stop))
+    name = req.model or job.loaded.name
+
+    def final(r) -> dict:
+        return {"model": name, "created_at": now_iso(), "response": r.text if not req.stream else "",
+                "done": True, "done_reason": r.finish_reason, "context": job.ids + list(r.tokens),
+                **job.durations(r)}
+
+    if req.stream is False:
+        return final(await job.collect(request))
+
+    def lines(r):
+        out = []
+        if r.text:
+            out.append(_line({"model": name, "created_at": now_iso(), "response": r.text, "done": False}))
+        if r.done:
+            out.append(_line(final(r)))
+        return out
+
+    return stream_job(job, lines, lambda e: _line({"error": str(e)}), NDJSON)
+
+
+@router.post("/api/chat")
+async def chat(req: ChatRequest, request: Request):
+    m = manager_of(request)
+    opts = req.check()
+    keep_alive = parse_keep_alive(req.keep_alive)
+    messages = [msg.for_template() for msg in req.messages or []]
+    if not messages:
+        served, reason = await _load_or_unload(m, req.model, opts.num_ctx, keep_alive)
+        return {"model": req.model or served, "created_at": now_iso(),
+                "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": reason}
+    kwargs = req.template_kwargs()
+    if req.tools:
+        kwargs["tools"] = req.tools
+
+    def build(model):
+        return model.tokenize(model.render_chat(messages, **kwargs), add_bos=True, special=True)
+
+    job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
+                          max_tokens=opts.num_predict, clamp=True, sampling=opts.sampling(), stop=stop_list(opts.stop))
+    name = req.model or job.loaded.name
+
+    def final(r, content: str) -> dict:
+        return {"model": name, "created_at": now_iso(), "message": {"role": "assistant", "content": content},
+                "done": True, "done_reason": r.finish_reason, **job.durations(r)}
+
+    if req.stream is False:
+        r = await job.collect(request)
+        return final(r, r.text)
+
+    def lines(r):
+        out = []
+        if r.text:
+            out.append(_line({"model": name, "created_at": now_iso(),
+                              "message": {"role": "assistant", "content": r.text}, "done": False}))
+        if r.done:
+            out.append(_line(final(r, "")))
+        return out
+
+    return stream_job(job, lines, lambda e: _line({"error": str(e)}), NDJSON)
+
+
+def _digest(m: ModelManager, name: str) -> str:
+    from ..resolve import DEFAULT_SHA256
+    from ..store import Store
+
+    if name == "default":
+        return DEFAULT_SHA256
+    found = Store().find(name)
+    return found.hex if found is not None else ""
+
+
+@router.get("/api/tags")
+async def tags(request: Request):
+    models = await anyio.to_thread.run_sync(list_models, manager_of(request))
+    return {"models": [{"name": x["name"], "model": x["name"], "modified_at": x["modified_at"], "size": x["size"],
+                        "digest": x["digest"], "details": x["details"]} for x in models]}
+
+
+@router.post("/api/show")
+async def show(req: ShowRequest, request: Request):
+    m = manager_of(request)
+    name = req.model if req.model is not None else req.name
+    if not name:
+        raise APIError(400, "model is required")
+    served, path = await anyio.to_thread.run_sync(m.locate, name)
+    info = await anyio.to_thread.run_sync(read_info, path, bool(req.verbose))
+    return {"license": info["license"] or "", "modelfile": f"# Modelfile generated by ramforge\nFROM {path}\n",
+            "parameters": "", "template": info["template"] or "", "details": info["details"],
+            "model_info": info["model_info"], "capabilities": ["completion"],
+            "modified_at": iso(Path(path).stat().st_mtime)}
+
+
+@router.get("/api/ps")
+async def ps(request: Request):
+    m = manager_of(request)
+    cur = m.current
+    if cur is None:
+        return {"models": []}
+    details = await anyio.to_thread.run_sync(details_of, cur.path)
+    digest = await anyio.to_thread.run_sync(_digest, m, cur.name)
+    return {"models": [{"name": cur.name, "model": cur.name, "size": int(cur.model.budget.current),
+                        "digest": digest, "details": details, "expires_at": iso(cur.expires_wall),
+                        "size_vram": 0, "context_length": cur.model.n_ctx}]}
+
+
+@router.get("/api/version")
+async def version():
+    return {"version": __version__}
+
+
+@router.api_route("/api/{verb}", methods=["POST", "DELETE", "HEAD"])
+async def unsupported(verb: str):
+    if verb in ("pull", "push", "create", "copy", "delete", "embed", "embeddings", "blobs"):
+        hint = "; use `ramforge pull SOURCE --name NAME` and `ramforge rm NAME`" if verb in ("pull", "delete") else ""
+        raise APIError(501, f"/api/{verb} is not supported by ramforge serve{hint}")
+    raise APIError(404, f"no route /api/{verb}")

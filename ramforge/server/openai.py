@@ -1,0 +1,302 @@
+"""OpenAI's API: /v1/chat/completions, /v1/completions (SSE streams ending in `data: [DONE]`), /v1/models.
+
+Request models forbid unknown fields but declare every field the official `openai` client can
+send: those that change nothing here (user, metadata, store, service_tier, prompt_cache_key,
+reasoning_effort, ...) are accepted and ignored; those asking for something ramforge cannot do
+(n > 1, logprobs, logit_bias, response_format other than text, forced tool calls, audio) are a
+400. Messages also accept the fields a client echoes back from an earlier response (refusal,
+annotations, audio: null). Extensions, as llama.cpp's server takes them (the client's
+`extra_body`): top_k, min_p, repeat_penalty, repeat_last_n, chat_template_kwargs.
+
+Defaults are OpenAI's (temperature 1, top_p 1, no penalties) with Ollama's top_k 40; max_tokens
+defaults to 16 for /v1/completions (as OpenAI) and to the room left in the context for chat.
+A prompt plus max_tokens over the context is a 400 (ContextLengthExceeded), as OpenAI does.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Literal
+
+import anyio
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from .app import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, APIError, Job, error_body, error_status, list_models,
+                  manager_of, sampling_args, stop_list, stream_job)
+
+router = APIRouter()
+SSE = "text/event-stream"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class _Common(Strict):
+    model: str = Field("", max_length=MAX_NAME)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    n: int | None = Field(None, ge=1, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-(2 ** 63), lt=2 ** 64)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # extensions (llama.cpp server / vLLM)
+    top_k: int | None = Field(None, ge=0, le=MAX_TOP_K)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repeat_penalty: float | None = Field(None, gt=0, le=100)
+    repeat_last_n: int | None = Field(None, ge=-1, le=MAX_CTX)
+
+    def check(self) -> None:
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported")
+        stop_list(self.stop)
+
+    def sampling(self) -> dict:
+        d = lambda v, default: default if v is None else v  # noqa: E731
+        seed = None if self.seed is None or self.seed < 0 else self.seed % 0xFFFFFFFF  # 0xFFFFFFFF = random
+        return sampling_args(d(self.temperature, 1.0), d(self.top_k, 40), d(self.top_p, 1.0), d(self.min_p, 0.0),
+                             d(self.repeat_penalty, 1.0), d(self.repeat_last_n, 64), d(self.frequency_penalty, 0.0),
+                             d(self.presence_penalty, 0.0), seed)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict] | None = None
+    name: str | None = None
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+    function_call: dict | None = None
+    refusal: str | None = None
+    audio: dict | None = None
+    annotations: list | None = None
+    reasoning_content: str | None = None
+
+    def for_template(self) -> dict:
+        if self.audio or self.function_call:
+            raise APIError(400, "audio and function_call messages are not supported")
+        m = {"role": "system" if self.role == "developer" else self.role,
+             "content": "" if self.content is None and not self.tool_calls else self.content}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, key):
+                m[key] = getattr(self, key)
+        return m
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=0, le=MAX_PREDICT)
+    max_completion_tokens: int | None = Field(None, ge=0, le=MAX_PREDICT)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
+    response_format: dict | None = None
+    chat_template_kwargs: dict | None = None
+    # accepted, no effect here
+    metadata: dict | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict | None = None
+    safety_identifier: str | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    modalities: list[str] | None = None
+    # asking for what ramforge cannot do: only null
+    audio: dict | None = None
+    prediction: dict | None = None
+    web_search_options: dict | None = None
+    moderation: dict | None = None
+
+    def check(self) -> None:
+        super().check()
+        if self.logprobs or self.top_logprobs:
+            raise APIError(400, "logprobs are not supported")
+        if self.tool_choice not in (None, "auto", "none"):
+            raise APIError(400, f"tool_choice {self.tool_choice!r} is not supported (only 'auto' or 'none')")
+        if self.functions or self.function_call:
+            raise APIError(400, "functions / function_call are not supported; use tools")
+        if self.response_format not in (None, {"type": "text"}):
+            raise APIError(400, "response_format other than {'type': 'text'} is not supported")
+        if self.modalities not in (None, ["text"]):
+            raise APIError(400, "only the text modality is supported")
+        for name in ("audio", "prediction", "web_search_options", "moderation"):
+            if getattr(self, name) is not None:
+                raise APIError(400, f"{name} is not supported")
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=0, le=MAX_PREDICT)
+    echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    best_of: int | None = Field(None, ge=1, le=1)
+    suffix: str | None = None
+
+    def check(self) -> None:
+        super().check()
+        if self.logprobs is not None:
+            raise APIError(400, "logprobs are not supported")
+        if self.suffix:
+            raise APIError(400, "suffix (fill-in-the-middle) is not supported")
+
+    def one_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        if not p:
+            raise APIError(400, "the prompt is empty")
+        if isinstance(p[0], int):
+            return list(p)
+        if len(p) > 1:
+            raise APIError(400, f"{len(p)} prompts in one request: batched prompts are not supported (n = 1)")
+        return p[0] if isinstance(p[0], str) else list(p[0])
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _sse_error(path: str):
+    return lambda e: _sse(error_body(path, error_status(e), str(e)))
+
+
+def _usage(r) -> dict:
+    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+            "total_tokens": r.prompt_tokens + r.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": r.prompt_tokens - r.prompt_eval_tokens}}
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatRequest, request: Request):
+    req.check()
+    messages = [m.for_template() for m in req.messages]
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.tools and req.tool_choice != "none":
+        kwargs["tools"] = req.tools
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+    def build(model):
+        return model.tokenize(model.render_chat(messages, **kwargs), add_bos=True, special=True)
+
+    job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
+                          max_tokens=max_tokens, clamp=False, sampling=req.sampling(), stop=stop_list(req.stop))
+    cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
+    if not req.stream:
+        r = await job.collect(request)
+        return {"id": cid, "object": "chat.completion", "created": created, "model": name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
+                             "logprobs": None, "finish_reason": r.finish_reason}],
+                "usage": _usage(r)}
+
+    def chunk(delta: dict, finish=None) -> str:
+        return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+
+    started = False
+
+    def lines(r):
+        nonlocal started
+        out = []
+        if not started:
+            started = True
+            out.append(chunk({"role": "assistant", "content": ""}))
+        if r.text:
+            out.append(chunk({"content": r.text}))
+        if r.done:
+            out.append(chunk({}, r.finish_reason))
+            if req.include_usage:
+                out.append(_sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                                 "choices": [], "usage": _usage(r)}))
+            out.append("data: [DONE]\n\n")
+        return out
+
+    return stream_job(job, lines, _sse_error(request.url.path), SSE)
+
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request):
+    req.check()
+    prompt = req.one_prompt()
+
+    def build(model):
+        return model.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else prompt
+
+    job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
+                          max_tokens=req.max_tokens, clamp=False, sampling=req.sampling(), stop=stop_list(req.stop))
+    cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
+    echo = ""
+    if req.echo:
+        echo = prompt if isinstance(prompt, str) else \
+            job.model.detokenize(prompt, special=True).decode("utf-8", "replace")
+
+    def shape(text: str, finish, usage=None) -> dict:
+        d = {"id": cid, "object": "text_completion", "created": created, "model": name,
+             "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+        if usage is not None:
+            d["usage"] = usage
+        return d
+
+    if not req.stream:
+        r = await job.collect(request)
+        return shape(echo + r.text, r.finish_reason, _usage(r))
+
+    started = False
+
+    def lines(r):
+        nonlocal started
+        out = []
+        if not started and echo:
+            out.append(_sse(shape(echo, None)))
+        started = True
+        if r.text and not r.done:
+            out.append(_sse(shape(r.text, None)))
+        if r.done:
+            out.append(_sse(shape(r.text, r.finish_reason)))
+            if req.include_usage:
+                out.append(_sse({"id": cid, "object": "text_completion", "created": created, "model": name,
+                                 "choices": [], "usage": _usage(r)}))
+            out.append("data: [DONE]\n\n")
+        return out
+
+    return stream_job(job, lines, _sse_error(request.url.path), SSE)
+
+
+def _model_entry(x: dict) -> dict:
+    return {"id": x["name"], "object": "model", "created": int(x.get("mtime") or 0), "owned_by": "ramforge"}
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    found = await anyio.to_thread.run_sync(list_models, manager_of(request))
+    return {"object": "list", "data": [_model_entry(x) for x in found]}
+
+
+@router.get("/v1/models/{model_id}")
+async def model(model_id: str, request: Request):
+    found = await anyio.to_thread.run_sync(list_models, manager_of(request))
+    for x in found:
+        if x["name"] == model_id:
+            return _model_entry(x)
+    raise APIError(404, f"model {model_id!r} not found; GET /v1/models lists the names")
+
