@@ -17,10 +17,10 @@ from ..errors import RamforgeError
 from .bpe import BPESegmenter, load_ranks
 from .pretokenize import PRE_TYPES
 from .spm import spm_segment
-from .vocab import ATTR_CONTROL, KEY, TokenizerInputError, TokenizerMetadataError, Vocab
+from .vocab import ATTR_CONTROL, KEY, TokenIdError, TokenizerInputError, TokenizerMetadataError, Vocab
 
 __all__ = ["load_tokenizer", "Tokenizer", "StreamDecoder", "UnsupportedTokenizer", "TokenizerMetadataError",
-           "TokenizerInputError", "SUPPORTED_TOKENIZERS"]
+           "TokenizerInputError", "TokenIdError", "SUPPORTED_TOKENIZERS"]
 
 
 class UnsupportedTokenizer(RamforgeError):

@@ -69,6 +69,10 @@ class TokenizerInputError(RamforgeError, ValueError):
     """Input that llama.cpp itself cannot tokenize (it would abort)."""
 
 
+class TokenIdError(TokenizerInputError, IndexError):
+    """A token id outside the vocabulary given to decode (still an IndexError, as before)."""
+
+
 def _int_array(md: dict, key: str, n: int, what: str) -> np.ndarray | None:
     v = md.get(key)
     if v is None:
@@ -274,9 +278,10 @@ class Vocab:
         self.special_cache: list[int] = ids
 
     def _apply_name_attrs(self, md: dict) -> None:
-        pre = str(md.get(KEY + "pre") or "")
-        arch = str(md.get("general.architecture") or "")
-        name = str(md.get("general.name") or "")
+        # only string values count: a GGUF may carry any type under these keys (an array's truth value
+        # would raise ValueError)
+        pre, arch, name = (v if isinstance(v, str) else ""
+                           for v in (md.get(KEY + "pre"), md.get("general.architecture"), md.get("general.name")))
         name = "".join(c.lower() if c < "\x80" else c for c in name)
         t2i, attrs = self.token_to_id, self.attrs
         if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or \
@@ -343,7 +348,7 @@ class Vocab:
     def token_to_piece(self, tid: int, special: bool = False) -> bytes:
         """The bytes a token renders to (llama_token_to_piece with lstrip=0)."""
         if not 0 <= tid < self.n_vocab:
-            raise IndexError(f"token id {tid} out of range for a vocabulary of {self.n_vocab} tokens")
+            raise TokenIdError(f"token id {tid} out of range for a vocabulary of {self.n_vocab} tokens")
         attr = self.attrs[tid]
         if not special and attr & (ATTR_UNKNOWN | ATTR_CONTROL):
             return b""
