@@ -404,6 +404,9 @@ class Job:
         clamp: cut max_tokens to the room left (Ollama), else a prompt + max_tokens over the
         context is a ContextLengthExceeded (OpenAI)."""
         job = cls(manager, keep_alive)
+        # A bad or unknown name is refused (400 / 404) before the request queues for the model: it must
+        # not wait behind generations, take a queue place, or be answered 503 when the queue is full.
+        await anyio.to_thread.run_sync(manager.locate, model)
         await manager.acquire()
         try:
             job.loaded, job.load_s = await manager.ensure(model, num_ctx)

@@ -1,6 +1,7 @@
 """The `ramforge serve` command (FastAPI and uvicorn are imported only when it runs)."""
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 import click
@@ -15,6 +16,67 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def uvicorn_config(app, host: str = "127.0.0.1", port: int = 11434, *, timeout_keep_alive: float = 5.0,
+                   request_timeout: float = 10.0, **kwargs):
+    """uvicorn's Config for `app`, with a deadline for reading each request (see `_timed_h11`) and
+    `timeout_keep_alive` seconds for an idle keep-alive connection."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, http=_timed_h11(float(request_timeout)),
+                          timeout_keep_alive=timeout_keep_alive, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _timed_h11(request_timeout: float):
+    """uvicorn's h11 protocol, disconnecting a client that does not send a whole request (headers
+    and body) within `request_timeout` seconds of connecting or of its first byte after a response.
+    uvicorn's own timeout_keep_alive only covers the idle time between requests: a client that
+    connects and sends nothing, or part of the headers, or part of a body, is otherwise held open
+    for good (and a partial body keeps its request task waiting in `receive()`)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    reading = (h11.IDLE, h11.SEND_BODY)
+
+    class TimedH11Protocol(H11Protocol):
+        _deadline = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(request_timeout, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            self._deadline = None
+            if self.conn.their_state in reading and not self.transport.is_closing():
+                self.transport.close()          # connection_lost: a running request sees http.disconnect
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._deadline is None and self.conn.their_state is h11.IDLE:
+                self._arm()                     # the first bytes of the next request on a kept-alive connection
+            super().data_received(data)
+            if self.conn.their_state not in reading:
+                self._disarm()                  # the whole request is in
+
+        def on_response_complete(self) -> None:
+            self._disarm()                      # idle from here: timeout_keep_alive applies
+            super().on_response_complete()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return TimedH11Protocol
 
 
 @click.command()
@@ -34,9 +96,11 @@ def _loopback(host: str) -> bool:
 @click.option("--keep-alive", default="5m", show_default=True,
               help="How long a model stays loaded after a request when it sets no keep_alive (-1: forever).")
 @click.option("--max-body", default="1M", show_default=True, help="Request body size limit (413 above it).")
+@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds a client has to send a whole request (headers and body) before it is disconnected.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, log_level):
+def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level):
     """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time.
 
     MODEL (a path, a store name or `default`) is loaded before the server starts; without it the
@@ -68,7 +132,7 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
         click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
     click.echo(f"ramforge serve: http://{host}:{port} (Ollama /api, OpenAI /v1), model "
                f"{manager.startup_name!r}{' loaded' if model is not None else ' loads on first use'}", err=True)
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    uvicorn.Server(uvicorn_config(app, host, port, request_timeout=request_timeout, log_level=log_level,
                                   timeout_graceful_shutdown=5)).run()
 
 

@@ -304,9 +304,14 @@ async def ps(request: Request):
         return {"models": []}
     details = await anyio.to_thread.run_sync(details_of, cur.path)
     digest = await anyio.to_thread.run_sync(_digest, m, cur.name)
+    b = cur.model.budget
     return {"models": [{"name": cur.name, "model": cur.name, "size": int(cur.model.budget.current),
                         "digest": digest, "details": details, "expires_at": iso(cur.expires_wall),
-                        "size_vram": 0, "context_length": cur.model.n_ctx}]}
+                        "size_vram": 0, "context_length": cur.model.n_ctx,
+                        # ramforge's own, read-only: the managed bytes of the model's budget (a leaked
+                        # charge shows as current above its idle value once no request runs)
+                        "budget": {"current": int(b.current), "peak": int(b.peak), "limit": b.limit,
+                                   "charges": len(b.charges())}}]}
 
 
 @router.get("/api/version")
