@@ -16,7 +16,10 @@ def model():
 
 
 def _prose():
-    return next(r for r in records() if r["model"]["source"] != "synthetic")["prompts"][0]
+    """The gemma3 oracle prompt whose 32-token greedy continuation has no near-tie (every top1-top2 gap
+    exceeds 0.1 std in llama.cpp's record), so kernel-level rounding cannot flip it."""
+    rec = next(r for r in records() if r["model"]["source"] != "synthetic")
+    return next(p for p in rec["prompts"] if p["name"] == "whitespace")
 
 
 def test_completion_is_openai_shaped_and_matches_oracle(model):

@@ -34,7 +34,10 @@ TURN1 = [{"role": "system", "content": "You are a helpful assistant who answers 
 
 
 def _prose():
-    return next(r for r in records() if r["model"]["source"] != "synthetic")["prompts"][0]
+    """The gemma3 oracle prompt whose 32-token greedy continuation has no near-tie (every top1-top2 gap
+    exceeds 0.1 std in llama.cpp's record), so kernel-level rounding cannot flip it."""
+    rec = next(r for r in records() if r["model"]["source"] != "synthetic")
+    return next(p for p in rec["prompts"] if p["name"] == "whitespace")
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,8 @@ def test_streaming_is_identical_to_resident(tiny, reference, io, where):
 
 
 def test_gemma3_at_small_budget_matches_oracle(default_model):
-    pr = next(r for r in records() if r["model"]["source"] != "synthetic")["prompts"][0]
+    rec = next(r for r in records() if r["model"]["source"] != "synthetic")
+    pr = next(p for p in rec["prompts"] if p["name"] == "whitespace")     # no near-tie in 32 greedy steps
     budget = MemoryBudget("48M")
     with Engine.load(default_model, n_ctx=256, budget=budget) as e:
         assert e.plan.verdict == "streaming" and e.plan.resident == []
