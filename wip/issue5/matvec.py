@@ -1,0 +1,119 @@
+"""Weight throughput of the matmul kernels per quant type: float path vs integer-dot path.
+
+    python benchmarks/matvec.py [--n 4096] [--threads 2] [--batch 32] [--types Q4_0,Q4_K] [--asm]
+
+For an n x n weight of each executable quantized type (random blocks with finite, normal scales):
+GB/s of packed weight bytes per second for one token (a matvec) and, for a batch of `batch`
+tokens, the weight bytes times tokens per second (what a sequence of matvecs would have to
+stream to do the same work). "float" is kernels.matmul.matmul_reference (dequantize + f32 dot),
+"int" is kernels.qmatmul (int8 dots; "int-portable" its plain-loop twin with --portable).
+--asm compiles the kernel afresh and counts its vector integer multiply-add instructions.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def random_weight(t, n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
+    """Random packed rows; every odd byte gets exponent bits 01xxx so each f16/f32 scale is normal."""
+    from ramforge.gguf.constants import GGML_BLOCK
+
+    be, bb = GGML_BLOCK[t]
+    raw = np.random.default_rng(seed).integers(0, 256, size=n_out * n_in // be * bb, dtype=np.uint8)
+    raw[1::2] = (raw[1::2] & 0x9F) | 0x20
+    return raw
+
+
+def best_time(fn, min_time: float = 0.5, max_reps: int = 400) -> float:
+    fn()                                           # warm (compile / cache load)
+    best, spent, reps = float("inf"), 0.0, 0
+    while (spent < min_time or reps < 3) and reps < max_reps:
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        best, spent, reps = min(best, dt), spent + dt, reps + 1
+    return best
+
+
+def asm_report() -> str:
+    """Compile the kernel in a fresh cache dir and count its vector integer multiply-adds."""
+    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="ramforge-asm-")
+    from ramforge.gguf.constants import GGMLType
+    from ramforge.kernels import qmatmul as qm
+
+    x = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
+    for t in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.IQ4_NL):
+        qm.qmatmul(np.zeros((1, 4), np.float32), x, t, random_weight(t, 4, 256), 4, 256, vector=True)
+    pat = re.compile(r"\s+(v?pmaddwd|v?pmaddubsw|vpdpbusds?|vpdpwssds?|v?pmovsxbw|v?pmulld|v?pshufb|vpermb|"
+                     r"sdot|smull2?|sadalp|smlal2?)\b")
+    out = []
+    for name in ("_qmatmul", "_unpack_iq4_nl"):
+        f = getattr(qm, name)
+        c = Counter()
+        for sig in f.signatures:
+            c.update(m.group(1) for line in f.inspect_asm(sig).splitlines() for m in [pat.match(line)] if m)
+        out.append(f"{name}: " + (", ".join(f"{k} x{v}" for k, v in c.most_common()) or "no vector int ops"))
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--types", default="")
+    ap.add_argument("--no-float", action="store_true", help="skip the (slow) float path")
+    ap.add_argument("--portable", action="store_true", help="also time the plain-loop integer path")
+    ap.add_argument("--asm", action="store_true")
+    a = ap.parse_args(argv)
+    if a.asm:
+        print(asm_report())
+        return 0
+
+    import numba
+
+    from ramforge.kernels.matmul import matmul_reference
+    from ramforge.kernels.qmatmul import qmatmul
+    from ramforge.kernels.registry import REGISTRY
+
+    numba.set_num_threads(a.threads)
+    want = {s.strip().upper() for s in a.types.split(",") if s.strip()}
+    types = [t for t, k in REGISTRY.items() if k.qdot is not None and (not want or t.name in want)]
+    n, nb = a.n, a.batch
+    rng = np.random.default_rng(1)
+    x1 = rng.standard_normal((1, n)).astype(np.float32)
+    xb = rng.standard_normal((nb, n)).astype(np.float32)
+    paths = [("int", lambda *p: qmatmul(*p, vector=True))]
+    if a.portable:
+        paths.append(("int-portable", lambda *p: qmatmul(*p, vector=False)))
+    if not a.no_float:
+        paths.insert(0, ("float", matmul_reference))
+    print(f"{n} x {n} weight, {a.threads} threads; GB/s of packed weight bytes (x tokens for the batch)")
+    head = "".join(f"{p + ' 1 tok':>20}{p + f' {nb} tok':>20}" for p, _ in paths)
+    print(f"{'type':8}{'MB':>7}{head}")
+    for t in types:
+        raw = random_weight(t, n, n)
+        gb = raw.nbytes / 1e9
+        row = f"{t.name:8}{raw.nbytes / 1e6:7.1f}"
+        for _, fn in paths:
+            y1, yb = np.empty((1, n), np.float32), np.empty((nb, n), np.float32)
+            t1 = best_time(lambda: fn(y1, x1, t, raw, n, n))
+            tb = best_time(lambda: fn(yb, xb, t, raw, n, n), min_time=0.5, max_reps=40)
+            row += f"{gb / t1:20.2f}{gb * nb / tb:20.2f}"
+        print(row, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1011 @@
+"""Integer-dot matmul of quantized weights, bit for bit as llama.cpp's CPU backend computes it.
+
+llama.cpp quantizes the activation to its weight type's `vec_dot_type` (Q8_0, Q8_1 or Q8_K) and
+dots int8 quants with int8 quants in exact integer arithmetic, scaling once per block. Here:
+
+1. `quantize_activation` quantizes x once per matmul (numpy): int8 quants, one f32 scale per block
+   of 32 (Q8_0/Q8_1, scale f16-rounded) or 256 (Q8_K), Q8_1's f16 s = d*sum(q) per 32 and Q8_K's
+   integer sums per sub-block (llama.cpp's bsums) for the weight mins.
+2. `_qmatmul` (parallel over row ranges) unpacks each weight row once into int8 quants, integer
+   sub-block scales / mins and float super-block scales, then dots it with every token:
+       y = sum_b (d_w*d_a)_b * sum_j sc_j * <q_w, q_a>_j  [- (dmin_w*d_a)_b * sum_j m_j * bsum_j]
+                                                          [+ (m_w * s_a)_b  for Q4_1/Q5_1]
+   with the integer sums exact and the float steps those of the llama.cpp kernel that would run
+   (vec_dot, tinyBLAS, its tiled K-quant matmul, repacked gemv/gemm: chosen, as there, by type,
+   row count and batch size; see the modes below and QDot.variants), op for op: the same lanes,
+   fmas and horizontal-sum order. The result equals ggml's mul_mat on the x86 build that recorded
+   our oracle (AVX2, FMA, AVX512-VNNI) bit for bit; tests/test_qmatmul.py checks it live (-m oracle).
+   Elsewhere it is within float rounding of llama.cpp.
+
+The int8 work (unpacking and the row dots) is written as numba intrinsics emitting generic LLVM
+vector IR (no target intrinsics): LLVM picks vpmaddwd / pmaddwd / NEON, pshufb / tbl per machine.
+Each has a plain-loop twin; `vector=False` (or RAMFORGE_PORTABLE=1) runs those, bit for bit equal.
+Helpers live in this file because numba's on-disk cache only notices edits to this file.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ramforge.errors import RamforgeError
+from ramforge.gguf.constants import GGML_BLOCK, QK_K
+
+VECTOR = os.environ.get("RAMFORGE_PORTABLE", "").strip().lower() in ("", "0", "false", "no")
+_CHUNKS_PER_THREAD = 8        # row ranges per thread (load balance vs per-range scratch)
+_GROUP_ROWS = 8               # rows unpacked together for a batch of tokens ...
+_GROUP_FROM_TOKENS = 4        # ... of at least this many (a single token: one row at a time, in L1)
+
+# How llama.cpp's x86 CPU backend finishes a row dot (the build that recorded our oracle: AVX2,
+# FMA, AVX512-VNNI; REPACK, LLAMAFILE and its tiled K-quant matmul), reproduced op for op so that
+# our results round as its results do (see _make_row). Modes:
+LANES = 0     # vec_dot / tinyBLAS: per 32 elements 8 int32 lanes of 4 products, one fma per lane and
+#               (super-)block into 8 f32 lanes, hsum_float_8 at the end
+LANES2 = 1    # IQ4_NL's vec_dot: as LANES, even and odd blocks in two accumulators
+GROUPS = 2    # repacked gemv / gemm: the whole integer sum of each group of `grp` elements, one
+#               scalar fma per group (and one for the mins), acc - acc_min
+TILED = 3     # tiled K-quant matmul (8+ tokens): per super-block r = S1*d_w - dmin_w*S2 (an fma),
+#               acc = fma(r, d_a, acc)
+# min / offset terms in LANES mode (llama.cpp's handling, per type)
+NO_MIN = 0        # none
+Q8_1_SUM = 1      # Q4_1/Q5_1: summs += m * s per block (an fma), added after hsum
+K_SUM = 2         # Q5_K: summs += (-d_a*dmin) * sum_j min_j*bsum_j per super-block (an fma), added
+K_MIN4 = 3        # Q4_K: 4 f32 lanes of min pairs, fma'd, summed, added
+K_LANES = 4       # Q2_K: 8 lanes of min pairs fma'd into the main lanes before the dot
+K_MINS = 5        # GROUPS / TILED modes: the type has mins
+_SCALAR_FMA = True   # llama.cpp's scalar `summs += a * b` is contracted to an fma (GCC, -march=native)
+TILED_FROM = 8       # llama.cpp's tiled K-quant matmul takes batches of at least this many tokens
+
+_KV = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)   # IQ4 codebook
+_KV_NP = np.array(_KV, dtype=np.int8)
+
+
+@dataclass(frozen=True)
+class QDot:
+    """How a type runs through the integer-dot kernel.
+
+    unpack(vec, raw, o, n_sb, wq, isc, imn, wd, wm) writes one row of n_sb super-blocks: int8
+    quants wq, per sub-block of `sub` elements an integer scale isc and min imn, per super-block
+    float scales wd and wm; weight = wd*isc*(wq - offset) [- wm*imn]. The rest says which
+    arithmetic llama.cpp's x86 backend uses: `mins` (NO_MIN ...) in its vec_dot; `repack`: the
+    (gemm, gemv) group sizes when it repacks the type (rows a multiple of 8; gemm for whole
+    groups of 4 tokens); `tiled`: batches of TILED_FROM+ tokens go to its tiled matmul."""
+
+    unpack: object
+    sub: int
+    mins: int = NO_MIN
+    repack: tuple | None = None
+    tiled: bool = False
+    offset: int = 0
+    lanes2: bool = False
+
+    def variants(self, sb: int, n_out: int, n_tok: int) -> tuple[int, int, int]:
+        """(variant for tokens < split, variant for the rest, split): indices into _VARIANTS, for
+        super-blocks of sb elements, n_out rows and n_tok tokens."""
+        nsub = sb // self.sub
+        has_min = self.mins not in (NO_MIN, Q8_1_SUM)
+        if self.repack and n_out % 8 == 0:
+            gemm, gemv = self.repack
+            m = K_MINS if has_min else NO_MIN
+            return (_VARIANT_ID[(self.sub, nsub, m, GROUPS, self.offset, gemm)],
+                    _VARIANT_ID[(self.sub, nsub, m, GROUPS, self.offset, gemv)], n_tok - n_tok % 4)
+        if self.tiled and n_tok >= TILED_FROM:
+            v = _VARIANT_ID[(self.sub, nsub, K_MINS if has_min else NO_MIN, TILED, self.offset, 0)]
+        elif self.lanes2 and n_tok == 1:
+            v = _VARIANT_ID[(self.sub, nsub, self.mins, LANES2, self.offset, 0)]
+        else:
+            v = _VARIANT_ID[(self.sub, nsub, self.mins, LANES, self.offset, 0)]
+        return v, v, n_tok
+
+
+# ---------------------------------------------------------------- LLVM vector intrinsics
+
+_I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+
+
+def _ptr(context, builder, arrty, arr, off, vt):
+    data = context.make_array(arrty)(context, builder, arr).data
+    return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
+
+
+def _splat(builder, val, vt):
+    if isinstance(val.type, ir.IntType) and val.type.width > vt.element.width:
+        val = builder.trunc(val, vt.element)
+    elif isinstance(val.type, ir.IntType) and val.type.width < vt.element.width:
+        val = builder.sext(val, vt.element)
+    undef = ir.Constant(vt, ir.Undefined)
+    v0 = builder.insert_element(undef, val, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v0, undef, ir.Constant(ir.VectorType(_I32, vt.count), [0] * vt.count))
+
+
+def _dtypes_are(arrays, dtypes):
+    """Typing guard: each argument is a C-contiguous array of the given dtype (the IR reads raw memory)."""
+    return all(isinstance(a, types.Array) and a.dtype == d and a.layout == "C" for a, d in zip(arrays, dtypes))
+
+
+def _pick(builder, v, idx):
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
+
+
+def _quad_lanes(builder, p):
+    """<32 x i32> products -> <8 x i32>, lane l = p[4l] + ... + p[4l+3]: the lanes of llama.cpp's
+    x86 dots (maddubs + madd, or dpbusd), built as pair sums first (LLVM makes them pmaddwd)."""
+    q = builder.add(_pick(builder, p, list(range(0, 32, 2))), _pick(builder, p, list(range(1, 32, 2))))
+    return builder.add(_pick(builder, q, list(range(0, 16, 2))), _pick(builder, q, list(range(1, 16, 2))))
+
+
+def _hsum8(builder, v):
+    """llama.cpp's hsum_float_8: ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))."""
+    t = builder.fadd(_pick(builder, v, [4, 5, 6, 7]), _pick(builder, v, [0, 1, 2, 3]))
+    u = builder.fadd(t, _pick(builder, t, [2, 3, 2, 3]))
+    u0, u1 = (builder.extract_element(u, ir.Constant(_I32, i)) for i in (0, 1))
+    return builder.fadd(u0, u1)
+
+
+def _fma_fn(builder, ty):
+    name = f"llvm.fma.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fma.f32"
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty, ty]), name)
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c in float32 with one rounding (llvm.fma: the instruction, or libm's fmaf)."""
+    def codegen(context, builder, sig, args):
+        return builder.call(_fma_fn(builder, ir.FloatType()), list(args))
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+def _pair_lanes(builder, v):
+    """<2n x i32> -> <n x i32>, lane l = v[2l] + v[2l+1] (madd_epi16's pairing)."""
+    n = v.type.count
+    return builder.add(_pick(builder, v, list(range(0, n, 2))), _pick(builder, v, list(range(1, n, 2))))
+
+
+def _make_row(sub, nsub, mins, mode, offset, grp):
+    scaled = nsub > 1
+
+    @intrinsic
+    def _vrow(typingctx, wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo):
+        """One weight row . one token, over n_sb super-blocks of nsub sub-blocks of `sub`:
+        wq[wo:], isc/imn[io:] (per sub-block), wd/wm[so:] (per super-block); aq[ao:], ad/am[to:]
+        (per super-block: the scale, and Q8_1's s or the scale again), bsum[bo:] (per sub-block).
+        Integer lanes per 32 elements as _quad_lanes, times the sub-block scales (Q6_K: unsigned
+        quants less `offset` * madd(bsums, scales)); then the float steps of llama.cpp's kernel
+        (`mode`, `mins`, group `grp`) with d = d_a * d_w, dmin = -(d_a * dmin_w)."""
+        def codegen(context, builder, sig, args):
+            vt, wt = ir.VectorType(_I8, 32), ir.VectorType(_I32, 32)
+            l8, f8, f32 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
+            ptr = [None] * 16
+            for k, o in ((0, 1), (2, 3), (4, 6), (5, 6), (7, 9), (8, 9), (10, 12), (11, 12), (14, 15)):
+                ptr[k] = builder.gep(context.make_array(sig.args[k])(context, builder, args[k]).data, [args[o]])
+            wp, ap, sp, mp, dwp, mwp, dap, map_, bp = (ptr[k] for k in (0, 2, 4, 5, 7, 8, 10, 11, 14))
+            fma8, fma1 = _fma_fn(builder, f8), _fma_fn(builder, f32)
+            zero8, zero = ir.Constant(f8, [0.0] * 8), ir.Constant(f32, 0.0)
+            facc = cgutils.alloca_once_value(builder, zero8)        # the 8 f32 lanes
+            facc2 = cgutils.alloca_once_value(builder, zero8)       # LANES2: odd blocks
+            macc = cgutils.alloca_once_value(builder, zero8)        # min lanes / scalar (lane 0)
+            sacc = cgutils.alloca_once_value(builder, zero)         # scalar accumulator
+            ld = builder.load
+
+            def at(p, k):
+                return ld(builder.gep(p, [k]))
+
+            def ivec(p, k, n):          # <n x i32> at p + k
+                t = ir.VectorType(_I32, n)
+                return ld(builder.bitcast(builder.gep(p, [k]), t.as_pointer()), align=4)
+
+            def reduce(v):
+                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [v.type]),
+                                                    f"llvm.vector.reduce.add.v{v.type.count}i32")
+                return builder.call(fn, [v])
+
+            def fmaf(a, b, c):
+                return builder.call(fma1, [a, b, c])
+
+            def c64(v):
+                return ir.Constant(_I64, v)
+
+            with cgutils.for_range(builder, args[13]) as loop:
+                b = loop.index
+                e0 = builder.mul(b, c64(sub * nsub))
+                k0 = builder.mul(b, c64(nsub))
+                da = at(dap, b)
+                d = builder.fmul(da, at(dwp, b))
+                dmin = builder.fneg(builder.fmul(da, at(mwp, b)))
+                iacc = ir.Constant(l8, [0] * 8)
+                chunks = sub * nsub // 32
+                for c in range(chunks):                    # 32-element chunks
+                    e = builder.add(e0, c64(32 * c))
+                    va = ld(builder.bitcast(builder.gep(wp, [e]), vt.as_pointer()), align=1)
+                    vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
+                    part = _quad_lanes(builder, builder.mul(builder.sext(va, wt), builder.sext(vb, wt)))
+                    if scaled:                             # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
+                        ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
+                        sv = [_splat(builder, at(sp, k), l8) for k in ks]
+                        scale = sv[0] if sub == 32 else builder.shuffle_vector(
+                            sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
+                        part = builder.mul(part, scale)
+                    if offset:                             # Q6_K: - 32 * (bsum*sc) per sub-block pair
+                        kk = builder.add(k0, c64(2 * c))
+                        pairs = builder.mul(ivec(bp, kk, 2), ivec(sp, kk, 2))
+                        corr = builder.mul(reduce(pairs), ir.Constant(_I32, offset))
+                        if mode == LANES:                  # ... in lane c (madd of the 16 bsums)
+                            cv = builder.insert_element(ir.Constant(l8, [0] * 8), corr, ir.Constant(_I32, c % 8))
+                            part = builder.sub(part, cv)
+                        else:
+                            part = builder.sub(part, builder.insert_element(ir.Constant(l8, [0] * 8), corr,
+                                                                             ir.Constant(_I32, 0)))
+                    iacc = builder.add(iacc, part)
+                    if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group
+                        g = (c + 1) * 32 // grp - 1
+                        builder.store(fmaf(builder.sitofp(reduce(iacc), f32), d, ld(sacc)), sacc)
+                        iacc = ir.Constant(l8, [0] * 8)
+                        if mins == K_MINS:
+                            gs = grp // sub
+                            msum = reduce(builder.mul(ivec(mp, builder.add(k0, c64(g * gs)), gs),
+                                                      ivec(bp, builder.add(k0, c64(g * gs)), gs)))
+                            m0 = builder.extract_element(ld(macc), ir.Constant(_I32, 0))
+                            m0 = fmaf(builder.sitofp(msum, f32), builder.fmul(at(mwp, b), da), m0)
+                            builder.store(builder.insert_element(zero8, m0, ir.Constant(_I32, 0)), macc)
+                if mode == TILED:
+                    r = builder.fmul(builder.sitofp(reduce(iacc), f32), at(dwp, b))
+                    if mins == K_MINS:
+                        msum = reduce(builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
+                        r = fmaf(builder.fneg(at(mwp, b)), builder.sitofp(msum, f32), r)
+                    builder.store(fmaf(r, da, ld(sacc)), sacc)          # (GCC contracts add(mul))
+                elif mode == LANES2:                       # even blocks in facc, odd in facc2, an
+                    odd = builder.trunc(b, ir.IntType(1))     # odd count's last block as a scalar
+                    tail = builder.icmp_signed("==", builder.or_(b, c64(1)), args[13])
+                    with builder.if_else(tail) as (then_tail, not_tail):
+                        with then_tail:
+                            builder.store(builder.sitofp(reduce(iacc), f32), sacc)
+                            builder.store(builder.insert_element(zero8, d, ir.Constant(_I32, 0)), macc)
+                        with not_tail:
+                            with builder.if_else(odd) as (then, otherwise):
+                                with then:
+                                    builder.store(builder.call(fma8, [_splat(builder, d, f8), builder.sitofp(iacc, f8),
+                                                                      ld(facc2)]), facc2)
+                                with otherwise:
+                                    builder.store(builder.call(fma8, [_splat(builder, d, f8), builder.sitofp(iacc, f8),
+                                                                      ld(facc)]), facc)
+                elif mode == LANES:
+                    if mins == K_LANES:                    # Q2_K: min pairs into the lanes first
+                        ml = _pair_lanes(builder, builder.mul(ivec(mp, k0, 16), ivec(bp, k0, 16)))
+                        builder.store(builder.call(fma8, [_splat(builder, dmin, f8), builder.sitofp(ml, f8),
+                                                          ld(facc)]), facc)
+                    builder.store(builder.call(fma8, [_splat(builder, d, f8), builder.sitofp(iacc, f8),
+                                                      ld(facc)]), facc)
+                    m = ld(macc)
+                    if mins == Q8_1_SUM or mins == K_SUM:  # scalar summs (lane 0)
+                        if mins == Q8_1_SUM:
+                            x, y = at(mwp, b), at(map_, b)
+                        else:
+                            msum = reduce(builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
+                            x, y = dmin, builder.sitofp(msum, f32)
+                        m0 = builder.extract_element(m, ir.Constant(_I32, 0))
+                        m0 = fmaf(x, y, m0) if _SCALAR_FMA else builder.fadd(m0, builder.fmul(x, y))
+                        builder.store(builder.insert_element(m, m0, ir.Constant(_I32, 0)), macc)
+                    elif mins == K_MIN4:                   # Q4_K: 4 lanes of min pairs (lanes 0-3)
+                        ml = _pair_lanes(builder, builder.mul(ivec(mp, k0, 8), ivec(bp, k0, 8)))
+                        ml = builder.shuffle_vector(ml, ml, ir.Constant(l8, [0, 1, 2, 3, 0, 1, 2, 3]))
+                        builder.store(builder.call(fma8, [_splat(builder, dmin, f8), builder.sitofp(ml, f8), m]), macc)
+
+            def lane(v, i):
+                return builder.extract_element(v, ir.Constant(_I32, i))
+            m = ld(macc)
+            if mode == GROUPS:
+                return builder.fsub(ld(sacc), lane(m, 0)) if mins == K_MINS else ld(sacc)
+            if mode == TILED:
+                return ld(sacc)
+            if mode == LANES2:
+                r = _hsum8(builder, builder.fadd(ld(facc), ld(facc2)))
+                odd_n = builder.trunc(args[13], ir.IntType(1))
+                tail = builder.fadd(r, builder.fmul(lane(m, 0), ld(sacc)))      # + the tail's d * isum
+                return builder.select(odd_n, tail, r)
+            r = _hsum8(builder, ld(facc))
+            if mins in (Q8_1_SUM, K_SUM):
+                r = builder.fadd(r, lane(m, 0))
+            elif mins == K_MIN4:                           # (m0 + m2) + (m1 + m3)
+                r = builder.fadd(r, builder.fadd(builder.fadd(lane(m, 0), lane(m, 2)),
+                                                 builder.fadd(lane(m, 1), lane(m, 3))))
+            return r
+        if not _dtypes_are((wq, aq, isc, imn, wd, wm, ad, am, bsum),
+                           (types.int8, types.int8, types.int32, types.int32, types.float32, types.float32,
+                            types.float32, types.float32, types.int32)):
+            return None
+        return types.float32(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo), codegen
+    return _vrow
+
+
+def _lookup16(builder, table, idx):
+    """<16 x i8> table[idx & 15], written as a build of variable extracts (LLVM's x86 backend makes
+    this one pshufb / vpermb, AArch64 a tbl)."""
+    idx = builder.and_(idx, ir.Constant(idx.type, [15] * 16))
+    out = ir.Constant(idx.type, ir.Undefined)
+    for i in range(16):
+        e = builder.extract_element(idx, ir.Constant(_I32, i))
+        out = builder.insert_element(out, builder.extract_element(table, e), ir.Constant(_I32, i))
+    return out
+
+
+def _make_nib(mode):
+    @intrinsic
+    def _vnib(typingctx, dst, do, src, so, c, qh):
+        """16 bytes at src[so] -> dst[do:do+32]: low nibbles then high nibbles, in one 32-byte store;
+        mode "qh": + ((qh >> i) & 1) << 4 (Q5_0/Q5_1); then + c; mode "kv": dst = KV[nibble]."""
+        def codegen(context, builder, sig, args):
+            v16, v32, w32 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 32), ir.VectorType(_I32, 32)
+            v = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], v16), align=1)
+            lo = builder.and_(v, ir.Constant(v16, [15] * 16))
+            hi = builder.lshr(v, ir.Constant(v16, [4] * 16))
+            if mode == "kv":
+                # two 16-byte lookups, each one variable shuffle (pshufb / tbl), stored apart: joined
+                # into one vector, LLVM sees a 32-lane gather from two index vectors and scalarizes it
+                table = ir.Constant(v16, [ir.Constant(_I8, x & 0xFF) for x in _KV])
+                p = _ptr(context, builder, sig.args[0], args[0], args[1], v16)
+                builder.store(_lookup16(builder, table, lo), p, align=1)
+                builder.store(_lookup16(builder, table, hi), builder.gep(p, [ir.Constant(_I32, 1)]), align=1)
+                return context.get_dummy_value()
+            r = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+            if mode == "qh":
+                bits = builder.lshr(_splat(builder, args[5], w32), ir.Constant(w32, list(range(32))))
+                bits = builder.shl(builder.and_(bits, ir.Constant(w32, [1] * 32)), ir.Constant(w32, [4] * 32))
+                r = builder.add(r, builder.trunc(bits, v32))
+            r = builder.add(r, _splat(builder, args[4], v32))
+            builder.store(r, _ptr(context, builder, sig.args[0], args[0], args[1], v32), align=1)
+            return context.get_dummy_value()
+        if not _dtypes_are((dst, src), (types.int8, types.uint8)):
+            return None
+        return types.void(dst, do, src, so, c, qh), codegen
+    return _vnib
+
+
+@intrinsic
+def _vbits(typingctx, dst, do, a, ao, sa, ma, b, bo, sb, mb, lb, c):
+    """dst[do+i] = ((a[ao+i] >> sa) & ma) + (((b[bo+i] >> sb) & mb) << lb) + c for i < 32, bytewise
+    mod 256 (shifts < 8)."""
+    def codegen(context, builder, sig, args):
+        vt = ir.VectorType(_I8, 32)
+        s = [_splat(builder, args[k], vt) for k in (4, 5, 8, 9, 10, 11)]
+        va = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], vt), align=1)
+        vb = builder.load(_ptr(context, builder, sig.args[6], args[6], args[7], vt), align=1)
+        r = builder.and_(builder.lshr(va, s[0]), s[1])
+        h = builder.shl(builder.and_(builder.lshr(vb, s[2]), s[3]), s[4])
+        r = builder.add(builder.add(r, h), s[5])
+        builder.store(r, _ptr(context, builder, sig.args[0], args[0], args[1], vt), align=1)
+        return context.get_dummy_value()
+    if not _dtypes_are((dst, a, b), (types.int8, types.uint8, types.uint8)):
+        return None
+    return types.void(dst, do, a, ao, sa, ma, b, bo, sb, mb, lb, c), codegen
+
+
+def _native_half(context) -> bool:
+    """Whether the compile target widens half natively (x86 F16C, AArch64): elsewhere `fpext half`
+    becomes a libcall (__extendhfsf2) that numba's JIT does not resolve. Numba keys its cache on
+    the target CPU and features, so the choice is consistent per cache entry."""
+    triple = llvm.get_process_triple()
+    if triple.startswith(("x86_64", "i386", "i686")):
+        return "+f16c" in (getattr(context.codegen(), "_tm_features", "") or "").split(",")
+    return triple.startswith(("aarch64", "arm64"))
+
+
+def _half_to_float(builder, h16, native):
+    """IEEE binary16 bits (i16) -> float exactly (NaN payloads kept, as numpy): `fpext half` where
+    native, else integer ops plus one exact multiply (by 2^-24, for subnormals)."""
+    if native:
+        return builder.fpext(builder.bitcast(h16, ir.HalfType()), ir.FloatType())
+    c = lambda v: ir.Constant(_I32, v)  # noqa: E731
+    h = builder.zext(h16, _I32)
+    sign = builder.shl(builder.and_(h, c(0x8000)), c(16))
+    e = builder.and_(builder.lshr(h, c(10)), c(31))
+    m = builder.and_(h, c(0x3FF))
+    m13 = builder.shl(m, c(13))
+    normal = builder.or_(builder.shl(builder.add(e, c(112)), c(23)), m13)
+    infnan = builder.or_(c(0x7F800000), m13)
+    sub = builder.fmul(builder.uitofp(m, ir.FloatType()), ir.Constant(ir.FloatType(), 2.0 ** -24))
+    bits = builder.select(builder.icmp_unsigned("==", e, c(31)), infnan, normal)
+    bits = builder.select(builder.icmp_unsigned("==", e, c(0)), builder.bitcast(sub, _I32), bits)
+    return builder.bitcast(builder.or_(bits, sign), ir.FloatType())
+
+
+def _make_f16(mode):
+    @intrinsic
+    def _f16(typingctx, raw, o):
+        """The IEEE binary16 at byte o of a uint8 array, widened exactly to float32."""
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[0], args[0], args[1], ir.IntType(16))
+            native = _native_half(context) if mode == "auto" else mode == "native"
+            return _half_to_float(builder, builder.load(p, align=1), native)
+        if not _dtypes_are((raw,), (types.uint8,)):
+            return None
+        return types.float32(raw, o), codegen
+    return _f16
+
+
+_f16_at, _f16_at_int = _make_f16("auto"), _make_f16("int")      # the second for the tests
+
+
+@intrinsic
+def _f32_at(typingctx, raw, o):
+    """The float32 at byte o of a uint8 array."""
+    def codegen(context, builder, sig, args):
+        return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], ir.FloatType()), align=1)
+    return types.float32(raw, o), codegen
+
+
+# every (sub, nsub, mins, mode, offset, grp) the registry uses (QDot.variants picks one by index)
+_VARIANTS = (
+    (32, 1, NO_MIN, LANES, 0, 0), (32, 1, Q8_1_SUM, LANES, 0, 0), (32, 1, NO_MIN, LANES2, 0, 0),
+    (32, 1, NO_MIN, GROUPS, 0, 32),                                         # Q8_0/Q5_0/Q4_0/IQ4_NL, Q4_1/Q5_1
+    (32, 8, NO_MIN, LANES, 0, 0), (32, 8, K_SUM, LANES, 0, 0), (32, 8, K_MIN4, LANES, 0, 0),
+    (32, 8, NO_MIN, TILED, 0, 0), (32, 8, K_MINS, TILED, 0, 0),
+    (32, 8, K_MINS, GROUPS, 0, 64), (32, 8, K_MINS, GROUPS, 0, 256),        # IQ4_XS/Q8_K, Q5_K, Q4_K
+    (16, 16, NO_MIN, LANES, 0, 0), (16, 16, NO_MIN, LANES, 32, 0), (16, 16, K_LANES, LANES, 0, 0),
+    (16, 16, NO_MIN, TILED, 0, 0), (16, 16, NO_MIN, TILED, 32, 0), (16, 16, K_MINS, TILED, 0, 0),
+    (16, 16, K_MINS, GROUPS, 0, 128), (16, 16, K_MINS, GROUPS, 0, 256),    # Q3_K, Q6_K, Q2_K
+)
+_VARIANT_ID = {v: i for i, v in enumerate(_VARIANTS)}
+_VARIANT_ARR = np.array(_VARIANTS, dtype=np.int64)
+(_vr0, _vr1, _vr2, _vr3, _vr4, _vr5, _vr6, _vr7, _vr8, _vr9, _vr10, _vr11, _vr12, _vr13, _vr14, _vr15, _vr16,
+ _vr17, _vr18) = (_make_row(*v) for v in _VARIANTS)
+_vnib, _vnib_qh, _vnib_kv = _make_nib("plain"), _make_nib("qh"), _make_nib("kv")
+
+
+# ---------------------------------------------------------------- primitives: vector or plain loop
+
+@njit(cache=True)
+def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, vid, lanes, ilane):
+    # the plain-loop twin of _vrow for variant vid, op for op (scratch: lanes f32[24], ilane i64[8])
+    sub, nsub, mins, mode, offset, grp = _VARIANT_ARR[vid]
+    lanes[:] = 0                # [0:8] the dot lanes, [8:16] odd blocks (LANES2), [16:24] mins
+    sacc = np.float32(0.0)
+    for b in range(n_sb):
+        k0 = b * nsub
+        da = ad[to + b]
+        d = da * wd[so + b]
+        dmin = -(da * wm[so + b])
+        ilane[:] = 0
+        for c in range(sub * nsub // 32):
+            for h in range(32 // sub):              # the chunk's sub-blocks
+                sc = np.int64(isc[io + k0 + (32 * c) // sub + h])
+                e0 = b * sub * nsub + 32 * c + h * sub
+                for i in range(h * sub, (h + 1) * sub, 4):
+                    q = np.int64(0)
+                    for u in range(4):
+                        q += np.int64(wq[wo + e0 + i - h * sub + u]) * np.int64(aq[ao + e0 + i - h * sub + u])
+                    ilane[i >> 2] += sc * q
+            if offset:
+                kk = io + k0 + 2 * c
+                corr = offset * (np.int64(bsum[bo + k0 + 2 * c]) * isc[kk] +
+                                 np.int64(bsum[bo + k0 + 2 * c + 1]) * isc[kk + 1])
+                ilane[c % 8 if mode == LANES else 0] -= corr
+            if mode == GROUPS and (c + 1) * 32 % grp == 0:
+                g = (c + 1) * 32 // grp - 1
+                sacc = _fma(np.float32(ilane.sum()), d, sacc)
+                ilane[:] = 0
+                if mins == K_MINS:
+                    gs = grp // sub
+                    msum = np.int64(0)
+                    for j in range(k0 + g * gs, k0 + (g + 1) * gs):
+                        msum += np.int64(imn[io + j]) * np.int64(bsum[bo + j])
+                    lanes[16] = _fma(np.float32(msum), wm[so + b] * da, lanes[16])
+        msum = np.int64(0)
+        for j in range(k0, k0 + nsub):
+            msum += np.int64(imn[io + j]) * np.int64(bsum[bo + j])
+        if mode == TILED:
+            r = np.float32(ilane.sum()) * wd[so + b]
+            if mins == K_MINS:
+                r = _fma(-wm[so + b], np.float32(msum), r)
+            sacc = _fma(r, da, sacc)
+        elif mode == LANES2:
+            if (b | 1) == n_sb:         # an odd count's last block: a scalar fma after the hsum
+                sacc = np.float32(ilane.sum())
+                lanes[16] = d
+            else:
+                for k in range(8):
+                    lanes[8 * (b & 1) + k] = _fma(d, np.float32(ilane[k]), lanes[8 * (b & 1) + k])
+        elif mode == LANES:
+            if mins == K_LANES:
+                for k in range(8):
+                    ml = np.int64(imn[io + k0 + 2 * k]) * bsum[bo + k0 + 2 * k] + \
+                        np.int64(imn[io + k0 + 2 * k + 1]) * bsum[bo + k0 + 2 * k + 1]
+                    lanes[k] = _fma(dmin, np.float32(ml), lanes[k])
+            for k in range(8):
+                lanes[k] = _fma(d, np.float32(ilane[k]), lanes[k])
+            if mins == Q8_1_SUM:
+                x, y = wm[so + b], am[to + b]
+                lanes[16] = _fma(x, y, lanes[16]) if _SCALAR_FMA else lanes[16] + x * y
+            elif mins == K_SUM:
+                lanes[16] = _fma(dmin, np.float32(msum), lanes[16]) if _SCALAR_FMA else \
+                    lanes[16] + dmin * np.float32(msum)
+            elif mins == K_MIN4:
+                for k in range(4):
+                    ml = np.int64(imn[io + k0 + 2 * k]) * bsum[bo + k0 + 2 * k] + \
+                        np.int64(imn[io + k0 + 2 * k + 1]) * bsum[bo + k0 + 2 * k + 1]
+                    lanes[16 + k] = _fma(dmin, np.float32(ml), lanes[16 + k])
+    if mode == GROUPS:
+        return sacc - lanes[16] if mins == K_MINS else sacc
+    if mode == TILED:
+        return sacc
+    if mode == LANES2:
+        for k in range(8):
+            lanes[k] = lanes[k] + lanes[8 + k]
+        r = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+        return r + lanes[16] * sacc if n_sb & 1 else r
+    r = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+    if mins == Q8_1_SUM or mins == K_SUM:
+        r += lanes[16]
+    elif mins == K_MIN4:
+        r += (lanes[16] + lanes[18]) + (lanes[17] + lanes[19])
+    return r
+
+
+@njit(cache=True, inline="always")
+def _row(vec, vid, wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, lanes, ilane):
+    """One row . one token in the arithmetic of variant vid (see _vrow): vector or plain loops."""
+    if not vec:
+        return _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, vid, lanes, ilane)
+    a = (wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo)
+    if vid < 10:
+        if vid == 0:
+            return _vr0(*a)
+        if vid == 1:
+            return _vr1(*a)
+        if vid == 2:
+            return _vr2(*a)
+        if vid == 3:
+            return _vr3(*a)
+        if vid == 4:
+            return _vr4(*a)
+        if vid == 5:
+            return _vr5(*a)
+        if vid == 6:
+            return _vr6(*a)
+        if vid == 7:
+            return _vr7(*a)
+        if vid == 8:
+            return _vr8(*a)
+        return _vr9(*a)
+    if vid == 10:
+        return _vr10(*a)
+    if vid == 11:
+        return _vr11(*a)
+    if vid == 12:
+        return _vr12(*a)
+    if vid == 13:
+        return _vr13(*a)
+    if vid == 14:
+        return _vr14(*a)
+    if vid == 15:
+        return _vr15(*a)
+    if vid == 16:
+        return _vr16(*a)
+    if vid == 17:
+        return _vr17(*a)
+    return _vr18(*a)
+
+
+@njit(cache=True, inline="always")
+def _bits(vec, dst, do, a, ao, sa, ma, b, bo, sb, mb, lb, c):
+    # see _vbits: 32 bytes of bit fields from a (and b), plus c
+    if vec:
+        _vbits(dst, do, a, ao, sa, ma, b, bo, sb, mb, lb, c)
+        return
+    for i in range(32):
+        v = ((np.int64(a[ao + i]) >> sa) & ma) + (((np.int64(b[bo + i]) >> sb) & mb) << lb) + c
+        dst[do + i] = np.int8(((v + 128) & 0xFF) - 128)
+
+
+@njit(cache=True, inline="always")
+def _u16(raw, o):
+    return np.int64(raw[o]) | (np.int64(raw[o + 1]) << 8)
+
+
+@njit(cache=True, inline="always")
+def _u32(raw, o):
+    return _u16(raw, o) | (_u16(raw, o + 2) << 16)
+
+
+@njit(cache=True, inline="always")
+def _nib32(vec, wq, y, raw, o, c):
+    # 16 bytes at o -> 32 values: low nibbles, then high nibbles, plus c
+    if vec:
+        _vnib(wq, y, raw, o, c, 0)
+        return
+    for i in range(16):
+        v = np.int64(raw[o + i])
+        wq[y + i] = np.int8((v & 15) + c)
+        wq[y + 16 + i] = np.int8((v >> 4) + c)
+
+
+@njit(cache=True, inline="always")
+def _nib32_qh(vec, wq, y, raw, o, qh, c):
+    # as _nib32, with bit i of the u32 qh as the fifth bit of value i
+    if vec:
+        _vnib_qh(wq, y, raw, o, c, qh)
+        return
+    for i in range(16):
+        v = np.int64(raw[o + i])
+        wq[y + i] = np.int8(((v & 15) | (((qh >> i) & 1) << 4)) + c)
+        wq[y + 16 + i] = np.int8(((v >> 4) | (((qh >> (i + 16)) & 1) << 4)) + c)
+
+
+@njit(cache=True, inline="always")
+def _nib32_kv(vec, wq, y, raw, o):
+    # as _nib32, through the IQ4 codebook
+    if vec:
+        _vnib_kv(wq, y, raw, o, 0, 0)
+        return
+    for i in range(16):
+        v = np.int64(raw[o + i])
+        wq[y + i] = _KV_NP[v & 15]
+        wq[y + 16 + i] = _KV_NP[v >> 4]
+
+
+# ---------------------------------------------------------------- per-type row unpacking
+# unpack(vec, raw, o, n_sb, wq, isc, imn, wd, wm): n_sb super-blocks from byte o of raw
+
+@njit(cache=True)
+def _unpack_q4_0(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # f16 d | u8 qs[16];  w = d * (q - 8)
+    for b in range(n_sb):
+        p = o + b * 18
+        wd[b] = _f16_at(raw, p)
+        isc[b] = 1
+        _nib32(vec, wq, b * 32, raw, p + 2, -8)
+
+
+@njit(cache=True)
+def _unpack_q4_1(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # f16 d | f16 m | u8 qs[16];  w = d*q + m
+    for b in range(n_sb):
+        p = o + b * 20
+        wd[b] = _f16_at(raw, p)
+        wm[b] = _f16_at(raw, p + 2)
+        isc[b] = 1
+        _nib32(vec, wq, b * 32, raw, p + 4, 0)
+
+
+@njit(cache=True)
+def _unpack_q5_0(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # f16 d | u32 qh | u8 qs[16];  w = d * ((nibble | bit << 4) - 16)
+    for b in range(n_sb):
+        p = o + b * 22
+        wd[b] = _f16_at(raw, p)
+        isc[b] = 1
+        qh = _u32(raw, p + 2)
+        _nib32_qh(vec, wq, b * 32, raw, p + 6, qh, -16)
+
+
+@njit(cache=True)
+def _unpack_q5_1(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # f16 d | f16 m | u32 qh | u8 qs[16];  w = d * (nibble | bit << 4) + m
+    for b in range(n_sb):
+        p = o + b * 24
+        wd[b] = _f16_at(raw, p)
+        wm[b] = _f16_at(raw, p + 2)
+        isc[b] = 1
+        qh = _u32(raw, p + 4)
+        _nib32_qh(vec, wq, b * 32, raw, p + 8, qh, 0)
+
+
+@njit(cache=True)
+def _unpack_q8_0(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # f16 d | i8 qs[32]
+    for b in range(n_sb):
+        p = o + b * 34
+        wd[b] = _f16_at(raw, p)
+        isc[b] = 1
+        _bits(vec, wq, b * 32, raw, p + 2, 0, 255, raw, p, 0, 0, 0, 0)
+
+
+@njit(cache=True)
+def _unpack_iq4_nl(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # f16 d | u8 qs[16] (codebook indices);  w = d * kv[q]
+    for b in range(n_sb):
+        p = o + b * 18
+        wd[b] = _f16_at(raw, p)
+        isc[b] = 1
+        _nib32_kv(vec, wq, b * 32, raw, p + 2)
+
+
+@njit(cache=True)
+def _unpack_q2_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # u8 scales[16] (lo: scale, hi: min) | u8 qs[64] | f16 d | f16 dmin; 16 sub-blocks of 16
+    # element h*128 + s*32 + l = (qs[h*32 + l] >> 2s) & 3
+    for b in range(n_sb):
+        p = o + b * 84
+        wd[b] = _f16_at(raw, p + 80)
+        wm[b] = _f16_at(raw, p + 82)
+        for g in range(16):
+            sc = np.int64(raw[p + g])
+            isc[b * 16 + g] = sc & 15
+            imn[b * 16 + g] = sc >> 4
+        for h in range(2):
+            for s in range(4):
+                _bits(vec, wq, b * 256 + h * 128 + s * 32, raw, p + 16 + h * 32, 2 * s, 3,
+                      raw, p, 0, 0, 0, 0)
+
+
+@njit(cache=True)
+def _unpack_q3_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # u8 hmask[32] | u8 qs[64] | u8 scales[12] (16 x 6 bit, -32) | f16 d; 16 sub-blocks of 16
+    # element h*128 + s*32 + l = ((qs[h*32 + l] >> 2s) & 3) + 4 * ((hmask[l] >> (4h + s)) & 1) - 4
+    for b in range(n_sb):
+        p = o + b * 110
+        wd[b] = _f16_at(raw, p + 108)
+        so = p + 96
+        for g in range(16):
+            if g < 8:
+                lo = np.int64(raw[so + g]) & 15
+            else:
+                lo = np.int64(raw[so + g - 8]) >> 4
+            hi = (np.int64(raw[so + 8 + (g & 3)]) >> (2 * (g >> 2))) & 3
+            isc[b * 16 + g] = (lo | (hi << 4)) - 32
+        for h in range(2):
+            for s in range(4):
+                _bits(vec, wq, b * 256 + h * 128 + s * 32, raw, p + 32 + h * 32, 2 * s, 3,
+                      raw, p, 4 * h + s, 1, 2, -4)
+
+
+@njit(cache=True, inline="always")
+def _k4_scales(raw, so, b, isc, imn):
+    # Q4_K/Q5_K: 8 x (6-bit scale, 6-bit min) from the 12 bytes at so
+    for j in range(8):
+        if j < 4:
+            sc = np.int64(raw[so + j]) & 63
+            m = np.int64(raw[so + j + 4]) & 63
+        else:
+            sc = (np.int64(raw[so + j + 4]) & 15) | ((np.int64(raw[so + j - 4]) >> 6) << 4)
+            m = (np.int64(raw[so + j + 4]) >> 4) | ((np.int64(raw[so + j]) >> 6) << 4)
+        isc[b * 8 + j] = sc
+        imn[b * 8 + j] = m
+
+
+@njit(cache=True)
+def _unpack_q4_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # f16 d | f16 dmin | u8 scales[12] | u8 qs[128]; sub-block s = (qs[(s//2)*32 + l] >> 4(s%2)) & 15
+    for b in range(n_sb):
+        p = o + b * 144
+        wd[b] = _f16_at(raw, p)
+        wm[b] = _f16_at(raw, p + 2)
+        _k4_scales(raw, p + 4, b, isc, imn)
+        for s in range(8):
+            _bits(vec, wq, b * 256 + s * 32, raw, p + 16 + (s >> 1) * 32, 4 * (s & 1), 15,
+                  raw, p, 0, 0, 0, 0)
+
+
+@njit(cache=True)
+def _unpack_q5_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # f16 d | f16 dmin | u8 scales[12] | u8 qh[32] | u8 qs[128]; + ((qh[l] >> s) & 1) << 4
+    for b in range(n_sb):
+        p = o + b * 176
+        wd[b] = _f16_at(raw, p)
+        wm[b] = _f16_at(raw, p + 2)
+        _k4_scales(raw, p + 4, b, isc, imn)
+        for s in range(8):
+            _bits(vec, wq, b * 256 + s * 32, raw, p + 48 + (s >> 1) * 32, 4 * (s & 1), 15,
+                  raw, p + 16, s, 1, 4, 0)
+
+
+@njit(cache=True)
+def _unpack_q6_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # u8 ql[128] | u8 qh[64] | i8 scales[16] | f16 d; 16 sub-blocks of 16; unsigned (offset 32)
+    # element h*128 + k*32 + l = ((ql[h*64 + (k&1)*32 + l] >> 4(k>>1)) & 15) + (((qh[h*32 + l] >> 2k) & 3) << 4)
+    for b in range(n_sb):
+        p = o + b * 210
+        wd[b] = _f16_at(raw, p + 208)
+        for g in range(16):
+            isc[b * 16 + g] = np.int64(raw[p + 192 + g]) - ((np.int64(raw[p + 192 + g]) >> 7) << 8)
+        for h in range(2):
+            for k in range(4):
+                _bits(vec, wq, b * 256 + h * 128 + k * 32, raw, p + h * 64 + (k & 1) * 32, 4 * (k >> 1), 15,
+                      raw, p + 128 + h * 32, 2 * k, 3, 4, 0)
+
+
+@njit(cache=True)
+def _unpack_q8_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # f32 d | i8 qs[256] | i16 bsums[16]; 8 sub-blocks of 32, scale 1
+    for b in range(n_sb):
+        p = o + b * 292
+        wd[b] = _f32_at(raw, p)
+        for s in range(8):
+            isc[b * 8 + s] = 1
+            _bits(vec, wq, b * 256 + s * 32, raw, p + 4 + s * 32, 0, 255, raw, p, 0, 0, 0, 0)
+
+
+@njit(cache=True)
+def _unpack_iq4_xs(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    # f16 d | u16 scales_h | u8 scales_l[4] | u8 qs[128]; sub-block s: (ls - 32) * kv[q]
+    for b in range(n_sb):
+        p = o + b * 136
+        wd[b] = _f16_at(raw, p)
+        sh = _u16(raw, p + 2)
+        for s in range(8):
+            ls = ((np.int64(raw[p + 4 + (s >> 1)]) >> (4 * (s & 1))) & 15) | (((sh >> (2 * s)) & 3) << 4)
+            isc[b * 8 + s] = ls - 32
+            _nib32_kv(vec, wq, b * 256 + s * 32, raw, p + 8 + s * 16)
+
+
+@njit(cache=True)
+def _unpack_any(tid, vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+    """The unpacker of ggml type id `tid` (the kernel calls this; Python uses the registry)."""
+    if tid == 2:
+        _unpack_q4_0(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 3:
+        _unpack_q4_1(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 6:
+        _unpack_q5_0(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 7:
+        _unpack_q5_1(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 8:
+        _unpack_q8_0(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 20:
+        _unpack_iq4_nl(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 10:
+        _unpack_q2_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 11:
+        _unpack_q3_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 12:
+        _unpack_q4_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 13:
+        _unpack_q5_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 14:
+        _unpack_q6_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 15:
+        _unpack_q8_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif tid == 23:
+        _unpack_iq4_xs(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+
+
+# ---------------------------------------------------------------- the kernel
+
+@njit(parallel=True, cache=True)
+def _qmatmul(y, aq, ad, am, bsum, raw, tid, n_out, n_in, row_bytes, sub, sb, v_lo, v_hi, split, vec,
+             n_chunks, group):
+    # y f32[n_tok, n_out]; aq i8[n_tok * n_in]; ad, am f32[n_tok * n_in/sb] (scale; Q8_1's s or the
+    # scale again); bsum i32[n_tok * n_in/sub] (Q8_K sub-block sums); raw: n_out rows of row_bytes;
+    # tokens < split in the arithmetic of variant v_lo, the rest v_hi (see QDot.variants).
+    # n_chunks row ranges in parallel; in each, `group` rows at a time are unpacked once, then
+    # dotted with every token (a token's quants stay in L1 across the group)
+    n_tok = y.shape[0]
+    n_sb = n_in // sb
+    n_sub = n_in // sub
+    for c in prange(n_chunks):
+        wq = np.empty(group * n_in, dtype=np.int8)       # the group's unpacked rows and scales
+        isc = np.empty(group * n_sub, dtype=np.int32)
+        imn = np.zeros(group * n_sub, dtype=np.int32)
+        wd = np.empty(group * n_sb, dtype=np.float32)
+        wm = np.zeros(group * n_sb, dtype=np.float32)
+        lanes = np.empty(24, dtype=np.float32)     # plain-loop scratch
+        ilane = np.empty(8, dtype=np.int64)
+        r_end = (c + 1) * n_out // n_chunks
+        for r0 in range(c * n_out // n_chunks, r_end, group):
+            nr = min(group, r_end - r0)
+            for i in range(nr):
+                _unpack_any(tid, vec, raw, (r0 + i) * row_bytes, n_sb, wq[i * n_in:(i + 1) * n_in],
+                            isc[i * n_sub:(i + 1) * n_sub], imn[i * n_sub:(i + 1) * n_sub],
+                            wd[i * n_sb:(i + 1) * n_sb], wm[i * n_sb:(i + 1) * n_sb])
+            for t in range(n_tok):
+                vid = v_lo if t < split else v_hi
+                for i in range(nr):
+                    y[t, r0 + i] = _row(vec, vid, wq, i * n_in, aq, t * n_in, isc, imn, i * n_sub, wd, wm,
+                                        i * n_sb, ad, am, t * n_sb, n_sb, bsum, t * n_sub, lanes, ilane)
+
+
+# ---------------------------------------------------------------- activation quantization (numpy)
+
+@dataclass
+class QuantizedActivation:
+    """x (f32[n_tok, n]) quantized as llama.cpp's vec_dot_type: q i8[n_tok * n] (flat), d f32 per block,
+    s f32 (Q8_1: f16(d * sum q) per 32, else empty), bsum i32 sums of q per `sub` elements (Q8_K)."""
+
+    q: np.ndarray
+    d: np.ndarray
+    s: np.ndarray
+    bsum: np.ndarray
+
+
+_EMPTY_F = np.zeros((1, 1), dtype=np.float32)
+_EMPTY_I = np.zeros((1, 1), dtype=np.int32)          # (kept 2-D: QuantizedActivation.bsum)
+
+
+def _q8_0(x: np.ndarray, with_sum: bool) -> QuantizedActivation:
+    # per 32: d = f16(amax/127), q = rint(x * 127/amax) (round half to even), as ggml's x86 quantize_row_q8_0/1
+    n_tok = x.shape[0]
+    xb = x.reshape(n_tok, -1, 32)
+    amax = np.abs(xb).max(axis=2)
+    d32 = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        q = np.rint(xb * inv[..., None]).astype(np.int8)
+    d = d32.astype(np.float16).astype(np.float32)
+    s = _EMPTY_F
+    if with_sum:
+        s = (q.sum(axis=2, dtype=np.int32).astype(np.float32) * d32).astype(np.float16).astype(np.float32)
+    return QuantizedActivation(q.reshape(-1), d, s, _EMPTY_I)
+
+
+def _q8_k(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActivation:
+    # per 256: iscale = -127/max (signed value of largest |x|, the first; in the first pos_ties
+    # tokens the positive one if +-max tie, as ggml's 4-row quantize_mat), q = min(rint(x*iscale), 127),
+    # d = 1/iscale
+    n_tok = x.shape[0]
+    xb = x.reshape(-1, QK_K)
+    big = np.take_along_axis(xb, np.abs(xb).argmax(axis=1)[:, None], axis=1)[:, 0]
+    if pos_ties:
+        nb = pos_ties * (x.shape[1] // QK_K)
+        amax = np.abs(big[:nb])
+        tie = (big[:nb] < 0) & (xb[:nb] == amax[:, None]).any(axis=1)
+        big[:nb][tie] = amax[tie]
+    nz = big != 0
+    iscale = np.zeros_like(big)
+    iscale[nz] = np.float32(-127) / big[nz]
+    with np.errstate(invalid="ignore"):
+        q = np.minimum(np.rint(xb * iscale[:, None]), np.float32(127)).astype(np.int8)
+    d = np.zeros_like(big)
+    d[nz] = np.float32(1) / iscale[nz]
+    bsum = q.reshape(n_tok, -1, sub).sum(axis=2, dtype=np.int32)
+    return QuantizedActivation(q.reshape(-1), d.reshape(n_tok, -1), _EMPTY_F, bsum)
+
+
+def quantize_activation(x: np.ndarray, act, sub: int = 16, pos_ties: int = 0) -> QuantizedActivation:
+    """x (f32[n_tok, n]) quantized as llama.cpp does before an integer dot with a weight of `act`
+    (an ActType: Q8_0, Q8_1 or Q8_K); `sub` is the weight's sub-block size for Q8_K's sums;
+    pos_ties: leading tokens quantized by ggml's 4-row Q8_K quantizer (repacked weights)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    name = getattr(act, "name", act)
+    if name in ("Q8_0", "Q8_1"):
+        return _q8_0(x, name == "Q8_1")
+    if name == "Q8_K":
+        return _q8_k(x, sub, pos_ties)
+    raise RamforgeError(f"no integer activation type {act!r}")
+
+
+# ---------------------------------------------------------------- public entry point
+
+def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
+            vector: bool | None = None) -> np.ndarray:
+    """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements,
+    by integer dots as llama.cpp. vector: LLVM vector intrinsics (default: not RAMFORGE_PORTABLE=1)."""
+    from ramforge.kernels.registry import kernels_for  # the registry imports this module
+
+    k = kernels_for(ggml_type)
+    t = k.ggml_type
+    if k.qdot is None:
+        raise RamforgeError(f"{t.name} has no integer-dot kernel")
+    be, bb = GGML_BLOCK[t]
+    if n_in % be:
+        raise RamforgeError(f"row length {n_in} is not a multiple of {t.name}'s block size {be}")
+    row_bytes = n_in // be * bb
+    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.size != n_out * row_bytes:
+        got = f"{raw.size:,} ({raw.dtype})" if isinstance(raw, np.ndarray) else type(raw).__name__
+        raise RamforgeError(f"{t.name} weight of {n_out} x {n_in} needs {n_out * row_bytes:,} B, got {got}")
+    if (not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != n_in or not isinstance(y, np.ndarray)
+            or y.shape != (x.shape[0], n_out) or y.dtype != np.float32):
+        raise RamforgeError(f"matmul shapes: x {getattr(x, 'shape', x)}, y {getattr(y, 'shape', y)} "
+                            f"{getattr(y, 'dtype', '')}, weight {n_out} x {n_in}")
+    if x.shape[0] == 0 or n_out == 0 or n_in == 0:
+        y[...] = 0
+        return y
+    qd = k.qdot
+    v_lo, v_hi, split = qd.variants(be, n_out, x.shape[0])
+    a = quantize_activation(x, k.act, qd.sub, pos_ties=split if qd.repack and n_out % 8 == 0 else 0)
+    ad = a.d.reshape(-1)
+    am = a.s.reshape(-1) if qd.mins == Q8_1_SUM else ad
+    out = y if y.flags.c_contiguous and y.flags.writeable else np.empty_like(y)
+    n_chunks = min(n_out, _CHUNKS_PER_THREAD * numba.get_num_threads())
+    group = 1 if x.shape[0] < _GROUP_FROM_TOKENS else _GROUP_ROWS
+    _qmatmul(out, a.q, ad, am, a.bsum.reshape(-1), np.ascontiguousarray(raw).reshape(-1), int(t), n_out, n_in,
+             row_bytes, qd.sub, be, v_lo, v_hi, split, VECTOR if vector is None else bool(vector), n_chunks,
+             group)
+    if out is not y:
+        y[...] = out
+    return y

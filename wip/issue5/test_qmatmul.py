@@ -1,0 +1,398 @@
+"""The integer-dot matmul (kernels.qmatmul) against llama.cpp's integer math, the float path, itself,
+and (-m oracle) llama.cpp's own CPU backend.
+
+Every value test loops over the registry's types with a `qdot`, so a newly registered type is
+covered. The chain of evidence:
+- the row unpacker (int8 quants, integer sub-block scales/mins, float scales) rebuilds, in the
+  float ops of the dequant kernels, exactly `dequantize`'s values (itself bit-exact vs gguf-py);
+- the activation quantization reproduces the float path's `round_activation`, and llama.cpp's
+  Q8_1 s = f16(d * sum q) and Q8_K bsums;
+- the kernel equals, to f32 accumulation noise, the exact integer reference computed here:
+  sum over blocks of (d_w * d_a) * sum_j sc_j * <q_w, q_a>_j  - (dmin_w * d_a) * sum_j m_j * bsum_j
+  (K-quant mins) or + m_w * s_a (Q4_1/Q5_1), in int64 / float64, for both of llama.cpp's row
+  layouts (37 rows: its vec_dot arithmetic; 40: its repacked one where it repacks);
+- the LLVM vector intrinsics equal the plain-loop path bit for bit;
+- with llama_cpp importable (-m oracle): ggml's mul_mat, through ctypes, equals qmatmul bit for
+  bit over every kernel llama.cpp picks (vec_dot, tinyBLAS, tiled, repacked gemv/gemm).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import njit
+
+gguf = pytest.importorskip("gguf")
+import gguf.quants as gq  # noqa: E402  (test oracle only)
+
+from ramforge.errors import RamforgeError  # noqa: E402
+from ramforge.gguf.constants import GGMLType  # noqa: E402
+from ramforge.kernels import qmatmul as qm  # noqa: E402
+from ramforge.kernels.dequant import dequantize  # noqa: E402
+from ramforge.kernels.matmul import matmul, matmul_reference, round_activation  # noqa: E402
+from ramforge.kernels.registry import REGISTRY, ActType  # noqa: E402
+from tests.test_dequant import _SCALES, random_blocks  # noqa: E402
+
+INT_TYPES = [t for t, k in REGISTRY.items() if k.qdot is not None]
+N_IN, N_OUT = 512, 37          # 2 super-blocks / 16 small blocks per row; 37 rows: a partial task
+
+
+def _ids(types):
+    return [t.name for t in types]
+
+
+def weight(t: GGMLType, n_out: int, n_in: int, seed: int) -> np.ndarray:
+    """n_out rows of type t: gguf-py's quantization of random floats where it has one, else random
+    blocks whose float scales are moderate (so that every block counts)."""
+    rng = np.random.default_rng(seed)
+    k = REGISTRY[t]
+    try:
+        w = rng.standard_normal((n_out, n_in)).astype(np.float32) * np.float32(0.05)
+        return np.ascontiguousarray(gq.quantize(w, gguf.GGMLQuantizationType[t.name])).reshape(-1)
+    except (NotImplementedError, KeyError):
+        pass
+    n_blocks = n_out * n_in // k.block_elems
+    raw = random_blocks(t, n_blocks, seed).reshape(n_blocks, k.block_bytes)
+    if t in _SCALES:
+        kind, offsets = _SCALES[t]
+        for o in offsets:
+            d = rng.uniform(1e-3, 0.1, n_blocks)
+            if kind == "f16":
+                raw[:, o:o + 2] = d.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+            else:
+                raw[:, o:o + 4] = d.astype(np.float32).view(np.uint8).reshape(n_blocks, 4)
+    return raw.reshape(-1)
+
+
+def activation(n_tok: int, n_in: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n_tok, n_in)).astype(np.float32)
+    x[0, 32:64] = 0                               # an all-zero Q8_0 block (d = 0)
+    if n_tok > 1:
+        x[1, :256] = 0                            # an all-zero Q8_K super-block
+        x[1, 300] = -3.0                          # a negative signed max
+    return x
+
+
+def unpack(t: GGMLType, raw: np.ndarray, n_rows: int, n_in: int, vec: bool):
+    """The registry unpacker over every row: wq i8[rows, n_in], isc/imn i32[rows, n_sub], wd/wm f32[rows, n_sb]."""
+    k = REGISTRY[t]
+    sb, sub = k.block_elems, k.qdot.sub
+    row_bytes = n_in // sb * k.block_bytes
+    wq = np.zeros((n_rows, n_in), np.int8)
+    isc = np.zeros((n_rows, n_in // sub), np.int32)
+    imn = np.zeros((n_rows, n_in // sub), np.int32)
+    wd = np.zeros((n_rows, n_in // sb), np.float32)
+    wm = np.zeros((n_rows, n_in // sb), np.float32)
+    for r in range(n_rows):
+        k.qdot.unpack(vec, raw, r * row_bytes, n_in // sb, wq[r], isc[r], imn[r], wd[r], wm[r])
+    return wq, isc, imn, wd, wm
+
+
+# ---------------------------------------------------------------- registry and unpacking
+
+def test_every_quantized_type_has_an_integer_kernel():
+    for t, k in REGISTRY.items():
+        assert (k.qdot is None) == (k.act in (ActType.F32, ActType.F16, ActType.BF16)), t.name
+        if k.qdot is not None:
+            assert k.block_elems % k.qdot.sub == 0 and k.qdot.sub in (16, 32)
+            assert k.qdot.mins in (qm.NO_MIN, qm.Q8_1_SUM, qm.K_SUM, qm.K_MIN4, qm.K_LANES)
+            assert (k.qdot.mins == qm.Q8_1_SUM) == (k.act == ActType.Q8_1)
+            has_mins = t in (GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K)
+            assert (k.qdot.mins in (qm.K_SUM, qm.K_MIN4, qm.K_LANES)) == has_mins, t.name
+
+
+@pytest.mark.parametrize("t", INT_TYPES, ids=_ids(INT_TYPES))
+def test_unpack_rebuilds_dequantize_exactly(t):
+    # random bytes: every bit pattern of quants, scales and mins (finite float scales)
+    k = REGISTRY[t]
+    n_rows = 3
+    raw = random_blocks(t, n_rows * N_IN // k.block_elems, seed=11)
+    wq, isc, imn, wd, wm = unpack(t, raw, n_rows, N_IN, vec=True)
+    sub, sb = k.qdot.sub, k.block_elems
+    q = (wq.astype(np.float32) - k.qdot.offset).reshape(n_rows, -1, sb // sub, sub)
+    d = wd[:, :, None, None]
+    sc = isc.astype(np.float32).reshape(n_rows, -1, sb // sub)[..., None]
+    if k.qdot.mins == qm.Q8_1_SUM:                           # d*q + m
+        w = d * q + wm[:, :, None, None]
+    elif k.qdot.mins != qm.NO_MIN:                           # (d*sc)*q - (dmin*m)
+        mn = imn.astype(np.float32).reshape(n_rows, -1, sb // sub)[..., None]
+        w = (d * sc) * q - wm[:, :, None, None] * mn
+    else:                                                    # (d*sc)*q
+        w = (d * sc) * q
+    ref = dequantize(t, raw)
+    assert np.array_equal(w.reshape(-1).view(np.uint32), ref.view(np.uint32)), t.name
+
+
+@pytest.mark.parametrize("t", INT_TYPES, ids=_ids(INT_TYPES))
+def test_unpack_vector_equals_portable(t):
+    raw = random_blocks(t, 2 * N_IN // REGISTRY[t].block_elems, seed=12)
+    for a, b in zip(unpack(t, raw, 2, N_IN, True), unpack(t, raw, 2, N_IN, False)):
+        assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), t.name
+
+
+@njit
+def _widen_all(raw, out, native):
+    for i in range(out.size):
+        out[i] = qm._f16_at(raw, 2 * i) if native else qm._f16_at_int(raw, 2 * i)
+
+
+@pytest.mark.parametrize("path", ["auto", "integer"])
+def test_f16_widening_is_exact_for_every_bit_pattern(path):
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    got = np.zeros(1 << 16, np.float32)
+    _widen_all(bits.view(np.uint8), got, path == "auto")
+    ref = bits.view(np.float16).astype(np.float32)
+    if path == "auto":          # F16C's vcvtph2ps quiets signalling NaNs, numpy keeps them
+        nan = np.isnan(ref)
+        assert np.array_equal(np.isnan(got), nan)
+        got, ref = got[~nan], ref[~nan]
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
+def test_f16_scales_reach_the_unpacked_rows():
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    raw = np.zeros((1 << 16, 18), np.uint8)                 # one Q4_0 block per f16 bit pattern
+    raw[:, :2] = bits.view(np.uint8).reshape(-1, 2)
+    wd = np.zeros(1 << 16, np.float32)
+    z = np.zeros(1 << 16, np.int32)
+    qm._unpack_q4_0(True, raw.reshape(-1), 0, 1 << 16, np.zeros(32 << 16, np.int8), z, z, wd, wd.copy())
+    ref = bits.view(np.float16).astype(np.float32)
+    finite = ~np.isnan(ref)
+    assert np.array_equal(wd[finite].view(np.uint32), ref[finite].view(np.uint32))
+    assert np.isnan(wd[~finite]).all()
+
+
+# ---------------------------------------------------------------- activation quantization
+
+@pytest.mark.parametrize("act", [ActType.Q8_0, ActType.Q8_1, ActType.Q8_K])
+def test_activation_quantization_matches_round_activation(act):
+    x = activation(3, 1024, seed=5)
+    x[2] *= np.float32(1e-3)
+    for sub in (16, 32):
+        a = qm.quantize_activation(x, act, sub)
+        q = a.q.reshape(3, -1).astype(np.int64)
+        blk = 256 if act == ActType.Q8_K else 32
+        deq = (q.reshape(3, -1, blk).astype(np.float32) * a.d[..., None]).reshape(3, -1)
+        assert np.array_equal(deq, round_activation(x, act))          # values (-0.0 == 0: q is an int)
+        assert np.abs(q).max() <= 127
+        if act == ActType.Q8_K:
+            assert np.array_equal(a.bsum, q.reshape(3, -1, sub).sum(axis=2))
+        if act == ActType.Q8_1:
+            # llama.cpp: s = f16(d * sum q) with d = amax/127 in f32 (not the f16-rounded scale)
+            d32 = np.abs(x.reshape(3, -1, 32)).max(axis=2) / np.float32(127)
+            s = (q.reshape(3, -1, 32).sum(axis=2).astype(np.float32) * d32).astype(np.float16)
+            assert np.array_equal(a.s, s.astype(np.float32))
+
+
+# ---------------------------------------------------------------- the kernel
+
+def exact_reference(t: GGMLType, raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int):
+    """(y, scale): llama.cpp's integer-dot result in int64 / float64, and sum |w*x'| per output."""
+    k = REGISTRY[t]
+    sb, sub = k.block_elems, k.qdot.sub
+    n_tok = x.shape[0]
+    a = qm.quantize_activation(x, k.act, sub)
+    aq = a.q.reshape(n_tok, -1).astype(np.int64)
+    wq, isc, imn, wd, wm = unpack(t, raw, n_out, n_in, vec=False)
+    prod = np.einsum("rs,ts->trs", wq.astype(np.int64) - k.qdot.offset, aq)  # [tok, row, n_in]
+    isum = (prod.reshape(n_tok, n_out, -1, sub).sum(axis=3) * isc[None].astype(np.int64))      # per sub-block
+    isum = isum.reshape(n_tok, n_out, -1, sb // sub).sum(axis=3)              # per super-block
+    ad = a.d.reshape(n_tok, 1, -1).astype(np.float64)
+    y = (wd[None].astype(np.float64) * ad * isum).sum(axis=2)
+    if k.qdot.mins not in (qm.NO_MIN, qm.Q8_1_SUM):
+        bs = a.bsum.reshape(n_tok, 1, -1, sb // sub).astype(np.int64)
+        msum = (imn.reshape(1, n_out, -1, sb // sub) * bs).sum(axis=3)
+        y -= (wm[None].astype(np.float64) * ad * msum).sum(axis=2)
+    elif k.qdot.mins == qm.Q8_1_SUM:
+        y += (wm[None].astype(np.float64) * a.s.reshape(n_tok, 1, -1)).sum(axis=2)
+    w = dequantize(t, raw).reshape(n_out, n_in).astype(np.float64)
+    scale = np.abs(round_activation(x, k.act)).astype(np.float64) @ np.abs(w).T
+    return y, scale
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, 17])
+@pytest.mark.parametrize("t", INT_TYPES, ids=_ids(INT_TYPES))
+def test_kernel_matches_integer_reference_and_float_path(t, n_tok):
+    for n_out in (N_OUT, N_OUT + 3):        # llama.cpp's vec_dot arithmetic; its repacked one (x 8 rows)
+        raw = weight(t, n_out, N_IN, seed=int(t) * 100 + n_tok)
+        x = activation(n_tok, N_IN, seed=n_tok)
+        y = qm.qmatmul(np.full((n_tok, n_out), np.nan, np.float32), x, t, raw, n_out, N_IN)
+        ref, scale = exact_reference(t, raw, x, n_out, N_IN)
+        err = np.abs(y - ref) / np.maximum(scale, 1e-30)
+        assert err.max() <= 1e-6, f"{t.name}: max error {err.max():.2e} of sum |w*x|"
+        yf = matmul_reference(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, N_IN)
+        errf = np.abs(y - yf) / np.maximum(scale, 1e-30)
+        assert errf.max() <= 1e-5, f"{t.name}: float path differs by {errf.max():.2e} of sum |w*x|"
+        # routing: matmul runs the integer kernel for this type
+        ym = matmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, N_IN)
+        assert np.array_equal(ym, y)
+
+
+@pytest.mark.parametrize("t", INT_TYPES, ids=_ids(INT_TYPES))
+def test_vector_path_equals_portable_bit_for_bit(t):
+    k = REGISTRY[t]
+    n_in = N_IN if k.block_elems > 32 else N_IN + 32          # an odd block count where it can be
+    for n_out in (N_OUT, N_OUT + 3):
+        raw = random_blocks(t, n_out * n_in // k.block_elems, seed=7)
+        for n_tok in (1, 5, qm.TILED_FROM + 1):
+            x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
+            yv = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=True)
+            yp = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=False)
+            assert np.array_equal(yv.view(np.uint32), yp.view(np.uint32)), (t.name, n_out, n_tok)
+
+
+def test_every_arithmetic_variant_is_used_and_reachable():
+    # the shapes of the test above reach every variant the kernel has (so each is compared)
+    used = set()
+    for t in INT_TYPES:
+        k = REGISTRY[t]
+        for n_out in (N_OUT, N_OUT + 3):
+            for n_tok in (1, 5, qm.TILED_FROM + 1):
+                used.update(k.qdot.variants(k.block_elems, n_out, n_tok)[:2])
+    assert used == set(range(len(qm._VARIANTS)))
+
+
+def test_strided_inputs_and_outputs():
+    t = GGMLType.Q4_K
+    raw = weight(t, N_OUT, N_IN, seed=3)
+    x = np.asfortranarray(activation(4, N_IN, seed=4))
+    want = qm.qmatmul(np.zeros((4, N_OUT), np.float32), np.ascontiguousarray(x), t, raw, N_OUT, N_IN)
+    big = np.zeros((4, 2 * N_OUT), np.float32)
+    got = qm.qmatmul(big[:, ::2], x, t, raw, N_OUT, N_IN)
+    assert np.array_equal(got, want) and np.array_equal(big[:, ::2], want) and not big[:, 1::2].any()
+
+
+def test_float_types_keep_the_float_path():
+    for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        assert REGISTRY[t].qdot is None
+        with pytest.raises(RamforgeError, match="no integer-dot kernel"):
+            qm.qmatmul(np.zeros((1, 2), np.float32), np.zeros((1, 32), np.float32), t,
+                       random_blocks(t, 64, 1), 2, 32)
+    raw = random_blocks(GGMLType.F16, 2 * 32, 1)
+    x = activation(1, 32, 2)
+    assert np.array_equal(matmul(np.zeros((1, 2), np.float32), x, GGMLType.F16, raw, 2, 32),
+                          matmul_reference(np.zeros((1, 2), np.float32), x, GGMLType.F16, raw, 2, 32))
+
+
+def test_shapes_and_errors_are_validated():
+    t = GGMLType.Q4_0
+    raw = weight(t, 4, 64, seed=1)
+    x, y = np.zeros((2, 64), np.float32), np.zeros((2, 4), np.float32)
+    qm.qmatmul(y, x, t, raw, 4, 64)
+    with pytest.raises(RamforgeError, match="multiple of Q4_0's block size 32"):
+        qm.qmatmul(y, np.zeros((2, 48), np.float32), t, raw, 4, 48)
+    with pytest.raises(RamforgeError, match="needs 144 B, got 143"):
+        qm.qmatmul(y, x, t, raw[:-1], 4, 64)
+    with pytest.raises(RamforgeError, match="needs 144 B"):
+        qm.qmatmul(y, x, t, raw.view(np.int8), 4, 64)
+    with pytest.raises(RamforgeError, match="matmul shapes"):
+        qm.qmatmul(y, np.zeros((2, 32), np.float32), t, raw, 8, 32)
+    with pytest.raises(RamforgeError, match="matmul shapes"):
+        qm.qmatmul(np.zeros((3, 4), np.float32), x, t, raw, 4, 64)
+    with pytest.raises(RamforgeError, match="matmul shapes"):
+        qm.qmatmul(np.zeros((2, 4), np.float64), x, t, raw, 4, 64)
+    with pytest.raises(RamforgeError, match="matmul shapes"):
+        qm.qmatmul(y, x[0], t, raw, 4, 64)
+    with pytest.raises(RamforgeError, match="not supported"):
+        qm.qmatmul(y, x, GGMLType.IQ2_XXS, raw, 4, 64)
+    empty = qm.qmatmul(np.ones((0, 4), np.float32), np.zeros((0, 64), np.float32), t, raw, 4, 64)
+    assert empty.shape == (0, 4)
+
+
+# ---------------------------------------------------------------- llama.cpp's own CPU backend, live
+
+class _GGML:
+    """ggml's CPU backend from llama-cpp-python's shared libraries (ctypes): mul_mat with the weight
+    in a repack buffer where llama.cpp would repack it, else a plain CPU buffer."""
+
+    def __init__(self):
+        import ctypes
+        import os
+
+        llama_cpp = pytest.importorskip("llama_cpp")
+        d = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+        try:
+            base = ctypes.CDLL(os.path.join(d, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+            cpu = ctypes.CDLL(os.path.join(d, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            pytest.skip(f"ggml libraries not loadable: {e}")
+        # qmatmul reproduces the x86 build that recorded the oracle (AVX2, FMA, AVX512-VNNI)
+        for f in ("avx2", "fma", "f16c", "avx512", "avx512_vnni", "llamafile"):
+            if not getattr(cpu, f"ggml_cpu_has_{f}")():
+                pytest.skip(f"llama.cpp build without {f}: not the arithmetic qmatmul reproduces")
+        P, c = ctypes.c_void_p, ctypes
+
+        class Params(c.Structure):
+            _fields_ = [("mem_size", c.c_size_t), ("mem_buffer", c.c_void_p), ("no_alloc", c.c_bool)]
+
+        def fn(lib, name, res, args):
+            f = getattr(lib, name)
+            f.restype, f.argtypes = res, args
+            return f
+
+        try:
+            self.init = fn(base, "ggml_init", P, [Params])
+            self.new2d = fn(base, "ggml_new_tensor_2d", P, [P, c.c_int, c.c_int64, c.c_int64])
+            self.mul_mat = fn(base, "ggml_mul_mat", P, [P, P, P])
+            self.new_graph = fn(base, "ggml_new_graph", P, [P])
+            self.build = fn(base, "ggml_build_forward_expand", None, [P, P])
+            self.alloc = fn(base, "ggml_backend_alloc_ctx_tensors_from_buft", P, [P, P])
+            self.tset = fn(base, "ggml_backend_tensor_set", None, [P, P, c.c_size_t, c.c_size_t])
+            self.tget = fn(base, "ggml_backend_tensor_get", None, [P, P, c.c_size_t, c.c_size_t])
+            self.compute = fn(base, "ggml_backend_graph_compute", c.c_int, [P, P])
+            self.buf_free = fn(base, "ggml_backend_buffer_free", None, [P])
+            self.free = fn(base, "ggml_free", None, [P])
+            self.cpu_buft = fn(base, "ggml_backend_cpu_buffer_type", P, [])
+            self.repack_buft = fn(cpu, "_Z35ggml_backend_cpu_repack_buffer_typev", P, [])
+            self.backend = fn(cpu, "ggml_backend_cpu_init", P, [])()
+            fn(cpu, "ggml_backend_cpu_set_n_threads", None, [P, c.c_int])(self.backend, 2)
+        except AttributeError as e:
+            pytest.skip(f"ggml symbol missing: {e}")
+        self.Params = Params
+
+    def matmul(self, t: GGMLType, raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+        repack = REGISTRY[t].qdot.repack is not None and n_out % 8 == 0
+        cw, cx = self.init(self.Params(1 << 16, None, True)), self.init(self.Params(1 << 16, None, True))
+        cg = self.init(self.Params(1 << 20, None, True))
+        w, xt = self.new2d(cw, int(t), n_in, n_out), self.new2d(cx, 0, n_in, x.shape[0])
+        y = self.mul_mat(cx, w, xt)
+        bufs = [self.alloc(cw, self.repack_buft() if repack else self.cpu_buft()), self.alloc(cx, self.cpu_buft())]
+        x = np.ascontiguousarray(x, np.float32)
+        self.tset(w, raw.ctypes.data, 0, raw.nbytes)
+        self.tset(xt, x.ctypes.data, 0, x.nbytes)
+        g = self.new_graph(cg)
+        self.build(g, y)
+        assert self.compute(self.backend, g) == 0
+        out = np.zeros((x.shape[0], n_out), np.float32)
+        self.tget(y, out.ctypes.data, 0, out.nbytes)
+        for b in bufs:
+            self.buf_free(b)
+        for ctx in (cw, cx, cg):
+            self.free(ctx)
+        return out
+
+
+@pytest.fixture(scope="module")
+def ggml():
+    return _GGML()
+
+
+GGML_TYPES = [t for t in INT_TYPES if t != GGMLType.Q8_K]       # ggml has no Q8_K x Q8_K dot
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("t", GGML_TYPES, ids=_ids(GGML_TYPES))
+def test_bit_identical_to_llama_cpp_cpu_backend(ggml, t):
+    # every path llama.cpp takes: vec_dot (< 8 tokens), tinyBLAS, the tiled K-quant matmul (8+),
+    # repacked gemv / gemm (rows a multiple of 8; gemm per 4 tokens); odd block counts
+    for n_in in (256, 800, 2304):
+        if n_in % REGISTRY[t].block_elems:
+            continue
+        for n_out in (33, 40):
+            raw = weight(t, n_out, n_in, seed=n_in + n_out)
+            for n_tok in (1, 2, 5, 8, 21):
+                x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
+                want = ggml.matmul(t, raw, x, n_out, n_in)
+                got = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in)
+                same = got.view(np.uint32) == want.view(np.uint32)
+                assert same.all(), (f"{t.name} {n_out}x{n_in}, {n_tok} tokens: {np.count_nonzero(~same)} of "
+                                    f"{same.size} differ, max {np.abs(got - want).max():.3g}")
