@@ -143,5 +143,5 @@ def test_budget_is_released_on_close(tiny):
     with Engine.load(tiny, n_ctx=64, budget=b):
         assert b.current > 0
     assert b.current == 0 and b.charges() == []
-    with pytest.raises(RamforgeError, match="budget exceeded"):
+    with pytest.raises(RamforgeError, match="below this model's minimum"):
         Engine.load(tiny, n_ctx=64, budget=MemoryBudget("1M"))
