@@ -1,9 +1,14 @@
 """Matmul of float activations with compact quantized weights, as llama.cpp's CPU backend does it.
 
-llama.cpp rounds the activation to its weight type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16, BF16
-or F32) before the dot product. `round_activation` reproduces that rounding in float32, and the
-kernel then dequantizes each weight row block by block into a thread-local buffer and dots it
-with every token of the chunk, so a weight row is read once per chunk of tokens.
+`matmul` runs a quantized weight (every type with a registry `qdot`) through the integer-dot
+kernel of kernels.qmatmul, which reproduces llama.cpp's CPU result bit for bit (its x86 build);
+F32/F16/BF16 weights take the float path below.
+
+The float path (`matmul_reference`, also the tests' cross-check for the integer path): llama.cpp
+rounds the activation to its weight type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32)
+before the dot product. `round_activation` reproduces that rounding in float32, and the kernel
+then dequantizes each weight row block by block into a thread-local buffer and dots it with
+every token of the chunk, so a weight row is read once per chunk of tokens.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from numba import njit, prange
 from ..errors import RamforgeError
 from ..gguf.constants import GGML_BLOCK, QK_K
 from .dequant import _dequant_any
+from .qmatmul import qmatmul
 from .registry import ActType, kernels_for
 
 _ROWS_PER_TASK = 16          # weight rows per parallel task
@@ -99,8 +105,16 @@ def _matmul(y, x, raw, tid, n_out, n_in, row_bytes, block_elems):
 def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
     """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements.
 
-    Validates the shapes against the packed size, rounds x as llama.cpp would, then runs the kernel.
+    Quantized weights take the integer-dot kernel (kernels.qmatmul), float weights the float path.
     """
+    if kernels_for(ggml_type).qdot is not None:
+        return qmatmul(y, x, ggml_type, raw, n_out, n_in)
+    return matmul_reference(y, x, ggml_type, raw, n_out, n_in)
+
+
+def matmul_reference(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """The float path of `matmul`, for every type: validates the shapes against the packed size,
+    rounds x as llama.cpp would, then dequantizes each row and dots it in float32."""
     k = kernels_for(ggml_type)
     be, bb = GGML_BLOCK[k.ggml_type]
     if n_in % be:

@@ -12,6 +12,8 @@ from typing import Callable
 from ramforge.errors import UnsupportedType
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 from ramforge.kernels import dequant as _dq
+from ramforge.kernels import qmatmul as _qm
+from ramforge.kernels.qmatmul import QDot
 
 
 class ActType(Enum):
@@ -32,12 +34,16 @@ class QuantKernels:
 
     dequant(out_f32, raw_u8, first_block, n_blocks): numba kernel writing
     n_blocks * block_elems float32 values decoded from blocks [first_block, first_block + n_blocks).
+    qdot: how the type runs through the integer-dot matmul (kernels.qmatmul.QDot): its row
+    unpacker into int8 quants and integer sub-block scales, its sub-block size, and which of
+    llama.cpp's kernels (and so which float arithmetic) it gets; None for the float types, which
+    keep the float matmul.
     """
 
     ggml_type: GGMLType
     dequant: Callable
     act: ActType
-    # a later issue adds the dot / matvec kernel here
+    qdot: QDot | None = None
 
     @property
     def block_elems(self) -> int:
@@ -52,26 +58,27 @@ def _table(*entries: QuantKernels) -> dict[GGMLType, QuantKernels]:
     return {k.ggml_type: k for k in entries}
 
 
-T, A = GGMLType, ActType
+T, A, Q = GGMLType, ActType, QDot
 REGISTRY: dict[GGMLType, QuantKernels] = _table(
     QuantKernels(T.F32, _dq._dequant_f32, A.F32),
     QuantKernels(T.F16, _dq._dequant_f16, A.F16),
     QuantKernels(T.BF16, _dq._dequant_bf16, A.BF16),
-    QuantKernels(T.Q4_0, _dq._dequant_q4_0, A.Q8_0),
-    QuantKernels(T.Q4_1, _dq._dequant_q4_1, A.Q8_1),
-    QuantKernels(T.Q5_0, _dq._dequant_q5_0, A.Q8_0),
-    QuantKernels(T.Q5_1, _dq._dequant_q5_1, A.Q8_1),
-    QuantKernels(T.Q8_0, _dq._dequant_q8_0, A.Q8_0),
-    QuantKernels(T.Q2_K, _dq._dequant_q2_k, A.Q8_K),
-    QuantKernels(T.Q3_K, _dq._dequant_q3_k, A.Q8_K),
-    QuantKernels(T.Q4_K, _dq._dequant_q4_k, A.Q8_K),
-    QuantKernels(T.Q5_K, _dq._dequant_q5_k, A.Q8_K),
-    QuantKernels(T.Q6_K, _dq._dequant_q6_k, A.Q8_K),
-    QuantKernels(T.Q8_K, _dq._dequant_q8_k, A.Q8_K),
-    QuantKernels(T.IQ4_NL, _dq._dequant_iq4_nl, A.Q8_0),
-    QuantKernels(T.IQ4_XS, _dq._dequant_iq4_xs, A.Q8_K),
+    QuantKernels(T.Q4_0, _dq._dequant_q4_0, A.Q8_0, Q(_qm._unpack_q4_0, 32, repack=(32, 32))),
+    QuantKernels(T.Q4_1, _dq._dequant_q4_1, A.Q8_1, Q(_qm._unpack_q4_1, 32, _qm.Q8_1_SUM)),
+    QuantKernels(T.Q5_0, _dq._dequant_q5_0, A.Q8_0, Q(_qm._unpack_q5_0, 32)),
+    QuantKernels(T.Q5_1, _dq._dequant_q5_1, A.Q8_1, Q(_qm._unpack_q5_1, 32, _qm.Q8_1_SUM)),
+    QuantKernels(T.Q8_0, _dq._dequant_q8_0, A.Q8_0, Q(_qm._unpack_q8_0, 32)),
+    QuantKernels(T.Q2_K, _dq._dequant_q2_k, A.Q8_K,
+                 Q(_qm._unpack_q2_k, 16, _qm.K_LANES, repack=(128, 256), tiled=True)),
+    QuantKernels(T.Q3_K, _dq._dequant_q3_k, A.Q8_K, Q(_qm._unpack_q3_k, 16, tiled=True)),
+    QuantKernels(T.Q4_K, _dq._dequant_q4_k, A.Q8_K, Q(_qm._unpack_q4_k, 32, _qm.K_MIN4, repack=(64, 256), tiled=True)),
+    QuantKernels(T.Q5_K, _dq._dequant_q5_k, A.Q8_K, Q(_qm._unpack_q5_k, 32, _qm.K_SUM, tiled=True)),
+    QuantKernels(T.Q6_K, _dq._dequant_q6_k, A.Q8_K, Q(_qm._unpack_q6_k, 16, offset=32, tiled=True)),
+    QuantKernels(T.Q8_K, _dq._dequant_q8_k, A.Q8_K, Q(_qm._unpack_q8_k, 32)),
+    QuantKernels(T.IQ4_NL, _dq._dequant_iq4_nl, A.Q8_0, Q(_qm._unpack_iq4_nl, 32, repack=(32, 32), lanes2=True)),
+    QuantKernels(T.IQ4_XS, _dq._dequant_iq4_xs, A.Q8_K, Q(_qm._unpack_iq4_xs, 32, tiled=True)),
 )
-del T, A
+del T, A, Q
 
 
 def _as_type(t) -> GGMLType | None:

@@ -12,8 +12,10 @@ stream to do the same work). "float" is kernels.matmul.matmul_reference (dequant
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -48,7 +50,9 @@ def best_time(fn, min_time: float = 0.5, max_reps: int = 400) -> float:
 
 def asm_report() -> str:
     """Compile the kernel in a fresh cache dir and count its vector integer multiply-adds."""
-    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="ramforge-asm-")
+    cache = tempfile.mkdtemp(prefix="ramforge-asm-")      # inspect_asm needs code compiled here
+    atexit.register(shutil.rmtree, cache, True)
+    os.environ["NUMBA_CACHE_DIR"] = cache
     from ramforge.gguf.constants import GGMLType
     from ramforge.kernels import qmatmul as qm
 
