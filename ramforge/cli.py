@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .errors import RamforgeError
-from .gguf.constants import GGML_BLOCK, GGMLType, Keys
+from .gguf.constants import GGMLType, Keys
 from .gguf.reader import GGUFFile
 from .memory.size import format_bytes, parse_memory_size
 from .resolve import resolve_model

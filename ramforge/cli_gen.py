@@ -196,7 +196,7 @@ def bench(model, prompt_tokens, gen, threads, ram, io, as_json):
         for _ in range(gen):
             tok = int(np.argmax(eng.eval([tok])[-1]))
         decode = _time.perf_counter() - t1
-        weights = sum(t.nbytes for n, t in _tensor_infos(eng).items()
+        weights = sum(t.nbytes for n, t in eng.weights.f.tensors.items()
                       if layer_of(n) is not None or n in (eng.weights.out_name,))
         res = {"model": eng.path, "threads": __import__("numba").get_num_threads(), "prompt_tokens": len(ids),
                "gen_tokens": gen, "prefill_s": prefill, "prefill_tok_s": len(ids) / prefill,
@@ -207,11 +207,6 @@ def bench(model, prompt_tokens, gen, threads, ram, io, as_json):
         return
     click.echo(f"prefill {res['prefill_tok_s']:.1f} tok/s ({len(ids)} tokens), decode {res['decode_tok_s']:.2f} tok/s "
                f"({gen} tokens), weights {res['weight_gb_s']:.2f} GB/s, threads {res['threads']}")
-
-
-def _tensor_infos(eng):
-    with GGUFFile(eng.path) as f:
-        return f.tensors
 
 
 COMMANDS.append(bench)

@@ -20,7 +20,7 @@ from ..kernels.dequant import dequantize
 from ..memory import MemoryBudget
 from ..models.weights import Layer, QTensor, gguf_name, validate_tensors
 from ..plan import ALIGN, SMALL, Plan, block_row_bytes, span_of
-from ..profiling import PROFILE, LayerRecord
+from ..profiling import LayerRecord
 from .io import IOMode, ModelFile, aligned_empty
 
 
