@@ -233,7 +233,7 @@ def test_vector_path_equals_portable_bit_for_bit(t):
     n_in = N_IN if k.block_elems > 32 else N_IN + 32          # an odd block count where it can be
     for n_out in (N_OUT, N_OUT + 3):
         raw = random_blocks(t, n_out * n_in // k.block_elems, seed=7)
-        for n_tok in (1, 5, qm.TILED_FROM + 1):
+        for n_tok in (1, 2, 5, qm.TILED_FROM + 1):
             x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
             yv = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=True)
             yp = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=False)
@@ -249,6 +249,19 @@ def test_every_arithmetic_variant_is_used_and_reachable():
             for n_tok in (1, 5, qm.TILED_FROM + 1):
                 used.update(k.qdot.variants(k.block_elems, n_out, n_tok)[:2])
     assert used == set(range(len(qm._VARIANTS)))
+
+
+def test_every_packed_row_intrinsic_is_reached():
+    # one-token matmuls of the 32-element types dot the packed rows directly (no unpacking); the
+    # shapes of test_vector_path_equals_portable_bit_for_bit reach each of those intrinsics
+    used = set()
+    for t in INT_TYPES:
+        k = REGISTRY[t]
+        for n_out in (N_OUT, N_OUT + 3):
+            for n_tok in (1, 2, 3):
+                lo, hi, _ = k.qdot.variants(k.block_elems, n_out, n_tok)
+                used.update(i for i in (qm.raw_row_id(int(t), lo), qm.raw_row_id(int(t), hi)) if i >= 0)
+    assert used == set(range(len(qm._RAW_ROWS)))
 
 
 def test_strided_inputs_and_outputs():

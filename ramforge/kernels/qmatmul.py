@@ -168,8 +168,201 @@ def _pair_lanes(builder, v):
     return builder.add(_pick(builder, v, list(range(0, n, 2))), _pick(builder, v, list(range(1, n, 2))))
 
 
-def _make_row(sub, nsub, mins, mode, offset, grp):
+def _row_codegen(context, builder, variant, p, wsrc, n_sb):
+    """IR of one weight row . one token in the arithmetic of `variant` (sub, nsub, mins, mode,
+    offset, grp): p maps "aq" "isc" "imn" "ad" "am" "bsum" to element pointers at their offsets;
+    wsrc = (w_d(b), w_m(b), w_vec(b, e, c)): super-block b's float scale and min, and the 32 int8
+    weights of its chunk c (element e of the row)."""
+    sub, nsub, mins, mode, offset, grp = variant
     scaled = nsub > 1
+    vt, wt = ir.VectorType(_I8, 32), ir.VectorType(_I32, 32)
+    l8, f8, f32 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
+    ap, sp, mp, dap, map_, bp = (p[k] for k in ("aq", "isc", "imn", "ad", "am", "bsum"))
+    w_d, w_m, w_vec = wsrc
+    fma8, fma1 = _fma_fn(builder, f8), _fma_fn(builder, f32)
+    zero8, zero = ir.Constant(f8, [0.0] * 8), ir.Constant(f32, 0.0)
+    facc = cgutils.alloca_once_value(builder, zero8)        # the 8 f32 lanes
+    facc2 = cgutils.alloca_once_value(builder, zero8)       # LANES2: odd blocks
+    macc = cgutils.alloca_once_value(builder, zero8)        # min lanes / scalar (lane 0)
+    sacc = cgutils.alloca_once_value(builder, zero)         # scalar accumulator
+    ld = builder.load
+
+    def at(p, k):
+        return ld(builder.gep(p, [k]))
+
+    def ivec(p, k, n):          # <n x i32> at p + k
+        t = ir.VectorType(_I32, n)
+        return ld(builder.bitcast(builder.gep(p, [k]), t.as_pointer()), align=4)
+
+    def reduce(v):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [v.type]),
+                                            f"llvm.vector.reduce.add.v{v.type.count}i32")
+        return builder.call(fn, [v])
+
+    def fmaf(a, b, c):
+        return builder.call(fma1, [a, b, c])
+
+    def c64(v):
+        return ir.Constant(_I64, v)
+
+    with cgutils.for_range(builder, n_sb) as loop:
+        b = loop.index
+        e0 = builder.mul(b, c64(sub * nsub))
+        k0 = builder.mul(b, c64(nsub))
+        da = at(dap, b)
+        d = builder.fmul(da, w_d(b))
+        dmin = builder.fneg(builder.fmul(da, w_m(b)))
+        iacc = ir.Constant(l8, [0] * 8)
+        chunks = sub * nsub // 32
+        for c in range(chunks):                    # 32-element chunks
+            e = builder.add(e0, c64(32 * c))
+            va = w_vec(b, e, c)
+            vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
+            part = _quad_lanes(builder, builder.mul(builder.sext(va, wt), builder.sext(vb, wt)))
+            if scaled:                             # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
+                ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
+                sv = [_splat(builder, at(sp, k), l8) for k in ks]
+                scale = sv[0] if sub == 32 else builder.shuffle_vector(
+                    sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
+                part = builder.mul(part, scale)
+            if offset:                             # Q6_K: - 32 * (bsum*sc) per sub-block pair
+                kk = builder.add(k0, c64(2 * c))
+                pairs = builder.mul(ivec(bp, kk, 2), ivec(sp, kk, 2))
+                corr = builder.mul(reduce(pairs), ir.Constant(_I32, offset))
+                if mode == LANES:                  # ... in lane c (madd of the 16 bsums)
+                    cv = builder.insert_element(ir.Constant(l8, [0] * 8), corr, ir.Constant(_I32, c % 8))
+                    part = builder.sub(part, cv)
+                else:
+                    part = builder.sub(part, builder.insert_element(ir.Constant(l8, [0] * 8), corr,
+                                                                     ir.Constant(_I32, 0)))
+            iacc = builder.add(iacc, part)
+            if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group
+                g = (c + 1) * 32 // grp - 1
+                builder.store(fmaf(builder.sitofp(reduce(iacc), f32), d, ld(sacc)), sacc)
+                iacc = ir.Constant(l8, [0] * 8)
+                if mins == K_MINS:
+                    gs = grp // sub
+                    msum = reduce(builder.mul(ivec(mp, builder.add(k0, c64(g * gs)), gs),
+                                              ivec(bp, builder.add(k0, c64(g * gs)), gs)))
+                    m0 = builder.extract_element(ld(macc), ir.Constant(_I32, 0))
+                    m0 = fmaf(builder.sitofp(msum, f32), builder.fmul(w_m(b), da), m0)
+                    builder.store(builder.insert_element(zero8, m0, ir.Constant(_I32, 0)), macc)
+        if mode == TILED:
+            r = builder.fmul(builder.sitofp(reduce(iacc), f32), w_d(b))
+            if mins == K_MINS:
+                msum = reduce(builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
+                r = fmaf(builder.fneg(w_m(b)), builder.sitofp(msum, f32), r)
+            builder.store(fmaf(r, da, ld(sacc)), sacc)          # (GCC contracts add(mul))
+        elif mode == LANES2:                       # even blocks in facc, odd in facc2, an
+            odd = builder.trunc(b, ir.IntType(1))     # odd count's last block as a scalar
+            tail = builder.icmp_signed("==", builder.or_(b, c64(1)), n_sb)
+            with builder.if_else(tail) as (then_tail, not_tail):
+                with then_tail:
+                    builder.store(builder.sitofp(reduce(iacc), f32), sacc)
+                    builder.store(builder.insert_element(zero8, d, ir.Constant(_I32, 0)), macc)
+                with not_tail:
+                    with builder.if_else(odd) as (then, otherwise):
+                        with then:
+                            builder.store(builder.call(fma8, [_splat(builder, d, f8), builder.sitofp(iacc, f8),
+                                                              ld(facc2)]), facc2)
+                        with otherwise:
+                            builder.store(builder.call(fma8, [_splat(builder, d, f8), builder.sitofp(iacc, f8),
+                                                              ld(facc)]), facc)
+        elif mode == LANES:
+            if mins == K_LANES:                    # Q2_K: min pairs into the lanes first
+                ml = _pair_lanes(builder, builder.mul(ivec(mp, k0, 16), ivec(bp, k0, 16)))
+                builder.store(builder.call(fma8, [_splat(builder, dmin, f8), builder.sitofp(ml, f8),
+                                                  ld(facc)]), facc)
+            builder.store(builder.call(fma8, [_splat(builder, d, f8), builder.sitofp(iacc, f8),
+                                              ld(facc)]), facc)
+            m = ld(macc)
+            if mins == Q8_1_SUM or mins == K_SUM:  # scalar summs (lane 0)
+                if mins == Q8_1_SUM:
+                    x, y = w_m(b), at(map_, b)
+                else:
+                    msum = reduce(builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
+                    x, y = dmin, builder.sitofp(msum, f32)
+                m0 = builder.extract_element(m, ir.Constant(_I32, 0))
+                m0 = fmaf(x, y, m0) if _SCALAR_FMA else builder.fadd(m0, builder.fmul(x, y))
+                builder.store(builder.insert_element(m, m0, ir.Constant(_I32, 0)), macc)
+            elif mins == K_MIN4:                   # Q4_K: 4 lanes of min pairs (lanes 0-3)
+                ml = _pair_lanes(builder, builder.mul(ivec(mp, k0, 8), ivec(bp, k0, 8)))
+                ml = builder.shuffle_vector(ml, ml, ir.Constant(l8, [0, 1, 2, 3, 0, 1, 2, 3]))
+                builder.store(builder.call(fma8, [_splat(builder, dmin, f8), builder.sitofp(ml, f8), m]), macc)
+
+    def lane(v, i):
+        return builder.extract_element(v, ir.Constant(_I32, i))
+    m = ld(macc)
+    if mode == GROUPS:
+        return builder.fsub(ld(sacc), lane(m, 0)) if mins == K_MINS else ld(sacc)
+    if mode == TILED:
+        return ld(sacc)
+    if mode == LANES2:
+        r = _hsum8(builder, builder.fadd(ld(facc), ld(facc2)))
+        odd_n = builder.trunc(n_sb, ir.IntType(1))
+        tail = builder.fadd(r, builder.fmul(lane(m, 0), ld(sacc)))      # + the tail's d * isum
+        return builder.select(odd_n, tail, r)
+    r = _hsum8(builder, ld(facc))
+    if mins in (Q8_1_SUM, K_SUM):
+        r = builder.fadd(r, lane(m, 0))
+    elif mins == K_MIN4:                           # (m0 + m2) + (m1 + m3)
+        r = builder.fadd(r, builder.fadd(builder.fadd(lane(m, 0), lane(m, 2)),
+                                         builder.fadd(lane(m, 1), lane(m, 3))))
+    return r
+
+
+# Weight rows read straight from their packed blocks (one-token rows of the 32-element types, where
+# unpacking into scratch first costs more than the dot): block bytes, offsets of the f16 min, the
+# u32 high bits and the quants, the quant offset c (w = q + c), and whether a codebook maps them.
+_RAW_LAYOUT = {
+    "q4_0": (18, 0, 0, 2, -8, False), "q4_1": (20, 2, 0, 4, 0, False), "q5_0": (22, 0, 2, 6, -16, False),
+    "q5_1": (24, 2, 4, 8, 0, False), "q8_0": (34, 0, 0, 2, 0, False), "iq4_nl": (18, 0, 0, 2, 0, True),
+}
+
+
+def _raw_source(context, builder, src, rp):
+    """wsrc for _row_codegen over a packed row at rp (i8*) of layout `src`: weights built in
+    registers exactly as the unpackers build them in memory."""
+    bb, m_off, qh_off, qs_off, c, kv = _RAW_LAYOUT[src]
+    v16, v32, w32 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 32), ir.VectorType(_I32, 32)
+    native = _native_half(context)
+
+    def blk(b, off, ty):
+        q = builder.gep(rp, [builder.add(builder.mul(b, ir.Constant(_I64, bb)), ir.Constant(_I64, off))])
+        return builder.load(builder.bitcast(q, ty.as_pointer()), align=1)
+
+    def w_vec(b, e, chunk):
+        if src == "q8_0":
+            return blk(b, qs_off, v32)
+        v = blk(b, qs_off, v16)
+        lo = builder.and_(v, ir.Constant(v16, [15] * 16))
+        hi = builder.lshr(v, ir.Constant(v16, [4] * 16))
+        if kv:
+            table = ir.Constant(v16, [ir.Constant(_I8, x & 0xFF) for x in _KV])
+            lo, hi = _lookup16(builder, table, lo), _lookup16(builder, table, hi)
+        r = builder.shuffle_vector(lo, hi, ir.Constant(w32, list(range(32))))
+        if qh_off:
+            bits = builder.lshr(_splat(builder, blk(b, qh_off, _I32), w32), ir.Constant(w32, list(range(32))))
+            bits = builder.shl(builder.and_(bits, ir.Constant(w32, [1] * 32)), ir.Constant(w32, [4] * 32))
+            r = builder.add(r, builder.trunc(bits, v32))
+        return builder.add(r, ir.Constant(v32, [c] * 32)) if c else r
+
+    def w_d(b):
+        return _half_to_float(builder, blk(b, 0, ir.IntType(16)), native)
+
+    def w_m(b):
+        return _half_to_float(builder, blk(b, m_off, ir.IntType(16)), native)
+    return w_d, w_m, w_vec
+
+
+def _make_row(sub, nsub, mins, mode, offset, grp, src=None):
+    """The row-dot intrinsic of one arithmetic variant, over unpacked rows (_vrow) or, with `src`
+    (a _RAW_LAYOUT key), over the packed rows themselves (_vrow_raw)."""
+    variant = (sub, nsub, mins, mode, offset, grp)
+
+    def ptrs(context, builder, sig, args, names):
+        return {n: builder.gep(context.make_array(sig.args[k])(context, builder, args[k]).data, [args[o]])
+                for n, (k, o) in names.items()}
 
     @intrinsic
     def _vrow(typingctx, wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo):
@@ -180,148 +373,39 @@ def _make_row(sub, nsub, mins, mode, offset, grp):
         quants less `offset` * madd(bsums, scales)); then the float steps of llama.cpp's kernel
         (`mode`, `mins`, group `grp`) with d = d_a * d_w, dmin = -(d_a * dmin_w)."""
         def codegen(context, builder, sig, args):
-            vt, wt = ir.VectorType(_I8, 32), ir.VectorType(_I32, 32)
-            l8, f8, f32 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
-            ptr = [None] * 16
-            for k, o in ((0, 1), (2, 3), (4, 6), (5, 6), (7, 9), (8, 9), (10, 12), (11, 12), (14, 15)):
-                ptr[k] = builder.gep(context.make_array(sig.args[k])(context, builder, args[k]).data, [args[o]])
-            wp, ap, sp, mp, dwp, mwp, dap, map_, bp = (ptr[k] for k in (0, 2, 4, 5, 7, 8, 10, 11, 14))
-            fma8, fma1 = _fma_fn(builder, f8), _fma_fn(builder, f32)
-            zero8, zero = ir.Constant(f8, [0.0] * 8), ir.Constant(f32, 0.0)
-            facc = cgutils.alloca_once_value(builder, zero8)        # the 8 f32 lanes
-            facc2 = cgutils.alloca_once_value(builder, zero8)       # LANES2: odd blocks
-            macc = cgutils.alloca_once_value(builder, zero8)        # min lanes / scalar (lane 0)
-            sacc = cgutils.alloca_once_value(builder, zero)         # scalar accumulator
-            ld = builder.load
+            p = ptrs(context, builder, sig, args, {"wq": (0, 1), "aq": (2, 3), "isc": (4, 6), "imn": (5, 6),
+                                                   "wd": (7, 9), "wm": (8, 9), "ad": (10, 12), "am": (11, 12),
+                                                   "bsum": (14, 15)})
+            vt = ir.VectorType(_I8, 32)
 
-            def at(p, k):
-                return ld(builder.gep(p, [k]))
-
-            def ivec(p, k, n):          # <n x i32> at p + k
-                t = ir.VectorType(_I32, n)
-                return ld(builder.bitcast(builder.gep(p, [k]), t.as_pointer()), align=4)
-
-            def reduce(v):
-                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [v.type]),
-                                                    f"llvm.vector.reduce.add.v{v.type.count}i32")
-                return builder.call(fn, [v])
-
-            def fmaf(a, b, c):
-                return builder.call(fma1, [a, b, c])
-
-            def c64(v):
-                return ir.Constant(_I64, v)
-
-            with cgutils.for_range(builder, args[13]) as loop:
-                b = loop.index
-                e0 = builder.mul(b, c64(sub * nsub))
-                k0 = builder.mul(b, c64(nsub))
-                da = at(dap, b)
-                d = builder.fmul(da, at(dwp, b))
-                dmin = builder.fneg(builder.fmul(da, at(mwp, b)))
-                iacc = ir.Constant(l8, [0] * 8)
-                chunks = sub * nsub // 32
-                for c in range(chunks):                    # 32-element chunks
-                    e = builder.add(e0, c64(32 * c))
-                    va = ld(builder.bitcast(builder.gep(wp, [e]), vt.as_pointer()), align=1)
-                    vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
-                    part = _quad_lanes(builder, builder.mul(builder.sext(va, wt), builder.sext(vb, wt)))
-                    if scaled:                             # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
-                        ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
-                        sv = [_splat(builder, at(sp, k), l8) for k in ks]
-                        scale = sv[0] if sub == 32 else builder.shuffle_vector(
-                            sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
-                        part = builder.mul(part, scale)
-                    if offset:                             # Q6_K: - 32 * (bsum*sc) per sub-block pair
-                        kk = builder.add(k0, c64(2 * c))
-                        pairs = builder.mul(ivec(bp, kk, 2), ivec(sp, kk, 2))
-                        corr = builder.mul(reduce(pairs), ir.Constant(_I32, offset))
-                        if mode == LANES:                  # ... in lane c (madd of the 16 bsums)
-                            cv = builder.insert_element(ir.Constant(l8, [0] * 8), corr, ir.Constant(_I32, c % 8))
-                            part = builder.sub(part, cv)
-                        else:
-                            part = builder.sub(part, builder.insert_element(ir.Constant(l8, [0] * 8), corr,
-                                                                             ir.Constant(_I32, 0)))
-                    iacc = builder.add(iacc, part)
-                    if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group
-                        g = (c + 1) * 32 // grp - 1
-                        builder.store(fmaf(builder.sitofp(reduce(iacc), f32), d, ld(sacc)), sacc)
-                        iacc = ir.Constant(l8, [0] * 8)
-                        if mins == K_MINS:
-                            gs = grp // sub
-                            msum = reduce(builder.mul(ivec(mp, builder.add(k0, c64(g * gs)), gs),
-                                                      ivec(bp, builder.add(k0, c64(g * gs)), gs)))
-                            m0 = builder.extract_element(ld(macc), ir.Constant(_I32, 0))
-                            m0 = fmaf(builder.sitofp(msum, f32), builder.fmul(at(mwp, b), da), m0)
-                            builder.store(builder.insert_element(zero8, m0, ir.Constant(_I32, 0)), macc)
-                if mode == TILED:
-                    r = builder.fmul(builder.sitofp(reduce(iacc), f32), at(dwp, b))
-                    if mins == K_MINS:
-                        msum = reduce(builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
-                        r = fmaf(builder.fneg(at(mwp, b)), builder.sitofp(msum, f32), r)
-                    builder.store(fmaf(r, da, ld(sacc)), sacc)          # (GCC contracts add(mul))
-                elif mode == LANES2:                       # even blocks in facc, odd in facc2, an
-                    odd = builder.trunc(b, ir.IntType(1))     # odd count's last block as a scalar
-                    tail = builder.icmp_signed("==", builder.or_(b, c64(1)), args[13])
-                    with builder.if_else(tail) as (then_tail, not_tail):
-                        with then_tail:
-                            builder.store(builder.sitofp(reduce(iacc), f32), sacc)
-                            builder.store(builder.insert_element(zero8, d, ir.Constant(_I32, 0)), macc)
-                        with not_tail:
-                            with builder.if_else(odd) as (then, otherwise):
-                                with then:
-                                    builder.store(builder.call(fma8, [_splat(builder, d, f8), builder.sitofp(iacc, f8),
-                                                                      ld(facc2)]), facc2)
-                                with otherwise:
-                                    builder.store(builder.call(fma8, [_splat(builder, d, f8), builder.sitofp(iacc, f8),
-                                                                      ld(facc)]), facc)
-                elif mode == LANES:
-                    if mins == K_LANES:                    # Q2_K: min pairs into the lanes first
-                        ml = _pair_lanes(builder, builder.mul(ivec(mp, k0, 16), ivec(bp, k0, 16)))
-                        builder.store(builder.call(fma8, [_splat(builder, dmin, f8), builder.sitofp(ml, f8),
-                                                          ld(facc)]), facc)
-                    builder.store(builder.call(fma8, [_splat(builder, d, f8), builder.sitofp(iacc, f8),
-                                                      ld(facc)]), facc)
-                    m = ld(macc)
-                    if mins == Q8_1_SUM or mins == K_SUM:  # scalar summs (lane 0)
-                        if mins == Q8_1_SUM:
-                            x, y = at(mwp, b), at(map_, b)
-                        else:
-                            msum = reduce(builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
-                            x, y = dmin, builder.sitofp(msum, f32)
-                        m0 = builder.extract_element(m, ir.Constant(_I32, 0))
-                        m0 = fmaf(x, y, m0) if _SCALAR_FMA else builder.fadd(m0, builder.fmul(x, y))
-                        builder.store(builder.insert_element(m, m0, ir.Constant(_I32, 0)), macc)
-                    elif mins == K_MIN4:                   # Q4_K: 4 lanes of min pairs (lanes 0-3)
-                        ml = _pair_lanes(builder, builder.mul(ivec(mp, k0, 8), ivec(bp, k0, 8)))
-                        ml = builder.shuffle_vector(ml, ml, ir.Constant(l8, [0, 1, 2, 3, 0, 1, 2, 3]))
-                        builder.store(builder.call(fma8, [_splat(builder, dmin, f8), builder.sitofp(ml, f8), m]), macc)
-
-            def lane(v, i):
-                return builder.extract_element(v, ir.Constant(_I32, i))
-            m = ld(macc)
-            if mode == GROUPS:
-                return builder.fsub(ld(sacc), lane(m, 0)) if mins == K_MINS else ld(sacc)
-            if mode == TILED:
-                return ld(sacc)
-            if mode == LANES2:
-                r = _hsum8(builder, builder.fadd(ld(facc), ld(facc2)))
-                odd_n = builder.trunc(args[13], ir.IntType(1))
-                tail = builder.fadd(r, builder.fmul(lane(m, 0), ld(sacc)))      # + the tail's d * isum
-                return builder.select(odd_n, tail, r)
-            r = _hsum8(builder, ld(facc))
-            if mins in (Q8_1_SUM, K_SUM):
-                r = builder.fadd(r, lane(m, 0))
-            elif mins == K_MIN4:                           # (m0 + m2) + (m1 + m3)
-                r = builder.fadd(r, builder.fadd(builder.fadd(lane(m, 0), lane(m, 2)),
-                                                 builder.fadd(lane(m, 1), lane(m, 3))))
-            return r
+            def w_vec(b, e, c):
+                return builder.load(builder.bitcast(builder.gep(p["wq"], [e]), vt.as_pointer()), align=1)
+            wsrc = (lambda b: builder.load(builder.gep(p["wd"], [b])),
+                    lambda b: builder.load(builder.gep(p["wm"], [b])), w_vec)
+            return _row_codegen(context, builder, variant, p, wsrc, args[13])
         if not _dtypes_are((wq, aq, isc, imn, wd, wm, ad, am, bsum),
                            (types.int8, types.int8, types.int32, types.int32, types.float32, types.float32,
                             types.float32, types.float32, types.int32)):
             return None
         return types.float32(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo), codegen
-    return _vrow
+
+    @intrinsic
+    def _vrow_raw(typingctx, raw, ro, aq, ao, ad, am, to, n_sb):
+        """As _vrow, for a variant of nsub = 1 without sub-block data: the row's blocks read from
+        raw[ro:] (uint8, packed as `src`)."""
+        def codegen(context, builder, sig, args):
+            p = ptrs(context, builder, sig, args, {"raw": (0, 1), "aq": (2, 3), "ad": (4, 6), "am": (5, 6)})
+            p["isc"] = p["imn"] = p["bsum"] = None
+            wsrc = _raw_source(context, builder, src, p["raw"])
+            return _row_codegen(context, builder, variant, p, wsrc, args[7])
+        if not _dtypes_are((raw, aq, ad, am), (types.uint8, types.int8, types.float32, types.float32)):
+            return None
+        return types.float32(raw, ro, aq, ao, ad, am, to, n_sb), codegen
+
+    if src is None:
+        return _vrow
+    assert (sub, nsub, offset) == (32, 1, 0) and mins in (NO_MIN, Q8_1_SUM), variant
+    return _vrow_raw
 
 
 def _lookup16(builder, table, idx):
@@ -457,6 +541,18 @@ _VARIANT_ARR = np.array(_VARIANTS, dtype=np.int64)
  _vr17, _vr18) = (_make_row(*v) for v in _VARIANTS)
 _vnib, _vnib_qh, _vnib_kv = _make_nib("plain"), _make_nib("qh"), _make_nib("kv")
 
+# (layout, variant) of every packed-row intrinsic: the one-token variants of the 32-element types
+_RAW_OF_TYPE = {2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl"}    # ggml type id
+_RAW_ROWS = (("q4_0", 0), ("q4_0", 3), ("q4_1", 1), ("q5_0", 0), ("q5_1", 1), ("q8_0", 0),
+             ("iq4_nl", 0), ("iq4_nl", 2), ("iq4_nl", 3))
+_RAW_ID = {rv: i for i, rv in enumerate(_RAW_ROWS)}
+_rr0, _rr1, _rr2, _rr3, _rr4, _rr5, _rr6, _rr7, _rr8 = (_make_row(*_VARIANTS[v], src=s) for s, v in _RAW_ROWS)
+
+
+def raw_row_id(tid: int, vid: int) -> int:
+    """The packed-row intrinsic for ggml type id tid in variant vid, or -1 (unpack first)."""
+    return _RAW_ID.get((_RAW_OF_TYPE.get(tid), vid), -1)
+
 
 # ---------------------------------------------------------------- primitives: vector or plain loop
 
@@ -590,6 +686,28 @@ def _row(vec, vid, wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, b
     if vid == 17:
         return _vr17(*a)
     return _vr18(*a)
+
+
+@njit(cache=True, inline="always")
+def _raw_row(ri, raw, ro, aq, ao, ad, am, to, n_sb):
+    """One packed row . one token through packed-row intrinsic ri (see _RAW_ROWS)."""
+    if ri == 0:
+        return _rr0(raw, ro, aq, ao, ad, am, to, n_sb)
+    if ri == 1:
+        return _rr1(raw, ro, aq, ao, ad, am, to, n_sb)
+    if ri == 2:
+        return _rr2(raw, ro, aq, ao, ad, am, to, n_sb)
+    if ri == 3:
+        return _rr3(raw, ro, aq, ao, ad, am, to, n_sb)
+    if ri == 4:
+        return _rr4(raw, ro, aq, ao, ad, am, to, n_sb)
+    if ri == 5:
+        return _rr5(raw, ro, aq, ao, ad, am, to, n_sb)
+    if ri == 6:
+        return _rr6(raw, ro, aq, ao, ad, am, to, n_sb)
+    if ri == 7:
+        return _rr7(raw, ro, aq, ao, ad, am, to, n_sb)
+    return _rr8(raw, ro, aq, ao, ad, am, to, n_sb)
 
 
 @njit(cache=True, inline="always")
@@ -869,15 +987,23 @@ def _unpack_any(tid, vec, raw, o, n_sb, wq, isc, imn, wd, wm):
 
 @njit(parallel=True, cache=True)
 def _qmatmul(y, aq, ad, am, bsum, raw, tid, n_out, n_in, row_bytes, sub, sb, v_lo, v_hi, split, vec,
-             n_chunks, group):
+             n_chunks, group, r_lo, r_hi):
     # y f32[n_tok, n_out]; aq i8[n_tok * n_in]; ad, am f32[n_tok * n_in/sb] (scale; Q8_1's s or the
     # scale again); bsum i32[n_tok * n_in/sub] (Q8_K sub-block sums); raw: n_out rows of row_bytes;
     # tokens < split in the arithmetic of variant v_lo, the rest v_hi (see QDot.variants).
     # n_chunks row ranges in parallel; in each, `group` rows at a time are unpacked once, then
-    # dotted with every token (a token's quants stay in L1 across the group)
+    # dotted with every token (a token's quants stay in L1 across the group). r_lo, r_hi >= 0: the
+    # variants' packed-row intrinsics (_RAW_ROWS), which dot the packed rows without unpacking
     n_tok = y.shape[0]
     n_sb = n_in // sb
     n_sub = n_in // sub
+    if vec and r_lo >= 0 and r_hi >= 0:
+        for c in prange(n_chunks):
+            for r in range(c * n_out // n_chunks, (c + 1) * n_out // n_chunks):
+                for t in range(n_tok):
+                    y[t, r] = _raw_row(r_lo if t < split else r_hi, raw, r * row_bytes, aq, t * n_in, ad, am,
+                                       t * n_sb, n_sb)
+        return
     for c in prange(n_chunks):
         wq = np.empty(group * n_in, dtype=np.int8)       # the group's unpacked rows and scales
         isc = np.empty(group * n_sub, dtype=np.int32)
@@ -1003,9 +1129,10 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
     out = y if y.flags.c_contiguous and y.flags.writeable else np.empty_like(y)
     n_chunks = min(n_out, _CHUNKS_PER_THREAD * numba.get_num_threads())
     group = 1 if x.shape[0] < _GROUP_FROM_TOKENS else _GROUP_ROWS
+    r_lo, r_hi = (raw_row_id(int(t), v_lo), raw_row_id(int(t), v_hi)) if group == 1 else (-1, -1)
     _qmatmul(out, a.q, ad, am, a.bsum.reshape(-1), np.ascontiguousarray(raw).reshape(-1), int(t), n_out, n_in,
              row_bytes, qd.sub, be, v_lo, v_hi, split, VECTOR if vector is None else bool(vector), n_chunks,
-             group)
+             group, r_lo, r_hi)
     if out is not y:
         y[...] = out
     return y
