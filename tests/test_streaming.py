@@ -111,6 +111,8 @@ class _Faulty:
             if self.kind == "short":
                 self.real(f, offset, out[: len(out) // 2])
                 raise sio.IOError_(f"{f.path}: short read at offset {offset} (injected)")
+            if self.kind == "truncated":        # the file really shrinks under the open engine
+                os.truncate(f.path, offset + len(out) // 2)
         return self.real(f, offset, out)
 
 
@@ -126,6 +128,32 @@ def test_read_faults_release_everything_and_recover(tiny, reference, monkeypatch
             list(e.generate(PROMPT, 4))
         assert budget.current == standing
         faulty.nth = -1
+        assert list(e.generate(PROMPT, 12)) == reference[1]
+    assert budget.current == 0
+
+
+@pytest.mark.parametrize("nth", [1, 3])
+def test_file_truncated_while_streaming_releases_everything_and_recovers(tiny, reference, tmp_path,
+                                                                          monkeypatch, nth):
+    import shutil
+
+    p = tmp_path / "m.gguf"
+    shutil.copy(tiny, p)
+    original, st = p.read_bytes(), os.stat(p)
+    lo, _ = _budgets(p)
+    budget = MemoryBudget(lo)
+    with Engine.load(p, n_ctx=64, budget=budget) as e:
+        standing = budget.current
+        faulty = _Faulty(monkeypatch, "truncated", nth)
+        with pytest.raises(RamforgeError, match="short read .* truncated or changed"):
+            list(e.generate(PROMPT, 4))
+        assert budget.current == standing and os.path.getsize(p) < len(original)
+        with pytest.raises(sio.ModelChanged, match="changed on disk"):     # refused while shrunk
+            list(e.generate(PROMPT, 4))
+        assert budget.current == standing
+        faulty.nth = -1
+        p.write_bytes(original)                 # the file restored, as it was: the engine goes on
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
         assert list(e.generate(PROMPT, 12)) == reference[1]
     assert budget.current == 0
 
