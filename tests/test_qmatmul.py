@@ -183,6 +183,44 @@ def test_activation_quantization_matches_round_activation(act):
             assert np.array_equal(a.s, s.astype(np.float32))
 
 
+def test_f16_rounding_equals_numpy():
+    from numba import njit
+
+    @njit
+    def rounded(v, out):
+        for i in range(v.size):
+            out[i] = qm._f16_round(v[i])
+    bits = np.random.default_rng(0).integers(0, 2**32, 300_000, dtype=np.uint64).astype(np.uint32)
+    edge = [0, -0.0, 65504, 65519.99, 65520, 1e-8, 2**-25, 2**-24, 3 * 2**-25, 2**-14, np.inf, -np.inf]
+    v = np.concatenate([bits.view(np.float32), np.array(edge, np.float32)])
+    out = np.empty_like(v)
+    rounded(v, out)
+    with np.errstate(over="ignore"):
+        want = v.astype(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32)) and np.isnan(out[nan]).all()
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, 6])
+def test_numba_quantizers_equal_their_numpy_references(n_tok):
+    rng = np.random.default_rng(n_tok)
+    same = lambda a, b: np.array_equal(a.view(np.uint32) if a.dtype == np.float32 else a,  # noqa: E731
+                                       b.view(np.uint32) if b.dtype == np.float32 else b)
+    for n in (256, 2560):
+        x = rng.standard_normal((n_tok, n)).astype(np.float32)
+        x[0, :32] = 0                                   # an all-zero block
+        x[-1, 300:] *= np.float32(1e-6)
+        x[0, 10] = -np.abs(x[0, :256]).max()            # a +-max tie in the first Q8_K block
+        x[0, 20] = -x[0, 10]
+        for with_sum in (False, True):
+            a, r = qm._q8_0(x, with_sum), qm._q8_0_reference(x, with_sum)
+            assert same(a.q, r.q) and same(a.d, r.d) and (not with_sum or same(a.s, r.s))
+        for sub in (16, 32):
+            for pos_ties in (0, n_tok):
+                a, r = qm._q8_k(x, sub, pos_ties), qm._q8_k_reference(x, sub, pos_ties)
+                assert same(a.q, r.q) and same(a.d, r.d) and same(a.bsum, r.bsum), (n, sub, pos_ties)
+
+
 # ---------------------------------------------------------------- the kernel
 
 def exact_reference(t: GGMLType, raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int):
@@ -251,16 +289,19 @@ def test_every_arithmetic_variant_is_used_and_reachable():
     assert used == set(range(len(qm._VARIANTS)))
 
 
-def test_every_packed_row_intrinsic_is_reached():
-    # one-token matmuls of the 32-element types dot the packed rows directly (no unpacking); the
-    # shapes of test_vector_path_equals_portable_bit_for_bit reach each of those intrinsics
+def test_every_few_token_matmul_reads_packed_rows():
+    # matmuls of fewer than _GROUP_FROM_TOKENS tokens dot the packed rows directly (no unpacking):
+    # every type has a packed-row intrinsic for each such variant, and the shapes of
+    # test_vector_path_equals_portable_bit_for_bit reach each intrinsic
     used = set()
     for t in INT_TYPES:
         k = REGISTRY[t]
         for n_out in (N_OUT, N_OUT + 3):
-            for n_tok in (1, 2, 3):
-                lo, hi, _ = k.qdot.variants(k.block_elems, n_out, n_tok)
-                used.update(i for i in (qm.raw_row_id(int(t), lo), qm.raw_row_id(int(t), hi)) if i >= 0)
+            for n_tok in range(1, qm._GROUP_FROM_TOKENS):
+                lo, hi, split = k.qdot.variants(k.block_elems, n_out, n_tok)
+                ids = (qm.raw_row_id(int(t), lo if split else hi), qm.raw_row_id(int(t), hi))
+                assert min(ids) >= 0, (t.name, n_out, n_tok)
+                used.update(ids)
     assert used == set(range(len(qm._RAW_ROWS)))
 
 

@@ -318,29 +318,64 @@ _RAW_LAYOUT = {
     "q4_0": (18, 0, 0, 2, -8, False), "q4_1": (20, 2, 0, 4, 0, False), "q5_0": (22, 0, 2, 6, -16, False),
     "q5_1": (24, 2, 4, 8, 0, False), "q8_0": (34, 0, 0, 2, 0, False), "iq4_nl": (18, 0, 0, 2, 0, True),
 }
+# The super-block types: block bytes, and per 32-element chunk c the unpackers' bit fields (see
+# _vbits: a offset, shift, mask, b offset, shift, mask, left shift, constant) or ("kv", offset);
+# their scales come from _scales_any, unpacked per row into scratch.
+_RAW_K = {
+    "q2_k": (84, lambda c: (16 + c // 4 * 32, 2 * (c % 4), 3, 0, 0, 0, 0, 0)),
+    "q3_k": (110, lambda c: (32 + c // 4 * 32, 2 * (c % 4), 3, 0, c, 1, 2, -4)),
+    "q4_k": (144, lambda c: (16 + c // 2 * 32, 4 * (c % 2), 15, 0, 0, 0, 0, 0)),
+    "q5_k": (176, lambda c: (48 + c // 2 * 32, 4 * (c % 2), 15, 16, c, 1, 4, 0)),
+    "q6_k": (210, lambda c: (c // 4 * 64 + c % 2 * 32, 4 * (c % 4 // 2), 15, 128 + c // 4 * 32, 2 * (c % 4), 3, 4, 0)),
+    "q8_k": (292, lambda c: (4 + c * 32, 0, 255, 0, 0, 0, 0, 0)),
+    "iq4_xs": (136, lambda c: ("kv", 8 + c * 16)),
+}
 
 
-def _raw_source(context, builder, src, rp):
+def _raw_source(context, builder, src, rp, p):
     """wsrc for _row_codegen over a packed row at rp (i8*) of layout `src`: weights built in
-    registers exactly as the unpackers build them in memory."""
-    bb, m_off, qh_off, qs_off, c, kv = _RAW_LAYOUT[src]
+    registers exactly as the unpackers build them in memory; super-block types take their float
+    scales from the row's scratch p["wd"], p["wm"]."""
     v16, v32, w32 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 32), ir.VectorType(_I32, 32)
-    native = _native_half(context)
+    bb = _RAW_K[src][0] if src in _RAW_K else _RAW_LAYOUT[src][0]
 
     def blk(b, off, ty):
         q = builder.gep(rp, [builder.add(builder.mul(b, ir.Constant(_I64, bb)), ir.Constant(_I64, off))])
         return builder.load(builder.bitcast(q, ty.as_pointer()), align=1)
 
-    def w_vec(b, e, chunk):
-        if src == "q8_0":
-            return blk(b, qs_off, v32)
-        v = blk(b, qs_off, v16)
+    def nibbles(b, off, kv):          # 16 bytes -> <32 x i8>: low nibbles, then high (codebook: kv[.])
+        v = blk(b, off, v16)
         lo = builder.and_(v, ir.Constant(v16, [15] * 16))
         hi = builder.lshr(v, ir.Constant(v16, [4] * 16))
         if kv:
             table = ir.Constant(v16, [ir.Constant(_I8, x & 0xFF) for x in _KV])
             lo, hi = _lookup16(builder, table, lo), _lookup16(builder, table, hi)
-        r = builder.shuffle_vector(lo, hi, ir.Constant(w32, list(range(32))))
+        return builder.shuffle_vector(lo, hi, ir.Constant(w32, list(range(32))))
+
+    if src in _RAW_K:
+        fields = _RAW_K[src][1]
+
+        def w_vec(b, e, c):
+            f = fields(c)
+            if f[0] == "kv":
+                return nibbles(b, f[1], True)
+            ao, sa, ma, bo, sb, mb, lb, cst = f
+            k = lambda v: ir.Constant(v32, [v] * 32)  # noqa: E731
+            r = builder.and_(builder.lshr(blk(b, ao, v32), k(sa)), k(ma))
+            if mb:
+                h = builder.and_(builder.lshr(blk(b, bo, v32), k(sb)), k(mb))
+                r = builder.add(r, builder.shl(h, k(lb)))
+            return builder.add(r, k(cst)) if cst else r
+        return (lambda b: builder.load(builder.gep(p["wd"], [b])),
+                lambda b: builder.load(builder.gep(p["wm"], [b])), w_vec)
+
+    _, m_off, qh_off, qs_off, c, kv = _RAW_LAYOUT[src]
+    native = _native_half(context)
+
+    def w_vec(b, e, chunk):
+        if src == "q8_0":
+            return blk(b, qs_off, v32)
+        r = nibbles(b, qs_off, kv)
         if qh_off:
             bits = builder.lshr(_splat(builder, blk(b, qh_off, _I32), w32), ir.Constant(w32, list(range(32))))
             bits = builder.shl(builder.and_(bits, ir.Constant(w32, [1] * 32)), ir.Constant(w32, [4] * 32))
@@ -390,22 +425,23 @@ def _make_row(sub, nsub, mins, mode, offset, grp, src=None):
         return types.float32(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo), codegen
 
     @intrinsic
-    def _vrow_raw(typingctx, raw, ro, aq, ao, ad, am, to, n_sb):
-        """As _vrow, for a variant of nsub = 1 without sub-block data: the row's blocks read from
-        raw[ro:] (uint8, packed as `src`)."""
+    def _vrow_raw(typingctx, raw, ro, aq, ao, isc, imn, wd, wm, ad, am, to, n_sb, bsum, bo):
+        """As _vrow, the row's blocks read from raw[ro:] (uint8, packed as `src`); isc, imn, wd, wm:
+        the row's unpacked scales (super-block types; the 32-element types read theirs from raw)."""
         def codegen(context, builder, sig, args):
-            p = ptrs(context, builder, sig, args, {"raw": (0, 1), "aq": (2, 3), "ad": (4, 6), "am": (5, 6)})
-            p["isc"] = p["imn"] = p["bsum"] = None
-            wsrc = _raw_source(context, builder, src, p["raw"])
-            return _row_codegen(context, builder, variant, p, wsrc, args[7])
-        if not _dtypes_are((raw, aq, ad, am), (types.uint8, types.int8, types.float32, types.float32)):
+            p = ptrs(context, builder, sig, args, {"raw": (0, 1), "aq": (2, 3), "ad": (8, 10), "am": (9, 10),
+                                                   "bsum": (12, 13)})
+            for k, name in ((4, "isc"), (5, "imn"), (6, "wd"), (7, "wm")):
+                p[name] = context.make_array(sig.args[k])(context, builder, args[k]).data
+            wsrc = _raw_source(context, builder, src, p["raw"], p)
+            return _row_codegen(context, builder, variant, p, wsrc, args[11])
+        if not _dtypes_are((raw, aq, isc, imn, wd, wm, ad, am, bsum),
+                           (types.uint8, types.int8, types.int32, types.int32, types.float32, types.float32,
+                            types.float32, types.float32, types.int32)):
             return None
-        return types.float32(raw, ro, aq, ao, ad, am, to, n_sb), codegen
+        return types.float32(raw, ro, aq, ao, isc, imn, wd, wm, ad, am, to, n_sb, bsum, bo), codegen
 
-    if src is None:
-        return _vrow
-    assert (sub, nsub, offset) == (32, 1, 0) and mins in (NO_MIN, Q8_1_SUM), variant
-    return _vrow_raw
+    return _vrow if src is None else _vrow_raw
 
 
 def _lookup16(builder, table, idx):
@@ -541,12 +577,15 @@ _VARIANT_ARR = np.array(_VARIANTS, dtype=np.int64)
  _vr17, _vr18) = (_make_row(*v) for v in _VARIANTS)
 _vnib, _vnib_qh, _vnib_kv = _make_nib("plain"), _make_nib("qh"), _make_nib("kv")
 
-# (layout, variant) of every packed-row intrinsic: the one-token variants of the 32-element types
-_RAW_OF_TYPE = {2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl"}    # ggml type id
+# (layout, variant) of every packed-row intrinsic: each type's one-token variants
+_RAW_OF_TYPE = {2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl", 10: "q2_k", 11: "q3_k",
+                12: "q4_k", 13: "q5_k", 14: "q6_k", 15: "q8_k", 23: "iq4_xs"}    # by ggml type id
 _RAW_ROWS = (("q4_0", 0), ("q4_0", 3), ("q4_1", 1), ("q5_0", 0), ("q5_1", 1), ("q8_0", 0),
-             ("iq4_nl", 0), ("iq4_nl", 2), ("iq4_nl", 3))
+             ("iq4_nl", 0), ("iq4_nl", 2), ("iq4_nl", 3), ("q2_k", 13), ("q2_k", 18), ("q3_k", 11),
+             ("q4_k", 6), ("q4_k", 10), ("q5_k", 5), ("q6_k", 12), ("q8_k", 4), ("iq4_xs", 4))
 _RAW_ID = {rv: i for i, rv in enumerate(_RAW_ROWS)}
-_rr0, _rr1, _rr2, _rr3, _rr4, _rr5, _rr6, _rr7, _rr8 = (_make_row(*_VARIANTS[v], src=s) for s, v in _RAW_ROWS)
+(_rr0, _rr1, _rr2, _rr3, _rr4, _rr5, _rr6, _rr7, _rr8, _rr9, _rr10, _rr11, _rr12, _rr13, _rr14, _rr15, _rr16,
+ _rr17) = (_make_row(*_VARIANTS[v], src=s) for s, v in _RAW_ROWS)
 
 
 def raw_row_id(tid: int, vid: int) -> int:
@@ -689,25 +728,44 @@ def _row(vec, vid, wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, b
 
 
 @njit(cache=True, inline="always")
-def _raw_row(ri, raw, ro, aq, ao, ad, am, to, n_sb):
+def _raw_row(ri, raw, ro, aq, ao, isc, imn, wd, wm, ad, am, to, n_sb, bsum, bo):
     """One packed row . one token through packed-row intrinsic ri (see _RAW_ROWS)."""
-    if ri == 0:
-        return _rr0(raw, ro, aq, ao, ad, am, to, n_sb)
-    if ri == 1:
-        return _rr1(raw, ro, aq, ao, ad, am, to, n_sb)
-    if ri == 2:
-        return _rr2(raw, ro, aq, ao, ad, am, to, n_sb)
-    if ri == 3:
-        return _rr3(raw, ro, aq, ao, ad, am, to, n_sb)
-    if ri == 4:
-        return _rr4(raw, ro, aq, ao, ad, am, to, n_sb)
-    if ri == 5:
-        return _rr5(raw, ro, aq, ao, ad, am, to, n_sb)
-    if ri == 6:
-        return _rr6(raw, ro, aq, ao, ad, am, to, n_sb)
-    if ri == 7:
-        return _rr7(raw, ro, aq, ao, ad, am, to, n_sb)
-    return _rr8(raw, ro, aq, ao, ad, am, to, n_sb)
+    a = (raw, ro, aq, ao, isc, imn, wd, wm, ad, am, to, n_sb, bsum, bo)
+    if ri < 9:
+        if ri == 0:
+            return _rr0(*a)
+        if ri == 1:
+            return _rr1(*a)
+        if ri == 2:
+            return _rr2(*a)
+        if ri == 3:
+            return _rr3(*a)
+        if ri == 4:
+            return _rr4(*a)
+        if ri == 5:
+            return _rr5(*a)
+        if ri == 6:
+            return _rr6(*a)
+        if ri == 7:
+            return _rr7(*a)
+        return _rr8(*a)
+    if ri == 9:
+        return _rr9(*a)
+    if ri == 10:
+        return _rr10(*a)
+    if ri == 11:
+        return _rr11(*a)
+    if ri == 12:
+        return _rr12(*a)
+    if ri == 13:
+        return _rr13(*a)
+    if ri == 14:
+        return _rr14(*a)
+    if ri == 15:
+        return _rr15(*a)
+    if ri == 16:
+        return _rr16(*a)
+    return _rr17(*a)
 
 
 @njit(cache=True, inline="always")
@@ -834,39 +892,49 @@ def _unpack_iq4_nl(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
         _nib32_kv(vec, wq, b * 32, raw, p + 2)
 
 
+@njit(cache=True, inline="always")
+def _sc_q2_k(raw, p, b, isc, imn, wd, wm):
+    # u8 scales[16] (lo: scale, hi: min) | u8 qs[64] | f16 d | f16 dmin; 16 sub-blocks of 16
+    wd[b] = _f16_at(raw, p + 80)
+    wm[b] = _f16_at(raw, p + 82)
+    for g in range(16):
+        sc = np.int64(raw[p + g])
+        isc[b * 16 + g] = sc & 15
+        imn[b * 16 + g] = sc >> 4
+
+
 @njit(cache=True)
 def _unpack_q2_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
-    # u8 scales[16] (lo: scale, hi: min) | u8 qs[64] | f16 d | f16 dmin; 16 sub-blocks of 16
     # element h*128 + s*32 + l = (qs[h*32 + l] >> 2s) & 3
     for b in range(n_sb):
         p = o + b * 84
-        wd[b] = _f16_at(raw, p + 80)
-        wm[b] = _f16_at(raw, p + 82)
-        for g in range(16):
-            sc = np.int64(raw[p + g])
-            isc[b * 16 + g] = sc & 15
-            imn[b * 16 + g] = sc >> 4
+        _sc_q2_k(raw, p, b, isc, imn, wd, wm)
         for h in range(2):
             for s in range(4):
                 _bits(vec, wq, b * 256 + h * 128 + s * 32, raw, p + 16 + h * 32, 2 * s, 3,
                       raw, p, 0, 0, 0, 0)
 
 
+@njit(cache=True, inline="always")
+def _sc_q3_k(raw, p, b, isc, imn, wd, wm):
+    # u8 hmask[32] | u8 qs[64] | u8 scales[12] (16 x 6 bit, -32) | f16 d; 16 sub-blocks of 16
+    wd[b] = _f16_at(raw, p + 108)
+    so = p + 96
+    for g in range(16):
+        if g < 8:
+            lo = np.int64(raw[so + g]) & 15
+        else:
+            lo = np.int64(raw[so + g - 8]) >> 4
+        hi = (np.int64(raw[so + 8 + (g & 3)]) >> (2 * (g >> 2))) & 3
+        isc[b * 16 + g] = (lo | (hi << 4)) - 32
+
+
 @njit(cache=True)
 def _unpack_q3_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
-    # u8 hmask[32] | u8 qs[64] | u8 scales[12] (16 x 6 bit, -32) | f16 d; 16 sub-blocks of 16
     # element h*128 + s*32 + l = ((qs[h*32 + l] >> 2s) & 3) + 4 * ((hmask[l] >> (4h + s)) & 1) - 4
     for b in range(n_sb):
         p = o + b * 110
-        wd[b] = _f16_at(raw, p + 108)
-        so = p + 96
-        for g in range(16):
-            if g < 8:
-                lo = np.int64(raw[so + g]) & 15
-            else:
-                lo = np.int64(raw[so + g - 8]) >> 4
-            hi = (np.int64(raw[so + 8 + (g & 3)]) >> (2 * (g >> 2))) & 3
-            isc[b * 16 + g] = (lo | (hi << 4)) - 32
+        _sc_q3_k(raw, p, b, isc, imn, wd, wm)
         for h in range(2):
             for s in range(4):
                 _bits(vec, wq, b * 256 + h * 128 + s * 32, raw, p + 32 + h * 32, 2 * s, 3,
@@ -874,8 +942,11 @@ def _unpack_q3_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
 
 
 @njit(cache=True, inline="always")
-def _k4_scales(raw, so, b, isc, imn):
-    # Q4_K/Q5_K: 8 x (6-bit scale, 6-bit min) from the 12 bytes at so
+def _sc_q4_k(raw, p, b, isc, imn, wd, wm):
+    # Q4_K/Q5_K: f16 d | f16 dmin | 12 bytes of 8 x (6-bit scale, 6-bit min)
+    wd[b] = _f16_at(raw, p)
+    wm[b] = _f16_at(raw, p + 2)
+    so = p + 4
     for j in range(8):
         if j < 4:
             sc = np.int64(raw[so + j]) & 63
@@ -892,9 +963,7 @@ def _unpack_q4_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
     # f16 d | f16 dmin | u8 scales[12] | u8 qs[128]; sub-block s = (qs[(s//2)*32 + l] >> 4(s%2)) & 15
     for b in range(n_sb):
         p = o + b * 144
-        wd[b] = _f16_at(raw, p)
-        wm[b] = _f16_at(raw, p + 2)
-        _k4_scales(raw, p + 4, b, isc, imn)
+        _sc_q4_k(raw, p, b, isc, imn, wd, wm)
         for s in range(8):
             _bits(vec, wq, b * 256 + s * 32, raw, p + 16 + (s >> 1) * 32, 4 * (s & 1), 15,
                   raw, p, 0, 0, 0, 0)
@@ -905,51 +974,87 @@ def _unpack_q5_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
     # f16 d | f16 dmin | u8 scales[12] | u8 qh[32] | u8 qs[128]; + ((qh[l] >> s) & 1) << 4
     for b in range(n_sb):
         p = o + b * 176
-        wd[b] = _f16_at(raw, p)
-        wm[b] = _f16_at(raw, p + 2)
-        _k4_scales(raw, p + 4, b, isc, imn)
+        _sc_q4_k(raw, p, b, isc, imn, wd, wm)
         for s in range(8):
             _bits(vec, wq, b * 256 + s * 32, raw, p + 48 + (s >> 1) * 32, 4 * (s & 1), 15,
                   raw, p + 16, s, 1, 4, 0)
 
 
+@njit(cache=True, inline="always")
+def _sc_q6_k(raw, p, b, isc, imn, wd, wm):
+    # u8 ql[128] | u8 qh[64] | i8 scales[16] | f16 d; 16 sub-blocks of 16
+    wd[b] = _f16_at(raw, p + 208)
+    for g in range(16):
+        isc[b * 16 + g] = np.int64(raw[p + 192 + g]) - ((np.int64(raw[p + 192 + g]) >> 7) << 8)
+
+
 @njit(cache=True)
 def _unpack_q6_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
-    # u8 ql[128] | u8 qh[64] | i8 scales[16] | f16 d; 16 sub-blocks of 16; unsigned (offset 32)
-    # element h*128 + k*32 + l = ((ql[h*64 + (k&1)*32 + l] >> 4(k>>1)) & 15) + (((qh[h*32 + l] >> 2k) & 3) << 4)
+    # unsigned (offset 32): element h*128 + k*32 + l =
+    #   ((ql[h*64 + (k&1)*32 + l] >> 4(k>>1)) & 15) + (((qh[h*32 + l] >> 2k) & 3) << 4)
     for b in range(n_sb):
         p = o + b * 210
-        wd[b] = _f16_at(raw, p + 208)
-        for g in range(16):
-            isc[b * 16 + g] = np.int64(raw[p + 192 + g]) - ((np.int64(raw[p + 192 + g]) >> 7) << 8)
+        _sc_q6_k(raw, p, b, isc, imn, wd, wm)
         for h in range(2):
             for k in range(4):
                 _bits(vec, wq, b * 256 + h * 128 + k * 32, raw, p + h * 64 + (k & 1) * 32, 4 * (k >> 1), 15,
                       raw, p + 128 + h * 32, 2 * k, 3, 4, 0)
 
 
+@njit(cache=True, inline="always")
+def _sc_q8_k(raw, p, b, isc, imn, wd, wm):
+    # f32 d | i8 qs[256] | i16 bsums[16]; 8 sub-blocks of 32, scale 1
+    wd[b] = _f32_at(raw, p)
+    for s in range(8):
+        isc[b * 8 + s] = 1
+
+
 @njit(cache=True)
 def _unpack_q8_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
-    # f32 d | i8 qs[256] | i16 bsums[16]; 8 sub-blocks of 32, scale 1
     for b in range(n_sb):
         p = o + b * 292
-        wd[b] = _f32_at(raw, p)
+        _sc_q8_k(raw, p, b, isc, imn, wd, wm)
         for s in range(8):
-            isc[b * 8 + s] = 1
             _bits(vec, wq, b * 256 + s * 32, raw, p + 4 + s * 32, 0, 255, raw, p, 0, 0, 0, 0)
+
+
+@njit(cache=True, inline="always")
+def _sc_iq4_xs(raw, p, b, isc, imn, wd, wm):
+    # f16 d | u16 scales_h | u8 scales_l[4] | u8 qs[128]; sub-block s: (ls - 32) * kv[q]
+    wd[b] = _f16_at(raw, p)
+    sh = _u16(raw, p + 2)
+    for s in range(8):
+        ls = ((np.int64(raw[p + 4 + (s >> 1)]) >> (4 * (s & 1))) & 15) | (((sh >> (2 * s)) & 3) << 4)
+        isc[b * 8 + s] = ls - 32
 
 
 @njit(cache=True)
 def _unpack_iq4_xs(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
-    # f16 d | u16 scales_h | u8 scales_l[4] | u8 qs[128]; sub-block s: (ls - 32) * kv[q]
     for b in range(n_sb):
         p = o + b * 136
-        wd[b] = _f16_at(raw, p)
-        sh = _u16(raw, p + 2)
+        _sc_iq4_xs(raw, p, b, isc, imn, wd, wm)
         for s in range(8):
-            ls = ((np.int64(raw[p + 4 + (s >> 1)]) >> (4 * (s & 1))) & 15) | (((sh >> (2 * s)) & 3) << 4)
-            isc[b * 8 + s] = ls - 32
             _nib32_kv(vec, wq, b * 256 + s * 32, raw, p + 8 + s * 16)
+
+
+@njit(cache=True)
+def _scales_any(tid, raw, o, n_sb, isc, imn, wd, wm):
+    """The scales of one row of a super-block type (tid) from byte o, as its unpacker writes them."""
+    for b in range(n_sb):
+        if tid == 10:
+            _sc_q2_k(raw, o + b * 84, b, isc, imn, wd, wm)
+        elif tid == 11:
+            _sc_q3_k(raw, o + b * 110, b, isc, imn, wd, wm)
+        elif tid == 12:
+            _sc_q4_k(raw, o + b * 144, b, isc, imn, wd, wm)
+        elif tid == 13:
+            _sc_q4_k(raw, o + b * 176, b, isc, imn, wd, wm)
+        elif tid == 14:
+            _sc_q6_k(raw, o + b * 210, b, isc, imn, wd, wm)
+        elif tid == 15:
+            _sc_q8_k(raw, o + b * 292, b, isc, imn, wd, wm)
+        elif tid == 23:
+            _sc_iq4_xs(raw, o + b * 136, b, isc, imn, wd, wm)
 
 
 @njit(cache=True)
@@ -999,10 +1104,16 @@ def _qmatmul(y, aq, ad, am, bsum, raw, tid, n_out, n_in, row_bytes, sub, sb, v_l
     n_sub = n_in // sub
     if vec and r_lo >= 0 and r_hi >= 0:
         for c in prange(n_chunks):
+            isc = np.empty(n_sub, dtype=np.int32)            # one row's scales (super-block types)
+            imn = np.zeros(n_sub, dtype=np.int32)
+            wd = np.empty(n_sb, dtype=np.float32)
+            wm = np.zeros(n_sb, dtype=np.float32)
             for r in range(c * n_out // n_chunks, (c + 1) * n_out // n_chunks):
+                if sb > 32:
+                    _scales_any(tid, raw, r * row_bytes, n_sb, isc, imn, wd, wm)
                 for t in range(n_tok):
-                    y[t, r] = _raw_row(r_lo if t < split else r_hi, raw, r * row_bytes, aq, t * n_in, ad, am,
-                                       t * n_sb, n_sb)
+                    y[t, r] = _raw_row(r_lo if t < split else r_hi, raw, r * row_bytes, aq, t * n_in, isc, imn,
+                                       wd, wm, ad, am, t * n_sb, n_sb, bsum, t * n_sub)
         return
     for c in prange(n_chunks):
         wq = np.empty(group * n_in, dtype=np.int8)       # the group's unpacked rows and scales
@@ -1043,7 +1154,130 @@ _EMPTY_F = np.zeros((1, 1), dtype=np.float32)
 _EMPTY_I = np.zeros((1, 1), dtype=np.int32)          # (kept 2-D: QuantizedActivation.bsum)
 
 
+@intrinsic
+def _f32_bits(typingctx, v):
+    """The bits of float32 v as a (non-negative) int64."""
+    def codegen(context, builder, sig, args):
+        return builder.zext(builder.bitcast(args[0], _I32), _I64)
+    return types.int64(types.float32), codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, b):
+    """The float32 whose bits are the low 32 bits of int64 b."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.trunc(args[0], _I32), ir.FloatType())
+    return types.float32(types.int64), codegen
+
+
+@njit(cache=True)
+def _f16_round(v):
+    """float32 v rounded to the nearest binary16 (ties to even; overflow to inf), as numpy's
+    astype(float16), and widened back to float32."""
+    f = _f32_bits(np.float32(v))
+    sign = (f >> 16) & 0x8000
+    f &= 0x7FFFFFFF
+    e = f & 0x7F800000
+    if e >= 0x47800000:                           # overflow, inf, nan
+        h = 0x7C00 if f <= 0x7F800000 else 0x7E00 | ((f & 0x7FFFFF) >> 13)
+    elif e <= 0x38000000:                         # a binary16 subnormal or zero
+        if e < 0x33000000:
+            h = 0
+        else:
+            sig = (0x800000 + (f & 0x7FFFFF)) >> (113 - (e >> 23))
+            if (sig & 0x3FFF) != 0x1000 or (f & 0x7FF) != 0:
+                sig += 0x1000
+            h = sig >> 13
+    else:
+        sig = f & 0x7FFFFF
+        if (sig & 0x3FFF) != 0x1000:
+            sig += 0x1000
+        h = ((e - 0x38000000) >> 13) + (sig >> 13)
+    h |= sign
+    m = h & 0x3FF
+    ex = (h >> 10) & 0x1F
+    if ex == 0x1F:
+        bits = (sign << 16) | 0x7F800000 | (m << 13)
+    elif ex != 0:
+        bits = (sign << 16) | ((ex + 112) << 23) | (m << 13)
+    else:
+        return (np.float32(m) * np.float32(2.0 ** -24)) * (np.float32(-1.0) if sign else np.float32(1.0))
+    return _bits_f32(bits)
+
+
+@njit(cache=True)
+def _quantize_q8_0(x, q, d, s, with_sum):
+    # x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/32] (f16-rounded amax/127), s (with_sum) f32
+    # f16(d32 * sum q) per 32; the arithmetic of _q8_0_reference, element for element
+    n_tok, n = x.shape
+    nb = n // 32
+    for t in range(n_tok):
+        for b in range(nb):
+            amax = np.float32(0.0)
+            for i in range(32):
+                amax = max(amax, abs(x[t, b * 32 + i]))
+            d32 = amax / np.float32(127.0)
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            tot = 0
+            for i in range(32):
+                v = np.int8(np.rint(x[t, b * 32 + i] * inv))
+                q[(t * nb + b) * 32 + i] = v
+                tot += v
+            d[t * nb + b] = _f16_round(d32)
+            if with_sum:
+                s[t * nb + b] = _f16_round(np.float32(tot) * d32)
+
+
+@njit(cache=True)
+def _quantize_q8_k(x, q, d, bsum, sub, pos_ties):
+    # x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/256], bsum i32[n_tok*n/sub]; see _q8_k_reference
+    n_tok, n = x.shape
+    nb = n // QK_K
+    for t in range(n_tok):
+        for b in range(nb):
+            o = b * QK_K
+            big = x[t, o]
+            for i in range(1, QK_K):
+                if abs(x[t, o + i]) > abs(big):
+                    big = x[t, o + i]
+            if t < pos_ties and big < 0:
+                for i in range(QK_K):
+                    if x[t, o + i] == -big:
+                        big = -big
+                        break
+            iscale = np.float32(-127.0) / big if big != 0 else np.float32(0.0)
+            k = t * n + o
+            for i in range(QK_K):
+                q[k + i] = np.int8(min(np.rint(x[t, o + i] * iscale), np.float32(127.0)))
+            for j in range(QK_K // sub):
+                acc = 0
+                for i in range(sub):
+                    acc += q[k + j * sub + i]
+                bsum[(t * n + o) // sub + j] = acc
+            d[t * nb + b] = np.float32(1.0) / iscale if big != 0 else np.float32(0.0)
+
+
 def _q8_0(x: np.ndarray, with_sum: bool) -> QuantizedActivation:
+    n_tok, n = x.shape
+    q = np.empty(n_tok * n, np.int8)
+    d = np.empty((n_tok, n // 32), np.float32)
+    s = np.empty((n_tok, n // 32), np.float32) if with_sum else _EMPTY_F
+    _quantize_q8_0(x, q, d.reshape(-1), s.reshape(-1), with_sum)
+    return QuantizedActivation(q, d, s, _EMPTY_I)
+
+
+def _q8_k(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActivation:
+    n_tok, n = x.shape
+    q = np.empty(n_tok * n, np.int8)
+    d = np.empty((n_tok, n // QK_K), np.float32)
+    bsum = np.empty((n_tok, n // sub), np.int32)
+    _quantize_q8_k(x, q, d.reshape(-1), bsum.reshape(-1), sub, pos_ties)
+    return QuantizedActivation(q, d, _EMPTY_F, bsum)
+
+
+# The numpy references of the two quantizers above (tests check them equal, bit for bit).
+
+def _q8_0_reference(x: np.ndarray, with_sum: bool) -> QuantizedActivation:
     # per 32: d = f16(amax/127), q = rint(x * 127/amax) (round half to even), as ggml's x86 quantize_row_q8_0/1
     n_tok = x.shape[0]
     xb = x.reshape(n_tok, -1, 32)
@@ -1059,7 +1293,7 @@ def _q8_0(x: np.ndarray, with_sum: bool) -> QuantizedActivation:
     return QuantizedActivation(q.reshape(-1), d, s, _EMPTY_I)
 
 
-def _q8_k(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActivation:
+def _q8_k_reference(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActivation:
     # per 256: iscale = -127/max (signed value of largest |x|, the first; in the first pos_ties
     # tokens the positive one if +-max tie, as ggml's 4-row quantize_mat), q = min(rint(x*iscale), 127),
     # d = 1/iscale
@@ -1129,7 +1363,10 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
     out = y if y.flags.c_contiguous and y.flags.writeable else np.empty_like(y)
     n_chunks = min(n_out, _CHUNKS_PER_THREAD * numba.get_num_threads())
     group = 1 if x.shape[0] < _GROUP_FROM_TOKENS else _GROUP_ROWS
-    r_lo, r_hi = (raw_row_id(int(t), v_lo), raw_row_id(int(t), v_hi)) if group == 1 else (-1, -1)
+    r_lo = r_hi = -1
+    if group == 1:                      # few tokens: dot the packed rows (v_lo only runs below split)
+        r_hi = raw_row_id(int(t), v_hi)
+        r_lo = raw_row_id(int(t), v_lo) if split > 0 else r_hi
     _qmatmul(out, a.q, ad, am, a.bsum.reshape(-1), np.ascontiguousarray(raw).reshape(-1), int(t), n_out, n_in,
              row_bytes, qd.sub, be, v_lo, v_hi, split, VECTOR if vector is None else bool(vector), n_chunks,
              group, r_lo, r_hi)
