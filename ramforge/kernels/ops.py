@@ -12,6 +12,7 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..errors import RamforgeError
@@ -130,14 +131,113 @@ def _f32_to_half_bits(f):
 
 F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)   # f32[65536]
 
+_W = 16                      # lanes of the f16 vector intrinsics below
+
+
+def _widen_f16(context, builder, h, native=None):
+    """<16 x i16> f16 bits -> <16 x float>, exactly: `fpext half` where the target widens half
+    natively (F16C, AArch64), else integer ops (normal, subnormal, inf/nan) and one exact multiply."""
+    from .qmatmul import _native_half
+    f32 = ir.FloatType()
+    if _native_half(context) if native is None else native:
+        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), _W)), ir.VectorType(f32, _W))
+    vi, vf = ir.VectorType(ir.IntType(32), _W), ir.VectorType(f32, _W)
+    c = lambda v: ir.Constant(vi, [v] * _W)  # noqa: E731
+    x = builder.zext(h, vi)
+    sign = builder.shl(builder.and_(x, c(0x8000)), c(16))
+    e = builder.and_(builder.lshr(x, c(10)), c(31))
+    m13 = builder.shl(builder.and_(x, c(0x3FF)), c(13))
+    bits = builder.or_(builder.shl(builder.add(e, c(112)), c(23)), m13)
+    bits = builder.select(builder.icmp_unsigned("==", e, c(31)), builder.or_(c(0x7F800000), m13), bits)
+    sub = builder.fmul(builder.uitofp(builder.and_(x, c(0x3FF)), vf), ir.Constant(vf, [2.0 ** -24] * _W))
+    bits = builder.select(builder.icmp_unsigned("==", e, c(0)), builder.bitcast(sub, vi), bits)
+    return builder.bitcast(builder.or_(bits, sign), vf)
+
+
+def _vec_at(context, builder, sig, args, k, o, elem):
+    arr = context.make_array(sig.args[k])(context, builder, args[k])
+    return builder.bitcast(builder.gep(arr.data, [args[o]]), ir.VectorType(elem, _W).as_pointer())
+
+
+def _make_widen16(native):
+    @intrinsic
+    def _widen16(typingctx, src, so, dst, do):
+        """dst[do:do+16] = the f16 values of the bits src[so:so+16] (a check of _widen_f16)."""
+        def codegen(context, builder, sig, args):
+            h = builder.load(_vec_at(context, builder, sig, args, 0, 1, ir.IntType(16)), align=2)
+            builder.store(_widen_f16(context, builder, h, native),
+                          _vec_at(context, builder, sig, args, 2, 3, ir.FloatType()), align=4)
+            return context.get_dummy_value()
+        if not (src == types.uint16[::1] and dst == types.float32[::1]):
+            return None
+        return types.void(src, so, dst, do), codegen
+    return _widen16
+
+
+_widen16_auto, _widen16_int = _make_widen16(None), _make_widen16(False)       # for the tests
+
+
+@intrinsic
+def _dot_f16(typingctx, q, qo, kc, ko, n):
+    """sum_i q[qo+i] * f16(kc[ko+i]) for i < n (a multiple of 16): f32 q, u16 f16-bit kc; 16 lanes
+    of fmas, then a pairwise sum of the lanes."""
+    def codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        vf = ir.VectorType(f32, _W)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * _W))
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
+        qp = _vec_at(context, builder, sig, args, 0, 1, f32)
+        kp = _vec_at(context, builder, sig, args, 2, 3, ir.IntType(16))
+        with cgutils.for_range(builder, builder.udiv(args[4], ir.Constant(args[4].type, _W))) as loop:
+            i = loop.index
+            qv = builder.load(builder.gep(qp, [i]), align=4)
+            kv = _widen_f16(context, builder, builder.load(builder.gep(kp, [i]), align=2))
+            builder.store(builder.call(fma, [qv, kv, builder.load(acc)]), acc)
+        v, w = builder.load(acc), _W
+        while w > 1:
+            w //= 2
+            lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(w))))
+            hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(w, 2 * w))))
+            v = builder.fadd(lo, hi)
+        return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+    if not (q == types.float32[::1] and kc == types.uint16[::1]):
+        return None
+    return types.float32(q, qo, kc, ko, n), codegen
+
+
+@intrinsic
+def _axpy_f16(typingctx, out, oo, a, vc, vo, n):
+    """out[oo+i] += a * f16(vc[vo+i]) for i < n (a multiple of 16), one fma per element."""
+    def codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        vf = ir.VectorType(f32, _W)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
+        op = _vec_at(context, builder, sig, args, 0, 1, f32)
+        vp = _vec_at(context, builder, sig, args, 3, 4, ir.IntType(16))
+        av = builder.insert_element(ir.Constant(vf, ir.Undefined), args[2], ir.Constant(ir.IntType(32), 0))
+        av = builder.shuffle_vector(av, av, ir.Constant(ir.VectorType(ir.IntType(32), _W), [0] * _W))
+        with cgutils.for_range(builder, builder.udiv(args[5], ir.Constant(args[5].type, _W))) as loop:
+            i = loop.index
+            vv = _widen_f16(context, builder, builder.load(builder.gep(vp, [i]), align=2))
+            ptr = builder.gep(op, [i])
+            builder.store(builder.call(fma, [av, vv, builder.load(ptr, align=4)]), ptr, align=4)
+        return context.get_dummy_value()
+    if not (out == types.float32[::1] and vc == types.uint16[::1]):
+        return None
+    return types.void(out, oo, a, vc, vo, n), codegen
+
 
 @njit(cache=True, parallel=True, fastmath=True)
 def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16):
     # out f32[n_tok, n_head, hd_v]; q f32[n_tok, n_head, hd_k] (already f16-rounded)
     # k_cache u16[n_ctx, n_head_kv, hd_k], v_cache u16[n_ctx, n_head_kv, hd_v]: f16 bits
-    # f16 f32[65536]: the value of each f16 bit pattern
-    n_head = q.shape[1]
+    # f16 f32[65536]: the value of each f16 bit pattern (for head-dim tails past a multiple of 16)
+    # As llama.cpp's tinyBLAS F16 gemm (its KQ and KQV matmuls without flash attention): each dot
+    # in 16 f32 lanes of fmas, lane = index % 16, then summed pairwise as _mm512_reduce_add_ps.
+    n_head, n_kv = q.shape[1], k_cache.shape[1]
     hd_k, hd_v = q.shape[2], v_cache.shape[2]
+    vk, vv = hd_k - hd_k % 16, hd_v - hd_v % 16          # the vector parts
+    qf, kf, vf = q.reshape(-1), k_cache.reshape(-1), v_cache.reshape(-1)
     n_kv_max = pos0 + n_tok
     for job in prange(n_tok * n_head):
         t, h = job // n_head, job % n_head
@@ -145,11 +245,14 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
         p = pos0 + t
         j0 = 0 if window <= 0 else max(0, p - window + 1)
         scores = np.empty(n_kv_max, np.float32)
+        acc = np.zeros(16 * hd_v, np.float32)           # 16 lanes per output: key j in lane j % 16
+        qo = (t * n_head + h) * hd_k
         mx = -np.inf
         for j in range(j0, p + 1):
-            s = np.float32(0.0)
-            for d in range(hd_k):
-                s += q[t, h, d] * f16[k_cache[j, kvh, d]]
+            ko = (j * n_kv + kvh) * hd_k
+            s = _dot_f16(qf, qo, kf, ko, vk)
+            for d in range(vk, hd_k):
+                s += qf[qo + d] * f16[kf[ko + d]]
             s *= kq_scale
             scores[j] = s
             if s > mx:
@@ -160,12 +263,17 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
             scores[j] = e
             total += e
         inv = np.float32(1.0 / total)
-        for d in range(hd_v):
-            out[t, h, d] = 0.0
         for j in range(j0, p + 1):
             pj = f16[_f32_to_half_bits(scores[j] * inv)]    # probabilities meet V as f16
-            for d in range(hd_v):
-                out[t, h, d] += pj * f16[v_cache[j, kvh, d]]
+            vo = (j * n_kv + kvh) * hd_v
+            lo = (j & 15) * hd_v
+            _axpy_f16(acc, lo, pj, vf, vo, vv)
+            for d in range(vv, hd_v):
+                acc[lo + d] += pj * f16[vf[vo + d]]
+        for d in range(hd_v):                           # the lanes summed pairwise, as hsum of 16
+            a = acc[d::hd_v]
+            out[t, h, d] = (((a[0] + a[8]) + (a[4] + a[12])) + ((a[2] + a[10]) + (a[6] + a[14]))) + \
+                (((a[1] + a[9]) + (a[5] + a[13])) + ((a[3] + a[11]) + (a[7] + a[15])))
 
 
 @timed("attention")
@@ -177,7 +285,8 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     """
     n_tok, n_head, hd_k = q.shape
     n_kv = k_cache.shape[1]
-    if n_kv == 0 or n_head % n_kv or k_cache.shape[2] != hd_k or pos0 + n_tok > k_cache.shape[0]:
+    if (n_kv == 0 or n_head % n_kv or k_cache.shape[2] != hd_k or pos0 + n_tok > k_cache.shape[0]
+            or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous)):
         raise RamforgeError(f"attention: q {q.shape}, k cache {k_cache.shape}, pos0 {pos0}")
     qr = q.astype(np.float16).astype(np.float32)          # q meets an F16 cache as f16
     _attention(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32)
