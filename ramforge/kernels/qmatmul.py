@@ -141,6 +141,30 @@ def _quad_lanes(builder, p):
     return builder.add(_pick(builder, q, list(range(0, 16, 2))), _pick(builder, q, list(range(1, 16, 2))))
 
 
+def _has_vnni(context) -> bool:
+    """Whether the compile target has 256-bit VNNI (AVX512-VNNI with VL, or AVX-VNNI): vpdpbusd."""
+    f = set((getattr(context.codegen(), "_tm_features", "") or "").split(","))
+    return llvm.get_process_triple().startswith("x86_64") and (
+        {"+avx512vnni", "+avx512vl"} <= f or "+avxvnni" in f)
+
+
+def _dot_lanes(context, builder, w, a):
+    """<32 x i8> weights . <32 x i8> activations -> <8 x i32>, lane l = sum of products 4l..4l+3:
+    one vpdpbusd of |w| (u8) and a signed as w where the target has VNNI (exact: |a| <= 127, as
+    llama.cpp's quantizers make it), else products summed as _quad_lanes."""
+    if not _has_vnni(context):
+        wt = ir.VectorType(_I32, 32)
+        return _quad_lanes(builder, builder.mul(builder.sext(w, wt), builder.sext(a, wt)))
+    v32, l8 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8)
+    zero = ir.Constant(v32, [0] * 32)
+    neg = builder.icmp_signed("<", w, zero)
+    aw = builder.select(neg, builder.sub(zero, w), w)               # |w|, -128 -> 0x80 = 128 as u8
+    sa = builder.select(neg, builder.sub(zero, a), a)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(l8, [l8, v32, v32]),
+                                        "llvm.x86.avx512.vpdpbusd.256")
+    return builder.call(fn, [ir.Constant(l8, [0] * 8), aw, sa])
+
+
 def _hsum8(builder, v):
     """llama.cpp's hsum_float_8: ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))."""
     t = builder.fadd(_pick(builder, v, [4, 5, 6, 7]), _pick(builder, v, [0, 1, 2, 3]))
@@ -175,7 +199,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     weights of its chunk c (element e of the row)."""
     sub, nsub, mins, mode, offset, grp = variant
     scaled = nsub > 1
-    vt, wt = ir.VectorType(_I8, 32), ir.VectorType(_I32, 32)
+    vt = ir.VectorType(_I8, 32)
     l8, f8, f32 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
     ap, sp, mp, dap, map_, bp = (p[k] for k in ("aq", "isc", "imn", "ad", "am", "bsum"))
     w_d, w_m, w_vec = wsrc
@@ -218,7 +242,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
             e = builder.add(e0, c64(32 * c))
             va = w_vec(b, e, c)
             vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
-            part = _quad_lanes(builder, builder.mul(builder.sext(va, wt), builder.sext(vb, wt)))
+            part = _dot_lanes(context, builder, va, vb)
             if scaled:                             # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
                 ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
                 sv = [_splat(builder, at(sp, k), l8) for k in ks]
