@@ -1,6 +1,7 @@
 """ramforge vs llama.cpp (llama-cpp-python 0.3.36) on the same file, prompt and threads, alternating.
 
-    python benchmarks/vs_llamacpp.py [--models default llama:Q4_0 llama:Q8_0 llama:Q6_K] [--threads 2]
+    python benchmarks/vs_llamacpp.py [--models default llama-250m:Q4_0 llama-250m:Q8_0 llama-250m:Q6_K]
+                                     [--threads 2]
                                      [--prompt-tokens 128] [--gen 32] [--rounds 3]
 
 Prints, per model, the median prefill and decode tok/s of each and the ratios ramforge / llama.cpp.
@@ -26,10 +27,12 @@ def model_path(spec: str) -> str:
 
         return str(default_model_path())
     if ":" in spec and not Path(spec).exists():
-        from tools.make_models import ensure_model
+        from tools.make_models import PRESETS, build, ensure_model
 
-        arch, qtype = spec.split(":")
-        return str(ensure_model(arch, qtype))
+        name, qtype = spec.split(":")
+        if name in PRESETS:                     # e.g. llama-250m:Q4_0, built once into the fixture cache
+            return str(build(PRESETS[name], qtype.upper(), verbose=True))
+        return str(ensure_model(name, qtype))
     return spec
 
 
@@ -62,7 +65,8 @@ def time_llama(llm, ids, gen):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="+", default=["default", "llama:Q4_0", "llama:Q8_0", "llama:Q6_K"])
+    ap.add_argument("--models", nargs="+", default=["default", "llama-250m:Q4_0", "llama-250m:Q8_0",
+                                                      "llama-250m:Q6_K"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen", type=int, default=32)

@@ -4,6 +4,7 @@ Python orchestrates (chunks of tokens, layers, sampling); the @njit kernels comp
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import numpy as np
 from .errors import BudgetTooSmall, ContextLengthExceeded, RamforgeError, UnsupportedArch
 from .gguf.constants import Keys
 from .gguf.reader import GGUFFile
+from .kernels.matmul import batch_view
 from .kernels.ops import rms_norm
 from .memory import MemoryBudget
 from .memory.kv_cache import KVCache
@@ -73,13 +75,14 @@ class State:
     up: np.ndarray       # f32[batch, n_ff]
     hn: np.ndarray       # f32[batch, n_embd]        final norm
     logits: np.ndarray   # f32[batch, n_vocab]
+    prompt_logits: np.ndarray  # f32[n_vocab]        the last prompt's final logits (see generate)
 
     @classmethod
     def allocate(cls, hp: HParams, batch: int) -> "State":
         z = lambda *shape: np.zeros((batch, *shape), np.float32)  # noqa: E731
         return cls(z(hp.n_embd), z(hp.n_embd), z(hp.n_head, hp.head_dim_k), z(hp.n_head_kv, hp.head_dim_k),
                    z(hp.n_head_kv, hp.head_dim_v), z(hp.n_head, hp.head_dim_v), z(hp.n_ff), z(hp.n_ff),
-                   z(hp.n_embd), z(hp.n_vocab))
+                   z(hp.n_embd), z(hp.n_vocab), np.zeros(hp.n_vocab, np.float32))
 
 
 @dataclass
@@ -118,6 +121,7 @@ class Engine:
     timings: Timings = field(default_factory=Timings)
     tokens: list = field(default_factory=list)      # the token ids whose keys and values are cached
     _charges: list = field(default_factory=list)
+    _prompt: list = field(default_factory=list)     # the prompt whose logits state.prompt_logits holds
 
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
@@ -173,9 +177,15 @@ class Engine:
         """Forget cached positions from n_past on (0: the whole context)."""
         self.kv.n_past = max(0, min(n_past, self.kv.n_past))
         del self.tokens[self.kv.n_past:]
+        if len(self._prompt) > self.kv.n_past:
+            self._prompt = []
 
-    def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
-        """Append tokens to the context; return logits f32[n, n_vocab] (all_logits) or f32[1, n_vocab]."""
+    def eval(self, tokens, all_logits: bool = False, aligned: bool = False) -> np.ndarray:
+        """Append tokens to the context; return logits f32[n, n_vocab] (all_logits) or f32[1, n_vocab].
+
+        aligned: chunk by absolute position (chunks of plan.batch from position 0) and compute each
+        chunk's tokens as that whole chunk would be computed, so that the tail of a prompt after a
+        reused prefix rounds exactly as the prompt evaluated from position 0."""
         toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if self.layers != (0, self.hp.n_layer):
             raise RamforgeError(f"this engine runs layers {self.layers}; use eval_hidden")
@@ -185,14 +195,20 @@ class Engine:
         bad = toks[(toks < 0) | (toks >= self.hp.n_vocab)]
         if bad.size:
             raise RamforgeError(f"token id {int(bad[0])} is out of range for a vocabulary of {self.hp.n_vocab}")
-        out = []
-        for c0 in range(0, toks.size, self.plan.batch):
-            chunk = toks[c0:c0 + self.plan.batch]
-            last = c0 + chunk.size == toks.size
-            want = all_logits or last
+        out, B, base = [], self.plan.batch, self.kv.n_past if aligned else 0
+        end = base + toks.size
+        c0 = base
+        while c0 < end:                                  # chunk [c0, c1) of the fresh chunk [cb, ce)
+            cb = c0 - (c0 - base) % B if not aligned else c0 - c0 % B
+            c1 = ce = min(end, cb + B)
+            chunk = toks[c0 - base:c1 - base]
+            want = all_logits or c1 == end
             rows = slice(0, chunk.size) if all_logits else slice(chunk.size - 1, chunk.size)
-            out.append(self._pass(chunk.size, lambda x: self.module.embed(self, x, chunk), rows if want else None))
+            view = (ce - cb, c0 - cb) if aligned and c0 > cb else None
+            out.append(self._pass(chunk.size, lambda x: self.module.embed(self, x, chunk), rows if want else None,
+                                  view))
             self.tokens.extend(int(t) for t in chunk)
+            c0 = c1
         return np.concatenate([o for o in out if o is not None])
 
     def eval_hidden(self, hidden: np.ndarray, logits: bool = False) -> np.ndarray:
@@ -213,15 +229,17 @@ class Engine:
             out.append(res if logits else self.state.x[:n].copy())
         return np.concatenate(out)
 
-    def _pass(self, n: int, fill, rows: slice | None) -> np.ndarray | None:
-        """One forward pass over n tokens: fill s.x, run the layers, logits for `rows` if asked."""
+    def _pass(self, n: int, fill, rows: slice | None, view: tuple[int, int] | None = None) -> np.ndarray | None:
+        """One forward pass over n tokens: fill s.x, run the layers (their matmuls in batch `view`,
+        see kernels.matmul.batch_view), logits for `rows` if asked."""
         rec = PassRecord(n, "prefill" if n > 1 else "decode") if PROFILE.enabled else None
         self.weights.record = rec.layers if rec else None
         t0 = time.perf_counter()
         try:
             self.weights.begin_pass(logits=rows is not None)
             fill(self.state.x[:n])
-            self.module.forward(self, self.state, n, self.kv.n_past)
+            with batch_view(*view) if view else contextlib.nullcontext():
+                self.module.forward(self, self.state, n, self.kv.n_past)
             self.kv.n_past += n
             res = None if rows is None else self._logits(rows).copy()
         except BaseException:
@@ -243,21 +261,31 @@ class Engine:
         """Yield up to max_tokens sampled tokens after the prompt (greedy when sampler is None).
 
         reuse_prefix keeps the cached keys/values of the longest common prefix of the prompt and the
-        tokens already in the cache; timings.prompt_tokens counts only the tokens evaluated anew.
+        tokens already in the cache; timings.prompt_tokens counts only the tokens evaluated anew. The
+        last prompt's logits are kept, so the same prompt again (a new sample, another seed) starts
+        from the very same logits instead of re-evaluating its last token alone, which rounds
+        differently than the batch did (in llama.cpp as here).
         """
         if not prompt:
             raise RamforgeError("the prompt is empty: at least one token (e.g. BOS) is needed")
         if len(prompt) + max_tokens > self.n_ctx:
             raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens + {max_tokens} to generate exceed the "
                                         f"context of {self.n_ctx}; raise --ctx or lower --max-tokens")
-        keep = 0
-        if reuse_prefix:
+        keep, again = 0, reuse_prefix and self._prompt == list(prompt) and self.tokens[:len(prompt)] == self._prompt
+        if again:
+            keep = len(prompt)
+        elif reuse_prefix:
             limit = min(len(prompt) - 1, len(self.tokens))
             while keep < limit and self.tokens[keep] == prompt[keep]:
                 keep += 1
         self.reset(keep)
         t0 = time.perf_counter()
-        logits = self.eval(prompt[keep:])[-1]
+        if again:
+            logits = self.state.prompt_logits.copy()
+        else:
+            logits = self.eval(prompt[keep:], aligned=True)[-1]
+            self.state.prompt_logits[:] = logits
+            self._prompt = list(prompt)
         self.timings = Timings(self.timings.load_s, len(prompt) - keep, time.perf_counter() - t0)
         history = list(prompt)
         t1 = time.perf_counter()

@@ -1,6 +1,7 @@
 """The library API: llama-cpp-python-shaped Model on the budgeted engine."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import ramforge
@@ -52,6 +53,25 @@ def test_stop_strings_and_tokenize(model):
     assert model.tokenize(pr["text"]) == pr["tokens"]
     assert model.tokenize(pr["text"].encode()) == pr["tokens"]
     assert model.detokenize(pr["gen_tokens"]).decode() == pr["gen_text"]
+
+
+def test_a_reused_prefix_does_not_change_the_arithmetic(model):
+    # the prompt's tail after a cached prefix (here BOS, left by another prompt) is computed as the
+    # rows of the batch the whole prompt would make: the logits equal a fresh evaluation's, bit for bit
+    eng = model.engine
+    long_ids = model.tokenize("Tell me about the history of printing presses in Europe, in detail.")
+    ids = model.tokenize("Name three colours, and say which of them you like best.")
+    eng.reset()
+    fresh = eng.eval(ids)[-1].copy()
+    for other in (long_ids, ids[:3] + [ids[3] + 1]):      # shared prefixes: BOS; the first 3 tokens
+        eng.reset()
+        eng.eval(other)
+        list(eng.generate(ids, 1, reuse_prefix=True))
+        assert 0 < eng.timings.prompt_tokens < len(ids)
+        assert np.array_equal(eng.state.prompt_logits.view(np.uint32), fresh.view(np.uint32))
+    list(eng.generate(ids, 1, reuse_prefix=True))          # the same prompt again: its kept logits
+    assert eng.timings.prompt_tokens == 0
+    assert np.array_equal(eng.state.prompt_logits.view(np.uint32), fresh.view(np.uint32))
 
 
 def test_sampling_is_seeded_and_validated(model):

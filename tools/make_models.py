@@ -81,6 +81,9 @@ PRESETS = {
     # ~3.0B params with the llama-spm vocab; Q4_K_M ~1.8 GB (benchmarks)
     "llama-3b": _big("3b", n_embd=3072, n_layer=28, n_head=24, n_head_kv=8, head_dim=128,
                      n_ff=8192, n_ctx=4096),
+    # ~250M params: big enough that a forward pass is weight-bound, small enough to build in a minute
+    # (benchmarks/vs_llamacpp.py's synthetic Q4_0 / Q8_0 / Q6_K comparisons)
+    "llama-250m": _big("250m", n_embd=1024, n_layer=16, n_head=16, n_head_kv=4, head_dim=64, n_ff=2816),
     # the same code path, scaled down (checks the preset/streaming path quickly)
     "llama-3b-mini": _big("3b-mini", n_embd=512, n_layer=4, n_head=8, n_head_kv=2, head_dim=64,
                           n_ff=1536),

@@ -12,6 +12,9 @@ every token of the chunk, so a weight row is read once per chunk of tokens.
 """
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 import numpy as np
 from numba import njit, prange
 
@@ -102,13 +105,28 @@ def _matmul(y, x, raw, tid, n_out, n_in, row_bytes, block_elems):
                 y[t, r] = s
 
 
+_VIEW = threading.local()
+
+
+@contextmanager
+def batch_view(n_tok: int, offset: int):
+    """Within it, this thread's quantized matmuls compute their tokens as rows offset.. of a batch of
+    n_tok: llama.cpp picks its arithmetic by batch size, so a prompt's tail after a reused cached
+    prefix, computed so, rounds exactly as the whole prompt computed afresh."""
+    _VIEW.v = (n_tok, offset)
+    try:
+        yield
+    finally:
+        _VIEW.v = None
+
+
 def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
     """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements.
 
     Quantized weights take the integer-dot kernel (kernels.qmatmul), float weights the float path.
     """
     if kernels_for(ggml_type).qdot is not None:
-        return qmatmul(y, x, ggml_type, raw, n_out, n_in)
+        return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=getattr(_VIEW, "v", None))
     return matmul_reference(y, x, ggml_type, raw, n_out, n_in)
 
 

@@ -1356,9 +1356,10 @@ def quantize_activation(x: np.ndarray, act, sub: int = 16, pos_ties: int = 0) ->
 # ---------------------------------------------------------------- public entry point
 
 def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
-            vector: bool | None = None) -> np.ndarray:
+            vector: bool | None = None, view: tuple[int, int] | None = None) -> np.ndarray:
     """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements,
-    by integer dots as llama.cpp. vector: LLVM vector intrinsics (default: not RAMFORGE_PORTABLE=1)."""
+    by integer dots as llama.cpp. vector: LLVM vector intrinsics (default: not RAMFORGE_PORTABLE=1).
+    view (v_n, off): the tokens are rows off.. of a batch of v_n, and get that batch's arithmetic."""
     from ramforge.kernels.registry import kernels_for  # the registry imports this module
 
     k = kernels_for(ggml_type)
@@ -1380,7 +1381,10 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
         y[...] = 0
         return y
     qd = k.qdot
-    v_lo, v_hi, split = qd.variants(be, n_out, x.shape[0])
+    n_tok = x.shape[0]
+    v_n, v_off = view if view is not None and 0 <= view[1] and view[1] + n_tok <= view[0] else (n_tok, 0)
+    v_lo, v_hi, split = qd.variants(be, n_out, v_n)
+    split = min(max(split - v_off, 0), n_tok)
     a = quantize_activation(x, k.act, qd.sub, pos_ties=split if qd.repack and n_out % 8 == 0 else 0)
     ad = a.d.reshape(-1)
     am = a.s.reshape(-1) if qd.mins == Q8_1_SUM else ad
