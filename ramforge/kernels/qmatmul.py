@@ -249,16 +249,6 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                 scale = sv[0] if sub == 32 else builder.shuffle_vector(
                     sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
                 part = builder.mul(part, scale)
-            if offset:                             # Q6_K: - 32 * (bsum*sc) per sub-block pair
-                kk = builder.add(k0, c64(2 * c))
-                pairs = builder.mul(ivec(bp, kk, 2), ivec(sp, kk, 2))
-                corr = builder.mul(reduce(pairs), ir.Constant(_I32, offset))
-                if mode == LANES:                  # ... in lane c (madd of the 16 bsums)
-                    cv = builder.insert_element(ir.Constant(l8, [0] * 8), corr, ir.Constant(_I32, c % 8))
-                    part = builder.sub(part, cv)
-                else:
-                    part = builder.sub(part, builder.insert_element(ir.Constant(l8, [0] * 8), corr,
-                                                                     ir.Constant(_I32, 0)))
             iacc = builder.add(iacc, part)
             if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group
                 g = (c + 1) * 32 // grp - 1
@@ -271,6 +261,10 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                     m0 = builder.extract_element(ld(macc), ir.Constant(_I32, 0))
                     m0 = fmaf(builder.sitofp(msum, f32), builder.fmul(w_m(b), da), m0)
                     builder.store(builder.insert_element(zero8, m0, ir.Constant(_I32, 0)), macc)
+        if offset:          # Q6_K: lane c less 32 * (bsum*sc) of sub-blocks 2c, 2c+1 (a madd of the
+            assert nsub == 16 and mode in (LANES, TILED)            # 16 bsums; TILED sums the lanes)
+            corr = _pair_lanes(builder, builder.mul(ivec(bp, k0, 16), ivec(sp, k0, 16)))
+            iacc = builder.sub(iacc, builder.mul(corr, ir.Constant(l8, [offset] * 8)))
         if mode == TILED:
             r = builder.fmul(builder.sitofp(reduce(iacc), f32), w_d(b))
             if mins == K_MINS:
