@@ -289,6 +289,13 @@ def test_every_arithmetic_variant_is_used_and_reachable():
     assert used == set(range(len(qm._VARIANTS)))
 
 
+def test_every_groups_variant_has_an_8_row_kernel():
+    # batches of the repacked types run 8 rows at a time (the rows' float steps lane by lane); the
+    # 40-row shapes above (N_OUT + 3) reach them in the vector-vs-portable and oracle comparisons
+    assert set(qm._ROWS8) == {i for i, v in enumerate(qm._VARIANTS) if v[3] == qm.GROUPS}
+    assert (N_OUT + 3) % 8 == 0
+
+
 def test_every_few_token_matmul_reads_packed_rows():
     # matmuls of fewer than _GROUP_FROM_TOKENS tokens dot the packed rows directly (no unpacking):
     # every type has a packed-row intrinsic for each such variant, and the shapes of

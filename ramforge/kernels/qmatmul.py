@@ -408,6 +408,123 @@ def _raw_source(context, builder, src, rp, p):
     return w_d, w_m, w_vec
 
 
+def _sum_rows8(builder, vs):
+    """8 vectors <8 x i32> -> <8 x i32> whose lane r is the sum of vs[r]'s lanes (exact integers,
+    so any order): three levels of pairwise shuffles and adds."""
+    l8 = vs[0].type
+    for lo, hi in (([0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]),
+                   ([0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15]),
+                   ([0, 2, 4, 6, 8, 10, 12, 14], [1, 3, 5, 7, 9, 11, 13, 15])):
+        vs = [builder.add(builder.shuffle_vector(a, b, ir.Constant(l8, lo)),
+                          builder.shuffle_vector(a, b, ir.Constant(l8, hi))) for a, b in zip(vs[::2], vs[1::2])]
+    return vs[0]
+
+
+def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
+    """<8 x float>: 8 weight rows . one token in GROUPS arithmetic (repacked gemv / gemm), the rows'
+    scalar steps done lane by lane: per group, sacc_r = fma(float(isum_r), d_a*d_w, sacc_r) and for
+    mins macc_r = fma(float(msum_r), dmin_w*d_a, macc_r); result sacc_r - macc_r. wsrcs: each row's
+    (w_d, w_m, w_vec) as in _row_codegen; iscs, imns: each row's sub-block scale / min pointers."""
+    sub, nsub, mins, mode, offset, grp = variant
+    assert mode == GROUPS and not offset
+    l8, f8, f32 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
+    ap, dap, bp = p["aq"], p["ad"], p["bsum"]
+    fma8 = _fma_fn(builder, f8)
+    zero8 = ir.Constant(f8, [0.0] * 8)
+    sacc = cgutils.alloca_once_value(builder, zero8)
+    macc = cgutils.alloca_once_value(builder, zero8)
+    vt = ir.VectorType(_I8, 32)
+
+    def c64(v):
+        return ir.Constant(_I64, v)
+
+    def ivec(q, k, n):
+        return builder.load(builder.bitcast(builder.gep(q, [k]), ir.VectorType(_I32, n).as_pointer()), align=4)
+
+    def lanes8(vals, ty):
+        v = ir.Constant(ty, ir.Undefined)
+        for i, x in enumerate(vals):
+            v = builder.insert_element(v, x, ir.Constant(_I32, i))
+        return v
+
+    def rsum(v):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [v.type]),
+                                            f"llvm.vector.reduce.add.v{v.type.count}i32")
+        return builder.call(fn, [v])
+
+    with cgutils.for_range(builder, n_sb) as loop:
+        b = loop.index
+        e0, k0 = builder.mul(b, c64(sub * nsub)), builder.mul(b, c64(nsub))
+        da = builder.load(builder.gep(dap, [b]))
+        da8 = _splat(builder, da, f8)
+        d8 = builder.fmul(da8, lanes8([w_d(b) for w_d, _, _ in wsrcs], f8))
+        iacc = [ir.Constant(l8, [0] * 8)] * 8
+        for c in range(sub * nsub // 32):
+            e = builder.add(e0, c64(32 * c))
+            vb = builder.load(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
+            for r, (_, _, w_vec) in enumerate(wsrcs):
+                part = _dot_lanes(context, builder, w_vec(b, e, c), vb)
+                if nsub > 1:                       # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
+                    ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
+                    sv = [_splat(builder, builder.load(builder.gep(iscs[r], [k])), l8) for k in ks]
+                    scale = sv[0] if sub == 32 else builder.shuffle_vector(
+                        sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
+                    part = builder.mul(part, scale)
+                iacc[r] = builder.add(iacc[r], part)
+            if (c + 1) * 32 % grp == 0:            # one fma per group and row
+                g = (c + 1) * 32 // grp - 1
+                isum = builder.sitofp(_sum_rows8(builder, iacc), f8)
+                builder.store(builder.call(fma8, [isum, d8, builder.load(sacc)]), sacc)
+                iacc = [ir.Constant(l8, [0] * 8)] * 8
+                if mins == K_MINS:
+                    gs = grp // sub
+                    kg = builder.add(k0, c64(g * gs))
+                    bs = ivec(bp, kg, gs)
+                    msum = lanes8([rsum(builder.mul(ivec(m, kg, gs), bs)) for m in imns], l8)
+                    wm8 = builder.fmul(lanes8([w_m(b) for _, w_m, _ in wsrcs], f8), da8)
+                    builder.store(builder.call(fma8, [builder.sitofp(msum, f8), wm8, builder.load(macc)]), macc)
+    r = builder.load(sacc)
+    return builder.fsub(r, builder.load(macc)) if mins == K_MINS else r
+
+
+def _make_rows8(sub, nsub, mins, mode, offset, grp):
+    """_vrows8(wq, wo, n_in, aq, ao, isc, imn, io, n_sub, wd, wm, so, n_sbs, ad, am, to, n_sb, bsum, bo,
+    y, yo): 8 unpacked rows (row i at wq[wo + i*n_in], isc/imn[io + i*n_sub], wd/wm[so + i*n_sbs])
+    . one token, in GROUPS arithmetic, stored to y[yo:yo+8]."""
+    variant = (sub, nsub, mins, mode, offset, grp)
+
+    @intrinsic
+    def _vrows8(typingctx, wq, wo, n_in, aq, ao, isc, imn, io, n_sub, wd, wm, so, n_sbs, ad, am, to, n_sb,
+                bsum, bo, y, yo):
+        def codegen(context, builder, sig, args):
+            def base(k, o):
+                return builder.gep(context.make_array(sig.args[k])(context, builder, args[k]).data, [args[o]])
+
+            def rows(k, o, stride):
+                p0 = base(k, o)
+                return [builder.gep(p0, [builder.mul(args[stride], ir.Constant(_I64, i))]) for i in range(8)]
+            wqs, iscs, imns, wds, wms = rows(0, 1, 2), rows(5, 7, 8), rows(6, 7, 8), rows(9, 11, 12), rows(10, 11, 12)
+            vt = ir.VectorType(_I8, 32)
+
+            def source(i):
+                def w_vec(b, e, c):
+                    return builder.load(builder.bitcast(builder.gep(wqs[i], [e]), vt.as_pointer()), align=1)
+                return (lambda b: builder.load(builder.gep(wds[i], [b])),
+                        lambda b: builder.load(builder.gep(wms[i], [b])), w_vec)
+            p = {"aq": base(3, 4), "ad": base(13, 15), "am": base(14, 15), "bsum": base(17, 18)}
+            r = _rows8_codegen(context, builder, variant, p, [source(i) for i in range(8)], iscs, imns, args[16])
+            yp = builder.bitcast(base(19, 20), ir.VectorType(ir.FloatType(), 8).as_pointer())
+            builder.store(r, yp, align=4)
+            return context.get_dummy_value()
+        if not _dtypes_are((wq, aq, isc, imn, wd, wm, ad, am, bsum, y),
+                           (types.int8, types.int8, types.int32, types.int32, types.float32, types.float32,
+                            types.float32, types.float32, types.int32, types.float32)):
+            return None
+        return types.void(wq, wo, n_in, aq, ao, isc, imn, io, n_sub, wd, wm, so, n_sbs, ad, am, to, n_sb, bsum, bo,
+                          y, yo), codegen
+    return _vrows8
+
+
 def _make_row(sub, nsub, mins, mode, offset, grp, src=None):
     """The row-dot intrinsic of one arithmetic variant, over unpacked rows (_vrow) or, with `src`
     (a _RAW_LAYOUT key), over the packed rows themselves (_vrow_raw)."""
@@ -606,6 +723,11 @@ _RAW_ID = {rv: i for i, rv in enumerate(_RAW_ROWS)}
  _rr17) = (_make_row(*_VARIANTS[v], src=s) for s, v in _RAW_ROWS)
 
 
+# the GROUPS variants (repacked types) run 8 rows at a time in the batched path
+_ROWS8 = (3, 9, 10, 17, 18)
+_g3, _g9, _g10, _g17, _g18 = (_make_rows8(*_VARIANTS[v]) for v in _ROWS8)
+
+
 def raw_row_id(tid: int, vid: int) -> int:
     """The packed-row intrinsic for ggml type id tid in variant vid, or -1 (unpack first)."""
     return _RAW_ID.get((_RAW_OF_TYPE.get(tid), vid), -1)
@@ -784,6 +906,25 @@ def _raw_row(ri, raw, ro, aq, ao, isc, imn, wd, wm, ad, am, to, n_sb, bsum, bo):
     if ri == 16:
         return _rr16(*a)
     return _rr17(*a)
+
+
+@njit(cache=True, inline="always")
+def _rows8(vid, wq, wo, n_in, aq, ao, isc, imn, io, n_sub, wd, wm, so, n_sbs, ad, am, to, n_sb, bsum, bo, y, yo):
+    """8 unpacked rows . one token into y[yo:yo+8] if variant vid has an 8-row kernel (True), else False."""
+    a = (wq, wo, n_in, aq, ao, isc, imn, io, n_sub, wd, wm, so, n_sbs, ad, am, to, n_sb, bsum, bo, y, yo)
+    if vid == 3:
+        _g3(*a)
+    elif vid == 9:
+        _g9(*a)
+    elif vid == 10:
+        _g10(*a)
+    elif vid == 17:
+        _g17(*a)
+    elif vid == 18:
+        _g18(*a)
+    else:
+        return False
+    return True
 
 
 @njit(cache=True, inline="always")
@@ -1108,6 +1249,12 @@ def _unpack_any(tid, vec, raw, o, n_sb, wq, isc, imn, wd, wm):
 
 # ---------------------------------------------------------------- the kernel
 
+@njit(cache=True, inline="always")
+def _bound(c, n_out, n_chunks):
+    # first row of row range c of n_chunks: a multiple of 8 (whole 8-row groups), n_out at the end
+    return min(n_out, c * ((n_out + 7) // 8) // n_chunks * 8)
+
+
 @njit(parallel=True, cache=True)
 def _qmatmul(y, aq, ad, am, bsum, raw, tid, n_out, n_in, row_bytes, sub, sb, v_lo, v_hi, split, vec,
              n_chunks, group, r_lo, r_hi):
@@ -1126,7 +1273,7 @@ def _qmatmul(y, aq, ad, am, bsum, raw, tid, n_out, n_in, row_bytes, sub, sb, v_l
             imn = np.zeros(n_sub, dtype=np.int32)
             wd = np.empty(n_sb, dtype=np.float32)
             wm = np.zeros(n_sb, dtype=np.float32)
-            for r in range(c * n_out // n_chunks, (c + 1) * n_out // n_chunks):
+            for r in range(_bound(c, n_out, n_chunks), _bound(c + 1, n_out, n_chunks)):
                 if sb > 32:
                     _scales_any(tid, raw, r * row_bytes, n_sb, isc, imn, wd, wm)
                 for t in range(n_tok):
@@ -1140,9 +1287,10 @@ def _qmatmul(y, aq, ad, am, bsum, raw, tid, n_out, n_in, row_bytes, sub, sb, v_l
         wd = np.empty(group * n_sb, dtype=np.float32)
         wm = np.zeros(group * n_sb, dtype=np.float32)
         lanes = np.empty(24, dtype=np.float32)     # plain-loop scratch
+        yrow = np.empty(8, dtype=np.float32)       # an 8-row kernel's results
         ilane = np.empty(8, dtype=np.int64)
-        r_end = (c + 1) * n_out // n_chunks
-        for r0 in range(c * n_out // n_chunks, r_end, group):
+        r_end = _bound(c + 1, n_out, n_chunks)
+        for r0 in range(_bound(c, n_out, n_chunks), r_end, group):
             nr = min(group, r_end - r0)
             for i in range(nr):
                 _unpack_any(tid, vec, raw, (r0 + i) * row_bytes, n_sb, wq[i * n_in:(i + 1) * n_in],
@@ -1150,6 +1298,11 @@ def _qmatmul(y, aq, ad, am, bsum, raw, tid, n_out, n_in, row_bytes, sub, sb, v_l
                             wd[i * n_sb:(i + 1) * n_sb], wm[i * n_sb:(i + 1) * n_sb])
             for t in range(n_tok):
                 vid = v_lo if t < split else v_hi
+                if vec and nr == 8 and _rows8(vid, wq, 0, n_in, aq, t * n_in, isc, imn, 0, n_sub, wd, wm, 0, n_sb,
+                                              ad, am, t * n_sb, n_sb, bsum, t * n_sub, yrow, 0):
+                    for i in range(8):
+                        y[t, r0 + i] = yrow[i]
+                    continue
                 for i in range(nr):
                     y[t, r0 + i] = _row(vec, vid, wq, i * n_in, aq, t * n_in, isc, imn, i * n_sub, wd, wm,
                                         i * n_sb, ad, am, t * n_sb, n_sb, bsum, t * n_sub, lanes, ilane)
