@@ -123,6 +123,17 @@ def test_unpack_rebuilds_dequantize_exactly(t):
 
 
 @pytest.mark.parametrize("t", INT_TYPES, ids=_ids(INT_TYPES))
+def test_types_with_mins_or_an_offset_unpack_to_unsigned_quants(t):
+    # the VNNI dot feeds such quants to vpdpbusd as unsigned bytes without the sign trick
+    k = REGISTRY[t]
+    wq = unpack(t, random_blocks(t, 4 * N_IN // k.block_elems, seed=13), 4, N_IN, vec=True)[0]
+    if k.qdot.mins != qm.NO_MIN or k.qdot.offset != 0:
+        assert wq.min() >= 0, t.name
+    else:                                    # the others do have negative quants: the sign trick is needed
+        assert wq.min() < 0, t.name
+
+
+@pytest.mark.parametrize("t", INT_TYPES, ids=_ids(INT_TYPES))
 def test_unpack_vector_equals_portable(t):
     raw = random_blocks(t, 2 * N_IN // REGISTRY[t].block_elems, seed=12)
     for a, b in zip(unpack(t, raw, 2, N_IN, True), unpack(t, raw, 2, N_IN, False)):

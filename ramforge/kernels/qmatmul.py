@@ -148,18 +148,22 @@ def _has_vnni(context) -> bool:
         {"+avx512vnni", "+avx512vl"} <= f or "+avxvnni" in f)
 
 
-def _dot_lanes(context, builder, w, a):
+def _dot_lanes(context, builder, w, a, unsigned=False):
     """<32 x i8> weights . <32 x i8> activations -> <8 x i32>, lane l = sum of products 4l..4l+3:
-    one vpdpbusd of |w| (u8) and a signed as w where the target has VNNI (exact: |a| <= 127, as
-    llama.cpp's quantizers make it), else products summed as _quad_lanes."""
+    one vpdpbusd where the target has VNNI, of w itself when the weights are `unsigned` (0..127),
+    else of |w| (u8) and a signed as w (exact: |a| <= 127, as llama.cpp's quantizers make it);
+    elsewhere the products summed as _quad_lanes."""
     if not _has_vnni(context):
         wt = ir.VectorType(_I32, 32)
         return _quad_lanes(builder, builder.mul(builder.sext(w, wt), builder.sext(a, wt)))
     v32, l8 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8)
     zero = ir.Constant(v32, [0] * 32)
-    neg = builder.icmp_signed("<", w, zero)
-    aw = builder.select(neg, builder.sub(zero, w), w)               # |w|, -128 -> 0x80 = 128 as u8
-    sa = builder.select(neg, builder.sub(zero, a), a)
+    if unsigned:
+        aw, sa = w, a
+    else:
+        neg = builder.icmp_signed("<", w, zero)
+        aw = builder.select(neg, builder.sub(zero, w), w)           # |w|, -128 -> 0x80 = 128 as u8
+        sa = builder.select(neg, builder.sub(zero, a), a)
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(l8, [l8, v32, v32]),
                                         "llvm.x86.avx512.vpdpbusd.256")
     return builder.call(fn, [ir.Constant(l8, [0] * 8), aw, sa])
@@ -199,6 +203,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     weights of its chunk c (element e of the row)."""
     sub, nsub, mins, mode, offset, grp = variant
     scaled = nsub > 1
+    unsigned = mins != NO_MIN or offset != 0      # types with mins or an offset store quants >= 0
     vt = ir.VectorType(_I8, 32)
     l8, f8, f32 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
     ap, sp, mp, dap, map_, bp = (p[k] for k in ("aq", "isc", "imn", "ad", "am", "bsum"))
@@ -242,7 +247,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
             e = builder.add(e0, c64(32 * c))
             va = w_vec(b, e, c)
             vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
-            part = _dot_lanes(context, builder, va, vb)
+            part = _dot_lanes(context, builder, va, vb, unsigned)
             if scaled:                             # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
                 ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
                 sv = [_splat(builder, at(sp, k), l8) for k in ks]
@@ -427,6 +432,7 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
     (w_d, w_m, w_vec) as in _row_codegen; iscs, imns: each row's sub-block scale / min pointers."""
     sub, nsub, mins, mode, offset, grp = variant
     assert mode == GROUPS and not offset
+    unsigned = mins != NO_MIN
     l8, f8, f32 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
     ap, dap, bp = p["aq"], p["ad"], p["bsum"]
     fma8 = _fma_fn(builder, f8)
@@ -463,7 +469,7 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
             e = builder.add(e0, c64(32 * c))
             vb = builder.load(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
             for r, (_, _, w_vec) in enumerate(wsrcs):
-                part = _dot_lanes(context, builder, w_vec(b, e, c), vb)
+                part = _dot_lanes(context, builder, w_vec(b, e, c), vb, unsigned)
                 if nsub > 1:                       # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
                     ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
                     sv = [_splat(builder, builder.load(builder.gep(iscs[r], [k])), l8) for k in ks]
