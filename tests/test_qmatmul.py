@@ -27,6 +27,7 @@ import gguf.quants as gq  # noqa: E402  (test oracle only)
 from ramforge.errors import RamforgeError  # noqa: E402
 from ramforge.gguf.constants import GGMLType  # noqa: E402
 from ramforge.kernels import qmatmul as qm  # noqa: E402
+from ramforge.kernels import quantize as qa  # noqa: E402
 from ramforge.kernels.dequant import dequantize  # noqa: E402
 from ramforge.kernels.matmul import matmul, matmul_reference, round_activation  # noqa: E402
 from ramforge.kernels.registry import REGISTRY, ActType  # noqa: E402
@@ -179,7 +180,7 @@ def test_activation_quantization_matches_round_activation(act):
     x = activation(3, 1024, seed=5)
     x[2] *= np.float32(1e-3)
     for sub in (16, 32):
-        a = qm.quantize_activation(x, act, sub)
+        a = qa.quantize_activation(x, act, sub)
         q = a.q.reshape(3, -1).astype(np.int64)
         blk = 256 if act == ActType.Q8_K else 32
         deq = (q.reshape(3, -1, blk).astype(np.float32) * a.d[..., None]).reshape(3, -1)
@@ -200,7 +201,7 @@ def test_f16_rounding_equals_numpy():
     @njit
     def rounded(v, out):
         for i in range(v.size):
-            out[i] = qm._f16_round(v[i])
+            out[i] = qa._f16_round(v[i])
     bits = np.random.default_rng(0).integers(0, 2**32, 300_000, dtype=np.uint64).astype(np.uint32)
     edge = [0, -0.0, 65504, 65519.99, 65520, 1e-8, 2**-25, 2**-24, 3 * 2**-25, 2**-14, np.inf, -np.inf]
     v = np.concatenate([bits.view(np.float32), np.array(edge, np.float32)])
@@ -224,11 +225,11 @@ def test_numba_quantizers_equal_their_numpy_references(n_tok):
         x[0, 10] = -np.abs(x[0, :256]).max()            # a +-max tie in the first Q8_K block
         x[0, 20] = -x[0, 10]
         for with_sum in (False, True):
-            a, r = qm._q8_0(x, with_sum), qm._q8_0_reference(x, with_sum)
+            a, r = qa._q8_0(x, with_sum), qa._q8_0_reference(x, with_sum)
             assert same(a.q, r.q) and same(a.d, r.d) and (not with_sum or same(a.s, r.s))
         for sub in (16, 32):
             for pos_ties in (0, n_tok):
-                a, r = qm._q8_k(x, sub, pos_ties), qm._q8_k_reference(x, sub, pos_ties)
+                a, r = qa._q8_k(x, sub, pos_ties), qa._q8_k_reference(x, sub, pos_ties)
                 assert same(a.q, r.q) and same(a.d, r.d) and same(a.bsum, r.bsum), (n, sub, pos_ties)
 
 
@@ -239,7 +240,7 @@ def exact_reference(t: GGMLType, raw: np.ndarray, x: np.ndarray, n_out: int, n_i
     k = REGISTRY[t]
     sb, sub = k.block_elems, k.qdot.sub
     n_tok = x.shape[0]
-    a = qm.quantize_activation(x, k.act, sub)
+    a = qa.quantize_activation(x, k.act, sub)
     aq = a.q.reshape(n_tok, -1).astype(np.int64)
     wq, isc, imn, wd, wm = unpack(t, raw, n_out, n_in, vec=False)
     prod = np.einsum("rs,ts->trs", wq.astype(np.int64) - k.qdot.offset, aq)  # [tok, row, n_in]

@@ -1,0 +1,211 @@
+"""Activation quantization, as llama.cpp's CPU backend quantizes src1 before an integer dot.
+
+`quantize_activation` rounds f32 activations to the weight type's `vec_dot_type`: Q8_0/Q8_1 blocks
+of 32 (f16 scale amax/127, round half to even; Q8_1 also its f16 s = d * sum q) or Q8_K blocks of
+256 (f32 scale -max/127 of the signed max, sums per sub-block: llama.cpp's bsums). The @njit
+quantizers run per matmul; the numpy `*_reference` versions beside them are the naive twins the
+tests compare them with, bit for bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from ramforge.errors import RamforgeError
+from ramforge.gguf.constants import QK_K
+
+_I32, _I64 = ir.IntType(32), ir.IntType(64)
+
+
+@dataclass
+class QuantizedActivation:
+    """x (f32[n_tok, n]) quantized as llama.cpp's vec_dot_type: q i8[n_tok * n] (flat), d f32 per block,
+    s f32 (Q8_1: f16(d * sum q) per 32, else empty), bsum i32 sums of q per `sub` elements (Q8_K)."""
+
+    q: np.ndarray
+    d: np.ndarray
+    s: np.ndarray
+    bsum: np.ndarray
+
+
+_EMPTY_F = np.zeros((1, 1), dtype=np.float32)
+_EMPTY_I = np.zeros((1, 1), dtype=np.int32)          # (kept 2-D: QuantizedActivation.bsum)
+
+
+@intrinsic
+def _f32_bits(typingctx, v):
+    """The bits of float32 v as a (non-negative) int64."""
+    def codegen(context, builder, sig, args):
+        return builder.zext(builder.bitcast(args[0], _I32), _I64)
+    return types.int64(types.float32), codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, b):
+    """The float32 whose bits are the low 32 bits of int64 b."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.trunc(args[0], _I32), ir.FloatType())
+    return types.float32(types.int64), codegen
+
+
+@njit(cache=True)
+def _f16_round(v):
+    """float32 v rounded to the nearest binary16 (ties to even; overflow to inf), as numpy's
+    astype(float16), and widened back to float32."""
+    f = _f32_bits(np.float32(v))
+    sign = (f >> 16) & 0x8000
+    f &= 0x7FFFFFFF
+    e = f & 0x7F800000
+    if e >= 0x47800000:                           # overflow, inf, nan
+        h = 0x7C00 if f <= 0x7F800000 else 0x7E00 | ((f & 0x7FFFFF) >> 13)
+    elif e <= 0x38000000:                         # a binary16 subnormal or zero
+        if e < 0x33000000:
+            h = 0
+        else:
+            sig = (0x800000 + (f & 0x7FFFFF)) >> (113 - (e >> 23))
+            if (sig & 0x3FFF) != 0x1000 or (f & 0x7FF) != 0:
+                sig += 0x1000
+            h = sig >> 13
+    else:
+        sig = f & 0x7FFFFF
+        if (sig & 0x3FFF) != 0x1000:
+            sig += 0x1000
+        h = ((e - 0x38000000) >> 13) + (sig >> 13)
+    h |= sign
+    m = h & 0x3FF
+    ex = (h >> 10) & 0x1F
+    if ex == 0x1F:
+        bits = (sign << 16) | 0x7F800000 | (m << 13)
+    elif ex != 0:
+        bits = (sign << 16) | ((ex + 112) << 23) | (m << 13)
+    else:
+        return (np.float32(m) * np.float32(2.0 ** -24)) * (np.float32(-1.0) if sign else np.float32(1.0))
+    return _bits_f32(bits)
+
+
+@njit(cache=True)
+def _quantize_q8_0(x, q, d, s, with_sum):
+    # x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/32] (f16-rounded amax/127), s (with_sum) f32
+    # f16(d32 * sum q) per 32; the arithmetic of _q8_0_reference, element for element
+    n_tok, n = x.shape
+    nb = n // 32
+    for t in range(n_tok):
+        for b in range(nb):
+            amax = np.float32(0.0)
+            for i in range(32):
+                amax = max(amax, abs(x[t, b * 32 + i]))
+            d32 = amax / np.float32(127.0)
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            tot = 0
+            for i in range(32):
+                v = np.int8(np.rint(x[t, b * 32 + i] * inv))
+                q[(t * nb + b) * 32 + i] = v
+                tot += v
+            d[t * nb + b] = _f16_round(d32)
+            if with_sum:
+                s[t * nb + b] = _f16_round(np.float32(tot) * d32)
+
+
+@njit(cache=True)
+def _quantize_q8_k(x, q, d, bsum, sub, pos_ties):
+    # x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/256], bsum i32[n_tok*n/sub]; see _q8_k_reference
+    n_tok, n = x.shape
+    nb = n // QK_K
+    for t in range(n_tok):
+        for b in range(nb):
+            o = b * QK_K
+            big = x[t, o]
+            for i in range(1, QK_K):
+                if abs(x[t, o + i]) > abs(big):
+                    big = x[t, o + i]
+            if t < pos_ties and big < 0:
+                for i in range(QK_K):
+                    if x[t, o + i] == -big:
+                        big = -big
+                        break
+            iscale = np.float32(-127.0) / big if big != 0 else np.float32(0.0)
+            k = t * n + o
+            for i in range(QK_K):
+                q[k + i] = np.int8(min(np.rint(x[t, o + i] * iscale), np.float32(127.0)))
+            for j in range(QK_K // sub):
+                acc = 0
+                for i in range(sub):
+                    acc += q[k + j * sub + i]
+                bsum[(t * n + o) // sub + j] = acc
+            d[t * nb + b] = np.float32(1.0) / iscale if big != 0 else np.float32(0.0)
+
+
+def _q8_0(x: np.ndarray, with_sum: bool) -> QuantizedActivation:
+    n_tok, n = x.shape
+    q = np.empty(n_tok * n, np.int8)
+    d = np.empty((n_tok, n // 32), np.float32)
+    s = np.empty((n_tok, n // 32), np.float32) if with_sum else _EMPTY_F
+    _quantize_q8_0(x, q, d.reshape(-1), s.reshape(-1), with_sum)
+    return QuantizedActivation(q, d, s, _EMPTY_I)
+
+
+def _q8_k(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActivation:
+    n_tok, n = x.shape
+    q = np.empty(n_tok * n, np.int8)
+    d = np.empty((n_tok, n // QK_K), np.float32)
+    bsum = np.empty((n_tok, n // sub), np.int32)
+    _quantize_q8_k(x, q, d.reshape(-1), bsum.reshape(-1), sub, pos_ties)
+    return QuantizedActivation(q, d, _EMPTY_F, bsum)
+
+
+# The numpy references of the two quantizers above (tests check them equal, bit for bit).
+
+def _q8_0_reference(x: np.ndarray, with_sum: bool) -> QuantizedActivation:
+    # per 32: d = f16(amax/127), q = rint(x * 127/amax) (round half to even), as ggml's x86 quantize_row_q8_0/1
+    n_tok = x.shape[0]
+    xb = x.reshape(n_tok, -1, 32)
+    amax = np.abs(xb).max(axis=2)
+    d32 = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        q = np.rint(xb * inv[..., None]).astype(np.int8)
+    d = d32.astype(np.float16).astype(np.float32)
+    s = _EMPTY_F
+    if with_sum:
+        s = (q.sum(axis=2, dtype=np.int32).astype(np.float32) * d32).astype(np.float16).astype(np.float32)
+    return QuantizedActivation(q.reshape(-1), d, s, _EMPTY_I)
+
+
+def _q8_k_reference(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActivation:
+    # per 256: iscale = -127/max (signed value of largest |x|, the first; in the first pos_ties
+    # tokens the positive one if +-max tie, as ggml's 4-row quantize_mat), q = min(rint(x*iscale), 127),
+    # d = 1/iscale
+    n_tok = x.shape[0]
+    xb = x.reshape(-1, QK_K)
+    big = np.take_along_axis(xb, np.abs(xb).argmax(axis=1)[:, None], axis=1)[:, 0]
+    if pos_ties:
+        nb = pos_ties * (x.shape[1] // QK_K)
+        amax = np.abs(big[:nb])
+        tie = (big[:nb] < 0) & (xb[:nb] == amax[:, None]).any(axis=1)
+        big[:nb][tie] = amax[tie]
+    nz = big != 0
+    iscale = np.zeros_like(big)
+    iscale[nz] = np.float32(-127) / big[nz]
+    with np.errstate(invalid="ignore"):
+        q = np.minimum(np.rint(xb * iscale[:, None]), np.float32(127)).astype(np.int8)
+    d = np.zeros_like(big)
+    d[nz] = np.float32(1) / iscale[nz]
+    bsum = q.reshape(n_tok, -1, sub).sum(axis=2, dtype=np.int32)
+    return QuantizedActivation(q.reshape(-1), d.reshape(n_tok, -1), _EMPTY_F, bsum)
+
+
+def quantize_activation(x: np.ndarray, act, sub: int = 16, pos_ties: int = 0) -> QuantizedActivation:
+    """x (f32[n_tok, n]) quantized as llama.cpp does before an integer dot with a weight of `act`
+    (an ActType: Q8_0, Q8_1 or Q8_K); `sub` is the weight's sub-block size for Q8_K's sums;
+    pos_ties: leading tokens quantized by ggml's 4-row Q8_K quantizer (repacked weights)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    name = getattr(act, "name", act)
+    if name in ("Q8_0", "Q8_1"):
+        return _q8_0(x, name == "Q8_1")
+    if name == "Q8_K":
+        return _q8_k(x, sub, pos_ties)
+    raise RamforgeError(f"no integer activation type {act!r}")
