@@ -65,3 +65,28 @@ def test_attention_refuses_bad_shapes():
     k = np.zeros((8, 2, 16), np.uint16)
     with pytest.raises(ops.RamforgeError):
         ops.attention(np.zeros((1, 4, 16), np.float32), np.zeros((1, 4, 16), np.float32), k, k, 8, 1.0)
+
+
+def test_ggml_vector_exp_is_within_its_stated_error():
+    # ggml_v_expf's own bound is 1.45 ulp + 0.5 (measured here: 2.18 at most); past float32's range
+    # inf, below ~-103.97 zero
+    from numba import njit
+
+    @njit
+    def all_exp(x, out):
+        for i in range(x.size):
+            out[i] = ops._expf(x[i])
+    x = np.concatenate([np.linspace(-103, 88, 400_001, dtype=np.float32),
+                        np.array([0.0, -0.0, 1e-30, -1e-30, 89.0, 200.0, -110.0, -np.inf, np.inf], np.float32)])
+    got = np.empty_like(x)
+    all_exp(x, got)
+    want = np.exp(x.astype(np.float64))
+    finite = np.abs(x) < 88
+    ulp = np.spacing(want[finite].astype(np.float32)).astype(np.float64)
+    assert (np.abs(got[finite] - want[finite]) <= 2.5 * ulp).all()
+    tail = dict(zip(x[-9:].tolist(), got[-9:].tolist()))
+    assert tail[0.0] == 1.0 and tail[89.0] == np.inf and tail[200.0] == np.inf
+    assert tail[-110.0] == 0.0 and tail[-np.inf] == 0.0 and tail[np.inf] == np.inf
+    nan = np.empty(1, np.float32)
+    all_exp(np.array([np.nan], np.float32), nan)
+    assert np.isnan(nan[0])

@@ -45,6 +45,64 @@ def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float) -> np.nd
     return out
 
 
+# ---------------------------------------------------------------- ggml's vector exp
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c in float32 with one rounding (llvm.fma)."""
+    def codegen(context, builder, sig, args):
+        f = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f, [f, f, f]), "llvm.fma.f32")
+        return builder.call(fn, list(args))
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+
+_F = lambda h: np.float32(float.fromhex(h))  # noqa: E731
+_EXP_C = (_F("0x1.8p23"), _F("0x1.715476p+0"), _F("0x1.62e4p-1"), _F("0x1.7f7d1cp-20"), _F("0x1.0e4020p-7"),
+          _F("0x1.573e2ep-5"), _F("0x1.555e66p-3"), _F("0x1.fffdb6p-2"), _F("0x1.ffffecp-1"))
+
+
+@njit(cache=True)
+def _expf(x):
+    # exp(x) for float32 x as ggml's SIMD ggml_v_expf computes it (its AVX-512 form, per lane):
+    # n = round(x*log2 e), b = x - n*ln2 (two-part ln2), a degree-5 polynomial in b, times 2^n;
+    # |n| > 192 gives +inf or 0. Every step a single float32 rounding or an fma (not fastmath).
+    r, l2e, ln2_hi, ln2_lo, c5, c4, c3, c2, c1 = _EXP_C
+    z = _fma(x, l2e, r)
+    n = z - r
+    b = _fma(-n, ln2_lo, _fma(-n, ln2_hi, x))
+    u = b * b
+    j = _fma(_fma(_fma(c5, b, c4), u, _fma(c3, b, c2)), u, _fma(c1, b, np.float32(1.0)))
+    if abs(n) > np.float32(192.0):
+        return np.float32(0.0) if n <= 0 else np.float32(np.inf)
+    if n != n:
+        return n
+    return np.float32(math.ldexp(np.float64(j), int(n)))        # j * 2^n, rounded once (scalef)
+
+
+@njit(cache=True)
+def _softmax_exp(scores, j0, p, mx):
+    # scores[j0..p] <- exp(scores - mx) (f32, _expf); returns their sum as ggml_vec_soft_max_f32 adds
+    # it over a row of keys from 0: per 16 keys (masked ones 0) a pairwise float sum (the order of
+    # _mm512_reduce_add_ps), accumulated in float64
+    total = 0.0
+    lanes = np.zeros(16, np.float32)
+    for k in range(j0 - j0 % 16, p + 1, 16):
+        for i in range(16):
+            j = k + i
+            e = np.float32(0.0)
+            if j0 <= j <= p:
+                e = _expf(scores[j] - mx)
+                scores[j] = e
+            lanes[i] = e
+        a = lanes
+        total += np.float64((((a[0] + a[8]) + (a[4] + a[12])) + ((a[2] + a[10]) + (a[6] + a[14])))
+                            + (((a[1] + a[9]) + (a[5] + a[13])) + ((a[3] + a[11]) + (a[7] + a[15]))))
+    return total
+
+
 # ---------------------------------------------------------------- RoPE
 
 
@@ -64,8 +122,8 @@ def _rope(x, pos, n_rot, base, neox, freq_factors):
                 else:
                     a, b = 2 * i, 2 * i + 1
                 x0, x1 = x[t, h, a], x[t, h, b]
-                x[t, h, a] = x0 * c - x1 * s
-                x[t, h, b] = x0 * s + x1 * c
+                x[t, h, a] = _fma(x0, c, -(x1 * s))        # as GCC contracts ggml's rotate_pairs
+                x[t, h, b] = _fma(x0, s, x1 * c)
             theta = theta * theta_scale
 
 
@@ -227,7 +285,7 @@ def _axpy_f16(typingctx, out, oo, a, vc, vo, n):
     return types.void(out, oo, a, vc, vo, n), codegen
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True)
 def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16):
     # out f32[n_tok, n_head, hd_v]; q f32[n_tok, n_head, hd_k] (already f16-rounded)
     # k_cache u16[n_ctx, n_head_kv, hd_k], v_cache u16[n_ctx, n_head_kv, hd_v]: f16 bits
@@ -247,7 +305,7 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
         scores = np.empty(n_kv_max, np.float32)
         acc = np.zeros(16 * hd_v, np.float32)           # 16 lanes per output: key j in lane j % 16
         qo = (t * n_head + h) * hd_k
-        mx = -np.inf
+        mx = np.float32(-np.inf)
         for j in range(j0, p + 1):
             ko = (j * n_kv + kvh) * hd_k
             s = _dot_f16(qf, qo, kf, ko, vk)
@@ -257,12 +315,7 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
             scores[j] = s
             if s > mx:
                 mx = s
-        total = 0.0
-        for j in range(j0, p + 1):
-            e = np.float32(math.exp(scores[j] - mx))
-            scores[j] = e
-            total += e
-        inv = np.float32(1.0 / total)
+        inv = np.float32(1.0 / _softmax_exp(scores, j0, p, mx))
         for j in range(j0, p + 1):
             pj = f16[_f32_to_half_bits(scores[j] * inv)]    # probabilities meet V as f16
             vo = (j * n_kv + kvh) * hd_v
@@ -329,10 +382,15 @@ def _geglu(out, gate, up, table):
 
 @njit(cache=True, parallel=True)
 def _swiglu(out, gate, up):
+    # as ggml_vec_swiglu_f32: silu(g) = g / (1 + exp(-g)) with ggml's vector exp for whole blocks of
+    # 16, libm's for a tail; times up
+    n = gate.shape[1]
+    n16 = n - n % 16
     for t in prange(gate.shape[0]):
-        for i in range(gate.shape[1]):
+        for i in range(n):
             g = gate[t, i]
-            out[t, i] = (g / (np.float32(1.0) + np.float32(math.exp(-g)))) * up[t, i]
+            e = _expf(-g) if i < n16 else np.float32(math.exp(-g))
+            out[t, i] = (g / (np.float32(1.0) + e)) * up[t, i]
 
 
 @timed("glu")
