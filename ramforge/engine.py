@@ -122,6 +122,7 @@ class Engine:
     tokens: list = field(default_factory=list)      # the token ids whose keys and values are cached
     _charges: list = field(default_factory=list)
     _prompt: list = field(default_factory=list)     # the prompt whose logits state.prompt_logits holds
+    ubatch: int = 512                               # llama.cpp's n_ubatch, whose arithmetic aligned evals take
 
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
@@ -183,9 +184,11 @@ class Engine:
     def eval(self, tokens, all_logits: bool = False, aligned: bool = False) -> np.ndarray:
         """Append tokens to the context; return logits f32[n, n_vocab] (all_logits) or f32[1, n_vocab].
 
-        aligned: chunk by absolute position (chunks of plan.batch from position 0) and compute each
-        chunk's tokens as that whole chunk would be computed, so that the tail of a prompt after a
-        reused prefix rounds exactly as the prompt evaluated from position 0."""
+        aligned: the tokens continue a sequence from position 0 (a prompt, perhaps after a reused
+        prefix) and round exactly as llama.cpp rounds that whole sequence submitted in one
+        llama_decode: split into ubatches of self.ubatch tokens from position 0 (chunks of
+        plan.batch within them), every chunk computed as rows of its ubatch (kernels.matmul.batch_view).
+        Unaligned, chunks of plan.batch are computed as batches of their own."""
         toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if self.layers != (0, self.hp.n_layer):
             raise RamforgeError(f"this engine runs layers {self.layers}; use eval_hidden")
@@ -195,18 +198,21 @@ class Engine:
         bad = toks[(toks < 0) | (toks >= self.hp.n_vocab)]
         if bad.size:
             raise RamforgeError(f"token id {int(bad[0])} is out of range for a vocabulary of {self.hp.n_vocab}")
-        out, B, base = [], self.plan.batch, self.kv.n_past if aligned else 0
-        end = base + toks.size
-        c0 = base
-        while c0 < end:                                  # chunk [c0, c1) of the fresh chunk [cb, ce)
-            cb = c0 - (c0 - base) % B if not aligned else c0 - c0 % B
-            c1 = ce = min(end, cb + B)
+        B = self.plan.batch
+        U = max(B, self.ubatch // B * B) if aligned else B      # whole chunks per ubatch
+        base = self.kv.n_past if aligned else 0
+        end, c0, out = base + toks.size, base, []
+        while c0 < end:
+            ub = c0 - (c0 - base) % U if not aligned else c0 - c0 % U
+            ue = min(end, ub + U)                                # ubatch [ub, ue) ...
+            c1 = min(ue, c0 - (c0 - ub) % B + B)                 # ... chunk [c0, c1) of it
             chunk = toks[c0 - base:c1 - base]
             want = all_logits or c1 == end
             rows = slice(0, chunk.size) if all_logits else slice(chunk.size - 1, chunk.size)
-            view = (ce - cb, c0 - cb) if aligned and c0 > cb else None
+            view = (ue - ub, c0 - ub) if aligned else None
+            keep = (rows if rows != slice(0, chunk.size) else None) if want else slice(chunk.size, chunk.size)
             out.append(self._pass(chunk.size, lambda x: self.module.embed(self, x, chunk), rows if want else None,
-                                  view))
+                                  view, keep))
             self.tokens.extend(int(t) for t in chunk)
             c0 = c1
         return np.concatenate([o for o in out if o is not None])
@@ -229,9 +235,11 @@ class Engine:
             out.append(res if logits else self.state.x[:n].copy())
         return np.concatenate(out)
 
-    def _pass(self, n: int, fill, rows: slice | None, view: tuple[int, int] | None = None) -> np.ndarray | None:
+    def _pass(self, n: int, fill, rows: slice | None, view: tuple[int, int] | None = None,
+              only: slice | None = None) -> np.ndarray | None:
         """One forward pass over n tokens: fill s.x, run the layers (their matmuls in batch `view`,
-        see kernels.matmul.batch_view), logits for `rows` if asked."""
+        see kernels.matmul.batch_view; the last layer past attention `only` for those rows), logits
+        for `rows` if asked."""
         rec = PassRecord(n, "prefill" if n > 1 else "decode") if PROFILE.enabled else None
         self.weights.record = rec.layers if rec else None
         t0 = time.perf_counter()
@@ -239,9 +247,13 @@ class Engine:
             self.weights.begin_pass(logits=rows is not None)
             fill(self.state.x[:n])
             with batch_view(*view) if view else contextlib.nullcontext():
-                self.module.forward(self, self.state, n, self.kv.n_past)
+                self.module.forward(self, self.state, n, self.kv.n_past, out=only)
             self.kv.n_past += n
-            res = None if rows is None else self._logits(rows).copy()
+            if rows is not None:             # the output matmul: all rows as the batch, or one row alone
+                with batch_view(*view) if view and only is None else contextlib.nullcontext():
+                    res = self._logits(rows).copy()
+            else:
+                res = None
         except BaseException:
             self.weights.abort()
             raise

@@ -86,9 +86,13 @@ def compare(rec: dict, engine) -> ModelResult:
         r = PromptResult(pr["name"], tok.encode(pr["text"]) == pr["tokens"] and
                          tok.encode(pr["text"], parse_special=True) == pr.get("tokens_special", pr["tokens"]))
         lg = pr["logits"]
-        seq = list(prompt) + list(pr["gen_tokens"])[:len(lg["top_ids"]) - len(prompt)]
+        # as llama.cpp produced the record: the prompt in one llama_decode (ubatches of n_ubatch), then
+        # llama.cpp's greedy tokens one llama_decode each (teacher forcing)
         engine.reset()
-        ours = engine.eval(seq, all_logits=True)                        # f32[len(seq), n_vocab]
+        engine.ubatch = rec["oracle"].get("n_ubatch", 512)
+        ours = [engine.eval(prompt, all_logits=True, aligned=True)]
+        ours += [engine.eval([t]) for t in list(pr["gen_tokens"])[:len(lg["top_ids"]) - len(prompt)]]
+        ours = np.concatenate(ours)                                     # f32[positions, n_vocab]
         for i, (ids, vals, sd, gap) in enumerate(zip(lg["top_ids"], lg["top_vals"], lg["std"], lg["gap"])):
             ids, vals = np.asarray(ids), np.asarray(vals, np.float32)
             d = np.abs(ours[i, ids] - vals).max()

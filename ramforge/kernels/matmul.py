@@ -113,11 +113,12 @@ def batch_view(n_tok: int, offset: int):
     """Within it, this thread's quantized matmuls compute their tokens as rows offset.. of a batch of
     n_tok: llama.cpp picks its arithmetic by batch size, so a prompt's tail after a reused cached
     prefix, computed so, rounds exactly as the whole prompt computed afresh."""
+    outer = getattr(_VIEW, "v", None)
     _VIEW.v = (n_tok, offset)
     try:
         yield
     finally:
-        _VIEW.v = None
+        _VIEW.v = outer
 
 
 def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:

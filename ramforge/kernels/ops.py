@@ -17,6 +17,7 @@ from numba.extending import intrinsic
 
 from ..errors import RamforgeError
 from ..profiling import timed
+from .matmul import _VIEW
 
 # ---------------------------------------------------------------- RMSNorm
 
@@ -235,32 +236,46 @@ def _make_widen16(native):
 _widen16_auto, _widen16_int = _make_widen16(None), _make_widen16(False)       # for the tests
 
 
-@intrinsic
-def _dot_f16(typingctx, q, qo, kc, ko, n):
-    """sum_i q[qo+i] * f16(kc[ko+i]) for i < n (a multiple of 16): f32 q, u16 f16-bit kc; 16 lanes
-    of fmas, then a pairwise sum of the lanes."""
-    def codegen(context, builder, sig, args):
-        f32 = ir.FloatType()
-        vf = ir.VectorType(f32, _W)
-        acc = cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * _W))
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
-        qp = _vec_at(context, builder, sig, args, 0, 1, f32)
-        kp = _vec_at(context, builder, sig, args, 2, 3, ir.IntType(16))
-        with cgutils.for_range(builder, builder.udiv(args[4], ir.Constant(args[4].type, _W))) as loop:
-            i = loop.index
-            qv = builder.load(builder.gep(qp, [i]), align=4)
-            kv = _widen_f16(context, builder, builder.load(builder.gep(kp, [i]), align=2))
-            builder.store(builder.call(fma, [qv, kv, builder.load(acc)]), acc)
-        v, w = builder.load(acc), _W
-        while w > 1:
-            w //= 2
-            lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(w))))
-            hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(w, 2 * w))))
-            v = builder.fadd(lo, hi)
-        return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-    if not (q == types.float32[::1] and kc == types.uint16[::1]):
-        return None
-    return types.float32(q, qo, kc, ko, n), codegen
+def _make_dot_f16(n_acc):
+    @intrinsic
+    def _dot_f16(typingctx, q, qo, kc, ko, n):
+        """sum_i q[qo+i] * f16(kc[ko+i]) for i < n (a multiple of 16 * n_acc): f32 q, u16 f16-bit kc.
+        n_acc accumulators of 16 lanes take turns by 16 elements (element i: accumulator i/16 % n_acc,
+        lane i % 16), one fma each; then accumulators a + a[n_acc/2 + ..] down to one (as ggml's
+        GGML_F32x16_REDUCE), and its lanes pairwise (as _mm512_reduce_add_ps)."""
+        def codegen(context, builder, sig, args):
+            f32 = ir.FloatType()
+            vf = ir.VectorType(f32, _W)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * _W)) for _ in range(n_acc)]
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
+            qp = _vec_at(context, builder, sig, args, 0, 1, f32)
+            kp = _vec_at(context, builder, sig, args, 2, 3, ir.IntType(16))
+            with cgutils.for_range(builder, builder.udiv(args[4], ir.Constant(args[4].type, _W * n_acc))) as loop:
+                for a, acc in enumerate(accs):
+                    i = builder.add(builder.mul(loop.index, ir.Constant(loop.index.type, n_acc)),
+                                    ir.Constant(loop.index.type, a))
+                    qv = builder.load(builder.gep(qp, [i]), align=4)
+                    kv = _widen_f16(context, builder, builder.load(builder.gep(kp, [i]), align=2))
+                    builder.store(builder.call(fma, [qv, kv, builder.load(acc)]), acc)
+            vs = [builder.load(acc) for acc in accs]
+            while len(vs) > 1:
+                h = len(vs) // 2
+                vs = [builder.fadd(vs[i], vs[h + i]) for i in range(h)]
+            v, w = vs[0], _W
+            while w > 1:
+                w //= 2
+                lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(w))))
+                hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(w, 2 * w))))
+                v = builder.fadd(lo, hi)
+            return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+        if not (q == types.float32[::1] and kc == types.uint16[::1]):
+            return None
+        return types.float32(q, qo, kc, ko, n), codegen
+    return _dot_f16
+
+
+# llama.cpp's F16 dots: tinyBLAS (batches of 2+ tokens) and ggml_vec_dot_f16 (one token, AVX-512)
+_dot_f16, _dot_f16_x4 = _make_dot_f16(1), _make_dot_f16(4)
 
 
 @intrinsic
@@ -285,16 +300,28 @@ def _axpy_f16(typingctx, out, oo, a, vc, vo, n):
     return types.void(out, oo, a, vc, vo, n), codegen
 
 
+@njit(cache=True)
+def _sum_lanes16(a, o, stride):
+    # the 16 values a[o + l*stride] summed pairwise, as _mm512_reduce_add_ps
+    return ((((a[o] + a[o + 8 * stride]) + (a[o + 4 * stride] + a[o + 12 * stride]))
+             + ((a[o + 2 * stride] + a[o + 10 * stride]) + (a[o + 6 * stride] + a[o + 14 * stride])))
+            + (((a[o + stride] + a[o + 9 * stride]) + (a[o + 5 * stride] + a[o + 13 * stride]))
+               + ((a[o + 3 * stride] + a[o + 11 * stride]) + (a[o + 7 * stride] + a[o + 15 * stride]))))
+
+
 @njit(cache=True, parallel=True)
-def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16):
+def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single):
     # out f32[n_tok, n_head, hd_v]; q f32[n_tok, n_head, hd_k] (already f16-rounded)
     # k_cache u16[n_ctx, n_head_kv, hd_k], v_cache u16[n_ctx, n_head_kv, hd_v]: f16 bits
-    # f16 f32[65536]: the value of each f16 bit pattern (for head-dim tails past a multiple of 16)
-    # As llama.cpp's tinyBLAS F16 gemm (its KQ and KQV matmuls without flash attention): each dot
-    # in 16 f32 lanes of fmas, lane = index % 16, then summed pairwise as _mm512_reduce_add_ps.
+    # f16 f32[65536]: the value of each f16 bit pattern (for head-dim tails)
+    # KQ and KQV round as llama.cpp's matmuls of them (without flash attention): a batch of 2+
+    # tokens through tinyBLAS's F16 gemm (16 lanes, lane = index % 16), a single token (`single`)
+    # through ggml_vec_dot_f16 (4 x 16 lanes, by index % 64); the lanes summed as _sum_lanes16
     n_head, n_kv = q.shape[1], k_cache.shape[1]
     hd_k, hd_v = q.shape[2], v_cache.shape[2]
-    vk, vv = hd_k - hd_k % 16, hd_v - hd_v % 16          # the vector parts
+    nl = 64 if single else 16                            # lanes: key j's V products in lane j % nl
+    vk = hd_k - hd_k % nl                                # the vector part of a KQ dot
+    vv = hd_v - hd_v % 16
     qf, kf, vf = q.reshape(-1), k_cache.reshape(-1), v_cache.reshape(-1)
     n_kv_max = pos0 + n_tok
     for job in prange(n_tok * n_head):
@@ -303,14 +330,17 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
         p = pos0 + t
         j0 = 0 if window <= 0 else max(0, p - window + 1)
         scores = np.empty(n_kv_max, np.float32)
-        acc = np.zeros(16 * hd_v, np.float32)           # 16 lanes per output: key j in lane j % 16
+        acc = np.zeros(nl * hd_v, np.float32)
         qo = (t * n_head + h) * hd_k
         mx = np.float32(-np.inf)
         for j in range(j0, p + 1):
             ko = (j * n_kv + kvh) * hd_k
-            s = _dot_f16(qf, qo, kf, ko, vk)
-            for d in range(vk, hd_k):
-                s += qf[qo + d] * f16[kf[ko + d]]
+            s = _dot_f16_x4(qf, qo, kf, ko, vk) if single else _dot_f16(qf, qo, kf, ko, vk)
+            if vk < hd_k:                                # ggml's scalar tail, in float64
+                sd = np.float64(s)
+                for d in range(vk, hd_k):
+                    sd += np.float64(qf[qo + d] * f16[kf[ko + d]])
+                s = np.float32(sd)
             s *= kq_scale
             scores[j] = s
             if s > mx:
@@ -319,14 +349,16 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
         for j in range(j0, p + 1):
             pj = f16[_f32_to_half_bits(scores[j] * inv)]    # probabilities meet V as f16
             vo = (j * n_kv + kvh) * hd_v
-            lo = (j & 15) * hd_v
+            lo = (j % nl) * hd_v
             _axpy_f16(acc, lo, pj, vf, vo, vv)
             for d in range(vv, hd_v):
                 acc[lo + d] += pj * f16[vf[vo + d]]
-        for d in range(hd_v):                           # the lanes summed pairwise, as hsum of 16
-            a = acc[d::hd_v]
-            out[t, h, d] = (((a[0] + a[8]) + (a[4] + a[12])) + ((a[2] + a[10]) + (a[6] + a[14]))) + \
-                (((a[1] + a[9]) + (a[5] + a[13])) + ((a[3] + a[11]) + (a[7] + a[15])))
+        for d in range(hd_v):
+            if single:                                   # 4 accumulators: (a0 + a2) + (a1 + a3), lanewise
+                for ln in range(16):
+                    acc[ln * hd_v + d] = (acc[ln * hd_v + d] + acc[(32 + ln) * hd_v + d]) + \
+                        (acc[(16 + ln) * hd_v + d] + acc[(48 + ln) * hd_v + d])
+            out[t, h, d] = _sum_lanes16(acc, d, hd_v)
 
 
 @timed("attention")
@@ -342,7 +374,10 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
             or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous)):
         raise RamforgeError(f"attention: q {q.shape}, k cache {k_cache.shape}, pos0 {pos0}")
     qr = q.astype(np.float16).astype(np.float32)          # q meets an F16 cache as f16
-    _attention(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32)
+    view = getattr(_VIEW, "v", None)                     # llama.cpp's batch, when the engine sets one
+    single = (view[0] if view is not None else n_tok) == 1
+    _attention(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32,
+               single)
     return out
 
 

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ..kernels.ops import attention, geglu, rms_norm, rope
+from .weights import output_rows
 
 ROPE_NEOX = True
 SWA_PATTERN = 6                 # layers with il % 6 < 5 use the sliding window
@@ -31,8 +32,9 @@ def embed(m, x: np.ndarray, tokens) -> None:
     x *= np.float32(math.sqrt(m.hp.n_embd))
 
 
-def forward(m, s, n: int, pos0: int) -> None:
-    """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place."""
+def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+    """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
+    (out: as llama.forward)."""
     hp, w, kv = m.hp, m.weights, m.kv
     pos = np.arange(pos0, pos0 + n, dtype=np.int32)
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
@@ -56,12 +58,14 @@ def forward(m, s, n: int, pos0: int) -> None:
             kv.store(il, pos0, k, v)
             attention(att, q, *kv.layer(il), pos0, 1.0, hp.sliding_window if swa else 0)
             L.attn_output.rows(xb, att.reshape(n, -1))
-            rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
-            x += xb                                             # sa_out
-            rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-            L.ffn_gate.rows(gate, xb)
-            L.ffn_up.rows(up, xb)
-            geglu(gate, gate, up)
-            L.ffn_down.rows(xb, gate)
-            rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
-            x += xb
+            x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
+            with rows:
+                rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
+                x += xb                                         # sa_out
+                rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
+                L.ffn_gate.rows(gate, xb)
+                L.ffn_up.rows(up, xb)
+                geglu(gate, gate, up)
+                L.ffn_down.rows(xb, gate)
+                rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
+                x += xb

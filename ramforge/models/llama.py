@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ..kernels.ops import attention, rms_norm, rope, swiglu
+from .weights import output_rows
 
 ROPE_NEOX = False
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
@@ -22,8 +23,10 @@ def embed(m, x: np.ndarray, tokens) -> None:
     m.weights.embed(tokens, x)
 
 
-def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX) -> None:
-    """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place."""
+def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None = None) -> None:
+    """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place.
+    out: the rows wanted from the model's last layer; after its attention only they go on (llama.cpp's
+    inp_out_ids), computed as a batch of their own."""
     hp, w, kv = m.hp, m.weights, m.kv
     pos = np.arange(pos0, pos0 + n, dtype=np.int32)
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
@@ -34,9 +37,9 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX) -> None:
     for il in range(*m.layers):
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            for proj, bias, out in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k),
+            for proj, bias, dst in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k),
                                     (L.attn_v, L.attn_v_bias, v)):
-                flat = out.reshape(n, -1)
+                flat = dst.reshape(n, -1)
                 proj.rows(flat, xb)
                 if bias is not None:
                     flat += bias.data
@@ -48,10 +51,12 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX) -> None:
             kv.store(il, pos0, k, v)
             attention(att, q, *kv.layer(il), pos0, kq_scale)
             L.attn_output.rows(xb, att.reshape(n, -1))
-            x += xb                                             # residual
-            rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-            L.ffn_gate.rows(gate, xb)
-            L.ffn_up.rows(up, xb)
-            swiglu(gate, gate, up)
-            L.ffn_down.rows(xb, gate)
-            x += xb                                             # residual
+            x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
+            with rows:
+                x += xb                                         # residual
+                rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
+                L.ffn_gate.rows(gate, xb)
+                L.ffn_up.rows(up, xb)
+                swiglu(gate, gate, up)
+                L.ffn_down.rows(xb, gate)
+                x += xb                                         # residual

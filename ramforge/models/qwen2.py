@@ -11,5 +11,5 @@ OPTIONAL = llama.OPTIONAL
 embed = llama.embed
 
 
-def forward(m, s, n: int, pos0: int) -> None:
-    llama.forward(m, s, n, pos0, neox=ROPE_NEOX)
+def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+    llama.forward(m, s, n, pos0, neox=ROPE_NEOX, out=out)

@@ -5,6 +5,7 @@ reads like the graph in llama.cpp's src/models/*.cpp. ramforge.stream.weights la
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,7 +14,7 @@ from ..errors import RamforgeError
 from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.dequant import dequantize
-from ..kernels.matmul import matmul
+from ..kernels.matmul import batch_view, matmul
 from ..kernels.registry import kernels_for
 from ..profiling import timed
 from .config import HParams
@@ -61,6 +62,17 @@ class Layer:
             return self.__dict__["tensors"][name]
         except KeyError:
             return None
+
+
+def output_rows(hp: HParams, il: int, out: slice | None, *arrays):
+    """After the last layer's attention llama.cpp keeps only the rows whose logits are wanted
+    (inp_out_ids) and runs the rest of the layer as a batch of those rows: the arrays narrowed to
+    `out` at layer il = n_layer - 1, and the batch view to run them under (else unchanged, and a
+    no-op context)."""
+    if out is None or il != hp.n_layer - 1:
+        return (*arrays, contextlib.nullcontext())
+    narrowed = tuple(a[out] for a in arrays)
+    return (*narrowed, batch_view(narrowed[0].shape[0], 0))
 
 
 # Tensor suffix -> expected GGUF dims, as a function of the hyperparameters.
