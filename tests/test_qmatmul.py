@@ -334,7 +334,9 @@ def test_strided_inputs_and_outputs():
     assert np.array_equal(got, want) and np.array_equal(big[:, ::2], want) and not big[:, 1::2].any()
 
 
-def test_float_types_keep_the_float_path():
+def test_float_types_take_the_float_kernels():
+    from ramforge.kernels.matmul import float_matmul
+
     for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
         assert REGISTRY[t].qdot is None
         with pytest.raises(RamforgeError, match="no integer-dot kernel"):
@@ -343,7 +345,11 @@ def test_float_types_keep_the_float_path():
     raw = random_blocks(GGMLType.F16, 2 * 32, 1)
     x = activation(1, 32, 2)
     assert np.array_equal(matmul(np.zeros((1, 2), np.float32), x, GGMLType.F16, raw, 2, 32),
-                          matmul_reference(np.zeros((1, 2), np.float32), x, GGMLType.F16, raw, 2, 32))
+                          float_matmul(np.zeros((1, 2), np.float32), x, GGMLType.F16, raw, 2, 32, 1))
+    with pytest.raises(RamforgeError, match="not a float type"):
+        float_matmul(np.zeros((1, 2), np.float32), x, GGMLType.Q8_0, random_blocks(GGMLType.Q8_0, 2, 1), 2, 32, 1)
+    with pytest.raises(RamforgeError, match="needs"):
+        float_matmul(np.zeros((1, 2), np.float32), x, GGMLType.F16, raw[:-2], 2, 32, 1)
 
 
 def test_shapes_and_errors_are_validated():
@@ -423,7 +429,8 @@ class _GGML:
         self.Params = Params
 
     def matmul(self, t: GGMLType, raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
-        repack = REGISTRY[t].qdot.repack is not None and n_out % 8 == 0
+        qd = REGISTRY[t].qdot
+        repack = qd is not None and qd.repack is not None and n_out % 8 == 0
         cw, cx = self.init(self.Params(1 << 16, None, True)), self.init(self.Params(1 << 16, None, True))
         cg = self.init(self.Params(1 << 20, None, True))
         w, xt = self.new2d(cw, int(t), n_in, n_out), self.new2d(cx, 0, n_in, x.shape[0])
@@ -469,3 +476,49 @@ def test_bit_identical_to_llama_cpp_cpu_backend(ggml, t):
                 same = got.view(np.uint32) == want.view(np.uint32)
                 assert same.all(), (f"{t.name} {n_out}x{n_in}, {n_tok} tokens: {np.count_nonzero(~same)} of "
                                     f"{same.size} differ, max {np.abs(got - want).max():.3g}")
+
+
+FLOAT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16]
+
+
+def float_weight(t: GGMLType, n_out: int, n_in: int, seed: int) -> np.ndarray:
+    w = np.random.default_rng(seed).standard_normal((n_out, n_in)).astype(np.float32)
+    if t == GGMLType.F16:
+        return w.astype(np.float16).view(np.uint8).reshape(-1)
+    if t == GGMLType.BF16:
+        return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(-1)
+    return w.view(np.uint8).reshape(-1)
+
+
+@pytest.mark.parametrize("t", FLOAT_TYPES, ids=_ids(FLOAT_TYPES))
+def test_float_matmul_is_within_rounding_of_the_reference(t):
+    from ramforge.kernels.matmul import matmul, matmul_reference
+
+    for n_in, n_out in ((256, 40), (100, 37), (96, 8)):
+        raw = float_weight(t, n_out, n_in, seed=n_in)
+        for n_tok in (1, 3):
+            x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
+            got = matmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in)
+            want = matmul_reference(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(n_in))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("t", FLOAT_TYPES, ids=_ids(FLOAT_TYPES))
+def test_float_matmul_is_bit_identical_to_llama_cpp(ggml, t):
+    # tinyBLAS for 2+ tokens where the shape allows (k a multiple of 16, BF16 32; rows of 4),
+    # ggml_vec_dot_* for one token and the other shapes, leftovers included -- but F32's: one token
+    # with a row length not a multiple of 64 is within rounding only (fmatmul's docstring)
+    from ramforge.kernels.matmul import matmul
+
+    for n_in, n_out in ((256, 40), (100, 37), (96, 8), (160, 36)):
+        raw = float_weight(t, n_out, n_in, seed=n_in + n_out)
+        for n_tok in (1, 2, 5):
+            if t == GGMLType.F32 and n_in % 64 and (n_tok == 1 or n_in % 16 or n_out % 4):
+                continue
+            x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
+            want = ggml.matmul(t, raw, x, n_out, n_in)
+            got = matmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in)
+            same = got.view(np.uint32) == want.view(np.uint32)
+            assert same.all(), (f"{t.name} {n_out}x{n_in}, {n_tok} tokens: {np.count_nonzero(~same)} of "
+                                f"{same.size} differ, max {np.abs(got - want).max():.3g}")

@@ -1,14 +1,14 @@
-"""Matmul of float activations with compact quantized weights, as llama.cpp's CPU backend does it.
+"""Matmul of float activations with compact weights, as llama.cpp's CPU backend does it.
 
 `matmul` runs a quantized weight (every type with a registry `qdot`) through the integer-dot
-kernel of kernels.qmatmul, which reproduces llama.cpp's CPU result bit for bit (its x86 build);
-F32/F16/BF16 weights take the float path below.
+kernel of kernels.qmatmul and an F32/F16/BF16 weight through kernels.fmatmul (`float_matmul`);
+both reproduce llama.cpp's CPU result bit for bit (its x86 AVX-512 build), in the arithmetic it
+picks for the batch (see `batch_view`).
 
-The float path (`matmul_reference`, also the tests' cross-check for the integer path): llama.cpp
-rounds the activation to its weight type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32)
-before the dot product. `round_activation` reproduces that rounding in float32, and the kernel
-then dequantizes each weight row block by block into a thread-local buffer and dots it with
-every token of the chunk, so a weight row is read once per chunk of tokens.
+`matmul_reference` is the naive float path, the tests' cross-check for both: llama.cpp rounds the
+activation to its weight type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32) before the
+dot product; `round_activation` reproduces that rounding in float32, and the kernel dequantizes
+each weight row into a thread-local buffer and dots it with every token in float32.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from numba import njit, prange
 from ..errors import RamforgeError
 from ..gguf.constants import GGML_BLOCK, QK_K
 from .dequant import _dequant_any
+from .fmatmul import BF16, F16, F32, fmatmul
 from .qmatmul import qmatmul
 from .registry import ActType, kernels_for
 
@@ -82,6 +83,10 @@ _ROUND = {
 }
 
 
+_FLOAT_KIND = {ActType.F32: F32, ActType.F16: F16, ActType.BF16: BF16}
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)   # f32[65536]
+
+
 def round_activation(x: np.ndarray, act: ActType) -> np.ndarray:
     """x (f32[n_tok, n]) rounded the way llama.cpp rounds it before a dot with a weight of `act`."""
     return _ROUND[act](np.ascontiguousarray(x, dtype=np.float32))
@@ -126,15 +131,27 @@ def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int,
 
     Quantized weights take the integer-dot kernel (kernels.qmatmul), float weights the float path.
     """
-    if kernels_for(ggml_type).qdot is not None:
-        return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=getattr(_VIEW, "v", None))
-    return matmul_reference(y, x, ggml_type, raw, n_out, n_in)
-
-
-def matmul_reference(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
-    """The float path of `matmul`, for every type: validates the shapes against the packed size,
-    rounds x as llama.cpp would, then dequantizes each row and dots it in float32."""
     k = kernels_for(ggml_type)
+    view = getattr(_VIEW, "v", None)
+    if k.qdot is not None:
+        return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=view)
+    return float_matmul(y, x, ggml_type, raw, n_out, n_in, view[0] if view is not None else x.shape[0])
+
+
+def float_matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
+                 n_batch: int) -> np.ndarray:
+    """The F32/F16/BF16 matmul of kernels.fmatmul, in the arithmetic llama.cpp gives a batch of
+    n_batch tokens: x rounded to the weight type, then tinyBLAS's or ggml_vec_dot's sums."""
+    k = kernels_for(ggml_type)
+    kind = _FLOAT_KIND.get(k.act)
+    if kind is None:
+        raise RamforgeError(f"{k.ggml_type.name} is not a float type")
+    _check_shapes(y, x, k, raw, n_out, n_in)
+    return fmatmul(y, round_activation(x, k.act), kind, raw, n_out, n_in, n_batch, F16_TO_F32)
+
+
+def _check_shapes(y, x, k, raw, n_out: int, n_in: int) -> int:
+    """The packed size and the shapes agree (a RamforgeError naming them if not); the row bytes."""
     be, bb = GGML_BLOCK[k.ggml_type]
     if n_in % be:
         raise RamforgeError(f"row length {n_in} is not a multiple of {k.ggml_type.name}'s block size {be}")
@@ -144,6 +161,15 @@ def matmul_reference(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n
                             f"got {raw.size:,} ({raw.dtype})")
     if x.ndim != 2 or x.shape[1] != n_in or y.shape != (x.shape[0], n_out) or y.dtype != np.float32:
         raise RamforgeError(f"matmul shapes: x {x.shape}, y {y.shape} {y.dtype}, weight {n_out} x {n_in}")
+    return row_bytes
+
+
+def matmul_reference(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """The float path of `matmul`, for every type: validates the shapes against the packed size,
+    rounds x as llama.cpp would, then dequantizes each row and dots it in float32."""
+    k = kernels_for(ggml_type)
+    be, bb = GGML_BLOCK[k.ggml_type]
+    row_bytes = _check_shapes(y, x, k, raw, n_out, n_in)
     xr = round_activation(x, k.act)
     _matmul(y, xr, raw.reshape(-1), int(k.ggml_type), n_out, n_in, row_bytes, be)
     if k.act == ActType.Q8_1:
