@@ -100,8 +100,9 @@ def _make_fdot(kind, n_acc, joined):
             for v in vs:
                 total = builder.fadd(total, builder.fpext(_lanes_sum(builder, v), ir.DoubleType()))
             return total
-        want_w = types.float32[::1] if kind == F32 else types.uint16[::1]
-        if not (w == want_w and a == types.float32[::1]):
+        want = types.float32 if kind == F32 else types.uint16
+        if not all(isinstance(v, types.Array) and v.ndim == 1 and v.layout == "C" and v.dtype == d
+                   for v, d in ((w, want), (a, types.float32))):       # (read-only mmap weights too)
             return None
         return types.float64(w, wo, a, ao, n), codegen
     return _fdot
