@@ -38,6 +38,26 @@ def _lanes_sum(builder, v):
     return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
 
 
+def _widen_f16(context, builder, h, native=None):
+    """<n x i16> f16 bits -> <n x float>, exactly: `fpext half` where the target widens half natively
+    (F16C, AArch64), else integer ops (normal, subnormal, inf/nan) and one exact multiply."""
+    from .qmatmul import _native_half
+    f32, n = ir.FloatType(), h.type.count
+    if _native_half(context) if native is None else native:
+        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), n)), ir.VectorType(f32, n))
+    vi, vf = ir.VectorType(ir.IntType(32), n), ir.VectorType(f32, n)
+    c = lambda v: ir.Constant(vi, [v] * n)  # noqa: E731
+    x = builder.zext(h, vi)
+    sign = builder.shl(builder.and_(x, c(0x8000)), c(16))
+    e = builder.and_(builder.lshr(x, c(10)), c(31))
+    m13 = builder.shl(builder.and_(x, c(0x3FF)), c(13))
+    bits = builder.or_(builder.shl(builder.add(e, c(112)), c(23)), m13)
+    bits = builder.select(builder.icmp_unsigned("==", e, c(31)), builder.or_(c(0x7F800000), m13), bits)
+    sub = builder.fmul(builder.uitofp(builder.and_(x, c(0x3FF)), vf), ir.Constant(vf, [2.0 ** -24] * n))
+    bits = builder.select(builder.icmp_unsigned("==", e, c(0)), builder.bitcast(sub, vi), bits)
+    return builder.bitcast(builder.or_(bits, sign), vf)
+
+
 def _make_fdot(kind, n_acc, joined):
     """An intrinsic (w, wo, a, ao, n) -> float64: the vector part of a row dot, w[wo:] (f32, or f16 /
     bf16 bits as u16) . a[ao:] (f32 values already rounded to the weight's type), over n elements (a
@@ -62,8 +82,7 @@ def _make_fdot(kind, n_acc, joined):
 
             def bits_to_f32(h, count):               # <count x i16> bf16 / f16 bits -> <count x float>
                 if kind == F16:
-                    return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), count)),
-                                         ir.VectorType(f32, count))
+                    return _widen_f16(context, builder, h)
                 wide = builder.shl(builder.zext(h, ir.VectorType(i32, count)), ir.Constant(ir.VectorType(i32, count),
                                                                                           [16] * count))
                 return builder.bitcast(wide, ir.VectorType(f32, count))

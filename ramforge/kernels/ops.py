@@ -17,6 +17,7 @@ from numba.extending import intrinsic
 
 from ..errors import RamforgeError
 from ..profiling import timed
+from .fmatmul import _f16_tb, _f16_vd, _widen_f16
 from .matmul import _VIEW
 
 # ---------------------------------------------------------------- RMSNorm
@@ -193,26 +194,6 @@ F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.floa
 _W = 16                      # lanes of the f16 vector intrinsics below
 
 
-def _widen_f16(context, builder, h, native=None):
-    """<16 x i16> f16 bits -> <16 x float>, exactly: `fpext half` where the target widens half
-    natively (F16C, AArch64), else integer ops (normal, subnormal, inf/nan) and one exact multiply."""
-    from .qmatmul import _native_half
-    f32 = ir.FloatType()
-    if _native_half(context) if native is None else native:
-        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), _W)), ir.VectorType(f32, _W))
-    vi, vf = ir.VectorType(ir.IntType(32), _W), ir.VectorType(f32, _W)
-    c = lambda v: ir.Constant(vi, [v] * _W)  # noqa: E731
-    x = builder.zext(h, vi)
-    sign = builder.shl(builder.and_(x, c(0x8000)), c(16))
-    e = builder.and_(builder.lshr(x, c(10)), c(31))
-    m13 = builder.shl(builder.and_(x, c(0x3FF)), c(13))
-    bits = builder.or_(builder.shl(builder.add(e, c(112)), c(23)), m13)
-    bits = builder.select(builder.icmp_unsigned("==", e, c(31)), builder.or_(c(0x7F800000), m13), bits)
-    sub = builder.fmul(builder.uitofp(builder.and_(x, c(0x3FF)), vf), ir.Constant(vf, [2.0 ** -24] * _W))
-    bits = builder.select(builder.icmp_unsigned("==", e, c(0)), builder.bitcast(sub, vi), bits)
-    return builder.bitcast(builder.or_(bits, sign), vf)
-
-
 def _vec_at(context, builder, sig, args, k, o, elem):
     arr = context.make_array(sig.args[k])(context, builder, args[k])
     return builder.bitcast(builder.gep(arr.data, [args[o]]), ir.VectorType(elem, _W).as_pointer())
@@ -234,48 +215,6 @@ def _make_widen16(native):
 
 
 _widen16_auto, _widen16_int = _make_widen16(None), _make_widen16(False)       # for the tests
-
-
-def _make_dot_f16(n_acc):
-    @intrinsic
-    def _dot_f16(typingctx, q, qo, kc, ko, n):
-        """sum_i q[qo+i] * f16(kc[ko+i]) for i < n (a multiple of 16 * n_acc): f32 q, u16 f16-bit kc.
-        n_acc accumulators of 16 lanes take turns by 16 elements (element i: accumulator i/16 % n_acc,
-        lane i % 16), one fma each; then accumulators a + a[n_acc/2 + ..] down to one (as ggml's
-        GGML_F32x16_REDUCE), and its lanes pairwise (as _mm512_reduce_add_ps)."""
-        def codegen(context, builder, sig, args):
-            f32 = ir.FloatType()
-            vf = ir.VectorType(f32, _W)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * _W)) for _ in range(n_acc)]
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
-            qp = _vec_at(context, builder, sig, args, 0, 1, f32)
-            kp = _vec_at(context, builder, sig, args, 2, 3, ir.IntType(16))
-            with cgutils.for_range(builder, builder.udiv(args[4], ir.Constant(args[4].type, _W * n_acc))) as loop:
-                for a, acc in enumerate(accs):
-                    i = builder.add(builder.mul(loop.index, ir.Constant(loop.index.type, n_acc)),
-                                    ir.Constant(loop.index.type, a))
-                    qv = builder.load(builder.gep(qp, [i]), align=4)
-                    kv = _widen_f16(context, builder, builder.load(builder.gep(kp, [i]), align=2))
-                    builder.store(builder.call(fma, [qv, kv, builder.load(acc)]), acc)
-            vs = [builder.load(acc) for acc in accs]
-            while len(vs) > 1:
-                h = len(vs) // 2
-                vs = [builder.fadd(vs[i], vs[h + i]) for i in range(h)]
-            v, w = vs[0], _W
-            while w > 1:
-                w //= 2
-                lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(w))))
-                hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(w, 2 * w))))
-                v = builder.fadd(lo, hi)
-            return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-        if not (q == types.float32[::1] and kc == types.uint16[::1]):
-            return None
-        return types.float32(q, qo, kc, ko, n), codegen
-    return _dot_f16
-
-
-# llama.cpp's F16 dots: tinyBLAS (batches of 2+ tokens) and ggml_vec_dot_f16 (one token, AVX-512)
-_dot_f16, _dot_f16_x4 = _make_dot_f16(1), _make_dot_f16(4)
 
 
 @intrinsic
@@ -335,7 +274,7 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
         mx = np.float32(-np.inf)
         for j in range(j0, p + 1):
             ko = (j * n_kv + kvh) * hd_k
-            s = _dot_f16_x4(qf, qo, kf, ko, vk) if single else _dot_f16(qf, qo, kf, ko, vk)
+            s = np.float32(_f16_vd(kf, ko, qf, qo, vk) if single else _f16_tb(kf, ko, qf, qo, vk))
             if vk < hd_k:                                # ggml's scalar tail, in float64
                 sd = np.float64(s)
                 for d in range(vk, hd_k):
