@@ -27,6 +27,7 @@ Helpers live in this file because numba's on-disk cache only notices edits to th
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -1307,11 +1308,10 @@ def _qmatmul(y, aq, ad, am, bsum, raw, tid, n_out, n_in, row_bytes, sub, sb, v_l
 
 # ---------------------------------------------------------------- public entry point
 
-def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
-            vector: bool | None = None, view: tuple[int, int] | None = None) -> np.ndarray:
-    """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements,
-    by integer dots as llama.cpp. vector: LLVM vector intrinsics (default: not RAMFORGE_PORTABLE=1).
-    view (v_n, off): the tokens are rows off.. of a batch of v_n, and get that batch's arithmetic."""
+@functools.lru_cache(maxsize=4096)
+def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_threads: int):
+    """What a call's shape decides, computed once per shape: (type, row bytes, act, sub, block
+    elements, Q8_1 sums?, pos_ties, v_lo, v_hi, split, n_chunks, group, r_lo, r_hi); refusals raise."""
     from ramforge.kernels.registry import kernels_for  # the registry imports this module
 
     k = kernels_for(ggml_type)
@@ -1321,34 +1321,44 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
     be, bb = GGML_BLOCK[t]
     if n_in % be:
         raise RamforgeError(f"row length {n_in} is not a multiple of {t.name}'s block size {be}")
-    row_bytes = n_in // be * bb
-    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.size != n_out * row_bytes:
-        got = f"{raw.size:,} ({raw.dtype})" if isinstance(raw, np.ndarray) else type(raw).__name__
-        raise RamforgeError(f"{t.name} weight of {n_out} x {n_in} needs {n_out * row_bytes:,} B, got {got}")
-    if (not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != n_in or not isinstance(y, np.ndarray)
-            or y.shape != (x.shape[0], n_out) or y.dtype != np.float32):
-        raise RamforgeError(f"matmul shapes: x {getattr(x, 'shape', x)}, y {getattr(y, 'shape', y)} "
-                            f"{getattr(y, 'dtype', '')}, weight {n_out} x {n_in}")
-    if x.shape[0] == 0 or n_out == 0 or n_in == 0:
-        y[...] = 0
-        return y
     qd = k.qdot
-    n_tok = x.shape[0]
-    v_n, v_off = view if view is not None and 0 <= view[1] and view[1] + n_tok <= view[0] else (n_tok, 0)
     v_lo, v_hi, split = qd.variants(be, n_out, v_n)
     split = min(max(split - v_off, 0), n_tok)
-    a = quantize_activation(x, k.act, qd.sub, pos_ties=split if qd.repack and n_out % 8 == 0 else 0)
-    ad = a.d.reshape(-1)
-    am = a.s.reshape(-1) if qd.mins == Q8_1_SUM else ad
-    out = y if y.flags.c_contiguous and y.flags.writeable else np.empty_like(y)
-    n_chunks = min(n_out, _CHUNKS_PER_THREAD * numba.get_num_threads())
-    group = 1 if x.shape[0] < _GROUP_FROM_TOKENS else _GROUP_ROWS
+    group = 1 if n_tok < _GROUP_FROM_TOKENS else _GROUP_ROWS
     r_lo = r_hi = -1
     if group == 1:                      # few tokens: dot the packed rows (v_lo only runs below split)
         r_hi = raw_row_id(int(t), v_hi)
         r_lo = raw_row_id(int(t), v_lo) if split > 0 else r_hi
+    pos_ties = split if qd.repack and n_out % 8 == 0 else 0
+    return (t, n_in // be * bb, k.act, qd.sub, be, qd.mins == Q8_1_SUM, pos_ties, v_lo, v_hi, split,
+            max(1, min(n_out, _CHUNKS_PER_THREAD * n_threads)), group, r_lo, r_hi)
+
+
+def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
+            vector: bool | None = None, view: tuple[int, int] | None = None) -> np.ndarray:
+    """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements,
+    by integer dots as llama.cpp. vector: LLVM vector intrinsics (default: not RAMFORGE_PORTABLE=1).
+    view (v_n, off): the tokens are rows off.. of a batch of v_n, and get that batch's arithmetic."""
+    n_tok = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else -1
+    v_n, v_off = view if view is not None and 0 <= view[1] and view[1] + n_tok <= view[0] else (n_tok, 0)
+    (t, row_bytes, act, sub, be, q81, pos_ties, v_lo, v_hi, split, n_chunks, group, r_lo,
+     r_hi) = _plan(ggml_type, n_out, n_in, max(n_tok, 0), v_n, v_off, numba.get_num_threads())
+    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.size != n_out * row_bytes:
+        got = f"{raw.size:,} ({raw.dtype})" if isinstance(raw, np.ndarray) else type(raw).__name__
+        raise RamforgeError(f"{t.name} weight of {n_out} x {n_in} needs {n_out * row_bytes:,} B, got {got}")
+    if (n_tok < 0 or x.shape[1] != n_in or not isinstance(y, np.ndarray)
+            or y.shape != (n_tok, n_out) or y.dtype != np.float32):
+        raise RamforgeError(f"matmul shapes: x {getattr(x, 'shape', x)}, y {getattr(y, 'shape', y)} "
+                            f"{getattr(y, 'dtype', '')}, weight {n_out} x {n_in}")
+    if n_tok == 0 or n_out == 0 or n_in == 0:
+        y[...] = 0
+        return y
+    a = quantize_activation(x, act, sub, pos_ties=pos_ties)
+    ad = a.d.reshape(-1)
+    am = a.s.reshape(-1) if q81 else ad
+    out = y if y.flags.c_contiguous and y.flags.writeable else np.empty_like(y)
     _qmatmul(out, a.q, ad, am, a.bsum.reshape(-1), np.ascontiguousarray(raw).reshape(-1), int(t), n_out, n_in,
-             row_bytes, qd.sub, be, v_lo, v_hi, split, VECTOR if vector is None else bool(vector), n_chunks,
+             row_bytes, sub, be, v_lo, v_hi, split, VECTOR if vector is None else bool(vector), n_chunks,
              group, r_lo, r_hi)
     if out is not y:
         y[...] = out
