@@ -151,7 +151,7 @@ def logits(model, prompt, top, ctx, ram, as_json):
 
     with _engine(model, ctx, ram) as eng:
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=False)
-        lg = eng.eval(ids)[-1]
+        lg = eng.eval(ids, aligned=True)[-1]                # as llama.cpp computes a prompt
         order = np.argsort(-lg, kind="stable")[:top]
         rows = [{"id": int(i), "piece": eng.tokenizer.token_text(int(i)), "logit": float(lg[i])} for i in order]
         if as_json:
