@@ -49,9 +49,9 @@ def state_bytes(hp: HParams, batch: int, n_ctx: int) -> int:
     """Run state for `batch` tokens (see engine.State) plus matmul and attention scratch."""
     per_tok = (3 * hp.n_embd + hp.n_head * hp.head_dim_k + hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v)
                + hp.n_head * hp.head_dim_v + 2 * hp.n_ff + hp.n_vocab)
-    # matmul activations; per head: attention scores and 16 accumulator lanes; the kept prompt logits
+    # matmul activations; per head: attention scores and up to 64 accumulator lanes; the kept logits
     scratch = (2 * batch * max(hp.n_embd, hp.n_ff, hp.n_head * hp.head_dim_k)
-               + hp.n_head * (n_ctx + 16 * hp.head_dim_v) + hp.n_vocab)
+               + hp.n_head * (n_ctx + 64 * hp.head_dim_v) + hp.n_vocab)
     return 4 * (batch * per_tok + scratch)
 
 
