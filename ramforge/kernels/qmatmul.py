@@ -212,7 +212,10 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     vt = ir.VectorType(_I8, 32)
     l8, f8, f32 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
     ap, sp, mp, dap, map_, bp = (p[k] for k in ("aq", "isc", "imn", "ad", "am", "bsum"))
-    w_d, w_m, w_vec = wsrc
+    w_d, w_m, w_vec = wsrc[:3]
+    # a type with a quant offset c, read packed, on VNNI: dot the unsigned quants and add c * the
+    # activation's sums (exact integers; no sign trick): per block (GROUPS) or per lane of 4 (LANES)
+    shifted = wsrc[3] if len(wsrc) > 3 and mode in (GROUPS, LANES) and nsub == 1 and _has_vnni(context) else None
     fma8, fma1 = _fma_fn(builder, f8), _fma_fn(builder, f32)
     zero8, zero = ir.Constant(f8, [0.0] * 8), ir.Constant(f32, 0.0)
     facc = cgutils.alloca_once_value(builder, zero8)        # the 8 f32 lanes
@@ -250,9 +253,12 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
         chunks = sub * nsub // 32
         for c in range(chunks):                    # 32-element chunks
             e = builder.add(e0, c64(32 * c))
-            va = w_vec(b, e, c)
+            va = w_vec(b, e, c) if shifted is None else shifted[0](b, e, c)
             vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
-            part = _dot_lanes(context, builder, va, vb, unsigned)
+            part = _dot_lanes(context, builder, va, vb, unsigned or shifted is not None)
+            if shifted is not None and mode == LANES:        # + c * (a's sums per lane of 4)
+                ones = _dot_lanes(context, builder, ir.Constant(vt, [1] * 32), vb, True)
+                part = builder.add(part, builder.mul(ones, ir.Constant(l8, [shifted[1]] * 8)))
             if scaled:                             # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
                 ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
                 sv = [_splat(builder, at(sp, k), l8) for k in ks]
@@ -262,7 +268,10 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
             iacc = builder.add(iacc, part)
             if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group
                 g = (c + 1) * 32 // grp - 1
-                builder.store(fmaf(builder.sitofp(reduce(iacc), f32), d, ld(sacc)), sacc)
+                isum = reduce(iacc)
+                if shifted is not None:                      # + c * sum a over the block
+                    isum = builder.add(isum, builder.mul(at(bp, b), ir.Constant(_I32, shifted[1])))
+                builder.store(fmaf(builder.sitofp(isum, f32), d, ld(sacc)), sacc)
                 iacc = ir.Constant(l8, [0] * 8)
                 if mins == K_MINS:
                     gs = grp // sub
@@ -408,7 +417,15 @@ def _raw_source(context, builder, src, rp, p):
 
     def w_m(b):
         return _half_to_float(builder, blk(b, m_off, ir.IntType(16)), native)
-    return w_d, w_m, w_vec
+
+    def w_unsigned(b, e, chunk):               # the quants before the offset c (0..15 or 0..31)
+        r = nibbles(b, qs_off)
+        if qh_off:
+            bits = builder.lshr(_splat(builder, blk(b, qh_off, _I32), w32), ir.Constant(w32, list(range(32))))
+            bits = builder.shl(builder.and_(bits, ir.Constant(w32, [1] * 32)), ir.Constant(w32, [4] * 32))
+            r = builder.add(r, builder.trunc(bits, v32))
+        return r
+    return w_d, w_m, w_vec, ((w_unsigned, c) if c else None)
 
 
 def _sum_rows8(builder, vs):

@@ -24,7 +24,8 @@ _I32, _I64 = ir.IntType(32), ir.IntType(64)
 @dataclass
 class QuantizedActivation:
     """x (f32[n_tok, n]) quantized as llama.cpp's vec_dot_type: q i8[n_tok * n] (flat), d f32 per block,
-    s f32 (Q8_1: f16(d * sum q) per 32, else empty), bsum i32 sums of q per `sub` elements (Q8_K)."""
+    s f32 (Q8_1: f16(d * sum q) per 32, else empty), bsum i32 sums of q per `sub` elements (Q8_K) or
+    per block of 32 (Q8_0, Q8_1)."""
 
     q: np.ndarray
     d: np.ndarray
@@ -88,9 +89,9 @@ def _f16_round(v):
 
 
 @njit(cache=True)
-def _quantize_q8_0(x, q, d, s, with_sum):
-    # x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/32] (f16-rounded amax/127), s (with_sum) f32
-    # f16(d32 * sum q) per 32; the arithmetic of _q8_0_reference, element for element
+def _quantize_q8_0(x, q, d, s, bsum, with_sum):
+    # x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/32] (f16-rounded amax/127), bsum i32 sum q per
+    # 32, s (with_sum) f32 f16(d32 * sum q) per 32; the arithmetic of _q8_0_reference, element for element
     n_tok, n = x.shape
     nb = n // 32
     for t in range(n_tok):
@@ -106,6 +107,7 @@ def _quantize_q8_0(x, q, d, s, with_sum):
                 q[(t * nb + b) * 32 + i] = v
                 tot += v
             d[t * nb + b] = _f16_round(d32)
+            bsum[t * nb + b] = tot
             if with_sum:
                 s[t * nb + b] = _f16_round(np.float32(tot) * d32)
 
@@ -144,8 +146,9 @@ def _q8_0(x: np.ndarray, with_sum: bool) -> QuantizedActivation:
     q = np.empty(n_tok * n, np.int8)
     d = np.empty((n_tok, n // 32), np.float32)
     s = np.empty((n_tok, n // 32), np.float32) if with_sum else _EMPTY_F
-    _quantize_q8_0(x, q, d.reshape(-1), s.reshape(-1), with_sum)
-    return QuantizedActivation(q, d, s, _EMPTY_I)
+    bsum = np.empty((n_tok, n // 32), np.int32)
+    _quantize_q8_0(x, q, d.reshape(-1), s.reshape(-1), bsum.reshape(-1), with_sum)
+    return QuantizedActivation(q, d, s, bsum)
 
 
 def _q8_k(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActivation:
