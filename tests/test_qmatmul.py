@@ -290,6 +290,51 @@ def test_vector_path_equals_portable_bit_for_bit(t):
             assert np.array_equal(yv.view(np.uint32), yp.view(np.uint32)), (t.name, n_out, n_tok)
 
 
+_NO_VNNI_SCRIPT = """
+import sys, numpy as np
+from ramforge.kernels import qmatmul as qm
+from ramforge.kernels.registry import REGISTRY
+data = np.load(sys.argv[1])
+out = {}
+for key in data.files:
+    if key.startswith("raw-"):
+        name, n_out, n_in, n_tok = key[4:].split("-")
+        n_out, n_in, n_tok = int(n_out), int(n_in), int(n_tok)
+        t = next(t for t in REGISTRY if t.name == name)
+        x = data["x-%d-%d" % (n_tok, n_in)]
+        y = np.zeros((n_tok, n_out), np.float32)
+        out[key] = qm.qmatmul(y, x, t, data[key], n_out, n_in)
+np.savez(sys.argv[2], **out)
+"""
+
+
+def test_generic_ir_equals_the_vnni_path(tmp_path):
+    # the IR for CPUs without VNNI (RAMFORGE_NO_VNNI=1, compiled in a process with its own cache)
+    # gives the same integers, so the same bits, as this machine's path
+    import os
+    import subprocess
+    import sys
+
+    cases, want = {}, {}
+    for t in INT_TYPES:
+        k = REGISTRY[t]
+        n_in = N_IN if k.block_elems > 32 else N_IN + 32
+        for n_out in (N_OUT, N_OUT + 3):
+            raw = random_blocks(t, n_out * n_in // k.block_elems, seed=21)
+            for n_tok in (1, 5, qm.TILED_FROM + 1):
+                x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
+                key = f"raw-{t.name}-{n_out}-{n_in}-{n_tok}"
+                cases[key], cases[f"x-{n_tok}-{n_in}"] = raw, x
+                want[key] = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in)
+    np.savez(tmp_path / "in.npz", **cases)
+    env = dict(os.environ, RAMFORGE_NO_VNNI="1", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    subprocess.run([sys.executable, "-c", _NO_VNNI_SCRIPT, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                   check=True, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    got = np.load(tmp_path / "out.npz")
+    for key, y in want.items():
+        assert np.array_equal(got[key].view(np.uint32), y.view(np.uint32)), key
+
+
 def test_every_arithmetic_variant_is_used_and_reachable():
     # the shapes of the test above reach every variant the kernel has (so each is compared)
     used = set()

@@ -147,7 +147,11 @@ def _quad_lanes(builder, p):
 
 
 def _has_vnni(context) -> bool:
-    """Whether the compile target has 256-bit VNNI (AVX512-VNNI with VL, or AVX-VNNI): vpdpbusd."""
+    """Whether the compile target has 256-bit VNNI (AVX512-VNNI with VL, or AVX-VNNI): vpdpbusd.
+    RAMFORGE_NO_VNNI=1 compiles the generic IR instead (the tests use it, with a cache dir of its own:
+    numba's cache does not know the setting)."""
+    if os.environ.get("RAMFORGE_NO_VNNI", "").strip() not in ("", "0"):
+        return False
     f = set((getattr(context.codegen(), "_tm_features", "") or "").split(","))
     return llvm.get_process_triple().startswith("x86_64") and (
         {"+avx512vnni", "+avx512vl"} <= f or "+avxvnni" in f)
