@@ -340,7 +340,7 @@ def test_swap_models_under_the_budget(server, tmp_path, monkeypatch):
     """A second store name (a symlink to the same file) and another num_ctx swap the resident model;
     a context the budget cannot hold is a 507, and the server recovers."""
     from ramforge.resolve import DEFAULT_SHA256, default_model_path
-    from ramforge.server import app as app_module
+    from ramforge.server import common, manager
     from ramforge.store import Store
 
     store = Store(tmp_path)
@@ -349,7 +349,9 @@ def test_swap_models_under_the_budget(server, tmp_path, monkeypatch):
     (store.blobs / f"sha256-{DEFAULT_SHA256}").symlink_to(default_model_path())
     (store.manifests / "gemma-copy.json").write_text(json.dumps(
         {"name": "gemma-copy", "digest": f"sha256:{DEFAULT_SHA256}", "size": 1, "source": "test"}))
-    monkeypatch.setattr(app_module, "Store", lambda: Store(tmp_path))
+    for module in (common, manager):
+        if hasattr(module, "Store"):
+            monkeypatch.setattr(module, "Store", lambda: Store(tmp_path))
     pr = _prose()
     r = server.ollama.generate(model="gemma-copy", prompt=pr["text"], raw=True,
                                options={**GREEDY, "num_predict": 4, "num_ctx": 256})

@@ -113,7 +113,8 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
         raise RamforgeError("ramforge serve needs FastAPI and uvicorn: pip install 'ramforge[serve]'")
     import uvicorn
     from ..memory.size import parse_memory_size
-    from .app import APIError, ServerConfig, create_app, parse_keep_alive
+    from .app import create_app
+    from .common import APIError, ServerConfig, parse_keep_alive
 
     if ram is not None:
         parse_memory_size(ram)                      # a bad size fails here, as one line

@@ -21,9 +21,9 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import __version__
-from .app import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, APIError, Job, ModelManager, details_of, iso,
-                  list_models, manager_of, now_iso, parse_keep_alive, read_info, sampling_args, stop_list,
-                  stream_job)
+from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, APIError, details_of, iso, list_models, manager_of,
+                     now_iso, parse_keep_alive, read_info, sampling_args, stop_list)
+from .manager import Job, ModelManager, stream_job
 
 router = APIRouter()
 NDJSON = "application/x-ndjson"

@@ -23,8 +23,9 @@ import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from .app import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, APIError, Job, error_body, error_status, list_models,
-                  manager_of, sampling_args, stop_list, stream_job)
+from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, APIError, error_body, error_status, list_models,
+                     manager_of, sampling_args, stop_list)
+from .manager import Job, stream_job
 
 router = APIRouter()
 SSE = "text/event-stream"

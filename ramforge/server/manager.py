@@ -1,0 +1,317 @@
+"""The one resident model (`ModelManager`) and the generations that take turns on it (`Job`).
+
+See ramforge.server.app for how they are served.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..errors import ContextLengthExceeded, RamforgeError
+from ..resolve import DEFAULT_NAMES, default_model_path, resolve_model
+from ..store import InvalidModelName, Store, is_valid_name, normalize_name
+from .common import FOREVER, MAX_NAME, APIError, ServerConfig, log
+
+
+# ------------------------------------------------------------------------------ model manager
+
+@dataclass
+class Loaded:
+    model: Any                 # ramforge.api.Model
+    name: str                  # the name it is served as
+    path: str
+    ctx_key: int | None        # the n_ctx it was asked for (None: the default)
+    loaded_at: float = field(default_factory=time.time)
+    expires: float = FOREVER   # time.monotonic() deadline
+    expires_wall: float = FOREVER
+
+    def keep(self, seconds: float) -> None:
+        self.expires = time.monotonic() + seconds
+        self.expires_wall = time.time() + seconds
+
+
+def _served_name(model: str | None) -> tuple[str, set[str]]:
+    """The name the startup model is served as, and the names that reach it."""
+    if model in DEFAULT_NAMES:
+        return "default", {"default"}
+    path = Path(model).expanduser()
+    if path.is_file():
+        stem = path.name[:-5] if path.name.lower().endswith(".gguf") else path.name
+        name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("._-")[:128] or "model"
+        return name, {name, model}
+    if is_valid_name(model):
+        return normalize_name(model), {normalize_name(model), model}
+    return model, {model}
+
+
+class ModelManager:
+    """The one resident model, the lock that serialises requests, and the worker thread."""
+
+    def __init__(self, cfg: ServerConfig):
+        self.cfg = cfg
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="ramforge-model")
+        self.lock = asyncio.Lock()
+        self.waiting = 0
+        self.current: Loaded | None = None
+        self.startup_name, self.aliases = _served_name(cfg.model)
+        self._locate_lock = threading.Lock()
+        self.reap_interval = 1.0
+
+    # ---- the worker thread
+    async def call(self, fn: Callable, *args, **kwargs):
+        """Run fn on the model's worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, partial(fn, *args, **kwargs))
+
+    def run_sync(self, fn: Callable, *args, **kwargs):
+        """Run fn on the worker thread from outside the event loop (the CLI's preload)."""
+        return self.executor.submit(partial(fn, *args, **kwargs)).result()
+
+    # ---- names
+    def locate(self, name: str | None) -> tuple[str, str]:
+        """(served name, file path) of a requested model name. Only store names (and 'default', and
+        the startup model's names) resolve: a request cannot name a file."""
+        with self._locate_lock:
+            if name is None or name == "" or name in self.aliases:
+                return self.startup_name, str(resolve_model(self.cfg.model))
+            if len(name) > MAX_NAME:
+                raise InvalidModelName(name[:40] + "...", f"longer than {MAX_NAME} characters")
+            canon = normalize_name(name)          # InvalidModelName for '../x', 'a/b', '' ...
+            if canon in self.aliases:
+                return self.startup_name, str(resolve_model(self.cfg.model))
+            if canon == "default":
+                return "default", str(default_model_path())
+            return canon, str(Store().path_of(canon))   # NotInStore / BlobMissing: ModelNotFound
+
+    # ---- lifecycle (callers hold the lock, except preload and shutdown)
+    def _load(self, path: str, n_ctx: int | None):
+        from ..api import Model
+
+        return Model(path, ram=self.cfg.ram, n_ctx=n_ctx if n_ctx is not None else self.cfg.n_ctx,
+                     n_threads=self.cfg.n_threads, io=self.cfg.io)
+
+    async def ensure(self, name: str | None, num_ctx: int | None = None) -> tuple[Loaded, float]:
+        """The loaded model for `name` (loading or swapping as needed) and the seconds spent loading."""
+        served, path = await self.call(self.locate, name)
+        cur = self.current
+        if cur is not None and cur.path == path and num_ctx in (None, cur.ctx_key, cur.model.n_ctx):
+            cur.name = served
+            return cur, 0.0
+        await self.unload()                         # first, so that one model at a time fits the budget
+        t0 = time.perf_counter()
+        model = await self.call(self._load, path, num_ctx)
+        self.current = Loaded(model, served, path, num_ctx)
+        self.current.keep(self.cfg.keep_alive)
+        log.info("loaded %s (%s) in %.2f s", served, path, time.perf_counter() - t0)
+        return self.current, time.perf_counter() - t0
+
+    def preload(self) -> None:
+        """Load the startup model now (from the CLI, before serving): errors surface as they are."""
+        served, path = self.run_sync(self.locate, None)
+        model = self.run_sync(self._load, path, None)
+        self.current = Loaded(model, served, path, None)
+        self.current.keep(self.cfg.keep_alive)
+
+    async def unload(self) -> None:
+        cur, self.current = self.current, None
+        if cur is not None:
+            await self.call(cur.model.close)
+            log.info("unloaded %s", cur.name)
+
+    async def acquire(self) -> None:
+        if self.lock.locked() and self.waiting >= self.cfg.max_queue:
+            raise APIError(503, f"server busy: {self.waiting} requests already wait for the model; retry later")
+        self.waiting += 1
+        try:
+            await self.lock.acquire()
+        finally:
+            self.waiting -= 1
+
+    async def release(self, keep_alive: float | None) -> None:
+        """Apply keep_alive (None: the server's; 0: unload now; inf: forever) and let the next request in."""
+        try:
+            ka = self.cfg.keep_alive if keep_alive is None else keep_alive
+            if self.current is not None:
+                if ka <= 0:
+                    await self.unload()
+                else:
+                    self.current.keep(ka)
+        finally:
+            self.lock.release()
+
+    async def reap_forever(self) -> None:
+        """Unload the model when its keep_alive has run out and nobody is using it."""
+        while True:
+            cur = self.current
+            wait = self.reap_interval if cur is None else min(self.reap_interval,
+                                                                max(0.05, cur.expires - time.monotonic()))
+            await asyncio.sleep(wait)
+            cur = self.current
+            if cur is not None and time.monotonic() >= cur.expires and not self.lock.locked():
+                async with self.lock:
+                    cur = self.current
+                    if cur is not None and time.monotonic() >= cur.expires:
+                        try:
+                            await self.unload()
+                        except Exception:  # noqa: BLE001 - keep reaping; the model is dropped either way
+                            log.exception("unloading %s failed", cur.name)
+
+    async def shutdown(self) -> None:
+        try:
+            cur, self.current = self.current, None
+            if cur is not None:                     # queued behind any step still running on the worker
+                await self.call(cur.model.close)
+        finally:
+            self.executor.shutdown(wait=False)
+
+
+# ------------------------------------------------------------------------------------- jobs
+
+class Job:
+    """One generation holding the model lock, from loading to the last token."""
+
+    def __init__(self, manager: ModelManager, keep_alive: float | None):
+        self.m, self.keep_alive = manager, keep_alive
+        self.t0 = time.perf_counter()
+        self.loaded: Loaded | None = None
+        self.load_s = 0.0
+        self.ids: list[int] = []
+        self.it = None
+        self.first = None
+        self.closed = False
+
+    @classmethod
+    async def start(cls, manager: ModelManager, *, model: str | None, num_ctx: int | None,
+                    keep_alive: float | None, build: Callable, max_tokens: int | None, clamp: bool,
+                    sampling: dict, stop: list[str]) -> "Job":
+        """Take the lock, load, build the prompt ids (`build(model)` on the worker), and evaluate the
+        prompt. max_tokens None or < 0: until the context is full or an end-of-generation token;
+        clamp: cut max_tokens to the room left (Ollama), else a prompt + max_tokens over the
+        context is a ContextLengthExceeded (OpenAI)."""
+        job = cls(manager, keep_alive)
+        # A bad or unknown name is refused (400 / 404) before the request queues for the model: it must
+        # not wait behind generations, take a queue place, or be answered 503 when the queue is full.
+        await anyio.to_thread.run_sync(manager.locate, model)
+        await manager.acquire()
+        try:
+            job.loaded, job.load_s = await manager.ensure(model, num_ctx)
+            mdl = job.loaded.model
+            job.ids = ids = list(await manager.call(build, mdl))
+            if not ids:
+                raise APIError(400, "the prompt is empty: it has no tokens")
+            n_vocab = mdl.engine.hp.n_vocab
+            bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise APIError(400, f"token id {bad} is out of range for a vocabulary of {n_vocab}")
+            room = mdl.n_ctx - len(ids)
+            if room <= 0:
+                raise ContextLengthExceeded(f"the prompt of {len(ids)} tokens leaves no room in the context of "
+                                            f"{mdl.n_ctx}; shorten it or raise num_ctx / --ctx")
+            if max_tokens is None or max_tokens < 0:
+                max_tokens = room
+            elif clamp:
+                max_tokens = min(max_tokens, room)
+            job.it = mdl.stream(ids, max_tokens, stop=stop or None, **sampling)
+            job.first = await manager.call(next, job.it, None)
+        except BaseException:
+            await job.close()
+            raise
+        return job
+
+    @property
+    def model(self):
+        return self.loaded.model
+
+    async def responses(self, request: Request | None = None) -> AsyncIterator:
+        """The Responses of Model.stream, each step on the worker; with `request`, a client that has
+        gone (checked every quarter second) stops the generation."""
+        r, polled = self.first, time.monotonic()
+        while r is not None:
+            yield r
+            if r.done:
+                return
+            if request is not None and time.monotonic() - polled > 0.25:
+                polled = time.monotonic()
+                if await request.is_disconnected():
+                    raise APIError(499, "client disconnected")
+            r = await self.m.call(next, self.it, None)
+
+    async def collect(self, request: Request | None = None):
+        """The final Response with the whole text (non-streaming requests); closes the job."""
+        try:
+            parts, last = [], None
+            async for r in self.responses(request):
+                parts.append(r.text)
+                last = r
+            last.text = "".join(parts)
+            return last
+        finally:
+            await self.close()
+
+    def durations(self, r) -> dict:
+        """Ollama's counters and durations (nanoseconds) of the final Response."""
+        ns = lambda s: int(round(s * 1e9))  # noqa: E731
+        return {"total_duration": ns(time.perf_counter() - self.t0), "load_duration": ns(self.load_s),
+                "prompt_eval_count": r.prompt_eval_tokens, "prompt_eval_duration": ns(r.prompt_s),
+                "eval_count": r.completion_tokens, "eval_duration": ns(r.gen_s)}
+
+    async def close(self) -> None:
+        """Stop the generation (on the worker) and release the lock; idempotent, not cancellable."""
+        if self.closed:
+            return
+        self.closed = True
+
+        async def _close():
+            try:
+                if self.it is not None:
+                    await self.m.call(self.it.close)
+            except Exception:  # noqa: BLE001 - never keep the lock over a failed close
+                log.exception("closing a generation failed")
+            finally:
+                await self.m.release(self.keep_alive)
+
+        with anyio.CancelScope(shield=True):
+            await asyncio.shield(_close())
+
+
+class JobStream(StreamingResponse):
+    """A streaming response that releases its job's lock whatever happens (even if never iterated)."""
+
+    def __init__(self, content, job: Job, media_type: str):
+        super().__init__(content, media_type=media_type,
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.job.close()
+
+
+def stream_job(job: Job, lines: Callable[[Any], list[str]], on_error: Callable[[BaseException], str],
+               media_type: str) -> JobStream:
+    """Stream `lines(response)` for each Response; an error after the start becomes `on_error(exc)`."""
+    async def body():
+        try:
+            async for r in job.responses():
+                for line in lines(r):
+                    yield line
+        except Exception as e:  # noqa: BLE001 - the status line is gone: report in-band
+            if not isinstance(e, RamforgeError):
+                log.exception("generation failed")
+            yield on_error(e)
+        finally:
+            await job.close()
+
+    return JobStream(body(), job, media_type)
