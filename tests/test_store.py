@@ -17,8 +17,8 @@ from ramforge.cli import cli, main
 from ramforge.errors import ModelNotFound, RamforgeError
 from ramforge.resolve import resolve_model
 from ramforge.store import (DigestMismatch, DownloadIncomplete, InvalidModelName, InvalidSource, NotGGUF,
-                            NotInStore, Store, StoreBusy, _PartLock, default_name, expand_source,
-                            normalize_name)
+                            NotInStore, Store, StoreBusy, default_name, expand_source, normalize_name)
+from ramforge.store.transfer import _PartLock
 
 SIZE = 3 * (1 << 20) + 12345
 DATA = b"GGUF" + os.urandom(SIZE - 4)
