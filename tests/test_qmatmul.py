@@ -346,10 +346,11 @@ def test_every_arithmetic_variant_is_used_and_reachable():
     assert used == set(range(len(qm._VARIANTS)))
 
 
-def test_every_groups_variant_has_an_8_row_kernel():
-    # batches of the repacked types run 8 rows at a time (the rows' float steps lane by lane); the
-    # 40-row shapes above (N_OUT + 3) reach them in the vector-vs-portable and oracle comparisons
-    assert set(qm._ROWS8) == {i for i, v in enumerate(qm._VARIANTS) if v[3] == qm.GROUPS}
+def test_every_groups_and_tiled_variant_has_an_8_row_kernel():
+    # batches of the repacked types (GROUPS) and of 8+ tokens of the K-quants (TILED) run 8 rows at a
+    # time (the rows' float steps lane by lane); the 40-row shapes above (N_OUT + 3) reach them in
+    # the vector-vs-portable and oracle comparisons
+    assert set(qm._ROWS8) == {i for i, v in enumerate(qm._VARIANTS) if v[3] in (qm.GROUPS, qm.TILED)}
     assert (N_OUT + 3) % 8 == 0
 
 

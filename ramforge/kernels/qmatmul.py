@@ -445,13 +445,15 @@ def _sum_rows8(builder, vs):
 
 
 def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
-    """<8 x float>: 8 weight rows . one token in GROUPS arithmetic (repacked gemv / gemm), the rows'
-    scalar steps done lane by lane: per group, sacc_r = fma(float(isum_r), d_a*d_w, sacc_r) and for
-    mins macc_r = fma(float(msum_r), dmin_w*d_a, macc_r); result sacc_r - macc_r. wsrcs: each row's
-    (w_d, w_m, w_vec) as in _row_codegen; iscs, imns: each row's sub-block scale / min pointers."""
+    """<8 x float>: 8 weight rows . one token, the rows' scalar float steps done lane by lane. GROUPS
+    (repacked gemv / gemm): per group, sacc_r = fma(float(isum_r), d_a*d_w, sacc_r), for mins
+    macc_r = fma(float(msum_r), dmin_w*d_a, macc_r); result sacc_r - macc_r. TILED (the K-quant
+    tiled matmul): per super-block r = float(isum_r)*d_w [r = fma(-dmin_w, float(msum_r), r)],
+    sacc_r = fma(r, d_a, sacc_r). wsrcs: each row's (w_d, w_m, w_vec) as in _row_codegen; iscs, imns:
+    each row's sub-block scale / min pointers."""
     sub, nsub, mins, mode, offset, grp = variant
-    assert mode == GROUPS and not offset
-    unsigned = mins != NO_MIN
+    assert mode in (GROUPS, TILED) and (not offset or mode == TILED)
+    unsigned = mins != NO_MIN or offset != 0
     l8, f8 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8)
     ap, dap, bp = p["aq"], p["ad"], p["bsum"]
     fma8 = _fma_fn(builder, f8)
@@ -482,7 +484,8 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
         e0, k0 = builder.mul(b, c64(sub * nsub)), builder.mul(b, c64(nsub))
         da = builder.load(builder.gep(dap, [b]))
         da8 = _splat(builder, da, f8)
-        d8 = builder.fmul(da8, lanes8([w_d(b) for w_d, _, _ in wsrcs], f8))
+        wd8 = lanes8([w_d(b) for w_d, _, _ in wsrcs], f8)
+        d8 = builder.fmul(da8, wd8)
         iacc = [ir.Constant(l8, [0] * 8)] * 8
         for c in range(sub * nsub // 32):
             e = builder.add(e0, c64(32 * c))
@@ -496,7 +499,7 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
                         sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
                     part = builder.mul(part, scale)
                 iacc[r] = builder.add(iacc[r], part)
-            if (c + 1) * 32 % grp == 0:            # one fma per group and row
+            if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group and row
                 g = (c + 1) * 32 // grp - 1
                 isum = builder.sitofp(_sum_rows8(builder, iacc), f8)
                 builder.store(builder.call(fma8, [isum, d8, builder.load(sacc)]), sacc)
@@ -508,8 +511,20 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
                     msum = lanes8([rsum(builder.mul(ivec(m, kg, gs), bs)) for m in imns], l8)
                     wm8 = builder.fmul(lanes8([w_m(b) for _, w_m, _ in wsrcs], f8), da8)
                     builder.store(builder.call(fma8, [builder.sitofp(msum, f8), wm8, builder.load(macc)]), macc)
+        if mode == TILED:                          # per super-block and row
+            if offset:                             # Q6_K: less 32 * (bsum*sc) per sub-block pair
+                bs = ivec(bp, k0, 16)
+                iacc = [builder.sub(a, builder.mul(_pair_lanes(builder, builder.mul(bs, ivec(iscs[r], k0, 16))),
+                                                   ir.Constant(l8, [offset] * 8))) for r, a in enumerate(iacc)]
+            r8 = builder.fmul(builder.sitofp(_sum_rows8(builder, iacc), f8), wd8)
+            if mins == K_MINS:
+                bs = ivec(bp, k0, nsub)
+                msum = lanes8([rsum(builder.mul(ivec(m, k0, nsub), bs)) for m in imns], l8)
+                wm8 = lanes8([w_m(b) for _, w_m, _ in wsrcs], f8)
+                r8 = builder.call(fma8, [builder.fneg(wm8), builder.sitofp(msum, f8), r8])
+            builder.store(builder.call(fma8, [r8, da8, builder.load(sacc)]), sacc)
     r = builder.load(sacc)
-    return builder.fsub(r, builder.load(macc)) if mins == K_MINS else r
+    return builder.fsub(r, builder.load(macc)) if mode == GROUPS and mins == K_MINS else r
 
 
 def _make_rows8(sub, nsub, mins, mode, offset, grp):
@@ -750,9 +765,10 @@ _RAW_ID = {rv: i for i, rv in enumerate(_RAW_ROWS)}
     (_make_row(*_VARIANTS[v], src=s) for s, v in _RAW_ROWS)
 
 
-# the GROUPS variants (repacked types) run 8 rows at a time in the batched path
-_ROWS8 = (3, 9, 10, 17, 18)
-_g3, _g9, _g10, _g17, _g18 = (_make_rows8(*_VARIANTS[v]) for v in _ROWS8)
+# the GROUPS (repacked types) and TILED (K-quants, 8+ tokens) variants run 8 rows at a time in the
+# batched path
+_ROWS8 = (3, 9, 10, 17, 18, 7, 8, 14, 15, 16)
+_g3, _g9, _g10, _g17, _g18, _g7, _g8, _g14, _g15, _g16 = (_make_rows8(*_VARIANTS[v]) for v in _ROWS8)
 
 
 def raw_row_id(tid: int, vid: int) -> int:
@@ -941,6 +957,16 @@ def _rows8(vid, wq, wo, n_in, aq, ao, isc, imn, io, n_sub, wd, wm, so, n_sbs, ad
         _g17(*a)
     elif vid == 18:
         _g18(*a)
+    elif vid == 7:
+        _g7(*a)
+    elif vid == 8:
+        _g8(*a)
+    elif vid == 14:
+        _g14(*a)
+    elif vid == 15:
+        _g15(*a)
+    elif vid == 16:
+        _g16(*a)
     else:
         return False
     return True
