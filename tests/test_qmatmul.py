@@ -346,11 +346,13 @@ def test_every_arithmetic_variant_is_used_and_reachable():
     assert used == set(range(len(qm._VARIANTS)))
 
 
-def test_every_groups_and_tiled_variant_has_an_8_row_kernel():
-    # batches of the repacked types (GROUPS) and of 8+ tokens of the K-quants (TILED) run 8 rows at a
-    # time (the rows' float steps lane by lane); the 40-row shapes above (N_OUT + 3) reach them in
-    # the vector-vs-portable and oracle comparisons
-    assert set(qm._ROWS8) == {i for i, v in enumerate(qm._VARIANTS) if v[3] in (qm.GROUPS, qm.TILED)}
+def test_batched_variants_have_8_row_kernels():
+    # batches of the repacked types (GROUPS), of 8+ tokens of the K-quants (TILED) and of the plain
+    # 32-element types (LANES) run 8 rows at a time (the rows' float steps lane by lane, or each row
+    # its own lanes); the 40-row shapes above (N_OUT + 3) reach them in the vector-vs-portable and
+    # oracle comparisons
+    lanes = qm._VARIANT_ID[(32, 1, qm.NO_MIN, qm.LANES, 0, 0)]
+    assert set(qm._ROWS8) == {i for i, v in enumerate(qm._VARIANTS) if v[3] in (qm.GROUPS, qm.TILED)} | {lanes}
     assert (N_OUT + 3) % 8 == 0
 
 

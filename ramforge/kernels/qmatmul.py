@@ -452,7 +452,7 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
     sacc_r = fma(r, d_a, sacc_r). wsrcs: each row's (w_d, w_m, w_vec) as in _row_codegen; iscs, imns:
     each row's sub-block scale / min pointers."""
     sub, nsub, mins, mode, offset, grp = variant
-    assert mode in (GROUPS, TILED) and (not offset or mode == TILED)
+    assert mode in (GROUPS, TILED) and (not offset or mode == TILED) or (mode, nsub, mins) == (LANES, 1, NO_MIN)
     unsigned = mins != NO_MIN or offset != 0
     l8, f8 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8)
     ap, dap, bp = p["aq"], p["ad"], p["bsum"]
@@ -460,6 +460,7 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
     zero8 = ir.Constant(f8, [0.0] * 8)
     sacc = cgutils.alloca_once_value(builder, zero8)
     macc = cgutils.alloca_once_value(builder, zero8)
+    faccs = [cgutils.alloca_once_value(builder, zero8) for _ in wsrcs] if mode == LANES else []
     vt = ir.VectorType(_I8, 32)
 
     def c64(v):
@@ -499,6 +500,11 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
                         sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
                     part = builder.mul(part, scale)
                 iacc[r] = builder.add(iacc[r], part)
+            if mode == LANES:                      # each row its 8 lanes: fma(d_a*d_w, lanes, acc)
+                for r, (w_d, _, _) in enumerate(wsrcs):
+                    dr = _splat(builder, builder.fmul(da, w_d(b)), f8)
+                    builder.store(builder.call(fma8, [dr, builder.sitofp(iacc[r], f8), builder.load(faccs[r])]),
+                                  faccs[r])
             if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group and row
                 g = (c + 1) * 32 // grp - 1
                 isum = builder.sitofp(_sum_rows8(builder, iacc), f8)
@@ -523,6 +529,8 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
                 wm8 = lanes8([w_m(b) for _, w_m, _ in wsrcs], f8)
                 r8 = builder.call(fma8, [builder.fneg(wm8), builder.sitofp(msum, f8), r8])
             builder.store(builder.call(fma8, [r8, da8, builder.load(sacc)]), sacc)
+    if mode == LANES:
+        return lanes8([_hsum8(builder, builder.load(f)) for f in faccs], f8)
     r = builder.load(sacc)
     return builder.fsub(r, builder.load(macc)) if mode == GROUPS and mins == K_MINS else r
 
@@ -767,8 +775,8 @@ _RAW_ID = {rv: i for i, rv in enumerate(_RAW_ROWS)}
 
 # the GROUPS (repacked types) and TILED (K-quants, 8+ tokens) variants run 8 rows at a time in the
 # batched path
-_ROWS8 = (3, 9, 10, 17, 18, 7, 8, 14, 15, 16)
-_g3, _g9, _g10, _g17, _g18, _g7, _g8, _g14, _g15, _g16 = (_make_rows8(*_VARIANTS[v]) for v in _ROWS8)
+_ROWS8 = (3, 9, 10, 17, 18, 7, 8, 14, 15, 16, 0)
+_g3, _g9, _g10, _g17, _g18, _g7, _g8, _g14, _g15, _g16, _g0 = (_make_rows8(*_VARIANTS[v]) for v in _ROWS8)
 
 
 def raw_row_id(tid: int, vid: int) -> int:
@@ -967,6 +975,8 @@ def _rows8(vid, wq, wo, n_in, aq, ao, isc, imn, io, n_sub, wd, wm, so, n_sbs, ad
         _g15(*a)
     elif vid == 16:
         _g16(*a)
+    elif vid == 0:
+        _g0(*a)
     else:
         return False
     return True
