@@ -1396,17 +1396,17 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
     """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements,
     by integer dots as llama.cpp. vector: LLVM vector intrinsics (default: not RAMFORGE_PORTABLE=1).
     view (v_n, off): the tokens are rows off.. of a batch of v_n, and get that batch's arithmetic."""
-    n_tok = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else -1
+    if (not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != n_in or not isinstance(y, np.ndarray)
+            or y.shape != (x.shape[0], n_out) or y.dtype != np.float32):
+        raise RamforgeError(f"matmul shapes: x {getattr(x, 'shape', x)}, y {getattr(y, 'shape', y)} "
+                            f"{getattr(y, 'dtype', '')}, weight {n_out} x {n_in}")
+    n_tok = x.shape[0]
     v_n, v_off = view if view is not None and 0 <= view[1] and view[1] + n_tok <= view[0] else (n_tok, 0)
     (t, row_bytes, act, sub, be, q81, pos_ties, v_lo, v_hi, split, n_chunks, group, r_lo,
-     r_hi) = _plan(ggml_type, n_out, n_in, max(n_tok, 0), v_n, v_off, numba.get_num_threads())
+     r_hi) = _plan(ggml_type, n_out, n_in, n_tok, v_n, v_off, numba.get_num_threads())
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.size != n_out * row_bytes:
         got = f"{raw.size:,} ({raw.dtype})" if isinstance(raw, np.ndarray) else type(raw).__name__
         raise RamforgeError(f"{t.name} weight of {n_out} x {n_in} needs {n_out * row_bytes:,} B, got {got}")
-    if (n_tok < 0 or x.shape[1] != n_in or not isinstance(y, np.ndarray)
-            or y.shape != (n_tok, n_out) or y.dtype != np.float32):
-        raise RamforgeError(f"matmul shapes: x {getattr(x, 'shape', x)}, y {getattr(y, 'shape', y)} "
-                            f"{getattr(y, 'dtype', '')}, weight {n_out} x {n_in}")
     if n_tok == 0 or n_out == 0 or n_in == 0:
         y[...] = 0
         return y
