@@ -210,9 +210,9 @@ class Engine:
             want = all_logits or c1 == end
             rows = slice(0, chunk.size) if all_logits else slice(chunk.size - 1, chunk.size)
             view = (ue - ub, c0 - ub) if aligned else None
-            keep = (rows if rows != slice(0, chunk.size) else None) if want else slice(chunk.size, chunk.size)
+            only = (rows if rows != slice(0, chunk.size) else None) if want else slice(chunk.size, chunk.size)
             out.append(self._pass(chunk.size, lambda x: self.module.embed(self, x, chunk), rows if want else None,
-                                  view, keep))
+                                  view, only))
             self.tokens.extend(int(t) for t in chunk)
             c0 = c1
         return np.concatenate([o for o in out if o is not None])

@@ -7,3 +7,4 @@ def default_model():
     from ramforge.resolve import default_model_path
 
     return default_model_path()
+

@@ -363,13 +363,13 @@ def test_every_few_token_matmul_reads_packed_rows():
     used = set()
     for t in INT_TYPES:
         if t in (GGMLType.IQ4_NL, GGMLType.IQ4_XS):
-            assert qm.raw_row_id(int(t), 0) == -1
+            assert REGISTRY[t].qdot.raw is None
             continue
         k = REGISTRY[t]
         for n_out in (N_OUT, N_OUT + 3):
             for n_tok in range(1, qm._GROUP_FROM_TOKENS):
                 lo, hi, split = k.qdot.variants(k.block_elems, n_out, n_tok)
-                ids = (qm.raw_row_id(int(t), lo if split else hi), qm.raw_row_id(int(t), hi))
+                ids = (qm.raw_row_id(k.qdot.raw, lo if split else hi), qm.raw_row_id(k.qdot.raw, hi))
                 assert min(ids) >= 0, (t.name, n_out, n_tok)
                 used.update(ids)
     assert used == set(range(len(qm._RAW_ROWS)))

@@ -7,7 +7,6 @@ default model (gemma-3-270m) at ram=400M and a 512-token context. Greedy answers
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from types import SimpleNamespace
@@ -23,6 +22,7 @@ openai = pytest.importorskip("openai")
 import ramforge  # noqa: E402
 from ramforge.server import ServerConfig, create_app  # noqa: E402
 from tools.oracle_report import records  # noqa: E402
+from tests.serving import serving  # noqa: E402
 
 KEY = "sk-test-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -55,23 +55,11 @@ def ref():
 @pytest.fixture(scope="module")
 def server(ref):
     app = create_app(ServerConfig(ram="400M", n_ctx=512, api_key=KEY, keep_alive=600))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    yield SimpleNamespace(url=url, app=app, manager=app.state.manager,
-                          ollama=ollama.Client(host=url, headers=AUTH),
-                          openai=openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0),
-                          http=httpx.Client(base_url=url, headers=AUTH, timeout=120))
-    srv.should_exit = True
-    thread.join(30)
-    assert not thread.is_alive()
+    with serving(uvicorn.Server(uvicorn.Config(app, log_level="warning"))) as (url, _):
+        yield SimpleNamespace(url=url, app=app, manager=app.state.manager,
+                              ollama=ollama.Client(host=url, headers=AUTH),
+                              openai=openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0),
+                              http=httpx.Client(base_url=url, headers=AUTH, timeout=120))
     assert app.state.manager.current is None           # the model was closed at shutdown
 
 

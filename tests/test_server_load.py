@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,6 +23,7 @@ httpx = pytest.importorskip("httpx")
 
 from ramforge.server import ServerConfig, create_app  # noqa: E402
 from ramforge.server.cli import uvicorn_config  # noqa: E402
+from tests.serving import serving  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location(
     "load_server", Path(__file__).resolve().parents[1] / "benchmarks" / "load_server.py")
@@ -37,20 +36,10 @@ REQUEST_TIMEOUT = 1.5
 @pytest.fixture(scope="module")
 def server():
     app = create_app(ServerConfig(ram="400M", n_ctx=512, keep_alive=600))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
     srv = uvicorn.Server(uvicorn_config(app, request_timeout=REQUEST_TIMEOUT, timeout_keep_alive=1,
                                         log_level="warning"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}", thread
-    srv.should_exit = True
-    thread.join(30)
-    assert not thread.is_alive()
+    with serving(srv) as (url, thread):
+        yield url, thread
 
 
 def test_load_with_malformed_and_stalled_clients(server):

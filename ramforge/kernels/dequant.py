@@ -77,6 +77,50 @@ def _u32(raw, o):
     return _u16(raw, o) | (_u16(raw, o + 2) << 16)
 
 
+@intrinsic
+def _f32_as_bits(typingctx, f):
+    """Reinterpret a float32 as its uint32 bits."""
+    if not isinstance(f, types.Float) or f.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(f), codegen
+
+
+@njit(cache=True)
+def _f32_to_half_bits(f):
+    # float32 -> IEEE binary16 bits, round to nearest even, as numpy and F16C do
+    b = np.int64(_f32_as_bits(np.float32(f)))
+    sign = (b >> 16) & 0x8000
+    e = (b >> 23) & 0xFF
+    m = b & 0x7FFFFF
+    if e == 0xFF:
+        return sign | 0x7C00 | (0x200 if m else 0)
+    ee = e - 112                             # rebias 127 -> 15
+    if ee >= 31:
+        return sign | 0x7C00
+    if ee <= 0:                              # subnormal f16
+        if ee < -10:
+            return sign
+        m |= 0x800000
+        shift = 14 - ee
+        h = m >> shift
+        rem, mid = m & ((1 << shift) - 1), 1 << (shift - 1)
+        if rem > mid or (rem == mid and (h & 1)):
+            h += 1
+        return sign | h
+    h = sign | (ee << 10) | (m >> 13)
+    rem = m & 0x1FFF
+    if rem > 0x1000 or (rem == 0x1000 and (h & 1)):
+        h += 1                               # may carry into the exponent: still correct
+    return h
+
+
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)   # f32[65536]
+
+
 @njit(cache=True)
 def _half_bits_to_f32(h):
     """IEEE binary16 bits (int64, low 16 bits) -> float32, exact; NaN payload kept like numpy."""

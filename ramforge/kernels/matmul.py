@@ -20,7 +20,7 @@ from numba import njit, prange
 
 from ..errors import RamforgeError
 from ..gguf.constants import GGML_BLOCK, QK_K
-from .dequant import _dequant_any
+from .dequant import F16_TO_F32, _dequant_any
 from .fmatmul import BF16, F16, F32, fmatmul
 from .qmatmul import qmatmul
 from .registry import ActType, kernels_for
@@ -84,7 +84,6 @@ _ROUND = {
 
 
 _FLOAT_KIND = {ActType.F32: F32, ActType.F16: F16, ActType.BF16: BF16}
-F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)   # f32[65536]
 
 
 def round_activation(x: np.ndarray, act: ActType) -> np.ndarray:

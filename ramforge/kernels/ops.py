@@ -17,8 +17,10 @@ from numba.extending import intrinsic
 
 from ..errors import RamforgeError
 from ..profiling import timed
+from .dequant import F16_TO_F32, _f32_to_half_bits
 from .fmatmul import _f16_tb, _f16_vd, _widen_f16
 from .matmul import _VIEW
+from .qmatmul import _fma
 
 # ---------------------------------------------------------------- RMSNorm
 
@@ -48,16 +50,6 @@ def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float) -> np.nd
 
 
 # ---------------------------------------------------------------- ggml's vector exp
-
-
-@intrinsic
-def _fma(typingctx, a, b, c):
-    """a * b + c in float32 with one rounding (llvm.fma)."""
-    def codegen(context, builder, sig, args):
-        f = ir.FloatType()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f, [f, f, f]), "llvm.fma.f32")
-        return builder.call(fn, list(args))
-    return types.float32(types.float32, types.float32, types.float32), codegen
 
 
 
@@ -148,48 +140,6 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
 # ---------------------------------------------------------------- attention over the F16 KV cache
 
 
-@intrinsic
-def _f32_as_bits(typingctx, f):
-    """Reinterpret a float32 as its uint32 bits."""
-    if not isinstance(f, types.Float) or f.bitwidth != 32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(f), codegen
-
-
-@njit(cache=True)
-def _f32_to_half_bits(f):
-    # float32 -> IEEE binary16 bits, round to nearest even, as numpy and F16C do
-    b = np.int64(_f32_as_bits(np.float32(f)))
-    sign = (b >> 16) & 0x8000
-    e = (b >> 23) & 0xFF
-    m = b & 0x7FFFFF
-    if e == 0xFF:
-        return sign | 0x7C00 | (0x200 if m else 0)
-    ee = e - 112                             # rebias 127 -> 15
-    if ee >= 31:
-        return sign | 0x7C00
-    if ee <= 0:                              # subnormal f16
-        if ee < -10:
-            return sign
-        m |= 0x800000
-        shift = 14 - ee
-        h = m >> shift
-        rem, mid = m & ((1 << shift) - 1), 1 << (shift - 1)
-        if rem > mid or (rem == mid and (h & 1)):
-            h += 1
-        return sign | h
-    h = sign | (ee << 10) | (m >> 13)
-    rem = m & 0x1FFF
-    if rem > 0x1000 or (rem == 0x1000 and (h & 1)):
-        h += 1                               # may carry into the exponent: still correct
-    return h
-
-
-F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)   # f32[65536]
 
 _W = 16                      # lanes of the f16 vector intrinsics below
 

@@ -41,6 +41,7 @@ from numba.extending import intrinsic
 
 from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import GGML_BLOCK
+from ramforge.kernels.dequant import _u16, _u32
 from ramforge.kernels.quantize import quantize_activation
 
 VECTOR = os.environ.get("RAMFORGE_PORTABLE", "").strip().lower() in ("", "0", "false", "no")
@@ -81,7 +82,8 @@ class QDot:
     float scales wd and wm; weight = wd*isc*(wq - offset) [- wm*imn]. The rest says which
     arithmetic llama.cpp's x86 backend uses: `mins` (NO_MIN ...) in its vec_dot; `repack`: the
     (gemm, gemv) group sizes when it repacks the type (rows a multiple of 8; gemm for whole
-    groups of 4 tokens); `tiled`: batches of TILED_FROM+ tokens go to its tiled matmul."""
+    groups of 4 tokens); `tiled`: batches of TILED_FROM+ tokens go to its tiled matmul. `raw`: the
+    layout (_RAW_LAYOUT / _RAW_K) that one-token matmuls read packed, or None to unpack first."""
 
     unpack: object
     sub: int
@@ -90,6 +92,7 @@ class QDot:
     tiled: bool = False
     offset: int = 0
     lanes2: bool = False
+    raw: str | None = None
 
     def variants(self, sb: int, n_out: int, n_tok: int) -> tuple[int, int, int]:
         """(variant for tokens < split, variant for the rest, split): indices into _VARIANTS, for
@@ -760,12 +763,10 @@ _VARIANT_ARR = np.array(_VARIANTS, dtype=np.int64)
  _vr17, _vr18) = (_make_row(*v) for v in _VARIANTS)
 _vnib, _vnib_qh, _vnib_kv = _make_nib("plain"), _make_nib("qh"), _make_nib("kv")
 
-# (layout, variant) of every packed-row intrinsic: each type's one-token variants
-# (layout, variant) of every packed-row intrinsic: each type's one-token variants. The codebook
-# types (IQ4_NL, IQ4_XS) are left to the unpacking path: built in registers, their two 16-byte
-# lookups joined into one vector become a scalarized gather (3.9 GB/s against 11.8 unpacked).
-_RAW_OF_TYPE = {2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 10: "q2_k", 11: "q3_k", 12: "q4_k",
-                13: "q5_k", 14: "q6_k", 15: "q8_k"}    # by ggml type id
+# (layout, variant) of every packed-row intrinsic: each type's one-token variants (QDot.raw names a
+# type's layout). The codebook types (IQ4_NL, IQ4_XS) are left to the unpacking path: built in
+# registers, their two 16-byte lookups joined into one vector become a scalarized gather (3.9 GB/s
+# against 11.8 unpacked).
 _RAW_ROWS = (("q4_0", 0), ("q4_0", 3), ("q4_1", 1), ("q5_0", 0), ("q5_1", 1), ("q8_0", 0), ("q2_k", 13),
              ("q2_k", 18), ("q3_k", 11), ("q4_k", 6), ("q4_k", 10), ("q5_k", 5), ("q6_k", 12), ("q8_k", 4))
 _RAW_ID = {rv: i for i, rv in enumerate(_RAW_ROWS)}
@@ -773,15 +774,15 @@ _RAW_ID = {rv: i for i, rv in enumerate(_RAW_ROWS)}
     (_make_row(*_VARIANTS[v], src=s) for s, v in _RAW_ROWS)
 
 
-# the GROUPS (repacked types) and TILED (K-quants, 8+ tokens) variants run 8 rows at a time in the
-# batched path
+# the GROUPS (repacked types), TILED (K-quants, 8+ tokens) and plain LANES variants run 8 rows at a
+# time in the batched path
 _ROWS8 = (3, 9, 10, 17, 18, 7, 8, 14, 15, 16, 0)
 _g3, _g9, _g10, _g17, _g18, _g7, _g8, _g14, _g15, _g16, _g0 = (_make_rows8(*_VARIANTS[v]) for v in _ROWS8)
 
 
-def raw_row_id(tid: int, vid: int) -> int:
-    """The packed-row intrinsic for ggml type id tid in variant vid, or -1 (unpack first)."""
-    return _RAW_ID.get((_RAW_OF_TYPE.get(tid), vid), -1)
+def raw_row_id(layout: str | None, vid: int) -> int:
+    """The packed-row intrinsic of a type's `layout` (QDot.raw) in variant vid, or -1 (unpack first)."""
+    return _RAW_ID.get((layout, vid), -1)
 
 
 # ---------------------------------------------------------------- primitives: vector or plain loop
@@ -991,16 +992,6 @@ def _bits(vec, dst, do, a, ao, sa, ma, b, bo, sb, mb, lb, c):
     for i in range(32):
         v = ((np.int64(a[ao + i]) >> sa) & ma) + (((np.int64(b[bo + i]) >> sb) & mb) << lb) + c
         dst[do + i] = np.int8(((v + 128) & 0xFF) - 128)
-
-
-@njit(cache=True, inline="always")
-def _u16(raw, o):
-    return np.int64(raw[o]) | (np.int64(raw[o + 1]) << 8)
-
-
-@njit(cache=True, inline="always")
-def _u32(raw, o):
-    return _u16(raw, o) | (_u16(raw, o + 2) << 16)
 
 
 @njit(cache=True, inline="always")
@@ -1384,8 +1375,8 @@ def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_
     group = 1 if n_tok < _GROUP_FROM_TOKENS else _GROUP_ROWS
     r_lo = r_hi = -1
     if group == 1:                      # few tokens: dot the packed rows (v_lo only runs below split)
-        r_hi = raw_row_id(int(t), v_hi)
-        r_lo = raw_row_id(int(t), v_lo) if split > 0 else r_hi
+        r_hi = raw_row_id(qd.raw, v_hi)
+        r_lo = raw_row_id(qd.raw, v_lo) if split > 0 else r_hi
     pos_ties = split if qd.repack and n_out % 8 == 0 else 0
     return (t, n_in // be * bb, k.act, qd.sub, be, qd.mins == Q8_1_SUM, pos_ties, v_lo, v_hi, split,
             max(1, min(n_out, _CHUNKS_PER_THREAD * n_threads)), group, r_lo, r_hi)

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import QK_K
+from ramforge.kernels.dequant import _f32_to_half_bits, _half_bits_to_f32
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 
@@ -37,55 +37,11 @@ _EMPTY_F = np.zeros((1, 1), dtype=np.float32)
 _EMPTY_I = np.zeros((1, 1), dtype=np.int32)          # (kept 2-D: QuantizedActivation.bsum)
 
 
-@intrinsic
-def _f32_bits(typingctx, v):
-    """The bits of float32 v as a (non-negative) int64."""
-    def codegen(context, builder, sig, args):
-        return builder.zext(builder.bitcast(args[0], _I32), _I64)
-    return types.int64(types.float32), codegen
-
-
-@intrinsic
-def _bits_f32(typingctx, b):
-    """The float32 whose bits are the low 32 bits of int64 b."""
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(builder.trunc(args[0], _I32), ir.FloatType())
-    return types.float32(types.int64), codegen
-
-
 @njit(cache=True)
 def _f16_round(v):
     """float32 v rounded to the nearest binary16 (ties to even; overflow to inf), as numpy's
     astype(float16), and widened back to float32."""
-    f = _f32_bits(np.float32(v))
-    sign = (f >> 16) & 0x8000
-    f &= 0x7FFFFFFF
-    e = f & 0x7F800000
-    if e >= 0x47800000:                           # overflow, inf, nan
-        h = 0x7C00 if f <= 0x7F800000 else 0x7E00 | ((f & 0x7FFFFF) >> 13)
-    elif e <= 0x38000000:                         # a binary16 subnormal or zero
-        if e < 0x33000000:
-            h = 0
-        else:
-            sig = (0x800000 + (f & 0x7FFFFF)) >> (113 - (e >> 23))
-            if (sig & 0x3FFF) != 0x1000 or (f & 0x7FF) != 0:
-                sig += 0x1000
-            h = sig >> 13
-    else:
-        sig = f & 0x7FFFFF
-        if (sig & 0x3FFF) != 0x1000:
-            sig += 0x1000
-        h = ((e - 0x38000000) >> 13) + (sig >> 13)
-    h |= sign
-    m = h & 0x3FF
-    ex = (h >> 10) & 0x1F
-    if ex == 0x1F:
-        bits = (sign << 16) | 0x7F800000 | (m << 13)
-    elif ex != 0:
-        bits = (sign << 16) | ((ex + 112) << 23) | (m << 13)
-    else:
-        return (np.float32(m) * np.float32(2.0 ** -24)) * (np.float32(-1.0) if sign else np.float32(1.0))
-    return _bits_f32(bits)
+    return _half_bits_to_f32(_f32_to_half_bits(v))
 
 
 @njit(cache=True)

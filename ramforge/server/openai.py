@@ -182,6 +182,12 @@ def _sse_error(path: str):
     return lambda e: _sse(error_body(path, error_status(e), str(e)))
 
 
+def _stream_end(req, head: dict, r) -> list[str]:
+    """A stream's last lines: the usage chunk (`head` + no choices) when stream_options asks, then [DONE]."""
+    usage = [_sse({**head, "choices": [], "usage": _usage(r)})] if req.include_usage else []
+    return usage + ["data: [DONE]\n\n"]
+
+
 def _usage(r) -> dict:
     return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
             "total_tokens": r.prompt_tokens + r.completion_tokens,
@@ -226,10 +232,8 @@ async def chat_completions(req: ChatRequest, request: Request):
             out.append(chunk({"content": r.text}))
         if r.done:
             out.append(chunk({}, r.finish_reason))
-            if req.include_usage:
-                out.append(_sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-                                 "choices": [], "usage": _usage(r)}))
-            out.append("data: [DONE]\n\n")
+            head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name}
+            out += _stream_end(req, head, r)
         return out
 
     return stream_job(job, lines, _sse_error(request.url.path), SSE)
@@ -274,10 +278,7 @@ async def completions(req: CompletionRequest, request: Request):
             out.append(_sse(shape(r.text, None)))
         if r.done:
             out.append(_sse(shape(r.text, r.finish_reason)))
-            if req.include_usage:
-                out.append(_sse({"id": cid, "object": "text_completion", "created": created, "model": name,
-                                 "choices": [], "usage": _usage(r)}))
-            out.append("data: [DONE]\n\n")
+            out += _stream_end(req, {"id": cid, "object": "text_completion", "created": created, "model": name}, r)
         return out
 
     return stream_job(job, lines, _sse_error(request.url.path), SSE)
