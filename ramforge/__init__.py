@@ -1,17 +1,16 @@
 """ramforge: run GGUF language models larger than the RAM you allow.
 
-Numba compiles the kernels on first use and caches them on disk under $NUMBA_CACHE_DIR, which
-defaults to <ramforge cache>/numba so that an installed (read-only) package caches too.
+Numba compiles the kernels on first use and caches them on disk in a directory named after a hash
+of the kernels' sources, code switches and versions (ramforge.paths), under $NUMBA_CACHE_DIR or
+<ramforge cache>/numba, so that a changed kernel helper is never served stale.
 """
 from __future__ import annotations
 
-import os as _os
-
-from .resolve import cache_dir as _cache_dir
-
-_os.environ.setdefault("NUMBA_CACHE_DIR", str(_cache_dir() / "numba"))
-
 __version__ = "0.1.0"
+
+from .paths import setup_kernel_cache as _setup_kernel_cache  # noqa: E402  (reads __version__)
+
+_setup_kernel_cache()
 
 
 def __getattr__(name):

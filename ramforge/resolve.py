@@ -6,17 +6,10 @@ import os
 from pathlib import Path
 
 from .errors import ModelNotFound, RamforgeError
+from .paths import cache_dir
 
 DEFAULT_NAMES = (None, "", "default")
 DEFAULT_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-
-
-def cache_dir() -> Path:
-    """$RAMFORGE_HOME, else $XDG_CACHE_HOME/ramforge, else ~/.cache/ramforge."""
-    home = os.environ.get("RAMFORGE_HOME")
-    if home:
-        return Path(home)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ramforge"
 
 
 def default_model_path() -> Path:

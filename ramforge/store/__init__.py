@@ -1,6 +1,6 @@
 """The model store: named GGUF blobs pulled over HTTP(S), resumable and verified, like Ollama's.
 
-Layout under the store root ($RAMFORGE_HOME, else the cache dir of `ramforge.resolve.cache_dir()`):
+Layout under the store root ($RAMFORGE_HOME, else the cache dir of `ramforge.paths.cache_dir()`):
 
     blobs/sha256-<hex>        finished, verified files, named by content
     blobs/<name>.part         a download in progress (resumed with an HTTP Range request)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..resolve import cache_dir
+from ..paths import cache_dir
 from .names import (CHUNK, DEFAULT_TIMEOUT, GGUF_MAGIC, _HEX64, BlobMissing, CorruptManifest, DigestMismatch,
                     InvalidModelName, NotGGUF, NotInStore, Progress, PullError, default_name, expand_source,
                     is_valid_name, normalize_name)
