@@ -15,6 +15,7 @@ import numpy as np
 from .errors import BudgetTooSmall, ContextLengthExceeded, RamforgeError, UnsupportedArch
 from .gguf.constants import Keys
 from .gguf.reader import GGUFFile
+from .jit import Stopwatch
 from .kernels.matmul import batch_view
 from .kernels.ops import rms_norm
 from .memory import MemoryBudget
@@ -87,17 +88,22 @@ class State:
 
 @dataclass
 class Timings:
+    """Seconds of the last load and generate call. Kernel compilation (a first run, see ramforge.jit)
+    is counted in compile_s alone, not in load_s, prompt_s or gen_s."""
+
     load_s: float = 0.0
     prompt_tokens: int = 0
     prompt_s: float = 0.0
     gen_tokens: int = 0
     gen_s: float = 0.0
+    compile_s: float = 0.0        # compiling kernels during the load and this call
 
     def as_dict(self) -> dict:
         rate = lambda n, s: n / s if s > 0 else 0.0  # noqa: E731
-        return {"load_s": self.load_s, "prompt_tokens": self.prompt_tokens, "prompt_s": self.prompt_s,
-                "prefill_tok_s": rate(self.prompt_tokens, self.prompt_s), "gen_tokens": self.gen_tokens,
-                "gen_s": self.gen_s, "decode_tok_s": rate(self.gen_tokens, self.gen_s)}
+        return {"load_s": self.load_s, "compile_s": self.compile_s, "prompt_tokens": self.prompt_tokens,
+                "prompt_s": self.prompt_s, "prefill_tok_s": rate(self.prompt_tokens, self.prompt_s),
+                "gen_tokens": self.gen_tokens, "gen_s": self.gen_s,
+                "decode_tok_s": rate(self.gen_tokens, self.gen_s)}
 
 
 @dataclass
@@ -123,6 +129,7 @@ class Engine:
     _charges: list = field(default_factory=list)
     _prompt: list = field(default_factory=list)     # the prompt whose logits state.prompt_logits holds
     ubatch: int = 512                               # llama.cpp's n_ubatch, whose arithmetic aligned evals take
+    _load_compile_s: float = 0.0                    # compile seconds of the load, reported by the first generate
 
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
@@ -132,7 +139,7 @@ class Engine:
         from .runtime import set_threads
         from .tokenizer import load_tokenizer
 
-        t0 = time.perf_counter()
+        clock = Stopwatch().start()
         set_threads(n_threads)
         budget = budget or MemoryBudget()
         with GGUFFile(path) as f:
@@ -159,7 +166,9 @@ class Engine:
             weights.close()
             raise
         eng = cls(str(path), hp, module, plan, weights, kv, state, tokenizer, budget, extra, _charges=charges)
-        eng.timings.load_s = time.perf_counter() - t0
+        clock.stop()
+        eng.timings.load_s = clock.seconds
+        eng.timings.compile_s = eng._load_compile_s = clock.compile_s
         return eng
 
     @property
@@ -291,16 +300,19 @@ class Engine:
             while keep < limit and self.tokens[keep] == prompt[keep]:
                 keep += 1
         self.reset(keep)
-        t0 = time.perf_counter()
-        if again:
-            logits = self.state.prompt_logits.copy()
-        else:
-            logits = self.eval(prompt[keep:], aligned=True)[-1]
-            self.state.prompt_logits[:] = logits
-            self._prompt = list(prompt)
-        self.timings = Timings(self.timings.load_s, len(prompt) - keep, time.perf_counter() - t0)
+        with Stopwatch() as sw:
+            if again:
+                logits = self.state.prompt_logits.copy()
+            else:
+                logits = self.eval(prompt[keep:], aligned=True)[-1]
+                self.state.prompt_logits[:] = logits
+                self._prompt = list(prompt)
+        # compile_s: this call's, plus the load's on the first call
+        self.timings = Timings(self.timings.load_s, len(prompt) - keep, sw.seconds,
+                               compile_s=self._load_compile_s + sw.compile_s)
+        self._load_compile_s = 0.0
         history = list(prompt)
-        t1 = time.perf_counter()
+        sw = Stopwatch().start()
         try:
             for _ in range(max_tokens):
                 tok = int(np.argmax(logits)) if sampler is None else sampler.sample(logits, history)
@@ -313,7 +325,9 @@ class Engine:
                     break
                 logits = self.eval([tok])[-1]
         finally:
-            self.timings.gen_s = time.perf_counter() - t1
+            sw.stop()
+            self.timings.gen_s = sw.seconds
+            self.timings.compile_s += sw.compile_s
 
     def close(self) -> None:
         for c in self._charges:

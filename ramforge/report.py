@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import resource
+from contextlib import contextmanager
 
 import psutil
 from rich.console import Console
@@ -11,6 +12,38 @@ from .memory import format_bytes
 from .stream.io import page_cache_residency
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+COMPILING = "compiling kernels for this CPU — first run only"
+
+
+@contextmanager
+def compile_notice(console: Console = err):
+    """While numba compiles (ramforge.jit.COMPILE), a status line on stderr (a spinner on a terminal,
+    one plain line otherwise); after the block, one line with the seconds compiling took."""
+    from .jit import COMPILE
+
+    status = console.status(COMPILING, spinner="dots") if console.is_terminal else None
+    seen = [0.0, False]                             # seconds, announced (plain mode)
+
+    def begin():
+        if status is not None:
+            status.start()
+        elif not seen[1]:
+            console.print(f"{COMPILING}…")
+            seen[1] = True
+
+    def end(dt):
+        seen[0] += dt
+        if status is not None:
+            status.stop()
+
+    with COMPILE.hooks(begin, end):
+        try:
+            yield
+        finally:
+            if status is not None:
+                status.stop()
+            if seen[0]:
+                console.print(f"compiled kernels in {seen[0]:.1f} s (cached for later runs)")
 
 
 def memory_report(eng) -> dict:
