@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
+from .._version import __version__
 from ..errors import RamforgeError
 from .common import (OPEN_PATHS, APIError, ServerConfig, error_body, error_response, error_status, log,
                      validation_message)
