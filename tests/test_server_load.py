@@ -22,7 +22,7 @@ uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from ramforge.server import ServerConfig, create_app  # noqa: E402
-from ramforge.server.cli import uvicorn_config  # noqa: E402
+from ramforge.server.transport import uvicorn_config  # noqa: E402
 from tests.serving import serving  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location(

@@ -1,50 +1,25 @@
-"""The `ramforge` command line. click parses, rich renders; errors are one line on stderr."""
+"""The `ramforge` command line. click parses, rich renders; errors are one line on stderr.
+
+    console.py    the consoles and the options commands share (sampler options from ramforge.params)
+    describe.py   inspect, support, plan: read a model without running it
+    generate.py   run, chat, bench: run the model
+    tokens.py     tokenize, detokenize, logits
+    store.py      pull, list, rm, verify: the model store
+    serve.py      serve: the Ollama and OpenAI HTTP APIs (FastAPI is imported when it runs)
+
+This module is the top: it imports the command modules, none of them imports it.
+"""
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections import Counter
 
 import click
-import numpy as np
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from .errors import RamforgeError
-from .gguf.constants import GGMLType, Keys
-from .gguf.reader import GGUFFile
-from .memory.size import format_bytes, parse_memory_size
-from .resolve import resolve_model
-
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-_ARRAY_HEAD = 8
-
-
-def _summarise(value, limit: int = 16):
-    """A JSON-able value with long arrays cut to their head and length."""
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if isinstance(value, list):
-        if len(value) <= limit:
-            return value
-        return {"length": len(value), "head": value[:_ARRAY_HEAD]}
-    return value
-
-
-def _short(value, width: int = 80) -> str:
-    s = _summarise(value)
-    if isinstance(s, dict):
-        head = ", ".join(repr(v) for v in s["head"])
-        return f"[{s['length']:,} items] {head}, ..."
-    s = repr(s) if not isinstance(s, str) else s
-    return s if len(s) <= width else s[: width - 3] + "..."
-
-
-def _open(model: str | None) -> GGUFFile:
-    return GGUFFile(resolve_model(model))
+from ..errors import RamforgeError
+from . import describe, generate, serve, store, tokens
+from .console import err
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,141 +32,9 @@ def cli():
     """
 
 
-@cli.command()
-@click.argument("model", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def inspect(model, as_json):
-    """Metadata, quantization summary and tensor table of MODEL (reads no tensor data)."""
-    with _open(model) as f:
-        md = f.metadata
-        arch = md.get(Keys.ARCHITECTURE)
-        types = Counter(t.ggml_type.name for t in f.tensors.values())
-        tbytes = Counter()
-        for t in f.tensors.values():
-            tbytes[t.ggml_type.name] += t.nbytes
-        info = {
-            "path": f.path, "version": f.version, "file_size": f.size, "alignment": f.alignment,
-            "data_offset": f.data_offset, "architecture": arch,
-            "block_count": md.get(Keys.of(Keys.BLOCK_COUNT, arch)) if arch else None,
-            "embedding_length": md.get(Keys.of(Keys.EMBEDDING_LENGTH, arch)) if arch else None,
-            "tensor_count": len(f.tensors),
-            "types": dict(types.most_common()),
-            "type_bytes": {k: tbytes[k] for k, _ in types.most_common()},
-            "metadata": {k: _summarise(v) for k, v in md.items()},
-            "tensors": [{"name": t.name, "type": t.ggml_type.name, "dims": list(t.dims),
-                         "offset": t.offset, "nbytes": t.nbytes} for t in f.tensors.values()],
-        }
-    if as_json:
-        print(json.dumps(info, indent=1))
-        return
-    out.print(f"[bold]{info['path']}[/] GGUF v{info['version']}, {format_bytes(info['file_size'])}, "
-              f"{info['tensor_count']} tensors, architecture [bold]{arch}[/]")
-    meta = Table(title="metadata", show_lines=False)
-    meta.add_column("key"), meta.add_column("value", overflow="fold")
-    for k, v in md.items():
-        meta.add_row(k, _short(v))
-    out.print(meta)
-    q = Table(title="quantization")
-    for c in ("type", "tensors", "bytes", "share"):
-        q.add_column(c, justify="right" if c != "type" else "left")
-    total = sum(tbytes.values()) or 1
-    for name, n in types.most_common():
-        q.add_row(name, str(n), format_bytes(tbytes[name]), f"{100 * tbytes[name] / total:.1f}%")
-    out.print(q)
-    tt = Table(title="tensors")
-    for c in ("name", "type", "dims", "bytes", "offset"):
-        tt.add_column(c, justify="right" if c in ("bytes", "offset") else "left")
-    for t in info["tensors"]:
-        tt.add_row(t["name"], t["type"], " x ".join(map(str, t["dims"])), f"{t['nbytes']:,}", f"{t['offset']:,}")
-    out.print(tt)
-
-
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def support(as_json):
-    """What ramforge executes, inspects only, or refuses."""
-    from .kernels.registry import is_executable as type_ok
-    from .models import ALIASES, ARCHITECTURES
-    from .tokenizer import SUPPORTED_TOKENIZERS
-
-    info = {
-        "architectures": {"executable": sorted(ARCHITECTURES), "aliases": dict(ALIASES),
-                          "inspect_only": "every other GGUF architecture"},
-        "quant_types": {
-            "executable": [t.name for t in GGMLType if type_ok(t)],
-            "refused": [t.name for t in GGMLType if not type_ok(t)],
-        },
-        "tokenizers": {m: list(p) for m, p in SUPPORTED_TOKENIZERS.items()},
-    }
-    if as_json:
-        print(json.dumps(info, indent=1))
-        return
-    t = Table(title="ramforge support")
-    t.add_column("kind"), t.add_column("status"), t.add_column("names", overflow="fold")
-    t.add_row("architecture", "executable", ", ".join(info["architectures"]["executable"]) or "(none yet)")
-    t.add_row("architecture", "inspect-only", info["architectures"]["inspect_only"])
-    t.add_row("quant type", "executable", ", ".join(info["quant_types"]["executable"]))
-    t.add_row("quant type", "refused", ", ".join(info["quant_types"]["refused"]))
-    for m, pres in info["tokenizers"].items():
-        t.add_row("tokenizer", m, ", ".join(pres) or "-")
-    out.print(t)
-
-
-@cli.command()
-@click.argument("model", required=False)
-@click.option("--ram", required=True, help="Memory budget, e.g. 4G, 512MiB, 1.5G.")
-@click.option("--ctx", type=click.IntRange(min=1), default=None, help="Context length (default: 4096, or the model's if smaller).")
-@click.option("--probe-io", is_flag=True, help="Measure the file's O_DIRECT read speed and estimate seconds per token.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan(model, ram, ctx, probe_io, as_json):
-    """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget."""
-    from .plan import plan_for_budget
-    from .stream.io import probe_read_speed
-
-    budget = parse_memory_size(ram)
-    with _open(model) as f:
-        p = plan_for_budget(f, budget, ctx)
-    info = p.to_json()
-    if probe_io:
-        bw = probe_read_speed(p.path)
-        info["probe_io"] = {"read_gb_s": bw / 1e9, "seconds_per_token_io": p.streamed_bytes_per_token / bw}
-    if as_json:
-        print(json.dumps(info, indent=1))
-        return
-    li, lb = p.largest_layer
-    t = Table(title=f"plan: {os.path.basename(p.path)} ({p.arch}) at --ram {format_bytes(budget)}, ctx {p.n_ctx}, batch {p.batch}")
-    t.add_column("item"), t.add_column("bytes", justify="right"), t.add_column("", justify="right")
-    rows = [("model weights", p.model_bytes),
-            (f"persistent tensors ({len(p.persistent)}); resident: {', '.join(p.resident) or 'none'}", p.persistent_bytes),
-            (f"layers ({len(p.layer_bytes)}); largest read span is layer {li}", lb),
-            (f"pinned layers ({len(p.pinned)} of {len(p.layer_bytes)})", sum(p.layer_bytes[i - p.layers[0]] for i in p.pinned)),
-            (f"stream buffers ({p.n_buffers})", p.n_buffers * p.buffer_bytes),
-            (f"KV cache (F16, ctx {p.n_ctx})", p.kv_bytes), (f"activations (batch {p.batch})", p.state_bytes),
-            ("planned peak (managed)", p.planned_peak), ("streamed per token", p.streamed_bytes_per_token),
-            ("fully resident needs", p.resident_budget), ("minimum budget", p.min_budget)]
-    for name, v in rows:
-        t.add_row(name, f"{v:,}", format_bytes(v))
-    out.print(t)
-    colour = {"resident": "green", "streaming": "yellow", "insufficient": "red"}[p.verdict]
-    extra = f"; needs at least {format_bytes(p.min_budget)} ({p.min_budget:,} B)" if p.verdict == "insufficient" else ""
-    out.print(f"verdict: [bold {colour}]{p.verdict}[/]{extra}")
-    if probe_io:
-        pi = info["probe_io"]
-        out.print(f"storage reads at {pi['read_gb_s']:.2f} GB/s: about {pi['seconds_per_token_io']:.3f} s per token "
-                  f"of I/O for {format_bytes(p.streamed_bytes_per_token)} streamed")
-    for n in p.notes:
-        out.print(f"note: {n}")
-
-
-from .cli_gen import COMMANDS  # noqa: E402  (the commands that run the model)
-
-for _command in COMMANDS:
-    cli.add_command(_command)
-from .cli_store import COMMANDS as STORE_COMMANDS  # noqa: E402  (pull, list, rm, verify)
-for _command in STORE_COMMANDS:
-    cli.add_command(_command)
-from .server.cli import COMMANDS as SERVER_COMMANDS  # noqa: E402  (serve; FastAPI is imported when it runs)
-for _command in SERVER_COMMANDS: cli.add_command(_command)  # noqa: E701
+for _module in (describe, generate, tokens, store, serve):
+    for _command in _module.COMMANDS:
+        cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> None:

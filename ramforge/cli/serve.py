@@ -1,0 +1,80 @@
+"""The `ramforge serve` command (FastAPI and uvicorn are imported only when it runs)."""
+from __future__ import annotations
+
+import ipaddress
+
+import click
+
+from ..errors import MissingExtra
+from ..memory.size import parse_memory_size
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command()
+@click.argument("model", required=False)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; anything but loopback exposes the server (use --api-key).")
+@click.option("--port", type=click.IntRange(0, 65535), default=11434, show_default=True)
+@click.option("--api-key", envvar="RAMFORGE_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on every route but /health (or $RAMFORGE_API_KEY).")
+@click.option("--ram", default=None, help="Memory budget of the resident model, e.g. 4G (default: unlimited).")
+@click.option("--ctx", type=click.IntRange(min=1), default=None,
+              help="Context length when a request sets no num_ctx (default: 4096, or the model's if smaller).")
+@click.option("-t", "--threads", type=int, default=None,
+              help="Kernel threads (default: $RAMFORGE_THREADS or the physical cores).")
+@click.option("--io", type=click.Choice(["direct", "buffered", "mmap"]), default="direct", show_default=True,
+              help="How streamed weights are read.")
+@click.option("--keep-alive", default="5m", show_default=True,
+              help="How long a model stays loaded after a request when it sets no keep_alive (-1: forever).")
+@click.option("--max-body", default="1M", show_default=True, help="Request body size limit (413 above it).")
+@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds a client has to send a whole request (headers and body) before it is disconnected.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True)
+def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level):
+    """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time.
+
+    MODEL (a path, a store name or `default`) is loaded before the server starts; without it the
+    default model loads on the first request. Requests may name `default` or any name from
+    `ramforge list`; the resident model is swapped (the old one closed first) to stay under --ram.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise MissingExtra("ramforge serve needs FastAPI and uvicorn: pip install 'ramforge[serve]'")
+    import uvicorn
+
+    from ..server.app import create_app
+    from ..server.common import APIError, ServerConfig, parse_keep_alive
+    from ..server.transport import uvicorn_config
+
+    if ram is not None:
+        parse_memory_size(ram)                      # a bad size fails here, as one line
+    try:
+        keep = parse_keep_alive(keep_alive)
+    except APIError as e:
+        raise click.BadParameter(e.message, param_hint="--keep-alive") from None
+    cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
+                       max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
+                       preload=model is not None)
+    app = create_app(cfg)
+    manager = app.state.manager
+    if model is not None:
+        manager.preload()                           # typed errors become the CLI's one-line errors
+    if not _loopback(host) and not api_key:
+        click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
+    click.echo(f"ramforge serve: http://{host}:{port} (Ollama /api, OpenAI /v1), model "
+               f"{manager.startup_name!r}{' loaded' if model is not None else ' loads on first use'}", err=True)
+    uvicorn.Server(uvicorn_config(app, host, port, request_timeout=request_timeout, log_level=log_level,
+                                  timeout_graceful_shutdown=5)).run()
+
+
+COMMANDS = [serve]
