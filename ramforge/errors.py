@@ -13,8 +13,13 @@ tokenizer's metadata errors, the chat template's) live beside that module, deriv
     InvalidArgument          400     a value out of its range or of the wrong type (a sampler
                                      parameter, a size, a token id, an empty prompt, a model name)
     OutOfBudget              507     the memory budget cannot hold the model or a charge
-    Unsupported              501     an architecture, type or tokenizer ramforge cannot execute
+    Unsupported              501     an architecture, type or tokenizer ramforge cannot execute, an API route
+    ServerBusy               503     the server's queue for the model is full
+    ClientDisconnected       499     the client went away mid-generation (nginx's code; nobody reads it)
     RamforgeError            500     anything else: an invariant broke (a bug), or a failed download
+
+A request field asking for something ramforge does not do (images, logprobs, ...) is an
+UnsupportedField: an InvalidArgument (400), as Ollama and OpenAI answer such requests.
 """
 from __future__ import annotations
 
@@ -51,6 +56,14 @@ class ContextLengthExceeded(InvalidArgument):
     """A prompt (plus generation) does not fit the context window."""
 
 
+class ServerBusy(RamforgeError):
+    """The server's queue for the model is full; retry later."""
+
+
+class ClientDisconnected(RamforgeError):
+    """The client closed the connection while its request ran."""
+
+
 # ------------------------------------------------------------------------------------ specific
 
 class GGUFError(ModelFileError):
@@ -69,6 +82,10 @@ class UnsupportedType(Unsupported):
 
 class UnsupportedArch(Unsupported):
     """An architecture ramforge cannot execute."""
+
+
+class UnsupportedField(InvalidArgument):
+    """A request field that asks for a feature ramforge lacks (images, logprobs, JSON mode, ...)."""
 
 
 class MemorySizeError(InvalidArgument):
@@ -141,6 +158,8 @@ HTTP_STATUS: tuple[tuple[type[RamforgeError], int], ...] = (
     (InvalidArgument, 400),
     (OutOfBudget, 507),               # Insufficient Storage: the budget, not the request, is too small
     (Unsupported, 501),
+    (ServerBusy, 503),
+    (ClientDisconnected, 499),
     (RamforgeError, 500),
 )
 

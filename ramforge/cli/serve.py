@@ -5,7 +5,7 @@ import ipaddress
 
 import click
 
-from ..errors import MissingExtra
+from ..errors import InvalidArgument, MissingExtra
 from ..memory.size import parse_memory_size
 
 
@@ -53,15 +53,15 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     import uvicorn
 
     from ..server.app import create_app
-    from ..server.common import APIError, ServerConfig, parse_keep_alive
+    from ..server.common import ServerConfig, parse_keep_alive
     from ..server.transport import uvicorn_config
 
     if ram is not None:
         parse_memory_size(ram)                      # a bad size fails here, as one line
     try:
         keep = parse_keep_alive(keep_alive)
-    except APIError as e:
-        raise click.BadParameter(e.message, param_hint="--keep-alive") from None
+    except InvalidArgument as e:
+        raise click.BadParameter(str(e), param_hint="--keep-alive") from None
     cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
                        preload=model is not None)

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from ..chat import ChatTemplateError
-from ..errors import RamforgeError, http_status
+from ..errors import InvalidArgument, RamforgeError, http_status
 from ..params import PARAMS, sampler_params, stop_strings
 from ..resolve import default_model_path
 
@@ -55,17 +55,7 @@ class ServerConfig:
 
 # ------------------------------------------------------------------------------------ errors
 
-class APIError(Exception):
-    """An error the server itself raises, with its HTTP status."""
-
-    def __init__(self, status: int, message: str):
-        self.status, self.message = status, message
-        super().__init__(message)
-
-
-def error_status(exc: BaseException) -> int:
-    """The HTTP status of an exception, by its type: an APIError's own, else ramforge.errors.HTTP_STATUS."""
-    return exc.status if isinstance(exc, APIError) else http_status(exc)
+error_status = http_status          # by the exception's type: ramforge.errors.HTTP_STATUS
 
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -109,7 +99,7 @@ def parse_keep_alive(value) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise APIError(400, f"keep_alive must be a duration like '5m' or a number of seconds, not {value!r}")
+        raise InvalidArgument(f"keep_alive must be a duration like '5m' or a number of seconds, not {value!r}")
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
@@ -127,11 +117,11 @@ def parse_keep_alive(value) -> float | None:
                 seconds += float(m.group(1)) * _UNIT_S[m.group(2)]
                 pos = m.end()
             if pos != len(body) or not body:
-                raise APIError(400, f"keep_alive {value!r} is not a duration: use e.g. '5m', '1h', '30s', "
+                raise InvalidArgument(f"keep_alive {value!r} is not a duration: use e.g. '5m', '1h', '30s', "
                                     f"0 (unload now) or -1 (keep loaded)") from None
             seconds *= sign
     if math.isnan(seconds):
-        raise APIError(400, "keep_alive is NaN")
+        raise InvalidArgument("keep_alive is NaN")
     return FOREVER if seconds < 0 else seconds
 
 

@@ -20,10 +20,11 @@ import anyio
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..errors import ContextLengthExceeded, EmptyPrompt, RamforgeError, check_token_ids
+from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, RamforgeError, ServerBusy,
+                      check_token_ids)
 from ..resolve import DEFAULT_NAMES, DEFAULT_SHA256, default_model_path, resolve_model
 from ..store import InvalidModelName, Store, is_valid_name, normalize_name
-from .common import FOREVER, MAX_NAME, APIError, ServerConfig, details_of, iso, log
+from .common import FOREVER, MAX_NAME, ServerConfig, details_of, iso, log
 
 
 # ------------------------------------------------------------------------------ model manager
@@ -132,7 +133,7 @@ class ModelManager:
 
     async def acquire(self) -> None:
         if self.lock.locked() and self.waiting >= self.cfg.max_queue:
-            raise APIError(503, f"server busy: {self.waiting} requests already wait for the model; retry later")
+            raise ServerBusy(f"server busy: {self.waiting} requests already wait for the model; retry later")
         self.waiting += 1
         try:
             await self.lock.acquire()
@@ -281,7 +282,7 @@ class Job:
             if request is not None and time.monotonic() - polled > 0.25:
                 polled = time.monotonic()
                 if await request.is_disconnected():
-                    raise APIError(499, "client disconnected")
+                    raise ClientDisconnected("client disconnected")
             r = await self.m.call(next, self.it, None)
 
     async def collect(self, request: Request | None = None):

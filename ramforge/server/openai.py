@@ -24,7 +24,8 @@ import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, APIError, error_body, error_status, request_sampling,
+from ..errors import EmptyPrompt, ModelNotFound, UnsupportedField
+from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, error_body, error_status, request_sampling,
                      sampler_fields, stop_list)
 from .manager import Job, list_models, manager_of, stream_job
 
@@ -60,7 +61,7 @@ class _Common(_SamplerFields):
 
     def check(self) -> None:
         if self.logit_bias:
-            raise APIError(400, "logit_bias is not supported")
+            raise UnsupportedField("logit_bias is not supported")
         stop_list(self.stop)
         self.sampling()                  # a bad combination fails here, before the request queues
 
@@ -87,7 +88,7 @@ class ChatMessage(Strict):
 
     def for_template(self) -> dict:
         if self.audio or self.function_call:
-            raise APIError(400, "audio and function_call messages are not supported")
+            raise UnsupportedField("audio and function_call messages are not supported")
         m = {"role": "system" if self.role == "developer" else self.role,
              "content": "" if self.content is None and not self.tool_calls else self.content}
         for key in ("name", "tool_calls", "tool_call_id"):
@@ -129,18 +130,18 @@ class ChatRequest(_Common):
     def check(self) -> None:
         super().check()
         if self.logprobs or self.top_logprobs:
-            raise APIError(400, "logprobs are not supported")
+            raise UnsupportedField("logprobs are not supported")
         if self.tool_choice not in (None, "auto", "none"):
-            raise APIError(400, f"tool_choice {self.tool_choice!r} is not supported (only 'auto' or 'none')")
+            raise UnsupportedField(f"tool_choice {self.tool_choice!r} is not supported (only 'auto' or 'none')")
         if self.functions or self.function_call:
-            raise APIError(400, "functions / function_call are not supported; use tools")
+            raise UnsupportedField("functions / function_call are not supported; use tools")
         if self.response_format not in (None, {"type": "text"}):
-            raise APIError(400, "response_format other than {'type': 'text'} is not supported")
+            raise UnsupportedField("response_format other than {'type': 'text'} is not supported")
         if self.modalities not in (None, ["text"]):
-            raise APIError(400, "only the text modality is supported")
+            raise UnsupportedField("only the text modality is supported")
         for name in ("audio", "prediction", "web_search_options", "moderation"):
             if getattr(self, name) is not None:
-                raise APIError(400, f"{name} is not supported")
+                raise UnsupportedField(f"{name} is not supported")
 
 
 class CompletionRequest(_Common):
@@ -154,20 +155,20 @@ class CompletionRequest(_Common):
     def check(self) -> None:
         super().check()
         if self.logprobs is not None:
-            raise APIError(400, "logprobs are not supported")
+            raise UnsupportedField("logprobs are not supported")
         if self.suffix:
-            raise APIError(400, "suffix (fill-in-the-middle) is not supported")
+            raise UnsupportedField("suffix (fill-in-the-middle) is not supported")
 
     def one_prompt(self) -> str | list[int]:
         p = self.prompt
         if isinstance(p, str):
             return p
         if not p:
-            raise APIError(400, "the prompt is empty")
+            raise EmptyPrompt("the prompt is empty")
         if isinstance(p[0], int):
             return list(p)
         if len(p) > 1:
-            raise APIError(400, f"{len(p)} prompts in one request: batched prompts are not supported (n = 1)")
+            raise UnsupportedField(f"{len(p)} prompts in one request: batched prompts are not supported (n = 1)")
         return p[0] if isinstance(p[0], str) else list(p[0])
 
 
@@ -297,5 +298,5 @@ async def model(model_id: str, request: Request):
     for x in found:
         if x["name"] == model_id:
             return _model_entry(x)
-    raise APIError(404, f"model {model_id!r} not found; GET /v1/models lists the names")
+    raise ModelNotFound(f"model {model_id!r} not found; GET /v1/models lists the names")
 
