@@ -209,3 +209,39 @@ def test_checker_counts_package_inits_run_on_the_way(tmp_path):
 def test_checker_counts_explicit_imports_of_an_enclosing_package(tmp_path, text):
     root = _package(tmp_path, {"__init__.py": "from .leaf import x\n__version__ = '1'\n", "leaf.py": text + "x = 1\n"})
     assert cycles(import_graph(root)) == [["pkg", "pkg.leaf", "pkg"]]
+
+
+# ---- tests reach tools/ and robustness/ as packages, never by file path
+
+REPO = PACKAGE.parent
+
+
+def test_tests_import_tools_and_harnesses_as_packages():
+    offenders = []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            where = f"{path.name}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Attribute) and node.attr in ("spec_from_file_location", "SourceFileLoader"):
+                offenders.append(f"{where} loads a module from a file path")
+            elif (isinstance(node, ast.Attribute) and node.attr in ("insert", "append")
+                  and isinstance(node.value, ast.Attribute) and node.value.attr == "path"
+                  and isinstance(node.value.value, ast.Name) and node.value.value.id == "sys"):
+                offenders.append(f"{where} changes sys.path")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(n.split(".")[0] == "benchmarks" for n in names):
+                    offenders.append(f"{where} imports benchmarks/ (speed only: nothing to import)")
+    assert not offenders, offenders
+    for package in ("tools", "robustness"):
+        assert (REPO / package / "__init__.py").is_file(), package
+    assert not {"fuzz.py", "fuzz_atheris.py", "load_server.py"} & {p.name for p in (REPO / "benchmarks").glob("*.py")}
+
+
+@pytest.mark.parametrize("args", [["tools/make_models.py", "--help"], ["-m", "tools.make_models", "--help"],
+                                  ["robustness/fuzz.py", "--help"], ["-m", "robustness.load_server", "--help"]])
+def test_tools_and_harnesses_still_run_as_scripts(args):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
