@@ -6,9 +6,8 @@ of the kernels' sources, code switches and versions (ramforge.paths), under $NUM
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .paths import setup_kernel_cache as _setup_kernel_cache  # noqa: E402  (reads __version__)
+from ._version import __version__
+from .paths import setup_kernel_cache as _setup_kernel_cache
 
 _setup_kernel_cache()
 

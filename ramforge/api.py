@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .errors import RamforgeError
+from .errors import InvalidArgument, RamforgeError
 from .memory import MemoryBudget, parse_memory_size
+from .params import sampler_params, stop_strings
 from .resolve import resolve_model
-from .sampling import Sampler, SamplerParams
+from .sampling import Sampler
 
 # Google's gemma-3 chat template, used for the embedded default model, whose GGUF has none (as
 # Ollama ships a template beside a model). Any other model without one gets llama.cpp's ChatML.
@@ -66,7 +67,7 @@ class Model:
         self.name = str(path_or_name)
         self.budget = MemoryBudget(parse_memory_size(ram) if ram is not None else None)
         if not isinstance(n_ubatch, int) or n_ubatch < 1:
-            raise RamforgeError(f"n_ubatch must be a positive integer, got {n_ubatch!r}")
+            raise InvalidArgument(f"n_ubatch must be a positive integer, got {n_ubatch!r}")
         self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads)
         self.engine.ubatch = n_ubatch
         self.tokenizer = self.engine.tokenizer
@@ -89,21 +90,18 @@ class Model:
         return self.engine.n_ctx
 
     # ---- generation --------------------------------------------------------------------------
-    def stream(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.8, top_k: int = 40,
-               top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
-               frequency_penalty: float = 0.0, presence_penalty: float = 0.0, stop: str | list[str] | None = None,
-               seed: int | None = None, special: bool = True) -> Iterator[Response]:
-        """Yield a Response per piece of text; the last one has done=True and the totals."""
+    def stream(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
+               special: bool = True, **sampling) -> Iterator[Response]:
+        """Yield a Response per piece of text; the last one has done=True and the totals.
+
+        sampling: the sampler parameters by the names of ramforge.params' table (temperature, top_k,
+        top_p, min_p, typical_p, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n,
+        seed); left out or None, the table's default (seed: the Model's)."""
+        params = sampler_params(sampling, defaults={"seed": self.seed})
+        stops = stop_strings(stop)
         ids = self.tokenize(prompt, add_bos=True, special=special) if isinstance(prompt, str) else list(prompt)
         if max_tokens is None or max_tokens < 0:
             max_tokens = self.n_ctx - len(ids)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise RamforgeError(f"stop strings must be non-empty strings, got {stop!r}")
-        params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                               seed=self.seed if seed is None else seed).validate()
         sampler = Sampler(params, self.engine.hp.n_vocab)
         eng, dec, hold = self.engine, self.tokenizer.stream(), max((len(s) for s in stops), default=1) - 1
         text, sent, out, finish = "", 0, [], "length"
@@ -137,15 +135,11 @@ class Model:
         return last
 
     # ---- OpenAI-shaped -----------------------------------------------------------------------
-    def create_completion(self, prompt: str, max_tokens: int | None = 16, temperature: float = 0.8,
-                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
-                          stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False,
-                          **kwargs):
-        """An OpenAI text_completion dict, or an iterator of chunks with stream=True."""
-        args = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
-                    stop=stop, seed=seed, **kwargs)
+    def create_completion(self, prompt: str, max_tokens: int | None = 16, stream: bool = False, **kwargs):
+        """An OpenAI text_completion dict, or an iterator of chunks with stream=True. kwargs: stop and
+        the sampler parameters, as `stream` takes them."""
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        chunks = self.stream(prompt, max_tokens if max_tokens is not None else -1, **args)
+        chunks = self.stream(prompt, max_tokens if max_tokens is not None else -1, **kwargs)
 
         def shape(text, finish, usage=None):
             d = {"id": cid, "object": "text_completion", "created": created, "model": self.name,

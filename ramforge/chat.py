@@ -22,7 +22,7 @@ import types
 from datetime import datetime
 from functools import lru_cache, wraps
 
-from ramforge.errors import RamforgeError
+from ramforge.errors import InvalidArgument, ModelFileError
 
 CHATML_TEMPLATE = (
     "{%- for message in messages -%}\n"
@@ -35,13 +35,19 @@ CHATML_TEMPLATE = (
 _SIZED = (str, list, tuple, set, frozenset, dict)
 
 
-class ChatTemplateError(RamforgeError):
+class ChatTemplateError(InvalidArgument):
     """A chat template failed. `kind`: "syntax", "raised" (raise_exception), "security" (sandbox),
-    "limit", "render", "messages" or "metadata"; `lineno`: the template line where known."""
+    "limit", "render", "messages" or "metadata"; `lineno`: the template line where known.
+    Rendering failures come from the messages (a request's fault); a template that does not compile
+    or is missing ("syntax", "metadata") is a ChatTemplateInvalid, the model file's fault."""
 
     def __init__(self, message: str, kind: str = "render", lineno: int | None = None):
         self.kind, self.lineno, self.detail = kind, lineno, message
         super().__init__(f"chat template{f' line {lineno}' if lineno else ''}: {message}")
+
+
+class ChatTemplateInvalid(ChatTemplateError, ModelFileError):
+    """The template itself does not compile ("syntax") or the GGUF has none ("metadata")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,13 +286,13 @@ def _compile(text: str):
     import jinja2
     env, guard = _environment()
     if len(text) > 1 << 20:
-        raise ChatTemplateError(f"template of {len(text):,} characters is over 1 MiB", "syntax")
+        raise ChatTemplateInvalid(f"template of {len(text):,} characters is over 1 MiB", "syntax")
     try:
         return env.from_string(guard().visit(env.parse(text)))
     except jinja2.TemplateSyntaxError as e:
-        raise ChatTemplateError(f"syntax error: {e.message}", "syntax", e.lineno) from None
+        raise ChatTemplateInvalid(f"syntax error: {e.message}", "syntax", e.lineno) from None
     except (RecursionError, MemoryError) as e:
-        raise ChatTemplateError(f"template too deeply nested to compile ({type(e).__name__})", "syntax") from None
+        raise ChatTemplateInvalid(f"template too deeply nested to compile ({type(e).__name__})", "syntax") from None
 
 
 def _validate(messages) -> list[dict]:
@@ -345,7 +351,7 @@ def render_chat(template: str, messages: list[dict], *, add_generation_prompt: b
             parts.append(chunk)
     except ChatTemplateError as e:
         if e.lineno is None and _lineno(e):
-            raise ChatTemplateError(e.detail, e.kind, _lineno(e)) from None
+            raise type(e)(e.detail, e.kind, _lineno(e)) from None
         raise
     except jinja2.exceptions.SecurityError as e:
         raise ChatTemplateError(f"sandbox refused: {e}", "security", _lineno(e)) from None
@@ -394,7 +400,7 @@ class ChatTemplate:
         elif fallback == "chatml" or override is not None:
             text, source = CHATML_TEMPLATE, "default:chatml"
         else:
-            raise ChatTemplateError("the GGUF has no tokenizer.chat_template; pass --chat-template FILE", "metadata")
+            raise ChatTemplateInvalid("the GGUF has no tokenizer.chat_template; pass --chat-template FILE", "metadata")
         _compile(text)  # syntax errors surface here, with their line
         return cls(text, source, token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id"),
                    bool(md.get("tokenizer.ggml.add_bos_token", md.get("tokenizer.ggml.model") == "llama")),

@@ -12,7 +12,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import BudgetTooSmall, ContextLengthExceeded, RamforgeError, UnsupportedArch
+from .errors import (BudgetTooSmall, ContextLengthExceeded, EmptyPrompt, InvalidArgument, UnsupportedArch,
+                     check_token_ids)
 from .gguf.constants import Keys
 from .gguf.reader import GGUFFile
 from .jit import Stopwatch
@@ -200,13 +201,11 @@ class Engine:
         Unaligned, chunks of plan.batch are computed as batches of their own."""
         toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if self.layers != (0, self.hp.n_layer):
-            raise RamforgeError(f"this engine runs layers {self.layers}; use eval_hidden")
+            raise InvalidArgument(f"this engine runs layers {self.layers}; use eval_hidden")
         if toks.size == 0:
-            raise RamforgeError("eval needs at least one token")
+            raise EmptyPrompt("eval needs at least one token")
         self.kv.check_room(toks.size)
-        bad = toks[(toks < 0) | (toks >= self.hp.n_vocab)]
-        if bad.size:
-            raise RamforgeError(f"token id {int(bad[0])} is out of range for a vocabulary of {self.hp.n_vocab}")
+        check_token_ids(toks, self.hp.n_vocab)
         B = self.plan.batch
         U = max(B, self.ubatch // B * B) if aligned else B      # whole chunks per ubatch
         base = self.kv.n_past if aligned else 0
@@ -232,7 +231,7 @@ class Engine:
         h = np.asarray(hidden, dtype=np.float32).reshape(-1, self.hp.n_embd)
         self.kv.check_room(h.shape[0])
         if logits and self.layers[1] != self.hp.n_layer:
-            raise RamforgeError(f"layers {self.layers} do not end the model; it has no logits")
+            raise InvalidArgument(f"layers {self.layers} do not end the model; it has no logits")
         out = []
         for c0 in range(0, h.shape[0], self.plan.batch):
             part = h[c0:c0 + self.plan.batch]
@@ -288,7 +287,7 @@ class Engine:
         differently than the batch did (in llama.cpp as here).
         """
         if not prompt:
-            raise RamforgeError("the prompt is empty: at least one token (e.g. BOS) is needed")
+            raise EmptyPrompt("the prompt is empty: at least one token (e.g. BOS) is needed")
         if len(prompt) + max_tokens > self.n_ctx:
             raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens + {max_tokens} to generate exceed the "
                                         f"context of {self.n_ctx}; raise --ctx or lower --max-tokens")

@@ -1,12 +1,72 @@
-"""Typed errors. Every message carries the numbers and, where there is one, the fix."""
+"""Typed errors, and the one table of their HTTP statuses. A leaf: imports nothing of ramforge.
+
+Every error ramforge raises on purpose is a `RamforgeError`, and every one a request or a file
+can trigger derives from one of the categories of `HTTP_STATUS` below; the servers answer with
+that status, the CLI prints the message as one line. Messages carry the numbers and, where there
+is one, the fix. Errors of one module that no other module needs (the store's, the sampler's, the
+tokenizer's metadata errors, the chat template's) live beside that module, derived from these.
+
+    category                 status  what
+    ModelFileError           500     the model file, or the store's record of it, is broken (not the request)
+    ModelNotFound            404     a name that is no file, no store name and not `default`
+    ContextLengthExceeded    400     the prompt (plus what to generate) does not fit the context
+    InvalidArgument          400     a value out of its range or of the wrong type (a sampler
+                                     parameter, a size, a token id, an empty prompt, a model name)
+    OutOfBudget              507     the memory budget cannot hold the model or a charge
+    Unsupported              501     an architecture, type or tokenizer ramforge cannot execute, an API route
+    ServerBusy               503     the server's queue for the model is full
+    ClientDisconnected       499     the client went away mid-generation (nginx's code; nobody reads it)
+    RamforgeError            500     anything else: an invariant broke (a bug), or a failed download
+
+A request field asking for something ramforge does not do (images, logprobs, ...) is an
+UnsupportedField: an InvalidArgument (400), as Ollama and OpenAI answer such requests.
+"""
 from __future__ import annotations
+
+from typing import Iterable
 
 
 class RamforgeError(Exception):
     """Base of every error ramforge raises on purpose; the CLI prints it as one line."""
 
 
-class GGUFError(RamforgeError):
+# ---------------------------------------------------------------------------------- categories
+
+class InvalidArgument(RamforgeError, ValueError):
+    """A value a caller passed (a request field, a CLI option, a library argument) is out of its range."""
+
+
+class ModelFileError(RamforgeError):
+    """The model file (or the store's record of it) is malformed or inconsistent: no request can fix it."""
+
+
+class ModelNotFound(RamforgeError):
+    """A MODEL argument names no file and no known model."""
+
+
+class OutOfBudget(RamforgeError):
+    """The memory budget cannot hold what was asked."""
+
+
+class Unsupported(RamforgeError):
+    """Something ramforge cannot execute (it may still be inspected)."""
+
+
+class ContextLengthExceeded(InvalidArgument):
+    """A prompt (plus generation) does not fit the context window."""
+
+
+class ServerBusy(RamforgeError):
+    """The server's queue for the model is full; retry later."""
+
+
+class ClientDisconnected(RamforgeError):
+    """The client closed the connection while its request ran."""
+
+
+# ------------------------------------------------------------------------------------ specific
+
+class GGUFError(ModelFileError):
     """A GGUF file is malformed: names the field, the value, the byte offset and what was expected."""
 
     def __init__(self, field: str, value, offset: int | None, expected: str, path: str | None = None):
@@ -16,23 +76,49 @@ class GGUFError(RamforgeError):
         super().__init__(f"{src}GGUF field {field} = {value!r}{where}: expected {expected}")
 
 
-class UnsupportedType(RamforgeError):
+class UnsupportedType(Unsupported):
     """A ggml tensor type ramforge cannot execute (it may still be inspected)."""
 
 
-class UnsupportedArch(RamforgeError):
+class UnsupportedArch(Unsupported):
     """An architecture ramforge cannot execute."""
 
 
-class ModelNotFound(RamforgeError):
-    """A MODEL argument names no file and no known model."""
+class UnsupportedField(InvalidArgument):
+    """A request field that asks for a feature ramforge lacks (images, logprobs, JSON mode, ...)."""
 
 
-class MemorySizeError(RamforgeError, ValueError):
+class MemorySizeError(InvalidArgument):
     """A memory size string such as '8G' could not be parsed."""
 
 
-class BudgetExceeded(RamforgeError):
+class EmptyPrompt(InvalidArgument):
+    """A prompt with no tokens: at least one (e.g. BOS) is needed."""
+
+
+class TokenizerInputError(InvalidArgument):
+    """Input that llama.cpp itself cannot tokenize (it would abort)."""
+
+
+class TokenIdError(TokenizerInputError, IndexError):
+    """A token id outside the vocabulary (an IndexError too). Raised by `check_token_ids` only."""
+
+    def __init__(self, token_id: int, n_vocab: int):
+        self.token_id, self.n_vocab = token_id, n_vocab
+        super().__init__(f"token id {token_id} is out of range for a vocabulary of {n_vocab} tokens "
+                         f"(ids are 0..{n_vocab - 1})")
+
+
+def check_token_ids(ids: Iterable[int], n_vocab: int) -> None:
+    """The token-id check: TokenIdError naming the first id of `ids` outside [0, n_vocab)."""
+    if getattr(ids, "ndim", 0) == 1 and ids.size and ids.min() >= 0 and ids.max() < n_vocab:
+        return                                          # a numpy array in range: two vectorised passes
+    bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise TokenIdError(int(bad), int(n_vocab))
+
+
+class BudgetExceeded(OutOfBudget):
     """A charge would take the managed total over the budget."""
 
     def __init__(self, name: str, request: int, current: int, budget: int):
@@ -43,7 +129,7 @@ class BudgetExceeded(RamforgeError):
         )
 
 
-class BudgetTooSmall(RamforgeError):
+class BudgetTooSmall(OutOfBudget):
     """The budget cannot hold even one layer plus the working set."""
 
     def __init__(self, budget: int, minimum: int, n_ctx: int):
@@ -53,5 +139,34 @@ class BudgetTooSmall(RamforgeError):
                          f"--ctx (`ramforge plan` shows the same figure)")
 
 
-class ContextLengthExceeded(RamforgeError):
-    """A prompt (plus generation) does not fit the context window."""
+class MissingExtra(RamforgeError):
+    """An optional dependency is not installed; the message names the pip extra that brings it."""
+
+
+class InternalError(RamforgeError):
+    """An invariant ramforge keeps broke: a bug (the message says which)."""
+
+
+# --------------------------------------------------------------------------------- the table
+
+# Checked in order, first match wins: most specific first. A broken chat template is both a
+# ModelFileError and (as every ChatTemplateError) an InvalidArgument: the file's fault wins.
+HTTP_STATUS: tuple[tuple[type[RamforgeError], int], ...] = (
+    (ModelFileError, 500),
+    (ModelNotFound, 404),
+    (ContextLengthExceeded, 400),
+    (InvalidArgument, 400),
+    (OutOfBudget, 507),               # Insufficient Storage: the budget, not the request, is too small
+    (Unsupported, 501),
+    (ServerBusy, 503),
+    (ClientDisconnected, 499),
+    (RamforgeError, 500),
+)
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status of an exception, by its type (never by its message); 500 for anything untyped."""
+    for cls, status in HTTP_STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500

@@ -51,7 +51,7 @@ def kernel_sources() -> list[Path]:
 
 def kernel_cache_key() -> str:
     """sha256 (16 hex digits) of the kernels' sources, the code switches and the versions."""
-    from . import __version__
+    from ._version import __version__
 
     h = hashlib.sha256()
     base = Path(__file__).resolve().parent

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from .errors import RamforgeError
+from .errors import InvalidArgument, ModelFileError
 from .gguf.constants import GGML_BLOCK, Keys
 from .gguf.reader import GGUFFile, TensorInfo
 from .models import is_executable
@@ -41,7 +41,7 @@ def n_vocab_of(f: GGUFFile) -> int:
         return len(tokens)
     embd = f.tensors.get("token_embd.weight")
     if embd is None or len(embd.dims) < 2:
-        raise RamforgeError(f"{f.path}: cannot tell the vocabulary size (no {Keys.TOKENS} and no token_embd.weight)")
+        raise ModelFileError(f"{f.path}: cannot tell the vocabulary size (no {Keys.TOKENS} and no token_embd.weight)")
     return embd.dims[1]
 
 
@@ -145,10 +145,10 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
     n_ctx = min(hp.n_ctx_train, DEFAULT_CTX) if n_ctx is None else n_ctx
     if n_ctx <= 0 or batch <= 0:
-        raise RamforgeError(f"context length and batch must be positive, got {n_ctx} and {batch}")
+        raise InvalidArgument(f"context length and batch must be positive, got {n_ctx} and {batch}")
     a, b = layers or (0, hp.n_layer)
     if not 0 <= a < b <= hp.n_layer:
-        raise RamforgeError(f"layer range [{a}, {b}) is not within the model's {hp.n_layer} layers")
+        raise InvalidArgument(f"layer range [{a}, {b}) is not within the model's {hp.n_layer} layers")
     by_layer: dict[int, list[TensorInfo]] = {i: [] for i in range(a, b)}
     persistent: dict[str, int] = {}
     for t in f.tensors.values():
@@ -156,7 +156,7 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
         if i is None:
             persistent[t.name] = t.nbytes
         elif i >= hp.n_layer:
-            raise RamforgeError(f"tensor {t.name} belongs to layer {i}, but block_count is {hp.n_layer}")
+            raise ModelFileError(f"tensor {t.name} belongs to layer {i}, but block_count is {hp.n_layer}")
         elif a <= i < b:
             by_layer[i].append(t)
     spans = [span_of(i, by_layer[i]) for i in range(a, b)]

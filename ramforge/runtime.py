@@ -5,7 +5,7 @@ import os
 
 import psutil
 
-from .errors import RamforgeError
+from .errors import InvalidArgument
 
 
 def default_threads() -> int:
@@ -15,7 +15,7 @@ def default_threads() -> int:
         try:
             return int(env)
         except ValueError:
-            raise RamforgeError(f"RAMFORGE_THREADS={env!r} is not an integer") from None
+            raise InvalidArgument(f"RAMFORGE_THREADS={env!r} is not an integer") from None
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
@@ -26,6 +26,6 @@ def set_threads(n: int | None = None) -> int:
     n = default_threads() if n is None else n
     top = numba.config.NUMBA_NUM_THREADS
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= top:
-        raise RamforgeError(f"threads = {n!r}: expected an integer from 1 to {top} (NUMBA_NUM_THREADS)")
+        raise InvalidArgument(f"threads = {n!r}: expected an integer from 1 to {top} (NUMBA_NUM_THREADS)")
     numba.set_num_threads(n)
     return n

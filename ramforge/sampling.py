@@ -33,76 +33,15 @@ llama.cpp's std::mt19937 stream, so tokens are not bit-identical to llama.cpp's 
 """
 from __future__ import annotations
 
-import math
 import numbers
 import secrets
-from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import RamforgeError
+from .params import LLAMA_DEFAULT_SEED, SamplerError, SamplerParams  # noqa: F401  (the table lives in params)
 
-LLAMA_DEFAULT_SEED = 0xFFFFFFFF      # llama.h: this seed (like None or -1) means "pick one at random"
 _TOP_P_FIRST_GUESS = 256             # llama.cpp's top-p sorts only this many first when n > 1024
 _F32 = np.float32
-
-
-class SamplerError(RamforgeError, ValueError):
-    """A sampling parameter (or the logits handed to the sampler) is invalid."""
-
-    def __init__(self, param: str, value, valid: str):
-        self.param, self.value, self.valid = param, value, valid
-        super().__init__(f"sampler: {param} = {value!r} is invalid: expected {valid}")
-
-
-@dataclass(frozen=True)
-class SamplerParams:
-    """Defaults are llama-cpp-python's ``Llama.create_completion`` (0.3.36): temperature 0.8,
-    top_k 40, top_p 0.95, min_p 0.05, typical_p 1.0, repeat_penalty 1.0, frequency_penalty 0.0,
-    presence_penalty 0.0, seed None (random); repeat_last_n 64 is ``Llama(last_n_tokens_size=64)``.
-    They equal llama.cpp's ``common_params_sampling`` defaults (penalty_last_n 64, penalty_repeat 1.0).
-    """
-
-    temperature: float = 0.8         # 0 = greedy
-    top_k: int = 40                  # 0 = disabled
-    top_p: float = 0.95              # 1 = disabled
-    min_p: float = 0.05              # 0 = disabled
-    typical_p: float = 1.0           # 1 = disabled
-    repeat_penalty: float = 1.0      # 1 = disabled
-    frequency_penalty: float = 0.0   # 0 = disabled
-    presence_penalty: float = 0.0    # 0 = disabled
-    repeat_last_n: int = 64          # 0 = no penalties, -1 = the whole history
-    seed: int | None = None          # None, -1 or 0xFFFFFFFF = random
-
-    def validate(self) -> "SamplerParams":
-        """Return self, or raise SamplerError naming the first bad parameter and its valid range."""
-        _real("temperature", self.temperature, 0.0, math.inf, "a finite number >= 0 (0 = greedy)")
-        _int("top_k", self.top_k, 0, None, "an integer >= 0 (0 disables top-k)")
-        _real("top_p", self.top_p, 0.0, 1.0, "a number in [0, 1] (1 disables top-p)")
-        _real("min_p", self.min_p, 0.0, 1.0, "a number in [0, 1] (0 disables min-p)")
-        _real("typical_p", self.typical_p, 0.0, 1.0, "a number in [0, 1] (1 disables typical)")
-        _real("repeat_penalty", self.repeat_penalty, 0.0, math.inf, "a finite number > 0 (1 = none)",
-              open_low=True)
-        _real("frequency_penalty", self.frequency_penalty, -math.inf, math.inf, "a finite number (0 = none)")
-        _real("presence_penalty", self.presence_penalty, -math.inf, math.inf, "a finite number (0 = none)")
-        _int("repeat_last_n", self.repeat_last_n, -1, None,
-             "an integer >= -1 (0 disables penalties, -1 = the whole history)")
-        if self.seed is not None:
-            _int("seed", self.seed, -1, LLAMA_DEFAULT_SEED,
-                 "None or an integer in [-1, 4294967295] (None, -1 or 4294967295 = random)")
-        return self
-
-
-def _real(name, v, lo, hi, valid, open_low=False):
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-        raise SamplerError(name, v, valid)
-    if v < lo or v > hi or (open_low and v == lo):
-        raise SamplerError(name, v, valid)
-
-
-def _int(name, v, lo, hi, valid):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo or (hi is not None and v > hi):
-        raise SamplerError(name, v, valid)
 
 
 def _argsort_desc(v: np.ndarray) -> np.ndarray:

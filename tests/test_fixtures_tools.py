@@ -6,18 +6,16 @@ Needs gguf (dev extra) but not llama_cpp. The model-writing tests need the llama
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
 
 gguf = pytest.importorskip("gguf")
-import _fixtures  # noqa: E402
-import make_models as mm  # noqa: E402
+from tools import _fixtures  # noqa: E402
+from tools import make_models as mm  # noqa: E402
 
 ORACLE = sorted((REPO / "tests" / "fixtures" / "oracle").glob("*.json"))
 

@@ -14,8 +14,8 @@ types, tensor offsets, overwritten with values chosen to trap a naive parser (co
 splices, padding.
 
 The generator is driven by a random.Random-like object, so the same code runs under hypothesis
-(st.randoms, shrinkable, derandomized here) and in benchmarks/fuzz.py (random.Random(seed), 10k+
-cases).  One case of benchmarks/fuzz.py reproduces with ``case_bytes(seed, index)``.
+(st.randoms, shrinkable, derandomized here) and in robustness/fuzz.py (random.Random(seed), 10k+
+cases).  One case of robustness/fuzz.py reproduces with ``case_bytes(seed, index)``.
 """
 from __future__ import annotations
 
@@ -311,7 +311,7 @@ def gen_case(rng) -> bytes:
 
 
 def case_bytes(seed: int, index: int) -> bytes:
-    """Case `index` of benchmarks/fuzz.py's reader run with `seed` (each case has its own Random)."""
+    """Case `index` of robustness/fuzz.py's reader run with `seed` (each case has its own Random)."""
     return gen_case(random.Random(f"reader:{seed}:{index}"))
 
 

@@ -18,7 +18,7 @@ Properties, for every input:
     leading space), and equals decode_bytes(...).decode("utf-8", "replace"), for any id sequence.
   * an id outside the vocabulary is a TokenIdError (a RamforgeError and an IndexError).
 
-The checks are plain functions (check_text, check_bytes, check_ids) that benchmarks/fuzz.py also
+The checks are plain functions (check_text, check_bytes, check_ids) that robustness/fuzz.py also
 runs on 10k+ seeded random cases.  test_oracle_* (``-m oracle``) compares ids and detokenization with
 live llama.cpp (llama-cpp-python) on a few hundred random strings per vocabulary.
 """
@@ -79,7 +79,7 @@ def user_defined_texts(tok) -> tuple[str, ...]:
     return cached
 
 
-# ---- the checks (shared with benchmarks/fuzz.py) -------------------------------------------------
+# ---- the checks (shared with robustness/fuzz.py) -------------------------------------------------
 
 class Mismatch(AssertionError):
     """A property failed (not a crash: the code ran, the answer is wrong)."""
@@ -190,7 +190,7 @@ def byte_token_ids(tok) -> list[int]:
     return cached
 
 
-# ---- random inputs from a random.Random (benchmarks/fuzz.py) ----------------------------------
+# ---- random inputs from a random.Random (robustness/fuzz.py) ----------------------------------
 
 _CONTROL = "".join(map(chr, range(0x20))) + "\x7f\x80\x85\x9f\u00ad\u061c\u200b\u200c\u200d\u200e\u200f\u2028\u2029\u2060\ufeff\ufff9\ufffc\ufffd"
 _COMBINING = "\u0300\u0301\u0302\u0308\u0323\u0327\u036f\u0483\u0591\u05b4\u064b\u0670\u093c\u094d\u0e31\u0e48\u1ab0\u20d0\u20e3\ufe0f\ufe20"

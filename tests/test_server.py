@@ -206,6 +206,7 @@ BAD_OLLAMA = [
     {"model": "default", "prompt": "x", "options": {"stop": ["s"] * 17}},
     {"model": "default", "prompt": "x", "options": {"stop": [""]}},
     {"model": "default", "prompt": "x", "options": {"mirostat": 2}},
+    {"model": "default", "prompt": "x", "options": {"typical_p": 1.5}},
     {"model": "default", "prompt": "x", "keep_alive": "five minutes"},
     {"model": "default", "prompt": "x", "format": "json"},
     {"model": "default", "prompt": "x", "images": ["aGk="]},
@@ -237,6 +238,9 @@ BAD_OPENAI = [
     ("/v1/completions", {"model": "default", "prompt": ["a", "b"]}),
     ("/v1/completions", {"model": "default", "prompt": [[1, 2], [3]]}),
     ("/v1/completions", {"model": "../../etc/passwd", "prompt": "x"}),
+    ("/v1/completions", {"model": "default", "prompt": [2, 10 ** 8]}),              # out of the vocabulary
+    ("/v1/completions", {"model": "default", "prompt": []}),
+    ("/v1/chat/completions", {"model": "default", "messages": MSGS, "typical_p": -0.5}),
 ]
 
 
@@ -245,6 +249,16 @@ def test_openai_bad_requests_are_400(server, path, body):
     r = server.http.post(path, json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"] and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_every_sampler_parameter_is_honoured(server):
+    # the request fields come from ramforge.params' table: typical_p too, on both APIs
+    r = server.http.post("/api/generate", json={"model": "default", "prompt": "Hi", "stream": False,
+                                                "options": {"num_predict": 2, "typical_p": 0.5, "seed": 3}})
+    assert r.status_code == 200 and r.json()["eval_count"] in (1, 2), r.text
+    r = server.http.post("/v1/completions", json={"model": "default", "prompt": "Hi", "max_tokens": 2,
+                                                 "typical_p": 0.5, "presence_penalty": 0.5, "seed": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] in (1, 2), r.text
 
 
 def test_malformed_json_and_unknown_routes(server):

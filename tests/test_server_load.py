@@ -1,19 +1,16 @@
-"""`ramforge serve` under a short load: benchmarks/load_server.py's checks, 10 clients for 5 s.
+"""`ramforge serve` under a short load: robustness/load_server.py's checks, 10 clients for 5 s.
 
 An in-process uvicorn server (127.0.0.1, a free port, the same config `ramforge serve` builds: the
 per-request read deadline and timeout_keep_alive), the default model at ram=400M and a 512-token
 context. Valid requests must get a 2xx (or a 503 when the queue is full), malformed ones a 4xx with
 a JSON reason, stalled connections must be closed within the request timeout while /health still
 answers, and once idle the budget's managed bytes and live charges must equal their value after the
-warm-up request. The full run: `python benchmarks/load_server.py` (docs/RELIABILITY.md).
+warm-up request. The full run: `python robustness/load_server.py` (docs/RELIABILITY.md).
 """
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,13 +19,10 @@ uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from ramforge.server import ServerConfig, create_app  # noqa: E402
-from ramforge.server.cli import uvicorn_config  # noqa: E402
+from ramforge.server.transport import uvicorn_config  # noqa: E402
 from tests.serving import serving  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location(
-    "load_server", Path(__file__).resolve().parents[1] / "benchmarks" / "load_server.py")
-load_server = sys.modules.setdefault("load_server", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(load_server)                  # registered first: its dataclasses look it up
+from robustness import load_server  # noqa: E402
 
 REQUEST_TIMEOUT = 1.5
 

@@ -11,14 +11,12 @@ golden vocabulary with tokenizer.ggml.pre overridden).  Regenerate with
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 
 # every ggml-vocab-*.gguf of the pinned sdist: name -> (tokenizer.ggml.model, tokenizer.ggml.pre)
 VOCABS: dict[str, tuple[str, str | None]] = {
@@ -54,19 +52,14 @@ def claimed(model: str, pre: str | None) -> bool:
     return "*" in pres or (model == "gemma4") or (pre or "default") in pres
 
 
-def _fetch_module():
-    spec = importlib.util.spec_from_file_location("ramforge_fetch_vocab", REPO / "tools" / "fetch_vocab.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @lru_cache(maxsize=None)
 def vocab_path_dir() -> Path:
     env = os.environ.get("RAMFORGE_VOCAB_DIR")
     if env and (Path(env) / "ggml-vocab-llama-spm.gguf").is_file():
         return Path(env)
-    return _fetch_module().fetch_vocab()
+    from tools.fetch_vocab import fetch_vocab
+
+    return fetch_vocab()
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ def vocab_path(name: str, explicit_dir: str | os.PathLike[str] | None = None) ->
     d = vocab_dir(explicit_dir)
     p = d / VOCAB_FILES[name]
     if not p.is_file() and explicit_dir is None and not os.environ.get("RAMFORGE_VOCAB_DIR"):
-        from fetch_vocab import fetch_vocab                # download llama.cpp's vocab files once
+        from tools.fetch_vocab import fetch_vocab          # download llama.cpp's vocab files once
 
         fetch_vocab(d)
     if not p.is_file():

@@ -5,7 +5,7 @@ and quantize them with llama.cpp (via llama-cpp-python) to the types ramforge su
     python tools/make_models.py --arch qwen3 --types F16 Q4_K_M
     python tools/make_models.py --preset llama-3b --types Q4_K_M --out /big/disk
 
-From tests:  sys.path.insert(0, "<repo>/tools"); from make_models import ensure_model
+From tests:  from tools.make_models import ensure_model
              path = ensure_model("llama", "Q4_K_M")       # built on demand, cached
 """
 from __future__ import annotations
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _fixtures import (  # noqa: E402
+if __package__ in (None, ""):             # run as `python tools/<name>.py`: make the `tools` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools._fixtures import (  # noqa: E402
     ORACLE_DIR, llama_cpp_or_none, models_dir, read_gguf_header, sha256_file, stable_seed, vocab_path,
 )
 

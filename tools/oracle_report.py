@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+if __package__ in (None, ""):             # run as `python tools/oracle_report.py`: make the `tools` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 REPO = Path(__file__).resolve().parent.parent
 ORACLE_DIR = REPO / "tests" / "fixtures" / "oracle"
 DECISIVE = 0.05          # the threshold: a top-1/top-2 gap above this many stds must not flip
@@ -30,7 +33,6 @@ def records() -> list[dict]:
 def model_path(rec: dict) -> Path:
     m = rec["model"]
     if m["source"] == "synthetic":
-        sys.path.insert(0, str(REPO))
         from tools.make_models import ensure_model
 
         return ensure_model(m["arch"], m["type"])

@@ -25,9 +25,10 @@ import numpy as np
 # llama.cpp's OpenMP workers spin by default, which wastes most of the time on a shared 2-core box
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before llama_cpp is first imported
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _fixtures import ORACLE_DIR, sha256_file, stable_seed  # noqa: E402
-from make_models import ALL_TYPES, SPECS, ensure_model, model_id  # noqa: E402
+if __package__ in (None, ""):             # run as `python tools/<name>.py`: make the `tools` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools._fixtures import ORACLE_DIR, sha256_file, stable_seed  # noqa: E402
+from tools.make_models import ALL_TYPES, SPECS, ensure_model, model_id  # noqa: E402
 
 FORMAT = 1
 N_CTX = {"gemma3": 1024, "synthetic": 512}  # n_batch = n_ubatch = n_ctx: a prompt is one ubatch

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import threading
 
-from ..errors import BudgetExceeded, RamforgeError
+from ..errors import BudgetExceeded, InternalError, InvalidArgument
 from .size import format_bytes, parse_memory_size
 
 
@@ -54,7 +54,7 @@ class MemoryBudget:
     def __init__(self, limit: int | str | None = None):
         self.limit = None if limit is None else parse_memory_size(limit)
         if self.limit is not None and self.limit <= 0:
-            raise RamforgeError(f"memory budget must be positive, got {self.limit} B")
+            raise InvalidArgument(f"memory budget must be positive, got {self.limit} B")
         self.current = 0
         self.peak = 0
         self._live: dict[int, Charge] = {}
@@ -90,7 +90,7 @@ class MemoryBudget:
 
     def _check_size(self, name: str, nbytes: int) -> int:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-            raise RamforgeError(f"charge {name!r}: size must be a non-negative int of bytes, got {nbytes!r}")
+            raise InvalidArgument(f"charge {name!r}: size must be a non-negative int of bytes, got {nbytes!r}")
         return nbytes
 
     def _add(self, delta: int) -> None:
@@ -102,7 +102,7 @@ class MemoryBudget:
         nbytes = self._check_size(c.name, nbytes)
         with self._lock:
             if c.released:
-                raise RamforgeError(f"charge {c.name!r} was already released; it cannot be settled")
+                raise InternalError(f"charge {c.name!r} was already released; it cannot be settled")
             delta = nbytes - c.nbytes
             if delta > 0 and self.limit is not None and self.current + delta > self.limit:
                 raise BudgetExceeded(c.name, delta, self.current, self.limit)

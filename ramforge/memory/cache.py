@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Hashable
 
-from ..errors import RamforgeError
+from ..errors import InvalidArgument
 from .budget import Charge, MemoryBudget
 
 
@@ -17,7 +17,7 @@ class BoundedCache:
 
     def __init__(self, budget: MemoryBudget, capacity: int, name: str = "cache"):
         if capacity < 0:
-            raise RamforgeError(f"cache capacity must be >= 0 bytes, got {capacity}")
+            raise InvalidArgument(f"cache capacity must be >= 0 bytes, got {capacity}")
         self.budget, self.capacity, self.name = budget, capacity, name
         self._entries: OrderedDict[Hashable, tuple[Any, Charge, bool]] = OrderedDict()
         self.size = 0

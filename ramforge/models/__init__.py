@@ -4,7 +4,7 @@ Mistral models ship as GGUF architecture `llama` and run through ramforge.models
 """
 from __future__ import annotations
 
-# GGUF general.architecture -> module under ramforge.models with LAYER_TENSORS, OPTIONAL, forward()
+# GGUF general.architecture -> module under ramforge.models with LAYER_TENSORS, OPTIONAL, ALSO_READ, forward()
 ARCHITECTURES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "qwen2",

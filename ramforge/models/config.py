@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RamforgeError
+from ..errors import ModelFileError
 from ..gguf.constants import Keys
 
 
-class ConfigError(RamforgeError):
+class ConfigError(ModelFileError):
     """Hyperparameters that are missing or inconsistent."""
 
 

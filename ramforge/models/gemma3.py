@@ -20,6 +20,7 @@ ROPE_BASE_SWA = 10000.0         # llama.cpp's default for rope_freq_base_train_s
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
                  "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"]
 OPTIONAL: set[str] = set()
+ALSO_READ: set[str] = set()
 
 
 def is_swa(hp, il: int) -> bool:

@@ -16,6 +16,7 @@ ROPE_NEOX = False
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
                  "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
 OPTIONAL = {"attn_q_bias", "attn_k_bias", "attn_v_bias"}
+ALSO_READ = {"attn_q_norm", "attn_k_norm"}    # forward() serves qwen3 too: None here
 
 
 def embed(m, x: np.ndarray, tokens) -> None:

@@ -6,6 +6,7 @@ from . import llama
 ROPE_NEOX = True
 LAYER_TENSORS = llama.LAYER_TENSORS
 OPTIONAL = llama.OPTIONAL
+ALSO_READ = llama.ALSO_READ
 
 
 embed = llama.embed

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import RamforgeError
+from ..errors import ModelFileError, check_token_ids
 from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.dequant import dequantize
@@ -20,7 +20,7 @@ from ..profiling import timed
 from .config import HParams
 
 
-class ModelError(RamforgeError):
+class ModelError(ModelFileError):
     """A model file that lacks a tensor or has one of the wrong shape."""
 
 
@@ -43,25 +43,39 @@ class QTensor:
         """Dequantized rows `ids` (an embedding lookup) into out f32[len(ids), dims[0]]."""
         k = kernels_for(self.ggml_type)
         row_bytes = self.dims[0] // k.block_elems * k.block_bytes
+        check_token_ids(ids, self.dims[1])
         for i, t in enumerate(ids):
-            if not 0 <= t < self.dims[1]:
-                raise RamforgeError(f"token id {t} is out of range for a vocabulary of {self.dims[1]}")
             dequantize(self.ggml_type, self.data[t * row_bytes:(t + 1) * row_bytes], out=out[i])
         return out
 
 
+def layer_names(module) -> frozenset[str]:
+    """The names a Layer of an architecture module answers: its LAYER_TENSORS, and ALSO_READ (tensors
+    its forward pass looks for though the architecture never has them: the pass serves several)."""
+    return frozenset(module.LAYER_TENSORS) | frozenset(module.ALSO_READ)
+
+
 @dataclass
 class Layer:
-    """One transformer block's tensors; absent optional tensors are None."""
+    """One transformer block's tensors, as attributes named after their GGUF suffixes (`L.attn_q`).
+
+    `names` are the tensors its architecture may have (`layer_names`): one of them that this file
+    lacks (an optional bias or norm) reads as None; any other name is an AttributeError, so a
+    misspelled tensor fails loudly instead of reading as an absent one."""
 
     index: int
+    names: frozenset[str]
     tensors: dict[str, QTensor] = field(default_factory=dict)
 
     def __getattr__(self, name: str):
-        try:
-            return self.__dict__["tensors"][name]
-        except KeyError:
+        d = self.__dict__                      # only reached for names that are not real attributes
+        tensors, names = d.get("tensors", {}), d.get("names", frozenset())
+        if name in tensors:
+            return tensors[name]
+        if name in names:
             return None
+        raise AttributeError(f"layer {d.get('index')} has no tensor {name!r}: its architecture's layer tensors "
+                             f"are {', '.join(sorted(names))}")
 
 
 def output_rows(hp: HParams, il: int, out: slice | None, *arrays):

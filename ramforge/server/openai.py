@@ -6,7 +6,8 @@ reasoning_effort, ...) are accepted and ignored; those asking for something ramf
 (n > 1, logprobs, logit_bias, response_format other than text, forced tool calls, audio) are a
 400. Messages also accept the fields a client echoes back from an earlier response (refusal,
 annotations, audio: null). Extensions, as llama.cpp's server takes them (the client's
-`extra_body`): top_k, min_p, repeat_penalty, repeat_last_n, chat_template_kwargs.
+`extra_body`): top_k, min_p, typical_p, repeat_penalty, repeat_last_n (the rest of ramforge.params'
+table), chat_template_kwargs.
 
 Defaults are OpenAI's (temperature 1, top_p 1, no penalties) with Ollama's top_k 40; max_tokens
 defaults to 16 for /v1/completions (as OpenAI) and to the room left in the context for chat.
@@ -21,11 +22,12 @@ from typing import Literal
 
 import anyio
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, APIError, error_body, error_status, list_models,
-                     manager_of, sampling_args, stop_list)
-from .manager import Job, stream_job
+from ..errors import EmptyPrompt, ModelNotFound, UnsupportedField
+from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, error_body, error_status, request_sampling,
+                     sampler_fields, stop_list)
+from .manager import Job, list_models, manager_of, stream_job
 
 router = APIRouter()
 SSE = "text/event-stream"
@@ -40,36 +42,32 @@ class StreamOptions(Strict):
     include_obfuscation: bool | None = None
 
 
-class _Common(Strict):
+# The sampler fields: ramforge.params' names; OpenAI's defaults (temperature 1, top_p 1, no min_p)
+# and OpenAI's documented ranges, llama.cpp's for the extensions, a cap on top_k; any 64-bit seed.
+DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0}
+BOUNDS = {"temperature": (0, 2), "frequency_penalty": (-2, 2), "presence_penalty": (-2, 2), "top_k": (0, MAX_TOP_K),
+          "repeat_penalty": (0, 100), "repeat_last_n": (-1, MAX_CTX), "seed": (-(2 ** 63), 2 ** 64 - 1)}
+_SamplerFields = create_model("_SamplerFields", __base__=Strict, **sampler_fields(BOUNDS))
+
+
+class _Common(_SamplerFields):
     model: str = Field("", max_length=MAX_NAME)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
     n: int | None = Field(None, ge=1, le=1)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-(2 ** 63), lt=2 ** 64)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    # extensions (llama.cpp server / vLLM)
-    top_k: int | None = Field(None, ge=0, le=MAX_TOP_K)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repeat_penalty: float | None = Field(None, gt=0, le=100)
-    repeat_last_n: int | None = Field(None, ge=-1, le=MAX_CTX)
 
     def check(self) -> None:
         if self.logit_bias:
-            raise APIError(400, "logit_bias is not supported")
+            raise UnsupportedField("logit_bias is not supported")
         stop_list(self.stop)
+        self.sampling()                  # a bad combination fails here, before the request queues
 
     def sampling(self) -> dict:
-        d = lambda v, default: default if v is None else v  # noqa: E731
         seed = None if self.seed is None or self.seed < 0 else self.seed % 0xFFFFFFFF  # 0xFFFFFFFF = random
-        return sampling_args(d(self.temperature, 1.0), d(self.top_k, 40), d(self.top_p, 1.0), d(self.min_p, 0.0),
-                             d(self.repeat_penalty, 1.0), d(self.repeat_last_n, 64), d(self.frequency_penalty, 0.0),
-                             d(self.presence_penalty, 0.0), seed)
+        return request_sampling(self, DEFAULTS, seed)
 
     @property
     def include_usage(self) -> bool:
@@ -90,7 +88,7 @@ class ChatMessage(Strict):
 
     def for_template(self) -> dict:
         if self.audio or self.function_call:
-            raise APIError(400, "audio and function_call messages are not supported")
+            raise UnsupportedField("audio and function_call messages are not supported")
         m = {"role": "system" if self.role == "developer" else self.role,
              "content": "" if self.content is None and not self.tool_calls else self.content}
         for key in ("name", "tool_calls", "tool_call_id"):
@@ -132,18 +130,18 @@ class ChatRequest(_Common):
     def check(self) -> None:
         super().check()
         if self.logprobs or self.top_logprobs:
-            raise APIError(400, "logprobs are not supported")
+            raise UnsupportedField("logprobs are not supported")
         if self.tool_choice not in (None, "auto", "none"):
-            raise APIError(400, f"tool_choice {self.tool_choice!r} is not supported (only 'auto' or 'none')")
+            raise UnsupportedField(f"tool_choice {self.tool_choice!r} is not supported (only 'auto' or 'none')")
         if self.functions or self.function_call:
-            raise APIError(400, "functions / function_call are not supported; use tools")
+            raise UnsupportedField("functions / function_call are not supported; use tools")
         if self.response_format not in (None, {"type": "text"}):
-            raise APIError(400, "response_format other than {'type': 'text'} is not supported")
+            raise UnsupportedField("response_format other than {'type': 'text'} is not supported")
         if self.modalities not in (None, ["text"]):
-            raise APIError(400, "only the text modality is supported")
+            raise UnsupportedField("only the text modality is supported")
         for name in ("audio", "prediction", "web_search_options", "moderation"):
             if getattr(self, name) is not None:
-                raise APIError(400, f"{name} is not supported")
+                raise UnsupportedField(f"{name} is not supported")
 
 
 class CompletionRequest(_Common):
@@ -157,20 +155,20 @@ class CompletionRequest(_Common):
     def check(self) -> None:
         super().check()
         if self.logprobs is not None:
-            raise APIError(400, "logprobs are not supported")
+            raise UnsupportedField("logprobs are not supported")
         if self.suffix:
-            raise APIError(400, "suffix (fill-in-the-middle) is not supported")
+            raise UnsupportedField("suffix (fill-in-the-middle) is not supported")
 
     def one_prompt(self) -> str | list[int]:
         p = self.prompt
         if isinstance(p, str):
             return p
         if not p:
-            raise APIError(400, "the prompt is empty")
+            raise EmptyPrompt("the prompt is empty")
         if isinstance(p[0], int):
             return list(p)
         if len(p) > 1:
-            raise APIError(400, f"{len(p)} prompts in one request: batched prompts are not supported (n = 1)")
+            raise UnsupportedField(f"{len(p)} prompts in one request: batched prompts are not supported (n = 1)")
         return p[0] if isinstance(p[0], str) else list(p[0])
 
 
@@ -300,5 +298,5 @@ async def model(model_id: str, request: Request):
     for x in found:
         if x["name"] == model_id:
             return _model_entry(x)
-    raise APIError(404, f"model {model_id!r} not found; GET /v1/models lists the names")
+    raise ModelNotFound(f"model {model_id!r} not found; GET /v1/models lists the names")
 

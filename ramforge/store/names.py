@@ -8,7 +8,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ModelNotFound, RamforgeError
+from ..errors import InvalidArgument, ModelFileError, ModelNotFound, RamforgeError
 
 
 GGUF_MAGIC = b"GGUF"
@@ -33,7 +33,7 @@ class StoreError(RamforgeError):
     """Something about the model store: a name, a manifest, a blob."""
 
 
-class InvalidModelName(StoreError, ValueError):
+class InvalidModelName(StoreError, InvalidArgument):
     """A store name that is not `[a-zA-Z0-9][a-zA-Z0-9._-]*[:tag]`; refused before any file is touched."""
 
     def __init__(self, name, why: str):
@@ -56,11 +56,11 @@ class BlobMissing(StoreError, ModelNotFound):
     """A manifest whose blob file is gone."""
 
 
-class CorruptManifest(StoreError):
+class CorruptManifest(StoreError, ModelFileError):
     """A manifest file that is not the JSON ramforge writes."""
 
 
-class DigestMismatch(StoreError):
+class DigestMismatch(StoreError, ModelFileError):
     """A file whose sha256 is not the expected one."""
 
     def __init__(self, what: str, expected: str, actual: str, fix: str):
@@ -68,7 +68,7 @@ class DigestMismatch(StoreError):
         super().__init__(f"{what}: sha256 mismatch, expected {expected}, got {actual}; {fix}")
 
 
-class NotGGUF(StoreError):
+class NotGGUF(StoreError, ModelFileError):
     """A downloaded file that does not start with the GGUF magic."""
 
 
@@ -78,7 +78,7 @@ class PullError(StoreError):
     retryable = False
 
 
-class InvalidSource(PullError):
+class InvalidSource(PullError, InvalidArgument):
     """A SOURCE that is neither an http(s) URL nor the hf.co/ORG/REPO/FILE.gguf shorthand."""
 
 

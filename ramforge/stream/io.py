@@ -14,7 +14,7 @@ from enum import Enum
 
 import numpy as np
 
-from ..errors import RamforgeError
+from ..errors import ModelFileError
 
 DIRECT_ALIGN = 4096          # O_DIRECT offset, length and buffer alignment
 
@@ -25,11 +25,11 @@ class IOMode(str, Enum):
     MMAP = "mmap"            # map the file: the kernel's page cache holds what it likes
 
 
-class IOError_(RamforgeError):
+class IOError_(ModelFileError):
     """A read failed or came back short: names the file, offset and what was expected."""
 
 
-class ModelChanged(RamforgeError):
+class ModelChanged(ModelFileError):
     """The model file changed on disk (size or mtime) while ramforge was using it."""
 
 

@@ -13,12 +13,12 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..errors import RamforgeError
+from ..errors import check_token_ids
 from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile
 from ..kernels.dequant import dequantize
 from ..memory import MemoryBudget
-from ..models.weights import Layer, QTensor, gguf_name, validate_tensors
+from ..models.weights import Layer, QTensor, gguf_name, layer_names, validate_tensors
 from ..plan import ALIGN, SMALL, Plan, block_row_bytes, span_of
 from ..profiling import LayerRecord
 from .io import IOMode, ModelFile, aligned_empty
@@ -63,6 +63,7 @@ class Weights:
     def __init__(self, f: GGUFFile, plan: Plan, hp, module, budget: MemoryBudget, io: IOMode | str = IOMode.DIRECT):
         self.f, self.plan, self.hp, self.module, self.budget = f, plan, hp, module, budget
         self.tensors = module.LAYER_TENSORS
+        self.layer_names = layer_names(module)
         validate_tensors(f, hp, module, plan.layers)
         self.file = ModelFile(f.path, io)
         self.mmap = self.file.mode == IOMode.MMAP
@@ -140,7 +141,7 @@ class Weights:
         return self._layer_from(il, buf)
 
     def _layer_from(self, il: int, buf: np.ndarray | None) -> Layer:
-        layer = Layer(il)
+        layer = Layer(il, self.layer_names)
         for s in self.tensors:
             name = gguf_name(s, il)
             t = self.f.tensors.get(name)
@@ -260,9 +261,8 @@ class Weights:
             return self.token_embd.get_rows(tokens, out)
         t = self.f.tensors["token_embd.weight"]
         rb = block_row_bytes(t)
+        check_token_ids(tokens, t.dims[1])
         for i, tok in enumerate(tokens):
-            if not 0 <= tok < t.dims[1]:
-                raise RamforgeError(f"token id {tok} is out of range for a vocabulary of {t.dims[1]}")
             raw = self._read(t.name, t.offset + int(tok) * rb, rb)
             dequantize(t.ggml_type, raw, out=out[i])
             if self.record is not None:

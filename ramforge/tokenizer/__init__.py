@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Iterable, Sequence
 
-from ..errors import RamforgeError
+from ..errors import Unsupported
 from .bpe import BPESegmenter, load_ranks
 from .pretokenize import PRE_TYPES
 from .spm import spm_segment
@@ -23,7 +23,7 @@ __all__ = ["load_tokenizer", "Tokenizer", "StreamDecoder", "UnsupportedTokenizer
            "TokenizerInputError", "TokenIdError", "SUPPORTED_TOKENIZERS"]
 
 
-class UnsupportedTokenizer(RamforgeError):
+class UnsupportedTokenizer(Unsupported):
     """The GGUF's tokenizer.ggml.model / tokenizer.ggml.pre is one ramforge does not implement."""
 
 

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import RamforgeError
+from ..errors import ModelFileError, TokenIdError, TokenizerInputError, check_token_ids  # noqa: F401
 
 # token attributes (llama_token_attr)
 ATTR_UNDEFINED = 0
@@ -61,16 +61,8 @@ _SPECIAL_KEYS = (
 )
 
 
-class TokenizerMetadataError(RamforgeError, ValueError):
+class TokenizerMetadataError(ModelFileError, ValueError):
     """The tokenizer.* metadata is missing, mistyped or inconsistent."""
-
-
-class TokenizerInputError(RamforgeError, ValueError):
-    """Input that llama.cpp itself cannot tokenize (it would abort)."""
-
-
-class TokenIdError(TokenizerInputError, IndexError):
-    """A token id outside the vocabulary given to decode (still an IndexError, as before)."""
 
 
 def _int_array(md: dict, key: str, n: int, what: str) -> np.ndarray | None:
@@ -347,8 +339,7 @@ class Vocab:
 
     def token_to_piece(self, tid: int, special: bool = False) -> bytes:
         """The bytes a token renders to (llama_token_to_piece with lstrip=0)."""
-        if not 0 <= tid < self.n_vocab:
-            raise TokenIdError(f"token id {tid} out of range for a vocabulary of {self.n_vocab} tokens")
+        check_token_ids((tid,), self.n_vocab)
         attr = self.attrs[tid]
         if not special and attr & (ATTR_UNKNOWN | ATTR_CONTROL):
             return b""

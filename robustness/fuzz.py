@@ -1,8 +1,8 @@
 """Seeded fuzz run of the GGUF reader and the tokenizers, outside pytest (10k+ cases each).
 
-    python benchmarks/fuzz.py                         # seed 0: 10,000 reader + 10,000 tokenizer + 2,000 vocab-file cases
-    python benchmarks/fuzz.py --seed 7 --reader-cases 50000 --jobs 2
-    python benchmarks/fuzz.py --seed 0 --replay reader:1234      # rerun one case, print its traceback
+    python robustness/fuzz.py                         # seed 0: 10,000 reader + 10,000 tokenizer + 2,000 vocab-file cases
+    python robustness/fuzz.py --seed 7 --reader-cases 50000 --jobs 2
+    python robustness/fuzz.py --seed 0 --replay reader:1234      # rerun one case, print its traceback
 
 reader      mutated small GGUF files (tests/test_fuzz_reader.py: gen_case): open with GGUFFile, check the
             descriptors, read every tensor.  Parsed OK, or refused with a RamforgeError.
@@ -226,7 +226,7 @@ def report(section: str, r: dict, seed: int, flags: str = "") -> int:
         print(f"   leaked a descriptor  {c['fd_leak']:>7,}")
     for index, res in r["failures"][:5]:
         print(f"\n   FAILED {section}:{index} {res.get('what', '')}: {'; '.join(res['problems'])}"
-              f"\n   reproduce: python benchmarks/fuzz.py --seed {seed}{flags} --replay {section}:{index}")
+              f"\n   reproduce: python robustness/fuzz.py --seed {seed}{flags} --replay {section}:{index}")
         if res["detail"]:
             print("   " + res["detail"].rstrip().replace("\n", "\n   "))
     return bad
@@ -269,7 +269,7 @@ def main() -> int:
         return replay(args.replay, args.seed, args)
     sizes = {"reader": args.reader_cases, "tokenizer": args.tokenizer_cases, "vocab": args.vocab_cases}
     sections = [s for s in SECTIONS if (not args.only or s in args.only) and sizes[s] > 0]
-    cmd = (f"python benchmarks/fuzz.py --seed {args.seed} --reader-cases {args.reader_cases} "
+    cmd = (f"python robustness/fuzz.py --seed {args.seed} --reader-cases {args.reader_cases} "
            f"--tokenizer-cases {args.tokenizer_cases} --vocab-cases {args.vocab_cases} "
            f"--time-limit {args.time_limit:g} --alloc-limit-mib {args.alloc_limit_mib}"
            + "".join(f" --only {s}" for s in (args.only or [])))

@@ -1,68 +1,24 @@
-"""The `ramforge` command line. click parses, rich renders; errors are one line on stderr."""
+"""CLI commands that read a model without running it: inspect, support, plan."""
 from __future__ import annotations
 
 import json
 import os
-import sys
 from collections import Counter
 
 import click
-import numpy as np
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from .errors import RamforgeError
-from .gguf.constants import GGMLType, Keys
-from .gguf.reader import GGUFFile
-from .memory.size import format_bytes, parse_memory_size
-from .resolve import resolve_model
-
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-_ARRAY_HEAD = 8
+from ..gguf.constants import GGMLType, Keys
+from ..memory.size import format_bytes, parse_memory_size
+from .console import open_gguf, out, short, summarise
 
 
-def _summarise(value, limit: int = 16):
-    """A JSON-able value with long arrays cut to their head and length."""
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if isinstance(value, list):
-        if len(value) <= limit:
-            return value
-        return {"length": len(value), "head": value[:_ARRAY_HEAD]}
-    return value
-
-
-def _short(value, width: int = 80) -> str:
-    s = _summarise(value)
-    if isinstance(s, dict):
-        head = ", ".join(repr(v) for v in s["head"])
-        return f"[{s['length']:,} items] {head}, ..."
-    s = repr(s) if not isinstance(s, str) else s
-    return s if len(s) <= width else s[: width - 3] + "..."
-
-
-def _open(model: str | None) -> GGUFFile:
-    return GGUFFile(resolve_model(model))
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="ramforge")
-def cli():
-    """Run GGUF language models larger than the RAM you allow.
-
-    MODEL is a path to a .gguf file, or `default` (or nothing) for the embedded gemma-3-270m.
-    Add --debug (or RAMFORGE_DEBUG=1) to any command to see tracebacks.
-    """
-
-
-@cli.command()
+@click.command()
 @click.argument("model", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def inspect(model, as_json):
     """Metadata, quantization summary and tensor table of MODEL (reads no tensor data)."""
-    with _open(model) as f:
+    with open_gguf(model) as f:
         md = f.metadata
         arch = md.get(Keys.ARCHITECTURE)
         types = Counter(t.ggml_type.name for t in f.tensors.values())
@@ -77,7 +33,7 @@ def inspect(model, as_json):
             "tensor_count": len(f.tensors),
             "types": dict(types.most_common()),
             "type_bytes": {k: tbytes[k] for k, _ in types.most_common()},
-            "metadata": {k: _summarise(v) for k, v in md.items()},
+            "metadata": {k: summarise(v) for k, v in md.items()},
             "tensors": [{"name": t.name, "type": t.ggml_type.name, "dims": list(t.dims),
                          "offset": t.offset, "nbytes": t.nbytes} for t in f.tensors.values()],
         }
@@ -89,7 +45,7 @@ def inspect(model, as_json):
     meta = Table(title="metadata", show_lines=False)
     meta.add_column("key"), meta.add_column("value", overflow="fold")
     for k, v in md.items():
-        meta.add_row(k, _short(v))
+        meta.add_row(k, short(v))
     out.print(meta)
     q = Table(title="quantization")
     for c in ("type", "tensors", "bytes", "share"):
@@ -106,13 +62,13 @@ def inspect(model, as_json):
     out.print(tt)
 
 
-@cli.command()
+@click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def support(as_json):
     """What ramforge executes, inspects only, or refuses."""
-    from .kernels.registry import is_executable as type_ok
-    from .models import ALIASES, ARCHITECTURES
-    from .tokenizer import SUPPORTED_TOKENIZERS
+    from ..kernels.registry import is_executable as type_ok
+    from ..models import ALIASES, ARCHITECTURES
+    from ..tokenizer import SUPPORTED_TOKENIZERS
 
     info = {
         "architectures": {"executable": sorted(ARCHITECTURES), "aliases": dict(ALIASES),
@@ -137,7 +93,7 @@ def support(as_json):
     out.print(t)
 
 
-@cli.command()
+@click.command()
 @click.argument("model", required=False)
 @click.option("--ram", required=True, help="Memory budget, e.g. 4G, 512MiB, 1.5G.")
 @click.option("--ctx", type=click.IntRange(min=1), default=None, help="Context length (default: 4096, or the model's if smaller).")
@@ -145,11 +101,11 @@ def support(as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(model, ram, ctx, probe_io, as_json):
     """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget."""
-    from .plan import plan_for_budget
-    from .stream.io import probe_read_speed
+    from ..plan import plan_for_budget
+    from ..stream.io import probe_read_speed
 
     budget = parse_memory_size(ram)
-    with _open(model) as f:
+    with open_gguf(model) as f:
         p = plan_for_budget(f, budget, ctx)
     info = p.to_json()
     if probe_io:
@@ -183,48 +139,4 @@ def plan(model, ram, ctx, probe_io, as_json):
         out.print(f"note: {n}")
 
 
-from .cli_gen import COMMANDS  # noqa: E402  (the commands that run the model)
-
-for _command in COMMANDS:
-    cli.add_command(_command)
-from .cli_store import COMMANDS as STORE_COMMANDS  # noqa: E402  (pull, list, rm, verify)
-for _command in STORE_COMMANDS:
-    cli.add_command(_command)
-from .server.cli import COMMANDS as SERVER_COMMANDS  # noqa: E402  (serve; FastAPI is imported when it runs)
-for _command in SERVER_COMMANDS: cli.add_command(_command)  # noqa: E701
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Console entry point: typed errors become one line on stderr and a non-zero exit."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = os.environ.get("RAMFORGE_DEBUG", "") not in ("", "0")
-    if "--debug" in argv:
-        argv.remove("--debug")
-        debug = True
-    try:
-        cli.main(args=argv, prog_name="ramforge", standalone_mode=False)
-    except click.exceptions.Abort:
-        err.print("aborted")
-        sys.exit(130)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except RamforgeError as e:
-        if debug:
-            err.print_exception()
-        err.print(f"[red]error:[/] {escape(str(e))}")
-        sys.exit(1)
-    except (OSError, MemoryError) as e:
-        if debug:
-            err.print_exception()
-        err.print(f"[red]error:[/] {type(e).__name__}: {escape(str(e))}")
-        sys.exit(1)
-    except Exception as e:  # a bug: still one line, with the way to see more
-        if debug:
-            err.print_exception()
-        err.print(f"[red]internal error:[/] {type(e).__name__}: {escape(str(e))} (run with --debug for the traceback)")
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()
+COMMANDS = [inspect, support, plan]

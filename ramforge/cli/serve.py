@@ -1,12 +1,12 @@
 """The `ramforge serve` command (FastAPI and uvicorn are imported only when it runs)."""
 from __future__ import annotations
 
-import functools
 import ipaddress
 
 import click
 
-from ..errors import RamforgeError
+from ..errors import InvalidArgument, MissingExtra
+from ..memory.size import parse_memory_size
 
 
 def _loopback(host: str) -> bool:
@@ -16,67 +16,6 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def uvicorn_config(app, host: str = "127.0.0.1", port: int = 11434, *, timeout_keep_alive: float = 5.0,
-                   request_timeout: float = 10.0, **kwargs):
-    """uvicorn's Config for `app`, with a deadline for reading each request (see `_timed_h11`) and
-    `timeout_keep_alive` seconds for an idle keep-alive connection."""
-    import uvicorn
-
-    return uvicorn.Config(app, host=host, port=port, http=_timed_h11(float(request_timeout)),
-                          timeout_keep_alive=timeout_keep_alive, **kwargs)
-
-
-@functools.lru_cache(maxsize=None)
-def _timed_h11(request_timeout: float):
-    """uvicorn's h11 protocol, disconnecting a client that does not send a whole request (headers
-    and body) within `request_timeout` seconds of connecting or of its first byte after a response.
-    uvicorn's own timeout_keep_alive only covers the idle time between requests: a client that
-    connects and sends nothing, or part of the headers, or part of a body, is otherwise held open
-    for good (and a partial body keeps its request task waiting in `receive()`)."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    reading = (h11.IDLE, h11.SEND_BODY)
-
-    class TimedH11Protocol(H11Protocol):
-        _deadline = None
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(request_timeout, self._expired)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _expired(self) -> None:
-            self._deadline = None
-            if self.conn.their_state in reading and not self.transport.is_closing():
-                self.transport.close()          # connection_lost: a running request sees http.disconnect
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def data_received(self, data: bytes) -> None:
-            if self._deadline is None and self.conn.their_state is h11.IDLE:
-                self._arm()                     # the first bytes of the next request on a kept-alive connection
-            super().data_received(data)
-            if self.conn.their_state not in reading:
-                self._disarm()                  # the whole request is in
-
-        def on_response_complete(self) -> None:
-            self._disarm()                      # idle from here: timeout_keep_alive applies
-            super().on_response_complete()
-
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-    return TimedH11Protocol
 
 
 @click.command()
@@ -110,18 +49,19 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     import importlib.util
 
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
-        raise RamforgeError("ramforge serve needs FastAPI and uvicorn: pip install 'ramforge[serve]'")
+        raise MissingExtra("ramforge serve needs FastAPI and uvicorn: pip install 'ramforge[serve]'")
     import uvicorn
-    from ..memory.size import parse_memory_size
-    from .app import create_app
-    from .common import APIError, ServerConfig, parse_keep_alive
+
+    from ..server.app import create_app
+    from ..server.common import ServerConfig, parse_keep_alive
+    from ..server.transport import uvicorn_config
 
     if ram is not None:
         parse_memory_size(ram)                      # a bad size fails here, as one line
     try:
         keep = parse_keep_alive(keep_alive)
-    except APIError as e:
-        raise click.BadParameter(e.message, param_hint="--keep-alive") from None
+    except InvalidArgument as e:
+        raise click.BadParameter(str(e), param_hint="--keep-alive") from None
     cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
                        preload=model is not None)

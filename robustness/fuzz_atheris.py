@@ -1,8 +1,8 @@
 """Optional coverage-guided fuzzing with atheris (libFuzzer for Python); not run in CI.
 
     pip install atheris
-    python benchmarks/fuzz_atheris.py reader    [libFuzzer flags, e.g. -max_total_time=600 CORPUS_DIR]
-    python benchmarks/fuzz_atheris.py tokenizer [-max_total_time=600]
+    python robustness/fuzz_atheris.py reader    [libFuzzer flags, e.g. -max_total_time=600 CORPUS_DIR]
+    python robustness/fuzz_atheris.py tokenizer [-max_total_time=600]
 
 reader: each input is a whole GGUF file.  It is written to a temporary file (on /dev/shm when there
 is one) and opened with GGUFFile, then every tensor is read.  A RamforgeError is a clean refusal;
@@ -16,7 +16,7 @@ special-token parsing) by the llama-spm and qwen2 vocabularies of llama.cpp's te
 decoded and stream-decoded.  Only RamforgeError may escape encode; decode of encode's ids must
 not raise at all.
 
-Reproduce a crash with: python benchmarks/fuzz_atheris.py reader crash-<sha1>
+Reproduce a crash with: python robustness/fuzz_atheris.py reader crash-<sha1>
 """
 from __future__ import annotations
 

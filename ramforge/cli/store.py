@@ -5,17 +5,14 @@ import json
 from datetime import datetime
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
 
-from .memory.size import format_bytes
-from .store import DEFAULT_TIMEOUT, Store, default_name, expand_source, normalize_name
-
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+from ..memory.size import format_bytes
+from ..store import DEFAULT_TIMEOUT, Store, default_name, expand_source, normalize_name
+from .console import err, out
 
 
 class _Bar:

@@ -1,7 +1,7 @@
 """Load and abuse test of `ramforge serve`: concurrent valid and malformed requests, plus stalled clients.
 
-    python benchmarks/load_server.py                       # 50 clients, 60 s, 5 stalled connections
-    python benchmarks/load_server.py --clients 10 --seconds 5 --stalled 2 --request-timeout 2
+    python robustness/load_server.py                       # 50 clients, 60 s, 5 stalled connections
+    python robustness/load_server.py --clients 10 --seconds 5 --stalled 2 --request-timeout 2
 
 Starts `ramforge serve --ram 400M --ctx 512` (the default model) in a subprocess on 127.0.0.1 and a
 free port (or targets `--url`, loopback only), warms it up, then runs `--clients` client tasks for
@@ -445,7 +445,7 @@ def main(argv=None) -> int:
                 print(f"  {cat}: {what}")
         else:
             print("\nall checks passed")
-        cmd = ["python", "benchmarks/load_server.py", "--clients", str(a.clients), "--seconds", f"{a.seconds:g}",
+        cmd = ["python", "robustness/load_server.py", "--clients", str(a.clients), "--seconds", f"{a.seconds:g}",
                "--stalled", str(a.stalled), "--request-timeout", f"{a.request_timeout:g}", "--seed", str(a.seed)]
         print("reproduce:", shlex.join(cmd))
         return 1 if failures else 0

@@ -1,0 +1,73 @@
+"""The `ramforge` command line. click parses, rich renders; errors are one line on stderr.
+
+    console.py    the consoles and the options commands share (sampler options from ramforge.params)
+    describe.py   inspect, support, plan: read a model without running it
+    generate.py   run, chat, bench: run the model
+    tokens.py     tokenize, detokenize, logits
+    store.py      pull, list, rm, verify: the model store
+    serve.py      serve: the Ollama and OpenAI HTTP APIs (FastAPI is imported when it runs)
+
+This module is the top: it imports the command modules, none of them imports it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+from rich.markup import escape
+
+from ..errors import RamforgeError
+from . import describe, generate, serve, store, tokens
+from .console import err
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ramforge")
+def cli():
+    """Run GGUF language models larger than the RAM you allow.
+
+    MODEL is a path to a .gguf file, or `default` (or nothing) for the embedded gemma-3-270m.
+    Add --debug (or RAMFORGE_DEBUG=1) to any command to see tracebacks.
+    """
+
+
+for _module in (describe, generate, tokens, store, serve):
+    for _command in _module.COMMANDS:
+        cli.add_command(_command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: typed errors become one line on stderr and a non-zero exit."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("RAMFORGE_DEBUG", "") not in ("", "0")
+    if "--debug" in argv:
+        argv.remove("--debug")
+        debug = True
+    try:
+        cli.main(args=argv, prog_name="ramforge", standalone_mode=False)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except RamforgeError as e:
+        if debug:
+            err.print_exception()
+        err.print(f"[red]error:[/] {escape(str(e))}")
+        sys.exit(1)
+    except (OSError, MemoryError) as e:
+        if debug:
+            err.print_exception()
+        err.print(f"[red]error:[/] {type(e).__name__}: {escape(str(e))}")
+        sys.exit(1)
+    except Exception as e:  # a bug: still one line, with the way to see more
+        if debug:
+            err.print_exception()
+        err.print(f"[red]internal error:[/] {type(e).__name__}: {escape(str(e))} (run with --debug for the traceback)")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

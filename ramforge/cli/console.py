@@ -1,0 +1,78 @@
+"""What the CLI's commands share: the rich consoles, value summaries, and the common options
+(--ctx, --ram, --threads, --io, and the sampler options, made from ramforge.params' table)."""
+from __future__ import annotations
+
+import click
+import numpy as np
+from rich.console import Console
+
+from ..gguf.reader import GGUFFile
+from ..memory.size import parse_memory_size
+from ..params import PARAMS
+from ..resolve import resolve_model
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+_ARRAY_HEAD = 8
+
+
+def summarise(value, limit: int = 16):
+    """A JSON-able value with long arrays cut to their head and length."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, list):
+        if len(value) <= limit:
+            return value
+        return {"length": len(value), "head": value[:_ARRAY_HEAD]}
+    return value
+
+
+def short(value, width: int = 80) -> str:
+    s = summarise(value)
+    if isinstance(s, dict):
+        head = ", ".join(repr(v) for v in s["head"])
+        return f"[{s['length']:,} items] {head}, ..."
+    s = repr(s) if not isinstance(s, str) else s
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def open_gguf(model: str | None) -> GGUFFile:
+    return GGUFFile(resolve_model(model))
+
+
+def load_tokenizer_of(model):
+    from ..tokenizer import load_tokenizer
+
+    with open_gguf(model) as f:
+        return load_tokenizer(f.metadata)
+
+
+def load_engine(model, ctx, ram, io="direct", threads=None):
+    from ..engine import Engine
+    from ..memory import MemoryBudget
+
+    budget = MemoryBudget(parse_memory_size(ram) if ram else None)
+    return Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads)
+
+
+ctx_option = click.option("--ctx", type=click.IntRange(min=1), default=None,
+                          help="Context length (default: 4096, or the model's if smaller).")
+ram_option = click.option("--ram", default=None, help="Memory budget, e.g. 4G (default: unlimited).")
+threads_option = click.option("-t", "--threads", type=int, default=None,
+                              help="Kernel threads (default: $RAMFORGE_THREADS or the physical cores).")
+io_option = click.option("--io", type=click.Choice(["direct", "buffered", "mmap"]), default="direct", show_default=True,
+                         help="How streamed weights are read: O_DIRECT, pread + fadvise(DONTNEED), or mmap.")
+
+# The CLI's spellings of the table's names; the rest are --name-with-dashes.
+CLI_SPELLING = {"temperature": "--temp"}
+
+
+def sampler_options(command):
+    """Add an option per sampler parameter of the table (--temp, --top-k, ..., --seed), with its
+    default and help; the command receives them as keywords named as the table (temperature, top_k,
+    ...), for `ramforge.params.sampler_params`."""
+    for p in reversed(PARAMS):
+        flag = CLI_SPELLING.get(p.name, "--" + p.name.replace("_", "-"))
+        command = click.option(flag, p.name, type=p.kind, default=p.default, show_default=p.default is not None,
+                               help=p.doc)(command)
+    return command

@@ -1,0 +1,148 @@
+"""CLI commands that run the model: run, chat, bench."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+import numpy as np
+
+from ..params import sampler_params
+from .console import ctx_option, io_option, load_engine, ram_option, sampler_options, threads_option
+
+
+@click.command()
+@click.argument("model", required=False)
+@click.option("-p", "--prompt", required=True, help="Prompt text (special tokens like <bos> are parsed).")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=128, show_default=True)
+@sampler_options
+@ctx_option
+@ram_option
+@io_option
+@threads_option
+@click.option("--profile", is_flag=True, help="Per-layer I/O and per-op compute tables on stderr (and in --json).")
+@click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
+def run(model, prompt, max_tokens, ctx, ram, io, threads, profile, memory_report, as_json, **sampling):
+    """Generate a continuation of PROMPT; text streams to stdout, stats to stderr."""
+    from ..profiling import PROFILE
+    from ..report import memory_report as mem_report, render_memory, render_profile
+    from ..sampling import Sampler
+
+    params = sampler_params(sampling)      # a bad value fails before the model loads
+    PROFILE.enabled = profile
+    PROFILE.reset()
+    with load_engine(model, ctx, ram, io, threads) as eng:
+        sampler = Sampler(params, eng.hp.n_vocab)
+        ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        out, dec = [], eng.tokenizer.stream()
+        for tok in eng.generate(ids, max_tokens, sampler):
+            out.append(tok)
+            if not as_json:
+                sys.stdout.write(dec.feed(tok))
+                sys.stdout.flush()
+        t = eng.timings.as_dict()
+        finish = "length" if len(out) == max_tokens else "stop"
+        extra = {}
+        if profile:
+            extra["profile"] = PROFILE.summary()
+            PROFILE.enabled = False
+        if memory_report:
+            extra["memory"] = mem_report(eng)
+        if as_json:
+            print(json.dumps({"text": eng.tokenizer.decode(out), "prompt_tokens": ids, "completion_tokens": out,
+                              "n_prompt": len(ids), "n_completion": len(out), "finish_reason": finish,
+                              "timings": t, **extra}))
+            return
+        sys.stdout.write(dec.flush() + "\n")
+        click.echo(f"prompt {t['prompt_tokens']} tokens, prefill {t['prefill_tok_s']:.1f} tok/s, "
+                   f"decode {t['gen_tokens']} tokens at {t['decode_tok_s']:.1f} tok/s, load {t['load_s']:.2f} s",
+                   err=True)
+        if profile:
+            render_profile(extra["profile"], t)
+        if memory_report:
+            render_memory(extra["memory"])
+
+
+@click.command()
+@click.argument("model", required=False)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--gen", type=click.IntRange(min=1), default=64, show_default=True)
+@threads_option
+@ram_option
+@io_option
+@click.option("--json", "as_json", is_flag=True)
+def bench(model, prompt_tokens, gen, threads, ram, io, as_json):
+    """Prefill and decode speed, and the weight bandwidth decode achieves (greedy, after a warm-up)."""
+    import numba
+
+    from ..plan import layer_of
+
+    with load_engine(model, prompt_tokens + gen + 8, ram, io, threads) as eng:
+        base = eng.tokenizer.encode("The history of the printing press begins in the fifteenth century, when ",
+                                    add_special=False)
+        ids = ([eng.tokenizer.bos_id] if eng.tokenizer.add_bos else []) + (base * prompt_tokens)[:prompt_tokens]
+        ids = ids[:prompt_tokens]
+        eng.eval(ids[:2])                                     # warm-up: numba loads its cache
+        eng.reset()
+        t0 = time.perf_counter()
+        logits = eng.eval(ids)[-1]
+        prefill = time.perf_counter() - t0
+        tok, t1 = int(np.argmax(logits)), time.perf_counter()
+        for _ in range(gen):
+            tok = int(np.argmax(eng.eval([tok])[-1]))
+        decode = time.perf_counter() - t1
+        weights = sum(t.nbytes for n, t in eng.weights.f.tensors.items()
+                      if layer_of(n) is not None or n in (eng.weights.out_name,))
+        res = {"model": eng.path, "threads": numba.get_num_threads(), "prompt_tokens": len(ids),
+               "gen_tokens": gen, "prefill_s": prefill, "prefill_tok_s": len(ids) / prefill,
+               "decode_s": decode, "decode_tok_s": gen / decode, "weight_bytes_per_token": weights,
+               "weight_gb_s": weights * gen / decode / 1e9, "load_s": eng.timings.load_s}
+    if as_json:
+        print(json.dumps(res))
+        return
+    click.echo(f"prefill {res['prefill_tok_s']:.1f} tok/s ({len(ids)} tokens), decode {res['decode_tok_s']:.2f} tok/s "
+               f"({gen} tokens), weights {res['weight_gb_s']:.2f} GB/s, threads {res['threads']}")
+
+
+@click.command()
+@click.argument("model", required=False)
+@click.option("--chat-template", "template_file", type=click.File("r"), default=None,
+              help="A Jinja chat template file overriding the model's tokenizer.chat_template.")
+@click.option("--system", default=None, help="A system message to start the conversation.")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=512, show_default=True)
+@sampler_options
+@ctx_option
+@ram_option
+@threads_option
+def chat(model, template_file, system, max_tokens, ctx, ram, threads, **sampling):
+    """An interactive chat with history and streaming output; /exit (or Ctrl-D) quits."""
+    from ..api import Model
+
+    params = sampler_params(sampling).as_dict()
+    template = template_file.read() if template_file else None
+    history = [{"role": "system", "content": system}] if system else []
+    with Model(model or "default", ram=ram, n_ctx=ctx or 4096, n_threads=threads, chat_template=template) as m:
+        click.echo(f"chatting with {m.path}; /exit to quit", err=True)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                break
+            if line.strip() in ("/exit", "/quit", "/bye"):
+                break
+            if not line.strip():
+                continue
+            history.append({"role": "user", "content": line})
+            reply = []
+            for chunk in m.create_chat_completion(history, max_tokens=max_tokens, stream=True, **params):
+                piece = chunk["choices"][0]["delta"].get("content", "")
+                reply.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            history.append({"role": "assistant", "content": "".join(reply)})
+
+
+COMMANDS = [run, chat, bench]
