@@ -40,6 +40,7 @@ class Response:
     gen_s: float = 0.0
     load_s: float = 0.0
     tokens: list[int] = field(default_factory=list)
+    compile_s: float = 0.0                # compiling kernels (a first run), not in prompt_s or gen_s
 
     @property
     def prompt_tps(self) -> float:
@@ -123,7 +124,7 @@ class Model:
         steps.close()
         t = eng.timings
         yield Response(text[sent:], None, True, finish, len(ids), t.prompt_tokens, len(out), t.prompt_s, t.gen_s,
-                       t.load_s, out)
+                       t.load_s, out, t.compile_s)
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, **kwargs) -> Response:
         """The whole completion as one Response (text, token ids, counts and timings)."""

@@ -1,7 +1,9 @@
 """Profile records: plain dataclasses and one global switch; rendering lives in the CLI.
 
 When `PROFILE.enabled`, the public ops time themselves by op class (matvec per quant type,
-attention, norms, rope, glu) and the weight store records each layer's read and wait.
+attention, norms, rope, glu) and the weight store records each layer's read and wait. Seconds
+spent compiling kernels (a first run, ramforge.jit) are left out of every op and pass time and
+reported once, as compile_s.
 """
 from __future__ import annotations
 
@@ -43,11 +45,13 @@ class Profile:
     ops: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     passes: list[PassRecord] = field(default_factory=list)
+    compile_s: float = 0.0        # compiling kernels inside timed ops since the last reset
 
     def reset(self) -> None:
         self.ops.clear()
         self.calls.clear()
         self.passes.clear()
+        self.compile_s = 0.0
 
     def summary(self) -> dict:
         streamed = [r for p in self.passes for r in p.layers if not r.resident]
@@ -55,7 +59,7 @@ class Profile:
         read_s = sum(r.read_s for r in streamed)
         decode = [p for p in self.passes if p.kind == "decode"]
         return {
-            "ops_s": dict(self.ops), "op_calls": dict(self.calls),
+            "compile_s": self.compile_s, "ops_s": dict(self.ops), "op_calls": dict(self.calls),
             "hits": sum(r.resident for p in self.passes for r in p.layers if isinstance(r.layer, int)),
             "misses": sum(not r.resident for p in self.passes for r in p.layers if isinstance(r.layer, int)),
             "bytes_read": total_read, "read_s": read_s,
@@ -78,12 +82,16 @@ def timed(op_class):
         def wrapper(*args, **kwargs):
             if not PROFILE.enabled:
                 return fn(*args, **kwargs)
-            t0 = time.perf_counter()
+            from .jit import Stopwatch
+
+            sw = Stopwatch().start()
             try:
                 return fn(*args, **kwargs)
             finally:
+                sw.stop()
                 key = op_class if isinstance(op_class, str) else op_class(*args, **kwargs)
-                PROFILE.ops[key] += time.perf_counter() - t0
+                PROFILE.ops[key] += sw.seconds
+                PROFILE.compile_s += sw.compile_s
                 PROFILE.calls[key] += 1
         return wrapper
     return deco

@@ -103,5 +103,10 @@ def render_profile(p: dict, timings: dict) -> None:
     err.print(f"layers: {p['hits']} hits (pinned), {p['misses']} misses (streamed); "
               f"{format_bytes(p['bytes_per_decode_token'])} streamed per decode token; storage "
               f"{p['storage_gb_s']:.2f} GB/s over {format_bytes(p['bytes_read'])}; I/O wait {p['wait_s']:.3f} s")
-    err.print(f"time to first token: load {timings['load_s']:.2f} s + prefill {timings['prompt_s']:.2f} s; "
-              f"decode {timings['gen_tokens']} tokens in {timings['gen_s']:.2f} s")
+    err.print(f"time to first token: load {timings['load_s']:.2f} s + prefill {timings['prompt_s']:.2f} s"
+              f"{compiled(timings)}; decode {timings['gen_tokens']} tokens in {timings['gen_s']:.2f} s")
+
+
+def compiled(timings: dict) -> str:
+    """', compiling kernels X s' when a run compiled (its first), else ''."""
+    return f", compiling kernels {timings['compile_s']:.1f} s" if timings.get("compile_s") else ""

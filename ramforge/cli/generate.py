@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import click
 import numpy as np
@@ -27,13 +26,13 @@ from .console import ctx_option, io_option, load_engine, ram_option, sampler_opt
 def run(model, prompt, max_tokens, ctx, ram, io, threads, profile, memory_report, as_json, **sampling):
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr."""
     from ..profiling import PROFILE
-    from ..report import memory_report as mem_report, render_memory, render_profile
+    from ..report import compile_notice, compiled, memory_report as mem_report, render_memory, render_profile
     from ..sampling import Sampler
 
     params = sampler_params(sampling)      # a bad value fails before the model loads
     PROFILE.enabled = profile
     PROFILE.reset()
-    with load_engine(model, ctx, ram, io, threads) as eng:
+    with compile_notice(), load_engine(model, ctx, ram, io, threads) as eng:
         sampler = Sampler(params, eng.hp.n_vocab)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
@@ -43,6 +42,8 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, profile, memory_report
                 sys.stdout.write(dec.feed(tok))
                 sys.stdout.flush()
         t = eng.timings.as_dict()
+        if profile:
+            t["compile_s"] = max(t["compile_s"], PROFILE.compile_s)
         finish = "length" if len(out) == max_tokens else "stop"
         extra = {}
         if profile:
@@ -57,8 +58,8 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, profile, memory_report
             return
         sys.stdout.write(dec.flush() + "\n")
         click.echo(f"prompt {t['prompt_tokens']} tokens, prefill {t['prefill_tok_s']:.1f} tok/s, "
-                   f"decode {t['gen_tokens']} tokens at {t['decode_tok_s']:.1f} tok/s, load {t['load_s']:.2f} s",
-                   err=True)
+                   f"decode {t['gen_tokens']} tokens at {t['decode_tok_s']:.1f} tok/s, load {t['load_s']:.2f} s"
+                   f"{compiled(t)}", err=True)
         if profile:
             render_profile(extra["profile"], t)
         if memory_report:
@@ -77,28 +78,33 @@ def bench(model, prompt_tokens, gen, threads, ram, io, as_json):
     """Prefill and decode speed, and the weight bandwidth decode achieves (greedy, after a warm-up)."""
     import numba
 
+    from ..jit import COMPILE, Stopwatch
     from ..plan import layer_of
+    from ..report import compile_notice
 
-    with load_engine(model, prompt_tokens + gen + 8, ram, io, threads) as eng:
+    c0 = COMPILE.seconds
+    with compile_notice(), load_engine(model, prompt_tokens + gen + 8, ram, io, threads) as eng:
         base = eng.tokenizer.encode("The history of the printing press begins in the fifteenth century, when ",
                                     add_special=False)
         ids = ([eng.tokenizer.bos_id] if eng.tokenizer.add_bos else []) + (base * prompt_tokens)[:prompt_tokens]
         ids = ids[:prompt_tokens]
         eng.eval(ids[:2])                                     # warm-up: numba loads its cache
         eng.reset()
-        t0 = time.perf_counter()
-        logits = eng.eval(ids)[-1]
-        prefill = time.perf_counter() - t0
-        tok, t1 = int(np.argmax(logits)), time.perf_counter()
-        for _ in range(gen):
-            tok = int(np.argmax(eng.eval([tok])[-1]))
-        decode = time.perf_counter() - t1
+        with Stopwatch() as sw:                               # compiling kernels left out
+            logits = eng.eval(ids)[-1]
+        prefill = sw.seconds
+        tok = int(np.argmax(logits))
+        with Stopwatch() as sw:
+            for _ in range(gen):
+                tok = int(np.argmax(eng.eval([tok])[-1]))
+        decode = sw.seconds
         weights = sum(t.nbytes for n, t in eng.weights.f.tensors.items()
                       if layer_of(n) is not None or n in (eng.weights.out_name,))
         res = {"model": eng.path, "threads": numba.get_num_threads(), "prompt_tokens": len(ids),
                "gen_tokens": gen, "prefill_s": prefill, "prefill_tok_s": len(ids) / prefill,
                "decode_s": decode, "decode_tok_s": gen / decode, "weight_bytes_per_token": weights,
-               "weight_gb_s": weights * gen / decode / 1e9, "load_s": eng.timings.load_s}
+               "weight_gb_s": weights * gen / decode / 1e9, "load_s": eng.timings.load_s,
+               "compile_s": COMPILE.seconds - c0}
     if as_json:
         print(json.dumps(res))
         return
