@@ -1,12 +1,15 @@
 """The block layouts of the executable quantized types, and their decoders, in one copy.
 
-Dequantization (dequant.py), the row unpackers of the integer dots (unpack.py) and the packed-row
-intrinsics (codegen.py) all read blocks through what is here: `LAYOUTS` (byte offsets of each
-field, as ggml's block_<type> structs), the sub-block scale decoders, and the quant bit fields
-(`_nibble` for the 32-element types, `CHUNKS` for the bit-packed K-quants). The helpers that
-dispatch on a type take its GGMLType value `t` and raise for a type they do not know; they are
-small and compiled once for all types (the per-type code that is large lives in the closures of
-decode.py and unpack.py, compiled per type).
+Dequantization (decode.py), the row unpackers of the integer dots (unpack.py), the packed-row
+intrinsics (codegen.py) and the kernels of qmatmul.py all read blocks through what is here:
+`LAYOUTS` (byte offsets of each field, as ggml's block_<type> structs), the sub-block scale
+decoders, and the quant bit fields (`_nibble` for the 32-element types, `CHUNKS` for the
+bit-packed K-quants).
+
+Per-type code is made per type by a factory (`_scales_fn`: a closure over the type's constants,
+compiled for that type alone on first use, cached by numba); a dispatch such as `_row_scales`
+takes the GGMLType value t, which kernels pass as a constant so that numba keeps one branch; a
+type without a branch raises.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from numba import njit
 
 from ramforge.gguf.constants import GGML_BLOCK, QK_K, GGMLType
 
-from .scalars import _u16
+from .scalars import _f16_at, _f32_at, _u16
 
 T = GGMLType
 
@@ -61,8 +64,8 @@ LAYOUTS: dict[GGMLType, Layout] = {
     T.Q8_K: _layout(T.Q8_K, ("d", 4), ("qs", QK_K), ("bsums", QK_K // 8)),
     T.IQ4_XS: _layout(T.IQ4_XS, ("d", 2), ("scales", 2 + QK_K // 64), ("qs", QK_K // 2)),
 }
-# names for the kernels: numba reads a global name as a constant, and prunes `t == Q4_K` branches
-# where t is one too
+# names for the kernels: numba reads a global name as a constant, and prunes a `t == Q4_K` branch
+# where t is one too (an attribute, GGMLType.Q4_K, it does not)
 F32, F16, BF16 = T.F32, T.F16, T.BF16
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_XS = T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K, T.IQ4_XS
@@ -74,38 +77,6 @@ B_Q2_K, B_Q3_K, B_Q4_K, B_Q5_K, B_Q6_K, B_Q8_K, B_IQ4_XS = (LAYOUTS[t] for t in 
 IQ4_KV = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 IQ4_KV_I8 = np.array(IQ4_KV, dtype=np.int8)
 IQ4_KV_F32 = np.array(IQ4_KV, dtype=np.float32)
-
-
-@njit(cache=True)
-def _layout_of(t):
-    """The Layout of type t."""
-    if t == Q4_0:
-        return B_Q4_0
-    elif t == Q4_1:
-        return B_Q4_1
-    elif t == Q5_0:
-        return B_Q5_0
-    elif t == Q5_1:
-        return B_Q5_1
-    elif t == Q8_0:
-        return B_Q8_0
-    elif t == IQ4_NL:
-        return B_IQ4_NL
-    elif t == Q2_K:
-        return B_Q2_K
-    elif t == Q3_K:
-        return B_Q3_K
-    elif t == Q4_K:
-        return B_Q4_K
-    elif t == Q5_K:
-        return B_Q5_K
-    elif t == Q6_K:
-        return B_Q6_K
-    elif t == Q8_K:
-        return B_Q8_K
-    elif t == IQ4_XS:
-        return B_IQ4_XS
-    raise ValueError("no block layout for this ggml type")
 
 
 # ---------------------------------------------------------------- quants
@@ -212,22 +183,63 @@ def _iq4_xs_scale(raw, p, s):
     return (lo | (((sh >> (2 * s)) & 3) << 4)) - 32
 
 
-@njit(cache=True)
-def _sub_scale(t, raw, p, g):
-    """(scale, min) of sub-block g of the super-block of type t at byte p (min 0 where none)."""
+def _scales_fn(t):
+    """The scale decoder of K-type t, scales(raw, p, b, isc, imn, wd, wm): super-block b of a row, at
+    byte p, to its float scale wd[b] and min wm[b] (f32 / f16 read as the integer dots read them)
+    and its n sub-blocks' integer scales isc[b*n:(b+1)*n] and mins imn[...] (0 where none)."""
+    L, tid = LAYOUTS[t], int(t)
+    n, f32_d, has_m = QK_K // L.sub, t == Q8_K, L.m >= 0
+
+    @njit(cache=True)
+    def scales(raw, p, b, isc, imn, wd, wm):
+        wd[b] = _f32_at(raw, p + L.d) if f32_d else _f16_at(raw, p + L.d)
+        if has_m:
+            wm[b] = _f16_at(raw, p + L.m)
+        for g in range(n):
+            if tid == Q2_K:
+                sc, m = _q2_k_scale_min(raw, p, g)
+            elif tid == Q3_K:
+                sc, m = _q3_k_scale(raw, p, g), 0
+            elif tid == Q4_K or tid == Q5_K:
+                sc, m = _k4_scale_min(raw, p, g)
+            elif tid == Q6_K:
+                sc, m = _q6_k_scale(raw, p, g), 0
+            elif tid == IQ4_XS:
+                sc, m = _iq4_xs_scale(raw, p, g), 0
+            elif tid == Q8_K:
+                sc, m = 1, 0
+            else:
+                raise ValueError("no sub-block scales for this ggml type")
+            isc[b * n + g] = sc
+            imn[b * n + g] = m
+    return scales
+
+
+_scales_q2_k, _scales_q3_k, _scales_q4_k = _scales_fn(Q2_K), _scales_fn(Q3_K), _scales_fn(Q4_K)
+_scales_q5_k, _scales_q6_k, _scales_q8_k, _scales_iq4_xs = (_scales_fn(Q5_K), _scales_fn(Q6_K), _scales_fn(Q8_K),
+                                                           _scales_fn(IQ4_XS))
+
+
+@njit(cache=True, inline="always")
+def _row_scales(t, raw, p, b, isc, imn, wd, wm):
+    """The scale decoder of K-type t (see _scales_fn), for code that passes t as a constant (numba
+    keeps that branch alone)."""
     if t == Q2_K:
-        return _q2_k_scale_min(raw, p, g)
+        _scales_q2_k(raw, p, b, isc, imn, wd, wm)
     elif t == Q3_K:
-        return _q3_k_scale(raw, p, g), 0
-    elif t == Q4_K or t == Q5_K:
-        return _k4_scale_min(raw, p, g)
+        _scales_q3_k(raw, p, b, isc, imn, wd, wm)
+    elif t == Q4_K:
+        _scales_q4_k(raw, p, b, isc, imn, wd, wm)
+    elif t == Q5_K:
+        _scales_q5_k(raw, p, b, isc, imn, wd, wm)
     elif t == Q6_K:
-        return _q6_k_scale(raw, p, g), 0
-    elif t == IQ4_XS:
-        return _iq4_xs_scale(raw, p, g), 0
+        _scales_q6_k(raw, p, b, isc, imn, wd, wm)
     elif t == Q8_K:
-        return 1, 0
-    raise ValueError("no sub-block scales for this ggml type")
+        _scales_q8_k(raw, p, b, isc, imn, wd, wm)
+    elif t == IQ4_XS:
+        _scales_iq4_xs(raw, p, b, isc, imn, wd, wm)
+    else:
+        raise ValueError("no sub-block scales for this ggml type")
 
 
 assert B_Q4_K.scales == B_Q5_K.scales and B_Q4_K.d == B_Q5_K.d and B_Q4_K.m == B_Q5_K.m

@@ -17,11 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ramforge.gguf.constants import QK_K
+from ramforge.gguf.constants import GGML_BLOCK, QK_K
 
-from .blocks import (B_IQ4_XS, B_Q8_0, B_Q8_K, BF16, CHUNKS, F16, F32, IQ4_KV_F32, IQ4_NL, IQ4_XS, LAYOUTS, Q2_K,
-                     Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q8_K, _chunk_quant, _high_bit, _iq4_xs_scale,
-                     _nibble, _sub_scale)
+from .blocks import (B_IQ4_XS, BF16, CHUNKS, F16, F32, IQ4_KV_F32, IQ4_NL, IQ4_XS, LAYOUTS, Q2_K, Q3_K, Q4_0, Q4_1,
+                     Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q8_K, _chunk_quant, _high_bit, _iq4_xs_scale, _nibble, _row_scales)
 from .scalars import _bits_to_f32, _f16_at_int, _f32_at, _u16, _u32
 
 _f16 = _f16_at_int      # f16 -> f32 with NaN payloads kept, as numpy (gguf-py's oracle) widens
@@ -68,34 +67,43 @@ def _dequant_32(t):
     return dequant
 
 
-@njit(cache=True)
-def _dequant_q8_0(out, raw, first_block, n_blocks):
-    # f16 d | i8 qs[32];  y = q * d
-    qs = raw.view(np.int8)
-    for b in range(n_blocks):
-        p = (first_block + b) * B_Q8_0.nbytes
-        d = _f16(raw, p + B_Q8_0.d)
-        for j in range(32):
-            out[b * 32 + j] = np.float32(qs[p + B_Q8_0.qs + j]) * d
+def _dequant_int8(t):
+    """The kernel of Q8_0 (f16 d | i8 qs[32]) and Q8_K (f32 d | i8 qs[256] | i16 bsums[16]): y = q * d."""
+    L, n, f32_d = LAYOUTS[t], GGML_BLOCK[t][0], t == Q8_K
+
+    @njit(cache=True)
+    def dequant(out, raw, first_block, n_blocks):
+        qs = raw.view(np.int8)
+        for b in range(n_blocks):
+            p = (first_block + b) * L.nbytes
+            d = _f32_at(raw, p + L.d) if f32_d else _f16(raw, p + L.d)
+            for j in range(n):
+                out[b * n + j] = np.float32(qs[p + L.qs + j]) * d
+    return dequant
 
 
 def _dequant_k(t):
-    """The kernel of a bit-packed K-quant: per sub-block of L.sub quants, q its chunk bit fields (+
-    bias): y = (d*sc)*q - (dmin*m) (Q2_K, Q4_K, Q5_K), (d*sc)*q (Q3_K, Q6_K)."""
+    """The kernel of a bit-packed K-quant: per sub-block of L.sub quants, sc and m its integer scale
+    and min (blocks._row_scales), q its chunk bit fields (+ bias): y = (d*sc)*q - (dmin*m) (Q2_K,
+    Q4_K, Q5_K), (d*sc)*q (Q3_K, Q6_K)."""
     L, chunks, tid, has_m = LAYOUTS[t], CHUNKS[t], int(t), LAYOUTS[t].m >= 0
 
     @njit(cache=True)
     def dequant(out, raw, first_block, n_blocks):
+        isc = np.empty(QK_K // L.sub, dtype=np.int32)           # one super-block's sub-block scales
+        imn = np.zeros(QK_K // L.sub, dtype=np.int32)
+        wd = np.empty(1, dtype=np.float32)                      # (unused: d is read exactly below)
         for b in range(n_blocks):
             p = (first_block + b) * L.nbytes
+            _row_scales(tid, raw, p, 0, isc, imn, wd, wd)
             d = _f16(raw, p + L.d)
             dmin = _f16(raw, p + L.m) if has_m else np.float32(0.0)
             for c in range(QK_K // 32):
                 f = chunks[c]
                 for h in range(32 // L.sub):
-                    sc, m = _sub_scale(np.int64(tid), raw, p, c * 32 // L.sub + h)   # (one compile, all types)
-                    dl = d * np.float32(sc)
-                    ml = dmin * np.float32(m)
+                    g = c * 32 // L.sub + h
+                    dl = d * np.float32(isc[g])
+                    ml = dmin * np.float32(imn[g])
                     for l in range(h * L.sub, (h + 1) * L.sub):
                         q = np.float32(_chunk_quant(f, raw, p, l) + L.bias)
                         if has_m:
@@ -103,17 +111,6 @@ def _dequant_k(t):
                         else:
                             out[b * QK_K + c * 32 + l] = dl * q
     return dequant
-
-
-@njit(cache=True)
-def _dequant_q8_k(out, raw, first_block, n_blocks):
-    # f32 d | i8 qs[256] | i16 bsums[16];  y = d * q
-    qs = raw.view(np.int8)
-    for b in range(n_blocks):
-        p = (first_block + b) * B_Q8_K.nbytes
-        d = _f32_at(raw, p + B_Q8_K.d)
-        for j in range(QK_K):
-            out[b * QK_K + j] = d * np.float32(qs[p + B_Q8_K.qs + j])
 
 
 @njit(cache=True)
@@ -130,6 +127,7 @@ def _dequant_iq4_xs(out, raw, first_block, n_blocks):
 
 _dequant_q4_0, _dequant_q4_1, _dequant_q5_0 = _dequant_32(Q4_0), _dequant_32(Q4_1), _dequant_32(Q5_0)
 _dequant_q5_1, _dequant_iq4_nl = _dequant_32(Q5_1), _dequant_32(IQ4_NL)
+_dequant_q8_0, _dequant_q8_k = _dequant_int8(Q8_0), _dequant_int8(Q8_K)
 _dequant_q2_k, _dequant_q3_k, _dequant_q4_k = _dequant_k(Q2_K), _dequant_k(Q3_K), _dequant_k(Q4_K)
 _dequant_q5_k, _dequant_q6_k = _dequant_k(Q5_K), _dequant_k(Q6_K)
 

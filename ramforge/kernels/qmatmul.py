@@ -24,9 +24,10 @@ IR (LLVM picks vpmaddwd / pmaddwd / NEON, pshufb / tbl per machine), and one tar
 vpdpbusd, where the CPU has 256-bit VNNI (the integer sums are the same either way). Each has a
 plain-loop twin; `vector=False` (or RAMFORGE_PORTABLE=1) runs those, bit for bit equal.
 
-Each kernel is made for one (type, vector?, variants, path) by `_kernel`, whose constants leave
-numba only that type's unpacker and those variants' intrinsics to compile: a model compiles the
-few it runs, on first use, and numba's disk cache keeps them.
+Each kernel is made for one (type, vector?, variants, path) by `_kernel`: a closure whose constants
+leave numba only that type's unpacker and those variants' intrinsics to compile (a dispatch on a
+constant keeps one branch). A model compiles the few kernels it runs, on first use, and numba's
+disk cache keeps them (keyed by the constants).
 """
 from __future__ import annotations
 
@@ -40,20 +41,17 @@ from numba import njit, prange
 from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 
+from .blocks import _row_scales
 from .quantize import quantize_activation
 from .registry import kernels_for
 from .rows import _prow, _vrow, _vrow_raw, _vrows8
-from .unpack import _row_scales, _unpack_row
+from .unpack import _unpack_row
 from .variants import _ROWS8, Q8_1_SUM, Variant, raw_row_id
 
 VECTOR = os.environ.get("RAMFORGE_PORTABLE", "").strip().lower() in ("", "0", "false", "no")
 _CHUNKS_PER_THREAD = 8        # row ranges per thread (load balance vs per-range scratch)
 _GROUP_ROWS = 8               # rows unpacked together for a batch of tokens ...
 _GROUP_FROM_TOKENS = 4        # ... of at least this many (a single token: one row at a time, in L1)
-# numba's parallel transforms: the prange loop only (the array expressions inside a task stay
-# loops; converting them too only makes nested parallel loops to compile, run serially)
-_PRANGE_ONLY = {"prange": True, "comprehension": False, "setitem": False, "inplace_binop": False,
-                "reduction": False, "numpy": False, "stencil": False, "fusion": False}
 
 
 @njit(cache=True, inline="always")
@@ -79,27 +77,30 @@ def _dot_group(vec, vid, rows8, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd,
     else:
         for i in range(nr):
             y[t, r0 + i] = _prow(wq, i * n_in, aq, t * n_in, isc, imn, i * n_sub, wd, wm, i * n_sb, ad, am, t * n_sb,
-                                 n_sb, bsum, t * n_sub, np.int64(vid), lanes, ilane)
+                                 n_sb, bsum, t * n_sub, np.int64(vid), lanes, ilane)    # (one compile, all variants)
 
 
-def _unpacked_kernel(gt: GGMLType, sub: int, vec: bool, lo: Variant, hi: Variant):
-    """The kernel that unpacks `group` rows at a time, then dots them with every token."""
-    tid, sb, one = int(gt), GGML_BLOCK[gt][0], lo == hi
+def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool):
+    """The kernel of type gt for tokens in variants lo (below the split) and hi (the rest): `packed`,
+    each row dotted straight from its blocks (RawRow intrinsics; few tokens, vector IR), else
+    `group` rows unpacked at a time, then dotted with every token (a token's quants stay in L1)."""
+    qd = kernels_for(gt).qdot
+    tid, (sb, nbytes), sub, one = int(gt), GGML_BLOCK[gt], qd.sub, lo == hi
     vlo, vhi, r8lo, r8hi = int(lo), int(hi), vec and lo in _ROWS8, vec and hi in _ROWS8
+    rlo, rhi = (int(raw_row_id(qd.raw, lo)), int(raw_row_id(qd.raw, hi))) if packed else (-1, -1)
+    k_scales = sb > 32                   # super-block types: a packed row's scales are unpacked first
 
     @njit(parallel=True, cache=True)
-    def _qmatmul_unpacked(y, aq, ad, am, bsum, raw, n_out, n_in, row_bytes, split, n_chunks, group):
+    def _qmatmul(y, aq, ad, am, bsum, raw, n_out, n_in, row_bytes, split, n_chunks, group):
         # y f32[n_tok, n_out]; aq i8[n_tok * n_in]; ad, am f32[n_tok * n_in/sb] (scale; Q8_1's s or the
         # scale again); bsum i32[n_tok * n_in/sub] (Q8_K sub-block sums); raw u8: n_out rows of
-        # row_bytes; tokens < split in variant lo, the rest hi. n_chunks row ranges in parallel; in
-        # each, `group` rows at a time are unpacked once, then dotted with every token (a token's
-        # quants stay in L1 across the group)
+        # row_bytes; tokens < split in variant lo, the rest hi; n_chunks row ranges in parallel
         n_tok = y.shape[0]
         n_sb = n_in // sb
         n_sub = n_in // sub
         for c in prange(n_chunks):
-            wq = np.empty(group * n_in, dtype=np.int8)       # the group's unpacked rows and scales
-            isc = np.empty(group * n_sub, dtype=np.int32)
+            wq = np.empty(0 if packed else group * n_in, dtype=np.int8)     # a group's unpacked rows
+            isc = np.empty(group * n_sub, dtype=np.int32)                   # and scales
             imn = np.zeros(group * n_sub, dtype=np.int32)
             wd = np.empty(group * n_sb, dtype=np.float32)
             wm = np.zeros(group * n_sb, dtype=np.float32)
@@ -108,6 +109,18 @@ def _unpacked_kernel(gt: GGMLType, sub: int, vec: bool, lo: Variant, hi: Variant
             ilane = np.empty(8, dtype=np.int64)
             r_end = _bound(c + 1, n_out, n_chunks)
             for r0 in range(_bound(c, n_out, n_chunks), r_end, group):
+                if packed:                             # (group 1)
+                    if k_scales:
+                        for b in range(n_sb):
+                            _row_scales(tid, raw, r0 * row_bytes + b * nbytes, b, isc, imn, wd, wm)
+                    for t in range(n_tok):
+                        if one or t >= split:
+                            y[t, r0] = _vrow_raw(rhi, raw, r0 * row_bytes, aq, t * n_in, isc, imn, wd, wm, ad, am,
+                                                 t * n_sb, n_sb, bsum, t * n_sub)
+                        else:
+                            y[t, r0] = _vrow_raw(rlo, raw, r0 * row_bytes, aq, t * n_in, isc, imn, wd, wm, ad, am,
+                                                 t * n_sb, n_sb, bsum, t * n_sub)
+                    continue
                 nr = min(group, r_end - r0)
                 for i in range(nr):
                     _unpack_row(tid, vec, raw, (r0 + i) * row_bytes, n_sb, wq[i * n_in:(i + 1) * n_in],
@@ -120,50 +133,18 @@ def _unpacked_kernel(gt: GGMLType, sub: int, vec: bool, lo: Variant, hi: Variant
                     else:
                         _dot_group(vec, vlo, r8lo, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd, wm, n_sb, ad, am,
                                    bsum, yrow, lanes, ilane)
-    return _qmatmul_unpacked
-
-
-def _packed_kernel(gt: GGMLType, sub: int, lo: Variant, hi: Variant):
-    """The kernel that dots the packed rows themselves (few tokens; RawRow intrinsics)."""
-    qd = kernels_for(gt).qdot
-    tid, sb, one, nbytes = int(gt), GGML_BLOCK[gt][0], lo == hi, GGML_BLOCK[gt][1]
-    rlo, rhi = int(raw_row_id(qd.raw, lo)), int(raw_row_id(qd.raw, hi))
-
-    @njit(parallel=True, cache=True)
-    def _qmatmul_packed(y, aq, ad, am, bsum, raw, n_out, n_in, row_bytes, split, n_chunks, group):
-        # as _qmatmul_unpacked, each row read packed (its scales unpacked first, super-block types)
-        n_tok = y.shape[0]
-        n_sb = n_in // sb
-        n_sub = n_in // sub
-        for c in prange(n_chunks):
-            isc = np.empty(n_sub, dtype=np.int32)            # one row's scales (super-block types)
-            imn = np.zeros(n_sub, dtype=np.int32)
-            wd = np.empty(n_sb, dtype=np.float32)
-            wm = np.zeros(n_sb, dtype=np.float32)
-            for r in range(_bound(c, n_out, n_chunks), _bound(c + 1, n_out, n_chunks)):
-                if sb > 32:
-                    for b in range(n_sb):
-                        _row_scales(np.int64(tid), raw, r * row_bytes + b * nbytes, b, isc, imn, wd, wm)
-                for t in range(n_tok):
-                    if one or t >= split:
-                        y[t, r] = _vrow_raw(rhi, raw, r * row_bytes, aq, t * n_in, isc, imn, wd, wm, ad, am,
-                                            t * n_sb, n_sb, bsum, t * n_sub)
-                    else:
-                        y[t, r] = _vrow_raw(rlo, raw, r * row_bytes, aq, t * n_in, isc, imn, wd, wm, ad, am,
-                                            t * n_sb, n_sb, bsum, t * n_sub)
-    return _qmatmul_packed
+    return _qmatmul
 
 
 _KERNELS: dict[tuple, object] = {}      # (type, vector, lo, hi, packed) -> numba dispatcher, as made
 
 
 def _kernel(t: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool):
-    """The kernel of type t for tokens in variants lo (below the split) and hi (the rest), made on
-    first use; numba compiles it on its first call, for t and these variants alone."""
+    """The kernel of (t, vec, lo, hi, packed), made on first use; numba compiles it on its first call,
+    for t and these variants alone, and caches it on disk."""
     key = (t, vec, lo, hi, packed)
     if key not in _KERNELS:
-        sub = kernels_for(t).qdot.sub
-        _KERNELS[key] = _packed_kernel(t, sub, lo, hi) if packed else _unpacked_kernel(t, sub, vec, lo, hi)
+        _KERNELS[key] = _make_kernel(*key)
     return _KERNELS[key]
 
 

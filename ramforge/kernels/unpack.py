@@ -16,9 +16,9 @@ from numba.extending import intrinsic
 from ramforge.gguf.constants import QK_K
 
 from .blocks import (CHUNKS, IQ4_KV, IQ4_KV_I8, IQ4_NL, IQ4_XS, LAYOUTS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1,
-                     Q5_K, Q6_K, Q8_0, Q8_K, _high_bit, _layout_of, _nibble, _sub_scale)
+                     Q5_K, Q6_K, Q8_0, Q8_K, _high_bit, _nibble, _row_scales)
 from .llvmir import I8, I32, dtypes_are, ptr, splat
-from .scalars import _f16_at, _f32_at, _u32
+from .scalars import _f16_at, _u32
 
 # ---------------------------------------------------------------- vector primitives
 
@@ -133,24 +133,6 @@ def _nib32_kv(vec, wq, y, raw, o):
 
 # ---------------------------------------------------------------- rows, by type
 
-@njit(cache=True)
-def _row_scales(t, raw, p, b, isc, imn, wd, wm):
-    """Super-block b (at byte p) of a row of K-type t: its float scale and min, and its sub-blocks'
-    integer scales and mins (blocks._sub_scale), as the unpackers write them."""
-    L = _layout_of(t)
-    if t == Q8_K:
-        wd[b] = _f32_at(raw, p + L.d)
-    else:
-        wd[b] = _f16_at(raw, p + L.d)
-    if L.m >= 0:
-        wm[b] = _f16_at(raw, p + L.m)
-    n = QK_K // L.sub
-    for g in range(n):
-        sc, m = _sub_scale(t, raw, p, g)
-        isc[b * n + g] = sc
-        imn[b * n + g] = m
-
-
 def _unpack_32(t):
     """The unpacker of a 32-element type (a block is a "super-block"): wd = d, wm = m (Q4_1, Q5_1),
     isc = 1; quants with the bias applied (Q4_0: q - 8, Q5_0: q - 16), int8 (Q8_0) or codebook
@@ -177,7 +159,7 @@ def _unpack_32(t):
 
 
 def _unpack_k(t):
-    """The unpacker of a 256-element type: scales as _row_scales; quants per 32-element chunk from
+    """The unpacker of a 256-element type: scales as blocks._row_scales; quants per 32-element chunk from
     their bit fields (blocks.CHUNKS), unsigned for Q6_K (offset 32); IQ4_XS: codebook values."""
     L, tid, kv = LAYOUTS[t], int(t), t == IQ4_XS
     chunks = CHUNKS[t] if not kv else ((0,) * 8,) * (QK_K // 32)
@@ -186,7 +168,7 @@ def _unpack_k(t):
     def unpack(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
         for b in range(n_sb):
             p = o + b * L.nbytes
-            _row_scales(np.int64(tid), raw, p, b, isc, imn, wd, wm)      # (one compile, all types)
+            _row_scales(tid, raw, p, b, isc, imn, wd, wm)
             for c in range(QK_K // 32):
                 if kv:
                     _nib32_kv(vec, wq, b * QK_K + c * 32, raw, p + L.qs + c * 16)
