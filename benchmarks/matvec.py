@@ -55,6 +55,7 @@ def asm_report() -> str:
     os.environ["NUMBA_CACHE_DIR"] = cache
     from ramforge.gguf.constants import GGMLType
     from ramforge.kernels import qmatmul as qm
+    from ramforge.kernels import unpack
 
     x = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
     for t in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.IQ4_NL):
@@ -62,8 +63,9 @@ def asm_report() -> str:
     pat = re.compile(r"\s+(v?pmaddwd|v?pmaddubsw|vpdpbusds?|vpdpwssds?|v?pmovsxbw|v?pmulld|v?pshufb|vpermb|"
                      r"sdot|smull2?|sadalp|smlal2?)\b")
     out = []
-    for name in ("_qmatmul", "_unpack_iq4_nl"):
-        f = getattr(qm, name)
+    kernels = [(f"qmatmul {t.name} {hi.name}{' packed' if packed else ''}", f)
+               for (t, _, _, hi, packed), f in qm._KERNELS.items()]
+    for name, f in kernels + [("_unpack_iq4_nl", unpack._unpack_iq4_nl)]:
         c = Counter()
         for sig in f.signatures:
             c.update(m.group(1) for line in f.inspect_asm(sig).splitlines() for m in [pat.match(line)] if m)

@@ -28,6 +28,9 @@ from ramforge.errors import RamforgeError  # noqa: E402
 from ramforge.gguf.constants import GGMLType  # noqa: E402
 from ramforge.kernels import qmatmul as qm  # noqa: E402
 from ramforge.kernels import quantize as qa  # noqa: E402
+from ramforge.kernels import scalars as ks  # noqa: E402
+from ramforge.kernels import unpack as ku  # noqa: E402
+from ramforge.kernels import variants as kv  # noqa: E402
 from ramforge.kernels.dequant import dequantize  # noqa: E402
 from ramforge.kernels.matmul import matmul, matmul_reference, round_activation  # noqa: E402
 from ramforge.kernels.registry import REGISTRY, ActType  # noqa: E402
@@ -95,10 +98,10 @@ def test_every_quantized_type_has_an_integer_kernel():
         assert (k.qdot is None) == (k.act in (ActType.F32, ActType.F16, ActType.BF16)), t.name
         if k.qdot is not None:
             assert k.block_elems % k.qdot.sub == 0 and k.qdot.sub in (16, 32)
-            assert k.qdot.mins in (qm.NO_MIN, qm.Q8_1_SUM, qm.K_SUM, qm.K_MIN4, qm.K_LANES)
-            assert (k.qdot.mins == qm.Q8_1_SUM) == (k.act == ActType.Q8_1)
+            assert k.qdot.mins in (kv.NO_MIN, kv.Q8_1_SUM, kv.K_SUM, kv.K_MIN4, kv.K_LANES)
+            assert (k.qdot.mins == kv.Q8_1_SUM) == (k.act == ActType.Q8_1)
             has_mins = t in (GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K)
-            assert (k.qdot.mins in (qm.K_SUM, qm.K_MIN4, qm.K_LANES)) == has_mins, t.name
+            assert (k.qdot.mins in (kv.K_SUM, kv.K_MIN4, kv.K_LANES)) == has_mins, t.name
 
 
 @pytest.mark.parametrize("t", INT_TYPES, ids=_ids(INT_TYPES))
@@ -112,9 +115,9 @@ def test_unpack_rebuilds_dequantize_exactly(t):
     q = (wq.astype(np.float32) - k.qdot.offset).reshape(n_rows, -1, sb // sub, sub)
     d = wd[:, :, None, None]
     sc = isc.astype(np.float32).reshape(n_rows, -1, sb // sub)[..., None]
-    if k.qdot.mins == qm.Q8_1_SUM:                           # d*q + m
+    if k.qdot.mins == kv.Q8_1_SUM:                           # d*q + m
         w = d * q + wm[:, :, None, None]
-    elif k.qdot.mins != qm.NO_MIN:                           # (d*sc)*q - (dmin*m)
+    elif k.qdot.mins != kv.NO_MIN:                           # (d*sc)*q - (dmin*m)
         mn = imn.astype(np.float32).reshape(n_rows, -1, sb // sub)[..., None]
         w = (d * sc) * q - wm[:, :, None, None] * mn
     else:                                                    # (d*sc)*q
@@ -128,7 +131,7 @@ def test_types_with_mins_or_an_offset_unpack_to_unsigned_quants(t):
     # the VNNI dot feeds such quants to vpdpbusd as unsigned bytes without the sign trick
     k = REGISTRY[t]
     wq = unpack(t, random_blocks(t, 4 * N_IN // k.block_elems, seed=13), 4, N_IN, vec=True)[0]
-    if k.qdot.mins != qm.NO_MIN or k.qdot.offset != 0:
+    if k.qdot.mins != kv.NO_MIN or k.qdot.offset != 0:
         assert wq.min() >= 0, t.name
     else:                                    # the others do have negative quants: the sign trick is needed
         assert wq.min() < 0, t.name
@@ -144,7 +147,7 @@ def test_unpack_vector_equals_portable(t):
 @njit
 def _widen_all(raw, out, native):
     for i in range(out.size):
-        out[i] = qm._f16_at(raw, 2 * i) if native else qm._f16_at_int(raw, 2 * i)
+        out[i] = ks._f16_at(raw, 2 * i) if native else ks._f16_at_int(raw, 2 * i)
 
 
 @pytest.mark.parametrize("path", ["auto", "integer"])
@@ -166,7 +169,7 @@ def test_f16_scales_reach_the_unpacked_rows():
     raw[:, :2] = bits.view(np.uint8).reshape(-1, 2)
     wd = np.zeros(1 << 16, np.float32)
     z = np.zeros(1 << 16, np.int32)
-    qm._unpack_q4_0(True, raw.reshape(-1), 0, 1 << 16, np.zeros(32 << 16, np.int8), z, z, wd, wd.copy())
+    ku._unpack_q4_0(True, raw.reshape(-1), 0, 1 << 16, np.zeros(32 << 16, np.int8), z, z, wd, wd.copy())
     ref = bits.view(np.float16).astype(np.float32)
     finite = ~np.isnan(ref)
     assert np.array_equal(wd[finite].view(np.uint32), ref[finite].view(np.uint32))
@@ -248,11 +251,11 @@ def exact_reference(t: GGMLType, raw: np.ndarray, x: np.ndarray, n_out: int, n_i
     isum = isum.reshape(n_tok, n_out, -1, sb // sub).sum(axis=3)              # per super-block
     ad = a.d.reshape(n_tok, 1, -1).astype(np.float64)
     y = (wd[None].astype(np.float64) * ad * isum).sum(axis=2)
-    if k.qdot.mins not in (qm.NO_MIN, qm.Q8_1_SUM):
+    if k.qdot.mins not in (kv.NO_MIN, kv.Q8_1_SUM):
         bs = a.bsum.reshape(n_tok, 1, -1, sb // sub).astype(np.int64)
         msum = (imn.reshape(1, n_out, -1, sb // sub) * bs).sum(axis=3)
         y -= (wm[None].astype(np.float64) * ad * msum).sum(axis=2)
-    elif k.qdot.mins == qm.Q8_1_SUM:
+    elif k.qdot.mins == kv.Q8_1_SUM:
         y += (wm[None].astype(np.float64) * a.s.reshape(n_tok, 1, -1)).sum(axis=2)
     w = dequantize(t, raw).reshape(n_out, n_in).astype(np.float64)
     scale = np.abs(round_activation(x, k.act)).astype(np.float64) @ np.abs(w).T
@@ -283,7 +286,7 @@ def test_vector_path_equals_portable_bit_for_bit(t):
     n_in = N_IN if k.block_elems > 32 else N_IN + 32          # an odd block count where it can be
     for n_out in (N_OUT, N_OUT + 3):
         raw = random_blocks(t, n_out * n_in // k.block_elems, seed=7)
-        for n_tok in (1, 2, 5, qm.TILED_FROM + 1):
+        for n_tok in (1, 2, 5, kv.TILED_FROM + 1):
             x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
             yv = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=True)
             yp = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=False)
@@ -321,7 +324,7 @@ def test_generic_ir_equals_the_vnni_path(tmp_path):
         n_in = N_IN if k.block_elems > 32 else N_IN + 32
         for n_out in (N_OUT, N_OUT + 3):
             raw = random_blocks(t, n_out * n_in // k.block_elems, seed=21)
-            for n_tok in (1, 5, qm.TILED_FROM + 1):
+            for n_tok in (1, 5, kv.TILED_FROM + 1):
                 x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
                 key = f"raw-{t.name}-{n_out}-{n_in}-{n_tok}"
                 cases[key], cases[f"x-{n_tok}-{n_in}"] = raw, x
@@ -341,9 +344,9 @@ def test_every_arithmetic_variant_is_used_and_reachable():
     for t in INT_TYPES:
         k = REGISTRY[t]
         for n_out in (N_OUT, N_OUT + 3):
-            for n_tok in (1, 5, qm.TILED_FROM + 1):
+            for n_tok in (1, 5, kv.TILED_FROM + 1):
                 used.update(k.qdot.variants(k.block_elems, n_out, n_tok)[:2])
-    assert used == set(range(len(qm._VARIANTS)))
+    assert used == set(range(len(kv._VARIANTS)))
 
 
 def test_batched_variants_have_8_row_kernels():
@@ -351,8 +354,8 @@ def test_batched_variants_have_8_row_kernels():
     # 32-element types (LANES) run 8 rows at a time (the rows' float steps lane by lane, or each row
     # its own lanes); the 40-row shapes above (N_OUT + 3) reach them in the vector-vs-portable and
     # oracle comparisons
-    lanes = qm._VARIANT_ID[(32, 1, qm.NO_MIN, qm.LANES, 0, 0)]
-    assert set(qm._ROWS8) == {i for i, v in enumerate(qm._VARIANTS) if v[3] in (qm.GROUPS, qm.TILED)} | {lanes}
+    lanes = kv._VARIANT_ID[(32, 1, kv.NO_MIN, kv.LANES, 0, 0)]
+    assert set(kv._ROWS8) == {i for i, v in enumerate(kv._VARIANTS) if v[3] in (kv.GROUPS, kv.TILED)} | {lanes}
     assert (N_OUT + 3) % 8 == 0
 
 
@@ -369,10 +372,10 @@ def test_every_few_token_matmul_reads_packed_rows():
         for n_out in (N_OUT, N_OUT + 3):
             for n_tok in range(1, qm._GROUP_FROM_TOKENS):
                 lo, hi, split = k.qdot.variants(k.block_elems, n_out, n_tok)
-                ids = (qm.raw_row_id(k.qdot.raw, lo if split else hi), qm.raw_row_id(k.qdot.raw, hi))
+                ids = (kv.raw_row_id(k.qdot.raw, lo if split else hi), kv.raw_row_id(k.qdot.raw, hi))
                 assert min(ids) >= 0, (t.name, n_out, n_tok)
                 used.update(ids)
-    assert used == set(range(len(qm._RAW_ROWS)))
+    assert used == set(range(len(kv._RAW_ROWS)))
 
 
 def test_strided_inputs_and_outputs():

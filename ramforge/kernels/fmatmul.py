@@ -14,6 +14,9 @@ multiple of 64 (its float leftovers round differently here in some rows; within 
 """
 from __future__ import annotations
 
+import functools
+from enum import IntEnum
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -21,10 +24,21 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .dequant import _bits_to_f32
+from .llvmir import half_to_float
+from .scalars import _bits_to_f32
 
 _W = 16                      # f32 lanes
-F32, F16, BF16 = 0, 1, 2     # weight kinds
+
+
+class FloatKind(IntEnum):
+    """The weight's float type."""
+
+    F32 = 0
+    F16 = 1
+    BF16 = 2
+
+
+F32, F16, BF16 = FloatKind
 
 
 def _lanes_sum(builder, v):
@@ -36,26 +50,6 @@ def _lanes_sum(builder, v):
         hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(w, 2 * w))))
         v = builder.fadd(lo, hi)
     return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-
-
-def _widen_f16(context, builder, h, native=None):
-    """<n x i16> f16 bits -> <n x float>, exactly: `fpext half` where the target widens half natively
-    (F16C, AArch64), else integer ops (normal, subnormal, inf/nan) and one exact multiply."""
-    from .qmatmul import _native_half
-    f32, n = ir.FloatType(), h.type.count
-    if _native_half(context) if native is None else native:
-        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), n)), ir.VectorType(f32, n))
-    vi, vf = ir.VectorType(ir.IntType(32), n), ir.VectorType(f32, n)
-    c = lambda v: ir.Constant(vi, [v] * n)  # noqa: E731
-    x = builder.zext(h, vi)
-    sign = builder.shl(builder.and_(x, c(0x8000)), c(16))
-    e = builder.and_(builder.lshr(x, c(10)), c(31))
-    m13 = builder.shl(builder.and_(x, c(0x3FF)), c(13))
-    bits = builder.or_(builder.shl(builder.add(e, c(112)), c(23)), m13)
-    bits = builder.select(builder.icmp_unsigned("==", e, c(31)), builder.or_(c(0x7F800000), m13), bits)
-    sub = builder.fmul(builder.uitofp(builder.and_(x, c(0x3FF)), vf), ir.Constant(vf, [2.0 ** -24] * n))
-    bits = builder.select(builder.icmp_unsigned("==", e, c(0)), builder.bitcast(sub, vi), bits)
-    return builder.bitcast(builder.or_(bits, sign), vf)
 
 
 def _make_fdot(kind, n_acc, joined):
@@ -82,7 +76,7 @@ def _make_fdot(kind, n_acc, joined):
 
             def bits_to_f32(h, count):               # <count x i16> bf16 / f16 bits -> <count x float>
                 if kind == F16:
-                    return _widen_f16(context, builder, h)
+                    return half_to_float(context, builder, h)
                 wide = builder.shl(builder.zext(h, ir.VectorType(i32, count)), ir.Constant(ir.VectorType(i32, count),
                                                                                           [16] * count))
                 return builder.bitcast(wide, ir.VectorType(f32, count))
@@ -141,16 +135,19 @@ def _widen(kind, w16, i, f16):
     return _bits_to_f32(np.int64(w16[i]) << 16)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _row_dot(kind, tb, w32, w16, wo, a, ao, n, f16):
     """One row . one token (weights in w32 for F32, else the bits in w16): the vector part through
-    the intrinsic of (kind, tb), then llama.cpp's leftovers (tinyBLAS has none: whole steps only)."""
+    the intrinsic of (kind, tb), then llama.cpp's leftovers (tinyBLAS has none: whole steps only).
+    Kernels pass kind and tb as constants: numba keeps that intrinsic alone."""
     if kind == F32:
         s = _f32_tb(w32, wo, a, ao, n) if tb else _f32_vd(w32, wo, a, ao, n)
     elif kind == F16:
         s = _f16_tb(w16, wo, a, ao, n) if tb else _f16_vd(w16, wo, a, ao, n)
-    else:
+    elif kind == BF16:
         s = _bf16_tb(w16, wo, a, ao, n) if tb else _bf16_vd(w16, wo, a, ao, n)
+    else:
+        raise ValueError("no float matmul for this weight kind")
     if tb:
         return np.float32(s)
     step = 64
@@ -164,17 +161,22 @@ def _row_dot(kind, tb, w32, w16, wo, a, ao, n, f16):
     return np.float32(s)
 
 
-@njit(parallel=True, cache=True)
-def _fmatmul(y, w32, w16, a, kind, tb, n_out, n_in, f16, n_chunks):
-    # y f32[n_tok, n_out] = a f32[n_tok, n_in] (rounded to the weight type) . W^T, W: n_out rows of n_in
-    # in w32 (F32) or as bits in w16 (F16, BF16; the other array empty); tb: tinyBLAS arithmetic,
-    # else ggml_vec_dot's
-    n_tok = y.shape[0]
-    af = a.reshape(-1)
-    for c in prange(n_chunks):
-        for r in range(c * n_out // n_chunks, (c + 1) * n_out // n_chunks):
-            for t in range(n_tok):
-                y[t, r] = _row_dot(kind, tb, w32, w16, r * n_in, af, t * n_in, n_in, f16)
+@functools.cache
+def _kernel(kind: FloatKind, tb: bool):
+    """The matmul kernel of one weight kind in tinyBLAS's (tb) or ggml_vec_dot's arithmetic."""
+    k, t = int(kind), bool(tb)
+
+    @njit(parallel=True, cache=True)
+    def _fmatmul(y, w32, w16, a, n_out, n_in, f16, n_chunks):
+        # y f32[n_tok, n_out] = a f32[n_tok, n_in] (rounded to the weight type) . W^T, W: n_out rows of
+        # n_in in w32 (F32) or as bits in w16 (F16, BF16; the other array empty)
+        n_tok = y.shape[0]
+        af = a.reshape(-1)
+        for c in prange(n_chunks):
+            for r in range(c * n_out // n_chunks, (c + 1) * n_out // n_chunks):
+                for tok in range(n_tok):
+                    y[tok, r] = _row_dot(k, t, w32, w16, r * n_in, af, tok * n_in, n_in, f16)
+    return _fmatmul
 
 
 def fmatmul(y: np.ndarray, x: np.ndarray, kind: int, raw: np.ndarray, n_out: int, n_in: int, n_batch: int,
@@ -189,7 +191,8 @@ def fmatmul(y: np.ndarray, x: np.ndarray, kind: int, raw: np.ndarray, n_out: int
     w16 = w.view(np.uint16) if kind != F32 else np.empty(0, np.uint16)
     out = y if y.flags.c_contiguous and y.flags.writeable else np.empty_like(y)
     n_chunks = max(1, min(n_out, 8 * numba.get_num_threads()))
-    _fmatmul(out, w32, w16, np.ascontiguousarray(x, dtype=np.float32), kind, tb, n_out, n_in, f16_table, n_chunks)
+    _kernel(FloatKind(kind), tb)(out, w32, w16, np.ascontiguousarray(x, dtype=np.float32), n_out, n_in, f16_table,
+                                 n_chunks)
     if out is not y:
         y[...] = out
     return y

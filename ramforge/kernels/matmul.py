@@ -12,18 +12,22 @@ each weight row into a thread-local buffer and dots it with every token in float
 """
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
+import functools
 
 import numpy as np
 from numba import njit, prange
 
 from ..errors import RamforgeError
 from ..gguf.constants import GGML_BLOCK, QK_K
-from .dequant import F16_TO_F32, _dequant_any
+from .batch import batch_view, current_view
+from .blocks import LAYOUTS, Layout
+from .decode import _dequant_any
 from .fmatmul import BF16, F16, F32, fmatmul
 from .qmatmul import qmatmul
 from .registry import ActType, kernels_for
+from .scalars import F16_TO_F32
+
+__all__ = ["batch_view", "float_matmul", "matmul", "matmul_reference", "round_activation"]
 
 _ROWS_PER_TASK = 16          # weight rows per parallel task
 
@@ -39,7 +43,7 @@ def _round_q8_0(x: np.ndarray) -> np.ndarray:
     return (q * d[:, None]).reshape(x.shape)
 
 
-def _q8_1_sum_correction(x: np.ndarray, xr: np.ndarray, raw: np.ndarray, n_out: int, block_bytes: int) -> np.ndarray:
+def _q8_1_sum_correction(x: np.ndarray, xr: np.ndarray, raw: np.ndarray, n_out: int, layout: Layout) -> np.ndarray:
     """Q4_1/Q5_1 dot Q8_1 adds m * s per block, where llama.cpp stores s = f16(amax/127 * sum(q)), not
     sum(x') of the rounded activation: returns that difference through m, f32[n_tok, n_out]."""
     xb = x.reshape(x.shape[0], -1, 32)
@@ -48,7 +52,8 @@ def _q8_1_sum_correction(x: np.ndarray, xr: np.ndarray, raw: np.ndarray, n_out: 
                                                    .astype(np.float32), 1)[..., None]).sum(axis=2)
          * (amax / np.float32(127))).astype(np.float16).astype(np.float32)
     c = s - xr.reshape(xb.shape).sum(axis=2, dtype=np.float32)              # f32[n_tok, n_blocks]
-    m = raw.reshape(n_out, -1, block_bytes)[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    m = raw.reshape(n_out, -1, layout.nbytes)[:, :, layout.m:layout.m + 2].copy().view(np.float16)[:, :, 0]
+    m = m.astype(np.float32)
     return c @ m.T
 
 
@@ -91,38 +96,28 @@ def round_activation(x: np.ndarray, act: ActType) -> np.ndarray:
     return _ROUND[act](np.ascontiguousarray(x, dtype=np.float32))
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def _matmul(y, x, raw, tid, n_out, n_in, row_bytes, block_elems):
-    # y f32[n_tok, n_out] = x f32[n_tok, n_in] @ W^T, W: n_out rows of row_bytes packed bytes in raw u8
-    n_tok = x.shape[0]
-    n_tasks = (n_out + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
-    nb = n_in // block_elems
-    for task in prange(n_tasks):
-        row = np.empty(n_in, dtype=np.float32)
-        r1 = min(n_out, (task + 1) * _ROWS_PER_TASK)
-        for r in range(task * _ROWS_PER_TASK, r1):
-            _dequant_any(tid, row, raw[r * row_bytes:(r + 1) * row_bytes], 0, nb)
-            for t in range(n_tok):
-                s = np.float32(0.0)
-                for i in range(n_in):
-                    s += row[i] * x[t, i]
-                y[t, r] = s
+@functools.cache
+def _reference_kernel(t):
+    """The float reference kernel of type t (compiled for t's dequantization alone)."""
+    tid = int(t)
 
-
-_VIEW = threading.local()
-
-
-@contextmanager
-def batch_view(n_tok: int, offset: int):
-    """Within it, this thread's quantized matmuls compute their tokens as rows offset.. of a batch of
-    n_tok: llama.cpp picks its arithmetic by batch size, so a prompt's tail after a reused cached
-    prefix, computed so, rounds exactly as the whole prompt computed afresh."""
-    outer = getattr(_VIEW, "v", None)
-    _VIEW.v = (n_tok, offset)
-    try:
-        yield
-    finally:
-        _VIEW.v = outer
+    @njit(parallel=True, fastmath=True, cache=True)
+    def _matmul(y, x, raw, n_out, n_in, row_bytes, block_elems):
+        # y f32[n_tok, n_out] = x f32[n_tok, n_in] @ W^T, W: n_out rows of row_bytes packed bytes in raw u8
+        n_tok = x.shape[0]
+        n_tasks = (n_out + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
+        nb = n_in // block_elems
+        for task in prange(n_tasks):
+            row = np.empty(n_in, dtype=np.float32)
+            r1 = min(n_out, (task + 1) * _ROWS_PER_TASK)
+            for r in range(task * _ROWS_PER_TASK, r1):
+                _dequant_any(tid, row, raw[r * row_bytes:(r + 1) * row_bytes], 0, nb)
+                for t in range(n_tok):
+                    s = np.float32(0.0)
+                    for i in range(n_in):
+                        s += row[i] * x[t, i]
+                    y[t, r] = s
+    return _matmul
 
 
 def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
@@ -131,7 +126,7 @@ def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int,
     Quantized weights take the integer-dot kernel (kernels.qmatmul), float weights the float path.
     """
     k = kernels_for(ggml_type)
-    view = getattr(_VIEW, "v", None)
+    view = current_view()
     if k.qdot is not None:
         return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=view)
     return float_matmul(y, x, ggml_type, raw, n_out, n_in, view[0] if view is not None else x.shape[0])
@@ -167,10 +162,10 @@ def matmul_reference(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n
     """The float path of `matmul`, for every type: validates the shapes against the packed size,
     rounds x as llama.cpp would, then dequantizes each row and dots it in float32."""
     k = kernels_for(ggml_type)
-    be, bb = GGML_BLOCK[k.ggml_type]
+    be = k.block_elems
     row_bytes = _check_shapes(y, x, k, raw, n_out, n_in)
     xr = round_activation(x, k.act)
-    _matmul(y, xr, raw.reshape(-1), int(k.ggml_type), n_out, n_in, row_bytes, be)
+    _reference_kernel(k.ggml_type)(y, xr, raw.reshape(-1), n_out, n_in, row_bytes, be)
     if k.act == ActType.Q8_1:
-        y += _q8_1_sum_correction(np.ascontiguousarray(x, np.float32), xr, raw, n_out, bb)
+        y += _q8_1_sum_correction(np.ascontiguousarray(x, np.float32), xr, raw, n_out, LAYOUTS[k.ggml_type])
     return y

@@ -17,10 +17,10 @@ from numba.extending import intrinsic
 
 from ..errors import RamforgeError
 from ..profiling import timed
-from .dequant import F16_TO_F32, _f32_to_half_bits
-from .fmatmul import _f16_tb, _f16_vd, _widen_f16
-from .matmul import _VIEW
-from .qmatmul import _fma
+from .batch import current_view
+from .fmatmul import _f16_tb, _f16_vd
+from .llvmir import half_to_float
+from .scalars import F16_TO_F32, _f32_to_half_bits, _fma
 
 # ---------------------------------------------------------------- RMSNorm
 
@@ -152,10 +152,10 @@ def _vec_at(context, builder, sig, args, k, o, elem):
 def _make_widen16(native):
     @intrinsic
     def _widen16(typingctx, src, so, dst, do):
-        """dst[do:do+16] = the f16 values of the bits src[so:so+16] (a check of _widen_f16)."""
+        """dst[do:do+16] = the f16 values of the bits src[so:so+16] (a check of llvmir.half_to_float)."""
         def codegen(context, builder, sig, args):
             h = builder.load(_vec_at(context, builder, sig, args, 0, 1, ir.IntType(16)), align=2)
-            builder.store(_widen_f16(context, builder, h, native),
+            builder.store(half_to_float(context, builder, h, native),
                           _vec_at(context, builder, sig, args, 2, 3, ir.FloatType()), align=4)
             return context.get_dummy_value()
         if not (src == types.uint16[::1] and dst == types.float32[::1]):
@@ -180,7 +180,7 @@ def _axpy_f16(typingctx, out, oo, a, vc, vo, n):
         av = builder.shuffle_vector(av, av, ir.Constant(ir.VectorType(ir.IntType(32), _W), [0] * _W))
         with cgutils.for_range(builder, builder.udiv(args[5], ir.Constant(args[5].type, _W))) as loop:
             i = loop.index
-            vv = _widen_f16(context, builder, builder.load(builder.gep(vp, [i]), align=2))
+            vv = half_to_float(context, builder, builder.load(builder.gep(vp, [i]), align=2))
             ptr = builder.gep(op, [i])
             builder.store(builder.call(fma, [av, vv, builder.load(ptr, align=4)]), ptr, align=4)
         return context.get_dummy_value()
@@ -263,7 +263,7 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
             or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous)):
         raise RamforgeError(f"attention: q {q.shape}, k cache {k_cache.shape}, pos0 {pos0}")
     qr = q.astype(np.float16).astype(np.float32)          # q meets an F16 cache as f16
-    view = getattr(_VIEW, "v", None)                     # llama.cpp's batch, when the engine sets one
+    view = current_view()                                # llama.cpp's batch, when the engine sets one
     single = (view[0] if view is not None else n_tok) == 1
     _attention(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32,
                single)

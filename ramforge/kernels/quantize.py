@@ -11,15 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from llvmlite import ir
 from numba import njit
 
 from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import QK_K
-from ramforge.kernels.dequant import _f32_to_half_bits, _half_bits_to_f32
-
-_I32, _I64 = ir.IntType(32), ir.IntType(64)
-
+from ramforge.kernels.scalars import _f32_to_half_bits, _half_bits_to_f32
 
 @dataclass
 class QuantizedActivation:

@@ -11,9 +11,9 @@ from typing import Callable
 
 from ramforge.errors import UnsupportedType
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType
-from ramforge.kernels import dequant as _dq
-from ramforge.kernels import qmatmul as _qm
-from ramforge.kernels.qmatmul import QDot
+from ramforge.kernels import decode as _dq
+from ramforge.kernels import unpack as _up
+from ramforge.kernels.variants import K_LANES, K_MIN4, K_SUM, Q8_1_SUM, QDot
 
 
 class ActType(Enum):
@@ -34,7 +34,7 @@ class QuantKernels:
 
     dequant(out_f32, raw_u8, first_block, n_blocks): numba kernel writing
     n_blocks * block_elems float32 values decoded from blocks [first_block, first_block + n_blocks).
-    qdot: how the type runs through the integer-dot matmul (kernels.qmatmul.QDot): its row
+    qdot: how the type runs through the integer-dot matmul (kernels.variants.QDot): its row
     unpacker into int8 quants and integer sub-block scales, its sub-block size, and which of
     llama.cpp's kernels (and so which float arithmetic) it gets; None for the float types, which
     keep the float matmul.
@@ -63,21 +63,21 @@ REGISTRY: dict[GGMLType, QuantKernels] = _table(
     QuantKernels(T.F32, _dq._dequant_f32, A.F32),
     QuantKernels(T.F16, _dq._dequant_f16, A.F16),
     QuantKernels(T.BF16, _dq._dequant_bf16, A.BF16),
-    QuantKernels(T.Q4_0, _dq._dequant_q4_0, A.Q8_0, Q(_qm._unpack_q4_0, 32, repack=(32, 32), raw="q4_0")),
-    QuantKernels(T.Q4_1, _dq._dequant_q4_1, A.Q8_1, Q(_qm._unpack_q4_1, 32, _qm.Q8_1_SUM, raw="q4_1")),
-    QuantKernels(T.Q5_0, _dq._dequant_q5_0, A.Q8_0, Q(_qm._unpack_q5_0, 32, raw="q5_0")),
-    QuantKernels(T.Q5_1, _dq._dequant_q5_1, A.Q8_1, Q(_qm._unpack_q5_1, 32, _qm.Q8_1_SUM, raw="q5_1")),
-    QuantKernels(T.Q8_0, _dq._dequant_q8_0, A.Q8_0, Q(_qm._unpack_q8_0, 32, raw="q8_0")),
+    QuantKernels(T.Q4_0, _dq._dequant_q4_0, A.Q8_0, Q(_up._unpack_q4_0, 32, repack=(32, 32), raw=T.Q4_0)),
+    QuantKernels(T.Q4_1, _dq._dequant_q4_1, A.Q8_1, Q(_up._unpack_q4_1, 32, Q8_1_SUM, raw=T.Q4_1)),
+    QuantKernels(T.Q5_0, _dq._dequant_q5_0, A.Q8_0, Q(_up._unpack_q5_0, 32, raw=T.Q5_0)),
+    QuantKernels(T.Q5_1, _dq._dequant_q5_1, A.Q8_1, Q(_up._unpack_q5_1, 32, Q8_1_SUM, raw=T.Q5_1)),
+    QuantKernels(T.Q8_0, _dq._dequant_q8_0, A.Q8_0, Q(_up._unpack_q8_0, 32, raw=T.Q8_0)),
     QuantKernels(T.Q2_K, _dq._dequant_q2_k, A.Q8_K,
-                 Q(_qm._unpack_q2_k, 16, _qm.K_LANES, repack=(128, 256), tiled=True, raw="q2_k")),
-    QuantKernels(T.Q3_K, _dq._dequant_q3_k, A.Q8_K, Q(_qm._unpack_q3_k, 16, tiled=True, raw="q3_k")),
+                 Q(_up._unpack_q2_k, 16, K_LANES, repack=(128, 256), tiled=True, raw=T.Q2_K)),
+    QuantKernels(T.Q3_K, _dq._dequant_q3_k, A.Q8_K, Q(_up._unpack_q3_k, 16, tiled=True, raw=T.Q3_K)),
     QuantKernels(T.Q4_K, _dq._dequant_q4_k, A.Q8_K,
-                 Q(_qm._unpack_q4_k, 32, _qm.K_MIN4, repack=(64, 256), tiled=True, raw="q4_k")),
-    QuantKernels(T.Q5_K, _dq._dequant_q5_k, A.Q8_K, Q(_qm._unpack_q5_k, 32, _qm.K_SUM, tiled=True, raw="q5_k")),
-    QuantKernels(T.Q6_K, _dq._dequant_q6_k, A.Q8_K, Q(_qm._unpack_q6_k, 16, offset=32, tiled=True, raw="q6_k")),
-    QuantKernels(T.Q8_K, _dq._dequant_q8_k, A.Q8_K, Q(_qm._unpack_q8_k, 32, raw="q8_k")),
-    QuantKernels(T.IQ4_NL, _dq._dequant_iq4_nl, A.Q8_0, Q(_qm._unpack_iq4_nl, 32, repack=(32, 32), lanes2=True)),
-    QuantKernels(T.IQ4_XS, _dq._dequant_iq4_xs, A.Q8_K, Q(_qm._unpack_iq4_xs, 32, tiled=True)),
+                 Q(_up._unpack_q4_k, 32, K_MIN4, repack=(64, 256), tiled=True, raw=T.Q4_K)),
+    QuantKernels(T.Q5_K, _dq._dequant_q5_k, A.Q8_K, Q(_up._unpack_q5_k, 32, K_SUM, tiled=True, raw=T.Q5_K)),
+    QuantKernels(T.Q6_K, _dq._dequant_q6_k, A.Q8_K, Q(_up._unpack_q6_k, 16, offset=32, tiled=True, raw=T.Q6_K)),
+    QuantKernels(T.Q8_K, _dq._dequant_q8_k, A.Q8_K, Q(_up._unpack_q8_k, 32, raw=T.Q8_K)),
+    QuantKernels(T.IQ4_NL, _dq._dequant_iq4_nl, A.Q8_0, Q(_up._unpack_iq4_nl, 32, repack=(32, 32), lanes2=True)),
+    QuantKernels(T.IQ4_XS, _dq._dequant_iq4_xs, A.Q8_K, Q(_up._unpack_iq4_xs, 32, tiled=True)),
 )
 del T, A, Q
 

@@ -1,0 +1,312 @@
+"""LLVM IR of the row dots of the integer-dot matmul, in each arithmetic variant (variants.SPECS).
+
+`_row_codegen` emits one weight row . one token, `_rows8_codegen` 8 rows . one token (the rows'
+float steps lane by lane); both take the weights from a "source": unpacked rows in scratch
+(unpack.py), or the packed blocks themselves (`_raw_source`). The integer sums are exact; the
+float steps are those of the llama.cpp kernel named by the variant's mode, op for op: the same
+lanes, fmas and horizontal-sum order (see variants.py). rows.py wraps these in intrinsics.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from ramforge.gguf.constants import GGMLType
+
+from .blocks import CHUNKS, LAYOUTS
+from .llvmir import (I8, I16, I32, I64, dot_lanes, fma_fn, half_to_float, has_vnni, hsum8, native_half, pair_lanes,
+                     reduce_add, splat)
+from .variants import GROUPS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN, Q8_1_SUM, SCALAR_FMA, TILED
+
+
+def _row_codegen(context, builder, variant, p, wsrc, n_sb):
+    """IR of one weight row . one token in the arithmetic of `variant` (sub, nsub, mins, mode,
+    offset, grp): p maps "aq" "isc" "imn" "ad" "am" "bsum" to element pointers at their offsets;
+    wsrc = (w_d(b), w_m(b), w_vec(b, e, c)): super-block b's float scale and min, and the 32 int8
+    weights of its chunk c (element e of the row)."""
+    sub, nsub, mins, mode, offset, grp = variant
+    scaled = nsub > 1
+    unsigned = mins != NO_MIN or offset != 0      # types with mins or an offset store quants >= 0
+    vt = ir.VectorType(I8, 32)
+    l8, f8, f32 = ir.VectorType(I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
+    ap, sp, mp, dap, map_, bp = (p[k] for k in ("aq", "isc", "imn", "ad", "am", "bsum"))
+    w_d, w_m, w_vec = wsrc[:3]
+    # a type with a quant offset c, read packed, on VNNI: dot the unsigned quants and add c * the
+    # activation's sums (exact integers; no sign trick): per block (GROUPS) or per lane of 4 (LANES)
+    shifted = wsrc[3] if len(wsrc) > 3 and mode in (GROUPS, LANES) and nsub == 1 and has_vnni(context) else None
+    fma8, fma1 = fma_fn(builder, f8), fma_fn(builder, f32)
+    zero8, zero = ir.Constant(f8, [0.0] * 8), ir.Constant(f32, 0.0)
+    facc = cgutils.alloca_once_value(builder, zero8)        # the 8 f32 lanes
+    facc2 = cgutils.alloca_once_value(builder, zero8)       # LANES2: odd blocks
+    macc = cgutils.alloca_once_value(builder, zero8)        # min lanes / scalar (lane 0)
+    sacc = cgutils.alloca_once_value(builder, zero)         # scalar accumulator
+    ld = builder.load
+
+    def at(p, k):
+        return ld(builder.gep(p, [k]))
+
+    def ivec(p, k, n):          # <n x i32> at p + k
+        t = ir.VectorType(I32, n)
+        return ld(builder.bitcast(builder.gep(p, [k]), t.as_pointer()), align=4)
+
+    def fmaf(a, b, c):
+        return builder.call(fma1, [a, b, c])
+
+    def c64(v):
+        return ir.Constant(I64, v)
+
+    with cgutils.for_range(builder, n_sb) as loop:
+        b = loop.index
+        e0 = builder.mul(b, c64(sub * nsub))
+        k0 = builder.mul(b, c64(nsub))
+        da = at(dap, b)
+        d = builder.fmul(da, w_d(b))
+        dmin = builder.fneg(builder.fmul(da, w_m(b)))
+        iacc = ir.Constant(l8, [0] * 8)
+        chunks = sub * nsub // 32
+        for c in range(chunks):                    # 32-element chunks
+            e = builder.add(e0, c64(32 * c))
+            va = w_vec(b, e, c) if shifted is None else shifted[0](b, e, c)
+            vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
+            part = dot_lanes(context, builder, va, vb, unsigned or shifted is not None)
+            if shifted is not None and mode == LANES:        # + c * (a's sums per lane of 4)
+                ones = dot_lanes(context, builder, ir.Constant(vt, [1] * 32), vb, True)
+                part = builder.add(part, builder.mul(ones, ir.Constant(l8, [shifted[1]] * 8)))
+            if scaled:                             # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
+                ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
+                sv = [splat(builder, at(sp, k), l8) for k in ks]
+                scale = sv[0] if sub == 32 else builder.shuffle_vector(
+                    sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
+                part = builder.mul(part, scale)
+            iacc = builder.add(iacc, part)
+            if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group
+                g = (c + 1) * 32 // grp - 1
+                isum = reduce_add(builder, iacc)
+                if shifted is not None:                      # + c * sum a over the block
+                    isum = builder.add(isum, builder.mul(at(bp, b), ir.Constant(I32, shifted[1])))
+                builder.store(fmaf(builder.sitofp(isum, f32), d, ld(sacc)), sacc)
+                iacc = ir.Constant(l8, [0] * 8)
+                if mins == K_MINS:
+                    gs = grp // sub
+                    msum = reduce_add(builder, builder.mul(ivec(mp, builder.add(k0, c64(g * gs)), gs),
+                                              ivec(bp, builder.add(k0, c64(g * gs)), gs)))
+                    m0 = builder.extract_element(ld(macc), ir.Constant(I32, 0))
+                    m0 = fmaf(builder.sitofp(msum, f32), builder.fmul(w_m(b), da), m0)
+                    builder.store(builder.insert_element(zero8, m0, ir.Constant(I32, 0)), macc)
+        if offset:          # Q6_K: lane c less 32 * (bsum*sc) of sub-blocks 2c, 2c+1 (a madd of the
+            assert nsub == 16 and mode in (LANES, TILED)            # 16 bsums; TILED sums the lanes)
+            corr = pair_lanes(builder, builder.mul(ivec(bp, k0, 16), ivec(sp, k0, 16)))
+            iacc = builder.sub(iacc, builder.mul(corr, ir.Constant(l8, [offset] * 8)))
+        if mode == TILED:
+            r = builder.fmul(builder.sitofp(reduce_add(builder, iacc), f32), w_d(b))
+            if mins == K_MINS:
+                msum = reduce_add(builder, builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
+                r = fmaf(builder.fneg(w_m(b)), builder.sitofp(msum, f32), r)
+            builder.store(fmaf(r, da, ld(sacc)), sacc)          # (GCC contracts add(mul))
+        elif mode == LANES2:                       # even blocks in facc, odd in facc2, an
+            odd = builder.trunc(b, ir.IntType(1))     # odd count's last block as a scalar
+            tail = builder.icmp_signed("==", builder.or_(b, c64(1)), n_sb)
+            with builder.if_else(tail) as (then_tail, not_tail):
+                with then_tail:
+                    builder.store(builder.sitofp(reduce_add(builder, iacc), f32), sacc)
+                    builder.store(builder.insert_element(zero8, d, ir.Constant(I32, 0)), macc)
+                with not_tail:
+                    with builder.if_else(odd) as (then, otherwise):
+                        with then:
+                            builder.store(builder.call(fma8, [splat(builder, d, f8), builder.sitofp(iacc, f8),
+                                                              ld(facc2)]), facc2)
+                        with otherwise:
+                            builder.store(builder.call(fma8, [splat(builder, d, f8), builder.sitofp(iacc, f8),
+                                                              ld(facc)]), facc)
+        elif mode == LANES:
+            if mins == K_LANES:                    # Q2_K: min pairs into the lanes first
+                ml = pair_lanes(builder, builder.mul(ivec(mp, k0, 16), ivec(bp, k0, 16)))
+                builder.store(builder.call(fma8, [splat(builder, dmin, f8), builder.sitofp(ml, f8),
+                                                  ld(facc)]), facc)
+            builder.store(builder.call(fma8, [splat(builder, d, f8), builder.sitofp(iacc, f8),
+                                              ld(facc)]), facc)
+            m = ld(macc)
+            if mins == Q8_1_SUM or mins == K_SUM:  # scalar summs (lane 0)
+                if mins == Q8_1_SUM:
+                    x, y = w_m(b), at(map_, b)
+                else:
+                    msum = reduce_add(builder, builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
+                    x, y = dmin, builder.sitofp(msum, f32)
+                m0 = builder.extract_element(m, ir.Constant(I32, 0))
+                m0 = fmaf(x, y, m0) if SCALAR_FMA else builder.fadd(m0, builder.fmul(x, y))
+                builder.store(builder.insert_element(m, m0, ir.Constant(I32, 0)), macc)
+            elif mins == K_MIN4:                   # Q4_K: 4 lanes of min pairs (lanes 0-3)
+                ml = pair_lanes(builder, builder.mul(ivec(mp, k0, 8), ivec(bp, k0, 8)))
+                ml = builder.shuffle_vector(ml, ml, ir.Constant(l8, [0, 1, 2, 3, 0, 1, 2, 3]))
+                builder.store(builder.call(fma8, [splat(builder, dmin, f8), builder.sitofp(ml, f8), m]), macc)
+
+    def lane(v, i):
+        return builder.extract_element(v, ir.Constant(I32, i))
+    m = ld(macc)
+    if mode == GROUPS:
+        return builder.fsub(ld(sacc), lane(m, 0)) if mins == K_MINS else ld(sacc)
+    if mode == TILED:
+        return ld(sacc)
+    if mode == LANES2:
+        r = hsum8(builder, builder.fadd(ld(facc), ld(facc2)))
+        odd_n = builder.trunc(n_sb, ir.IntType(1))
+        tail = builder.fadd(r, builder.fmul(lane(m, 0), ld(sacc)))      # + the tail's d * isum
+        return builder.select(odd_n, tail, r)
+    r = hsum8(builder, ld(facc))
+    if mins in (Q8_1_SUM, K_SUM):
+        r = builder.fadd(r, lane(m, 0))
+    elif mins == K_MIN4:                           # (m0 + m2) + (m1 + m3)
+        r = builder.fadd(r, builder.fadd(builder.fadd(lane(m, 0), lane(m, 2)),
+                                         builder.fadd(lane(m, 1), lane(m, 3))))
+    return r
+
+
+def _raw_source(context, builder, t, rp, p):
+    """wsrc for _row_codegen over a packed row at rp (i8*) of type t's blocks (blocks.LAYOUTS):
+    weights built in registers exactly as the unpackers build them in memory. The super-block types
+    take their float scales from the row's scratch p["wd"], p["wm"] (unpacked per row by the kernel);
+    the 32-element types read theirs, f16, from the blocks."""
+    v16, v32, w32 = ir.VectorType(I8, 16), ir.VectorType(I8, 32), ir.VectorType(I32, 32)
+    L = LAYOUTS[t]
+
+    def blk(b, off, ty):
+        q = builder.gep(rp, [builder.add(builder.mul(b, ir.Constant(I64, L.nbytes)), ir.Constant(I64, off))])
+        return builder.load(builder.bitcast(q, ty.as_pointer()), align=1)
+
+    def k(v):
+        return ir.Constant(v32, [v] * 32)
+
+    if t in CHUNKS:
+        def w_vec(b, e, c):                    # chunk c as unpack._bits builds it (blocks.CHUNKS)
+            ao, sa, ma, bo, sb, mb, lb, c0 = CHUNKS[t][c]
+            r = builder.and_(builder.lshr(blk(b, ao, v32), k(sa)), k(ma))
+            if mb:
+                h = builder.and_(builder.lshr(blk(b, bo, v32), k(sb)), k(mb))
+                r = builder.add(r, builder.shl(h, k(lb)))
+            return builder.add(r, k(c0)) if c0 else r
+        return (lambda b: builder.load(builder.gep(p["wd"], [b])),
+                lambda b: builder.load(builder.gep(p["wm"], [b])), w_vec)
+
+    native = native_half(context)
+
+    def w_unsigned(b, e, chunk):               # the quants before the bias (0..15 or 0..31): blocks._nibble
+        v = blk(b, L.qs, v16)                  # order, low nibbles then high, | the qh bits << 4
+        lo = builder.and_(v, ir.Constant(v16, [15] * 16))
+        hi = builder.lshr(v, ir.Constant(v16, [4] * 16))
+        r = builder.shuffle_vector(lo, hi, ir.Constant(w32, list(range(32))))
+        if L.qh >= 0:
+            bits = builder.lshr(splat(builder, blk(b, L.qh, I32), w32), ir.Constant(w32, list(range(32))))
+            bits = builder.shl(builder.and_(bits, ir.Constant(w32, [1] * 32)), ir.Constant(w32, [4] * 32))
+            r = builder.add(r, builder.trunc(bits, v32))
+        return r
+
+    def w_vec(b, e, chunk):
+        if t == GGMLType.Q8_0:
+            return blk(b, L.qs, v32)
+        r = w_unsigned(b, e, chunk)
+        return builder.add(r, k(L.bias)) if L.bias else r
+
+    def w_d(b):
+        return half_to_float(context, builder, blk(b, L.d, I16), native)
+
+    def w_m(b):                                # (a type without m: d, unused)
+        return half_to_float(context, builder, blk(b, L.m if L.m >= 0 else L.d, I16), native)
+    return w_d, w_m, w_vec, ((w_unsigned, L.bias) if L.bias else None)
+
+
+def _sum_rows8(builder, vs):
+    """8 vectors <8 x i32> -> <8 x i32> whose lane r is the sum of vs[r]'s lanes (exact integers,
+    so any order): three levels of pairwise shuffles and adds."""
+    l8 = vs[0].type
+    for lo, hi in (([0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]),
+                   ([0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15]),
+                   ([0, 2, 4, 6, 8, 10, 12, 14], [1, 3, 5, 7, 9, 11, 13, 15])):
+        vs = [builder.add(builder.shuffle_vector(a, b, ir.Constant(l8, lo)),
+                          builder.shuffle_vector(a, b, ir.Constant(l8, hi))) for a, b in zip(vs[::2], vs[1::2])]
+    return vs[0]
+
+
+def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
+    """<8 x float>: 8 weight rows . one token, the rows' scalar float steps done lane by lane. GROUPS
+    (repacked gemv / gemm): per group, sacc_r = fma(float(isum_r), d_a*d_w, sacc_r), for mins
+    macc_r = fma(float(msum_r), dmin_w*d_a, macc_r); result sacc_r - macc_r. TILED (the K-quant
+    tiled matmul): per super-block r = float(isum_r)*d_w [r = fma(-dmin_w, float(msum_r), r)],
+    sacc_r = fma(r, d_a, sacc_r). wsrcs: each row's (w_d, w_m, w_vec) as in _row_codegen; iscs, imns:
+    each row's sub-block scale / min pointers."""
+    sub, nsub, mins, mode, offset, grp = variant
+    assert mode in (GROUPS, TILED) and (not offset or mode == TILED) or (mode, nsub, mins) == (LANES, 1, NO_MIN)
+    unsigned = mins != NO_MIN or offset != 0
+    l8, f8 = ir.VectorType(I32, 8), ir.VectorType(ir.FloatType(), 8)
+    ap, dap, bp = p["aq"], p["ad"], p["bsum"]
+    fma8 = fma_fn(builder, f8)
+    zero8 = ir.Constant(f8, [0.0] * 8)
+    sacc = cgutils.alloca_once_value(builder, zero8)
+    macc = cgutils.alloca_once_value(builder, zero8)
+    faccs = [cgutils.alloca_once_value(builder, zero8) for _ in wsrcs] if mode == LANES else []
+    vt = ir.VectorType(I8, 32)
+
+    def c64(v):
+        return ir.Constant(I64, v)
+
+    def ivec(q, k, n):
+        return builder.load(builder.bitcast(builder.gep(q, [k]), ir.VectorType(I32, n).as_pointer()), align=4)
+
+    def lanes8(vals, ty):
+        v = ir.Constant(ty, ir.Undefined)
+        for i, x in enumerate(vals):
+            v = builder.insert_element(v, x, ir.Constant(I32, i))
+        return v
+
+    with cgutils.for_range(builder, n_sb) as loop:
+        b = loop.index
+        e0, k0 = builder.mul(b, c64(sub * nsub)), builder.mul(b, c64(nsub))
+        da = builder.load(builder.gep(dap, [b]))
+        da8 = splat(builder, da, f8)
+        wd8 = lanes8([w_d(b) for w_d, _, _ in wsrcs], f8)
+        d8 = builder.fmul(da8, wd8)
+        iacc = [ir.Constant(l8, [0] * 8)] * 8
+        for c in range(sub * nsub // 32):
+            e = builder.add(e0, c64(32 * c))
+            vb = builder.load(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
+            for r, (_, _, w_vec) in enumerate(wsrcs):
+                part = dot_lanes(context, builder, w_vec(b, e, c), vb, unsigned)
+                if nsub > 1:                       # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
+                    ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
+                    sv = [splat(builder, builder.load(builder.gep(iscs[r], [k])), l8) for k in ks]
+                    scale = sv[0] if sub == 32 else builder.shuffle_vector(
+                        sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
+                    part = builder.mul(part, scale)
+                iacc[r] = builder.add(iacc[r], part)
+            if mode == LANES:                      # each row its 8 lanes: fma(d_a*d_w, lanes, acc)
+                for r, (w_d, _, _) in enumerate(wsrcs):
+                    dr = splat(builder, builder.fmul(da, w_d(b)), f8)
+                    builder.store(builder.call(fma8, [dr, builder.sitofp(iacc[r], f8), builder.load(faccs[r])]),
+                                  faccs[r])
+            if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group and row
+                g = (c + 1) * 32 // grp - 1
+                isum = builder.sitofp(_sum_rows8(builder, iacc), f8)
+                builder.store(builder.call(fma8, [isum, d8, builder.load(sacc)]), sacc)
+                iacc = [ir.Constant(l8, [0] * 8)] * 8
+                if mins == K_MINS:
+                    gs = grp // sub
+                    kg = builder.add(k0, c64(g * gs))
+                    bs = ivec(bp, kg, gs)
+                    msum = lanes8([reduce_add(builder, builder.mul(ivec(m, kg, gs), bs)) for m in imns], l8)
+                    wm8 = builder.fmul(lanes8([w_m(b) for _, w_m, _ in wsrcs], f8), da8)
+                    builder.store(builder.call(fma8, [builder.sitofp(msum, f8), wm8, builder.load(macc)]), macc)
+        if mode == TILED:                          # per super-block and row
+            if offset:                             # Q6_K: less 32 * (bsum*sc) per sub-block pair
+                bs = ivec(bp, k0, 16)
+                iacc = [builder.sub(a, builder.mul(pair_lanes(builder, builder.mul(bs, ivec(iscs[r], k0, 16))),
+                                                   ir.Constant(l8, [offset] * 8))) for r, a in enumerate(iacc)]
+            r8 = builder.fmul(builder.sitofp(_sum_rows8(builder, iacc), f8), wd8)
+            if mins == K_MINS:
+                bs = ivec(bp, k0, nsub)
+                msum = lanes8([reduce_add(builder, builder.mul(ivec(m, k0, nsub), bs)) for m in imns], l8)
+                wm8 = lanes8([w_m(b) for _, w_m, _ in wsrcs], f8)
+                r8 = builder.call(fma8, [builder.fneg(wm8), builder.sitofp(msum, f8), r8])
+            builder.store(builder.call(fma8, [r8, da8, builder.load(sacc)]), sacc)
+    if mode == LANES:
+        return lanes8([hsum8(builder, builder.load(f)) for f in faccs], f8)
+    r = builder.load(sacc)
+    return builder.fsub(r, builder.load(macc)) if mode == GROUPS and mins == K_MINS else r

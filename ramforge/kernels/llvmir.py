@@ -1,0 +1,147 @@
+"""LLVM IR builders for the kernels' intrinsics: pointers, splats, lane shuffles, integer dots, fma,
+horizontal sums and the exact f16 -> f32 widening. Plain Python over llvmlite (no numba objects):
+the @intrinsic codegens of scalars.py, codegen.py, unpack.py, fmatmul.py and ops.py call these.
+
+The target checks (`has_vnni`, `native_half`) read the compile target's features, which numba's
+cache keys on; RAMFORGE_NO_VNNI is part of the kernel cache directory's name (ramforge/paths.py).
+"""
+from __future__ import annotations
+
+import os
+
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32 = ir.FloatType()
+
+
+def ptr(context, builder, arrty, arr, off, vt):
+    """A `vt *` to element `off` of numba array `arr` (of numba type arrty)."""
+    data = context.make_array(arrty)(context, builder, arr).data
+    return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
+
+
+def splat(builder, val, vt):
+    """Scalar `val` (truncated or sign-extended to vt's element) in every lane of vector type vt."""
+    if isinstance(val.type, ir.IntType) and val.type.width > vt.element.width:
+        val = builder.trunc(val, vt.element)
+    elif isinstance(val.type, ir.IntType) and val.type.width < vt.element.width:
+        val = builder.sext(val, vt.element)
+    undef = ir.Constant(vt, ir.Undefined)
+    v0 = builder.insert_element(undef, val, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v0, undef, ir.Constant(ir.VectorType(I32, vt.count), [0] * vt.count))
+
+
+def dtypes_are(arrays, dtypes) -> bool:
+    """Typing guard: each argument is a C-contiguous array of the given dtype (the IR reads raw memory)."""
+    return all(isinstance(a, types.Array) and a.dtype == d and a.layout == "C" for a, d in zip(arrays, dtypes))
+
+
+def pick(builder, v, idx):
+    """The lanes idx of vector v, as a vector of len(idx)."""
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, len(idx)), idx))
+
+
+def pair_lanes(builder, v):
+    """<2n x i32> -> <n x i32>, lane l = v[2l] + v[2l+1] (madd_epi16's pairing)."""
+    n = v.type.count
+    return builder.add(pick(builder, v, list(range(0, n, 2))), pick(builder, v, list(range(1, n, 2))))
+
+
+def quad_lanes(builder, p):
+    """<32 x i32> products -> <8 x i32>, lane l = p[4l] + ... + p[4l+3]: the lanes of llama.cpp's
+    x86 dots (maddubs + madd, or dpbusd), built as pair sums first (LLVM makes them pmaddwd)."""
+    return pair_lanes(builder, pair_lanes(builder, p))
+
+
+def reduce_add(builder, v):
+    """The sum of the lanes of an integer vector (exact: any order)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v.type.element, [v.type]),
+                                        f"llvm.vector.reduce.add.v{v.type.count}i{v.type.element.width}")
+    return builder.call(fn, [v])
+
+
+def _features(context) -> set[str]:
+    return set((getattr(context.codegen(), "_tm_features", "") or "").split(","))
+
+
+def has_vnni(context) -> bool:
+    """Whether the compile target has 256-bit VNNI (AVX512-VNNI with VL, or AVX-VNNI): vpdpbusd.
+    RAMFORGE_NO_VNNI=1 compiles the generic IR instead (a code switch: part of the cache key)."""
+    if os.environ.get("RAMFORGE_NO_VNNI", "").strip() not in ("", "0"):
+        return False
+    f = _features(context)
+    return llvm.get_process_triple().startswith("x86_64") and (
+        {"+avx512vnni", "+avx512vl"} <= f or "+avxvnni" in f)
+
+
+def native_half(context) -> bool:
+    """Whether the compile target widens half natively (x86 F16C, AArch64): elsewhere `fpext half`
+    becomes a libcall (__extendhfsf2) that numba's JIT does not resolve. Numba keys its cache on
+    the target CPU and features, so the choice is consistent per cache entry."""
+    triple = llvm.get_process_triple()
+    if triple.startswith(("x86_64", "i386", "i686")):
+        return "+f16c" in _features(context)
+    return triple.startswith(("aarch64", "arm64"))
+
+
+def dot_lanes(context, builder, w, a, unsigned=False):
+    """<32 x i8> weights . <32 x i8> activations -> <8 x i32>, lane l = sum of products 4l..4l+3:
+    one vpdpbusd where the target has VNNI, of w itself when the weights are `unsigned` (0..127),
+    else of |w| (u8) and a signed as w (exact: |a| <= 127, as llama.cpp's quantizers make it);
+    elsewhere the products summed as quad_lanes."""
+    if not has_vnni(context):
+        wt = ir.VectorType(I32, 32)
+        return quad_lanes(builder, builder.mul(builder.sext(w, wt), builder.sext(a, wt)))
+    v32, l8 = ir.VectorType(I8, 32), ir.VectorType(I32, 8)
+    zero = ir.Constant(v32, [0] * 32)
+    if unsigned:
+        aw, sa = w, a
+    else:
+        neg = builder.icmp_signed("<", w, zero)
+        aw = builder.select(neg, builder.sub(zero, w), w)           # |w|, -128 -> 0x80 = 128 as u8
+        sa = builder.select(neg, builder.sub(zero, a), a)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(l8, [l8, v32, v32]),
+                                        "llvm.x86.avx512.vpdpbusd.256")
+    return builder.call(fn, [ir.Constant(l8, [0] * 8), aw, sa])
+
+
+def hsum8(builder, v):
+    """llama.cpp's hsum_float_8 of <8 x float>: ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))."""
+    t = builder.fadd(pick(builder, v, [4, 5, 6, 7]), pick(builder, v, [0, 1, 2, 3]))
+    u = builder.fadd(t, pick(builder, t, [2, 3, 2, 3]))
+    u0, u1 = (builder.extract_element(u, ir.Constant(I32, i)) for i in (0, 1))
+    return builder.fadd(u0, u1)
+
+
+def fma_fn(builder, ty):
+    """llvm.fma of float or <n x float> `ty`: a * b + c with one rounding."""
+    name = f"llvm.fma.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fma.f32"
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty, ty]), name)
+
+
+def half_to_float(context, builder, h, native=None):
+    """IEEE binary16 bits (i16, or <n x i16>) -> float (<n x float>) exactly: `fpext half` where the
+    target widens half natively (`native` None: ask the target), else integer ops (normal, inf/nan
+    with its payload kept as numpy keeps it, subnormal by one exact multiply by 2^-24)."""
+    vec = isinstance(h.type, ir.VectorType)
+    n = h.type.count if vec else 1
+    wrap = (lambda t: ir.VectorType(t, n)) if vec else (lambda t: t)  # noqa: E731
+    if native_half(context) if native is None else native:
+        return builder.fpext(builder.bitcast(h, wrap(ir.HalfType())), wrap(F32))
+    ti, tf = wrap(I32), wrap(F32)
+    c = (lambda v: ir.Constant(ti, [v] * n)) if vec else (lambda v: ir.Constant(ti, v))  # noqa: E731
+    x = builder.zext(h, ti)
+    sign = builder.shl(builder.and_(x, c(0x8000)), c(16))
+    e = builder.and_(builder.lshr(x, c(10)), c(31))
+    m = builder.and_(x, c(0x3FF))
+    m13 = builder.shl(m, c(13))
+    bits = builder.or_(builder.shl(builder.add(e, c(112)), c(23)), m13)
+    bits = builder.select(builder.icmp_unsigned("==", e, c(31)), builder.or_(c(0x7F800000), m13), bits)
+    two_m24 = ir.Constant(tf, [2.0 ** -24] * n) if vec else ir.Constant(tf, 2.0 ** -24)
+    sub = builder.fmul(builder.uitofp(m, tf), two_m24)
+    bits = builder.select(builder.icmp_unsigned("==", e, c(0)), builder.bitcast(sub, ti), bits)
+    return builder.bitcast(builder.or_(bits, sign), tf)

@@ -1,0 +1,195 @@
+"""The arithmetic variants of the integer-dot matmul, by name: how llama.cpp's x86 CPU backend
+finishes a row dot for a type, row count and batch size (the build that recorded our oracle:
+AVX2, FMA, AVX512-VNNI; REPACK, LLAMAFILE and its tiled K-quant matmul), which codegen.py and
+rows.py reproduce op for op so that our results round as its results do.
+
+A `Variant` names one (sub, nsub, mins, mode, offset, grp) of `SPECS`; `QDot.variants` picks them
+for a call's shape; `RawRow` names the (type, variant) pairs that also have a packed-row intrinsic;
+`ROWS8` the variants with an 8-row kernel. All are IntEnums: numba code takes them as ints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
+
+from ramforge.gguf.constants import GGMLType
+
+
+class Mode(IntEnum):
+    """How the float steps of a row dot run."""
+
+    LANES = 0     # vec_dot / tinyBLAS: per 32 elements 8 int32 lanes of 4 products, one fma per lane and
+    #               (super-)block into 8 f32 lanes, hsum_float_8 at the end
+    LANES2 = 1    # IQ4_NL's vec_dot: as LANES, even and odd blocks in two accumulators
+    GROUPS = 2    # repacked gemv / gemm: the whole integer sum of each group of `grp` elements, one
+    #               scalar fma per group (and one for the mins), acc - acc_min
+    TILED = 3     # tiled K-quant matmul (8+ tokens): per super-block r = S1*d_w - dmin_w*S2 (an fma),
+    #               acc = fma(r, d_a, acc)
+
+
+class Mins(IntEnum):
+    """The min / offset terms of a type in LANES mode (llama.cpp's handling, per type)."""
+
+    NO_MIN = 0        # none
+    Q8_1_SUM = 1      # Q4_1/Q5_1: summs += m * s per block (an fma), added after hsum
+    K_SUM = 2         # Q5_K: summs += (-d_a*dmin) * sum_j min_j*bsum_j per super-block (an fma), added
+    K_MIN4 = 3        # Q4_K: 4 f32 lanes of min pairs, fma'd, summed, added
+    K_LANES = 4       # Q2_K: 8 lanes of min pairs fma'd into the main lanes before the dot
+    K_MINS = 5        # GROUPS / TILED modes: the type has mins
+
+
+LANES, LANES2, GROUPS, TILED = Mode
+NO_MIN, Q8_1_SUM, K_SUM, K_MIN4, K_LANES, K_MINS = Mins
+SCALAR_FMA = True    # llama.cpp's scalar `summs += a * b` is contracted to an fma (GCC, -march=native)
+TILED_FROM = 8       # llama.cpp's tiled K-quant matmul takes batches of at least this many tokens
+
+
+class Spec(NamedTuple):
+    """One arithmetic: sub-blocks of `sub` elements, `nsub` per super-block, the `mins` terms, the
+    `mode`, the quant `offset` (w = q - offset) and the GROUPS group size `grp`."""
+
+    sub: int
+    nsub: int
+    mins: Mins
+    mode: Mode
+    offset: int
+    grp: int
+
+
+class Variant(IntEnum):
+    """Every arithmetic the registry's types use. B32: 32-element blocks; K32 / K16: super-blocks of
+    8 sub-blocks of 32 / 16 of 16."""
+
+    B32_LANES = 0           # Q4_0, Q5_0, Q8_0, IQ4_NL vec_dot
+    B32_LANES_Q81 = 1       # Q4_1, Q5_1
+    B32_LANES2 = 2          # IQ4_NL, one token
+    B32_GROUPS32 = 3        # Q4_0, IQ4_NL repacked
+    K32_LANES = 4           # Q8_K, IQ4_XS
+    K32_LANES_KSUM = 5      # Q5_K
+    K32_LANES_KMIN4 = 6     # Q4_K
+    K32_TILED = 7           # IQ4_XS 8+ tokens
+    K32_TILED_MINS = 8      # Q4_K, Q5_K 8+ tokens
+    K32_GROUPS64 = 9        # Q4_K repacked gemm
+    K32_GROUPS256 = 10      # Q4_K repacked gemv
+    K16_LANES = 11          # Q3_K
+    K16_LANES_OFF32 = 12    # Q6_K
+    K16_LANES_KLANES = 13   # Q2_K
+    K16_TILED = 14          # Q3_K 8+ tokens
+    K16_TILED_OFF32 = 15    # Q6_K 8+ tokens
+    K16_TILED_MINS = 16     # Q2_K 8+ tokens
+    K16_GROUPS128 = 17      # Q2_K repacked gemm
+    K16_GROUPS256 = 18      # Q2_K repacked gemv
+
+
+V = Variant
+SPECS: dict[Variant, Spec] = {
+    V.B32_LANES: Spec(32, 1, NO_MIN, LANES, 0, 0),
+    V.B32_LANES_Q81: Spec(32, 1, Q8_1_SUM, LANES, 0, 0),
+    V.B32_LANES2: Spec(32, 1, NO_MIN, LANES2, 0, 0),
+    V.B32_GROUPS32: Spec(32, 1, NO_MIN, GROUPS, 0, 32),
+    V.K32_LANES: Spec(32, 8, NO_MIN, LANES, 0, 0),
+    V.K32_LANES_KSUM: Spec(32, 8, K_SUM, LANES, 0, 0),
+    V.K32_LANES_KMIN4: Spec(32, 8, K_MIN4, LANES, 0, 0),
+    V.K32_TILED: Spec(32, 8, NO_MIN, TILED, 0, 0),
+    V.K32_TILED_MINS: Spec(32, 8, K_MINS, TILED, 0, 0),
+    V.K32_GROUPS64: Spec(32, 8, K_MINS, GROUPS, 0, 64),
+    V.K32_GROUPS256: Spec(32, 8, K_MINS, GROUPS, 0, 256),
+    V.K16_LANES: Spec(16, 16, NO_MIN, LANES, 0, 0),
+    V.K16_LANES_OFF32: Spec(16, 16, NO_MIN, LANES, 32, 0),
+    V.K16_LANES_KLANES: Spec(16, 16, K_LANES, LANES, 0, 0),
+    V.K16_TILED: Spec(16, 16, NO_MIN, TILED, 0, 0),
+    V.K16_TILED_OFF32: Spec(16, 16, NO_MIN, TILED, 32, 0),
+    V.K16_TILED_MINS: Spec(16, 16, K_MINS, TILED, 0, 0),
+    V.K16_GROUPS128: Spec(16, 16, K_MINS, GROUPS, 0, 128),
+    V.K16_GROUPS256: Spec(16, 16, K_MINS, GROUPS, 0, 256),
+}
+_VARIANTS: tuple[Spec, ...] = tuple(SPECS[v] for v in Variant)       # by Variant value
+_VARIANT_ID: dict[tuple, Variant] = {s: v for v, s in SPECS.items()}
+
+# The GROUPS (repacked types), TILED (K-quants, 8+ tokens) and plain B32_LANES variants run 8 unpacked
+# rows at a time in the batched path (rows.py, _vrows8).
+_ROWS8: frozenset[Variant] = frozenset(
+    [v for v, s in SPECS.items() if s.mode in (GROUPS, TILED)] + [V.B32_LANES])
+
+
+class RawRow(IntEnum):
+    """The packed-row intrinsics: each (type, variant) of a one-token matmul that reads its rows
+    straight from their packed blocks. The codebook types (IQ4_NL, IQ4_XS) are left to the
+    unpacking path: built in registers, their two 16-byte lookups joined into one vector become a
+    scalarized gather (3.9 GB/s against 11.8 unpacked)."""
+
+    Q4_0_LANES = 0
+    Q4_0_GROUPS32 = 1
+    Q4_1_LANES = 2
+    Q5_0_LANES = 3
+    Q5_1_LANES = 4
+    Q8_0_LANES = 5
+    Q2_K_LANES = 6
+    Q2_K_GROUPS256 = 7
+    Q3_K_LANES = 8
+    Q4_K_LANES = 9
+    Q4_K_GROUPS256 = 10
+    Q5_K_LANES = 11
+    Q6_K_LANES = 12
+    Q8_K_LANES = 13
+
+
+_G, R = GGMLType, RawRow
+RAW_ROWS: dict[RawRow, tuple[GGMLType, Variant]] = {
+    R.Q4_0_LANES: (_G.Q4_0, V.B32_LANES), R.Q4_0_GROUPS32: (_G.Q4_0, V.B32_GROUPS32),
+    R.Q4_1_LANES: (_G.Q4_1, V.B32_LANES_Q81), R.Q5_0_LANES: (_G.Q5_0, V.B32_LANES),
+    R.Q5_1_LANES: (_G.Q5_1, V.B32_LANES_Q81), R.Q8_0_LANES: (_G.Q8_0, V.B32_LANES),
+    R.Q2_K_LANES: (_G.Q2_K, V.K16_LANES_KLANES), R.Q2_K_GROUPS256: (_G.Q2_K, V.K16_GROUPS256),
+    R.Q3_K_LANES: (_G.Q3_K, V.K16_LANES), R.Q4_K_LANES: (_G.Q4_K, V.K32_LANES_KMIN4),
+    R.Q4_K_GROUPS256: (_G.Q4_K, V.K32_GROUPS256), R.Q5_K_LANES: (_G.Q5_K, V.K32_LANES_KSUM),
+    R.Q6_K_LANES: (_G.Q6_K, V.K16_LANES_OFF32), R.Q8_K_LANES: (_G.Q8_K, V.K32_LANES),
+}
+del _G, R
+_RAW_ROWS: tuple[tuple[GGMLType, Variant], ...] = tuple(RAW_ROWS[r] for r in RawRow)
+_RAW_ID: dict[tuple[GGMLType, Variant], RawRow] = {rv: r for r, rv in RAW_ROWS.items()}
+
+
+def raw_row_id(layout: GGMLType | None, vid: Variant) -> RawRow | int:
+    """The packed-row intrinsic of a type's `layout` (QDot.raw) in variant vid, or -1 (unpack first)."""
+    return _RAW_ID.get((layout, vid), -1)
+
+
+@dataclass(frozen=True)
+class QDot:
+    """How a type runs through the integer-dot kernel.
+
+    unpack(vec, raw, o, n_sb, wq, isc, imn, wd, wm) writes one row of n_sb super-blocks: int8
+    quants wq, per sub-block of `sub` elements an integer scale isc and min imn, per super-block
+    float scales wd and wm; weight = wd*isc*(wq - offset) [- wm*imn]. The rest says which
+    arithmetic llama.cpp's x86 backend uses: `mins` in its vec_dot; `repack`: the (gemm, gemv)
+    group sizes when it repacks the type (rows a multiple of 8; gemm for whole groups of 4
+    tokens); `tiled`: batches of TILED_FROM+ tokens go to its tiled matmul. `raw`: the block
+    layout (a type) that one-token matmuls read packed, or None to unpack first."""
+
+    unpack: object
+    sub: int
+    mins: Mins = NO_MIN
+    repack: tuple | None = None
+    tiled: bool = False
+    offset: int = 0
+    lanes2: bool = False
+    raw: GGMLType | None = None
+
+    def variants(self, sb: int, n_out: int, n_tok: int) -> tuple[Variant, Variant, int]:
+        """(variant for tokens < split, variant for the rest, split) for super-blocks of sb elements,
+        n_out rows and n_tok tokens."""
+        nsub = sb // self.sub
+        has_min = self.mins not in (NO_MIN, Q8_1_SUM)
+        if self.repack and n_out % 8 == 0:
+            gemm, gemv = self.repack
+            m = K_MINS if has_min else NO_MIN
+            return (_VARIANT_ID[(self.sub, nsub, m, GROUPS, self.offset, gemm)],
+                    _VARIANT_ID[(self.sub, nsub, m, GROUPS, self.offset, gemv)], n_tok - n_tok % 4)
+        if self.tiled and n_tok >= TILED_FROM:
+            v = _VARIANT_ID[(self.sub, nsub, K_MINS if has_min else NO_MIN, TILED, self.offset, 0)]
+        elif self.lanes2 and n_tok == 1:
+            v = _VARIANT_ID[(self.sub, nsub, self.mins, LANES2, self.offset, 0)]
+        else:
+            v = _VARIANT_ID[(self.sub, nsub, self.mins, LANES, self.offset, 0)]
+        return v, v, n_tok
