@@ -12,6 +12,7 @@ The engine allocates exactly what the plan says, so `ramforge plan` is the runti
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -45,14 +46,30 @@ def n_vocab_of(f: GGUFFile) -> int:
     return embd.dims[1]
 
 
+def state_shapes(hp: HParams, batch: int) -> dict[str, tuple[int, ...]]:
+    """engine.State's buffers (4-byte elements: float32, the expert ids int32) for chunks of `batch` tokens."""
+    b, d, k = batch, hp.n_embd, hp.n_expert_used
+    shapes = {
+        "x": (b, d), "xb": (b, d), "q": (b, hp.n_head, hp.head_dim_k), "k": (b, hp.n_head_kv, hp.head_dim_k),
+        "v": (b, hp.n_head_kv, hp.head_dim_v), "att": (b, hp.n_head, hp.head_dim_v),
+        "gate": (b, hp.n_ff_dense), "up": (b, hp.n_ff_dense), "hn": (b, d), "logits": (b, hp.n_vocab),
+        "prompt_logits": (hp.n_vocab,),
+    }
+    if hp.n_expert:                   # the mixture (models.moe): router, routing, one expert's rows, the slots
+        f = hp.n_ff_exp
+        shapes |= {"router": (b, hp.n_expert), "sel": (b, k), "wts": (b, k), "xe": (b, d), "ge": (b, f),
+                   "ue": (b, f), "ye": (b, d), "ex": (b, k, d), "shgate": (b, 1 if hp.n_ff_shexp else 0)}
+    return shapes
+
+
 def state_bytes(hp: HParams, batch: int, n_ctx: int) -> int:
-    """Run state for `batch` tokens (see engine.State) plus matmul and attention scratch."""
-    per_tok = (3 * hp.n_embd + hp.n_head * hp.head_dim_k + hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v)
-               + hp.n_head * hp.head_dim_v + 2 * hp.n_ff + hp.n_vocab)
-    # matmul activations; per head: attention scores and up to 64 accumulator lanes; the kept logits
-    scratch = (2 * batch * max(hp.n_embd, hp.n_ff, hp.n_head * hp.head_dim_k)
-               + hp.n_head * (n_ctx + 64 * hp.head_dim_v) + hp.n_vocab)
-    return 4 * (batch * per_tok + scratch)
+    """Run state for `batch` tokens (engine.State, see state_shapes) plus matmul and attention scratch."""
+    state = sum(math.prod(s) for s in state_shapes(hp, batch).values())
+    # matmul activations; per head: attention scores and up to 64 accumulator lanes; per token of a
+    # routed batch its sorted experts (index, probability, sort stack)
+    widest = max(hp.n_embd, hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp, hp.n_head * hp.head_dim_k)
+    scratch = 2 * batch * widest + hp.n_head * (n_ctx + 64 * hp.head_dim_v) + batch * 8 * hp.n_expert
+    return 4 * (state + scratch)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile
 from ..kernels.dequant import dequantize
 from ..memory import MemoryBudget
-from ..models.weights import Layer, QTensor, gguf_name, validate_tensors
+from ..models.weights import Layer, LayerExperts, QTensor, gguf_name, layer_tensors, validate_tensors
 from ..plan import ALIGN, SMALL, Plan, block_row_bytes, span_of
 from ..profiling import LayerRecord
 from .io import IOMode, ModelFile, aligned_empty
@@ -62,12 +62,13 @@ class Weights:
 
     def __init__(self, f: GGUFFile, plan: Plan, hp, module, budget: MemoryBudget, io: IOMode | str = IOMode.DIRECT):
         self.f, self.plan, self.hp, self.module, self.budget = f, plan, hp, module, budget
-        self.tensors = module.LAYER_TENSORS
+        self.tensors = layer_tensors(module, hp)
         validate_tensors(f, hp, module, plan.layers)
         self.file = ModelFile(f.path, io)
         self.mmap = self.file.mode == IOMode.MMAP
         self._charges, self._reader, self._pass, self._cursor = [], None, [], 0
         self._inflight: list = []          # keys submitted and not yet taken, in order
+        self._held: dict[int, Layer] = {}  # the layers `layer()` holds now
         self.record: list[LayerRecord] | None = None
         try:
             self._load()
@@ -233,12 +234,30 @@ class Weights:
     def layer(self, il: int):
         if il in self.pinned:
             t0 = time.perf_counter()
-            yield self.pinned[il]
+            self._held[il] = self.pinned[il]
+            try:
+                yield self.pinned[il]
+            finally:
+                self._held.pop(il, None)
             if self.record is not None:
                 self.record.append(LayerRecord(il, True, compute_s=time.perf_counter() - t0))
             return
         with self._take(("L", il), il) as buf:
-            yield self._layer_from(il, buf)
+            self._held[il] = layer = self._layer_from(il, buf)
+            try:
+                yield layer
+            finally:
+                self._held.pop(il, None)
+
+    @contextmanager
+    def experts(self, il: int, ids):
+        """Layer il's experts `ids` (the ones its router picked): E[e] -> (gate, up, down), 2-D QTensors of
+        expert e's rows. Served from the layer's 3-D tensors as loaded (resident, or streamed with the
+        layer that `layer(il)` holds now); an expert cache can serve the same call."""
+        layer = self._held.get(il)
+        if layer is None:
+            raise RamforgeError(f"the experts of layer {il} were asked for outside `layer({il})`")
+        yield LayerExperts(layer)
 
     def output_rows(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """logits y f32[n, n_vocab] = x f32[n, n_embd] @ output^T, resident or in streamed row chunks."""
