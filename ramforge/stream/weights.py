@@ -18,9 +18,10 @@ from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile
 from ..kernels.dequant import dequantize
 from ..memory import MemoryBudget
-from ..models.weights import Layer, LayerExperts, QTensor, gguf_name, layer_tensors, validate_tensors
-from ..plan import ALIGN, SMALL, Plan, block_row_bytes, span_of
+from ..models.weights import EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_name, layer_tensors, validate_tensors
+from ..plan import ALIGN, SMALL, Plan, block_row_bytes, is_expert_tensor, span_of
 from ..profiling import LayerRecord
+from .experts import CachedExperts, ExpertCache
 from .io import IOMode, ModelFile, aligned_empty
 
 
@@ -66,6 +67,8 @@ class Weights:
         validate_tensors(f, hp, module, plan.layers)
         self.file = ModelFile(f.path, io)
         self.mmap = self.file.mode == IOMode.MMAP
+        self.apart = plan.experts_apart and not self.mmap  # experts in the expert cache, not their layers
+        self.expert_cache: ExpertCache | None = None
         self._charges, self._reader, self._pass, self._cursor = [], None, [], 0
         self._inflight: list = []          # keys submitted and not yet taken, in order
         self._held: dict[int, Layer] = {}  # the layers `layer()` holds now
@@ -117,7 +120,11 @@ class Weights:
         self.output = self.resident.get(self.out_name) if last else None
         if p.embd_row_bytes:
             self._charge("embedding rows", p.embd_row_bytes)
-        self.spans = {i: span_of(i, [t for n, t in f.tensors.items() if n.startswith(f"blk.{i}.")]) for i in range(a, b)}
+        self.spans = {i: span_of(i, [t for n, t in f.tensors.items() if n.startswith(f"blk.{i}.")
+                                     and not (self.apart and is_expert_tensor(n))]) for i in range(a, b)}
+        if self.apart:
+            self._charge("expert cache", p.expert_slots * p.expert_slot_bytes)
+            self.expert_cache = ExpertCache(f, self.file, range(a, b), p.expert_slots, p.expert_slot_bytes)
         self.pinned = {}
         for il in (range(a, b) if self.mmap else p.pinned):
             self.pinned[il] = self._pinned_layer(il)
@@ -145,7 +152,7 @@ class Weights:
         for s in self.tensors:
             name = gguf_name(s, il)
             t = self.f.tensors.get(name)
-            if t is None:
+            if t is None or (self.apart and s in EXPERT_TENSORS):
                 continue
             raw = self.file.view(t.offset, t.nbytes) if buf is None else buf[self.spans[il].offsets[name]:][:t.nbytes]
             if len(t.dims) == 1:
@@ -254,6 +261,14 @@ class Weights:
         """Layer il's experts `ids` (the ones its router picked): E[e] -> (gate, up, down), 2-D QTensors of
         expert e's rows. Served from the layer's 3-D tensors as loaded (resident, or streamed with the
         layer that `layer(il)` holds now); an expert cache can serve the same call."""
+        if self.expert_cache is not None:
+            c = self.expert_cache
+            misses, nbytes, read_s = c.misses, c.bytes_read, c.read_s
+            yield CachedExperts(c, il)
+            if self.record is not None:
+                self.record.append(LayerRecord(f"experts {il}", c.misses == misses, c.bytes_read - nbytes,
+                                               c.read_s - read_s, c.read_s - read_s))
+            return
         layer = self._held.get(il)
         if layer is None:
             raise RamforgeError(f"the experts of layer {il} were asked for outside `layer({il})`")
