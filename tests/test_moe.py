@@ -276,6 +276,20 @@ def test_streamed_experts_give_the_resident_logits_and_the_planned_peak(moe_f16,
     assert budgets[0] < budgets[1]
 
 
+def test_budget_below_the_moe_minimum_is_refused_naming_it(moe_f16):
+    from ramforge.errors import BudgetTooSmall
+    from ramforge.gguf.reader import GGUFFile
+    from ramforge.plan import plan_for_budget
+
+    with GGUFFile(moe_f16) as f:
+        p = plan_for_budget(f, None, 128)
+    assert p.min_budget < p.resident_budget
+    b = MemoryBudget(p.min_budget - 1)
+    with pytest.raises(BudgetTooSmall, match=f"{p.min_budget:,}"):
+        Engine.load(moe_f16, n_ctx=128, budget=b)
+    assert b.current == 0 and b.charges() == []
+
+
 def test_expert_cache_evicts_the_least_recently_used(moe_f16):
     from ramforge.gguf.reader import GGUFFile
     from ramforge.models.weights import EXPERT_TENSORS
