@@ -23,8 +23,9 @@ from .memory import MemoryBudget
 from .memory.kv_cache import KVCache
 from .models import ALIASES, ARCHITECTURES
 from .models.config import HParams
-from .models.weights import ModelError, gguf_name
-from .plan import Plan, n_vocab_of, plan_for_budget
+from .models.config import MOE_ARCHS
+from .models.weights import ModelError, gguf_name, layer_tensors
+from .plan import Plan, n_vocab_of, plan_for_budget, state_shapes
 from .profiling import PROFILE, PassRecord
 from .stream.io import IOMode
 from .stream.weights import Weights
@@ -41,7 +42,12 @@ def _refuse_unsupported_keys(md: dict, arch: str) -> dict:
     factor = get(Keys.ROPE_SCALING_FACTOR)
     if factor not in (None, 0.0, 1.0):
         raise UnsupportedArch(f"{Keys.of(Keys.ROPE_SCALING_FACTOR, arch)} = {factor}: RoPE scaling is not supported")
-    for t in ("{arch}.expert_count", "{arch}.attn_logit_softcapping", "{arch}.final_logit_softcapping",
+    group = get(Keys.EXPERT_GROUP_COUNT)
+    if group is not None and np.isscalar(group) and group > 1:
+        raise UnsupportedArch(f"{Keys.of(Keys.EXPERT_GROUP_COUNT, arch)} = {group}: grouped expert routing is "
+                              f"not supported")
+    moe = () if arch in MOE_ARCHS else (Keys.EXPERT_COUNT,)     # experts run only where the forward pass has them
+    for t in (*moe, "{arch}.attn_logit_softcapping", "{arch}.final_logit_softcapping",
               "{arch}.rope.dimension_sections", "{arch}.attention.sliding_window_pattern"):
         v = md.get(Keys.of(t, arch))
         if v is not None and not (np.isscalar(v) and v == 0):
@@ -65,7 +71,8 @@ def arch_module(arch: str):
 
 @dataclass
 class State:
-    """Activations for a chunk of up to `batch` tokens, allocated once and charged to the budget."""
+    """Activations for a chunk of up to `batch` tokens, allocated once and charged to the budget
+    (plan.state_shapes holds the shapes, so the plan counts exactly these)."""
 
     x: np.ndarray        # f32[batch, n_embd]        residual stream
     xb: np.ndarray       # f32[batch, n_embd]        normed input / projection output
@@ -73,18 +80,26 @@ class State:
     k: np.ndarray        # f32[batch, n_head_kv, hd_k]
     v: np.ndarray        # f32[batch, n_head_kv, hd_v]
     att: np.ndarray      # f32[batch, n_head, hd_v]  attention output
-    gate: np.ndarray     # f32[batch, n_ff]
-    up: np.ndarray       # f32[batch, n_ff]
+    gate: np.ndarray     # f32[batch, n_ff_dense]    dense FFN (or shared expert)
+    up: np.ndarray       # f32[batch, n_ff_dense]
     hn: np.ndarray       # f32[batch, n_embd]        final norm
     logits: np.ndarray   # f32[batch, n_vocab]
     prompt_logits: np.ndarray  # f32[n_vocab]        the last prompt's final logits (see generate)
+    # mixture of experts (models.moe); absent for a dense model
+    router: np.ndarray | None = None   # f32[batch, n_expert]  router logits
+    sel: np.ndarray | None = None      # i32[batch, k]         the chosen experts, by rank (slot)
+    wts: np.ndarray | None = None      # f32[batch, k]         their weights
+    xe: np.ndarray | None = None       # f32[batch, n_embd]    the rows routed to one expert
+    ge: np.ndarray | None = None       # f32[batch, n_ff_exp]  its gate ...
+    ue: np.ndarray | None = None       # f32[batch, n_ff_exp]  ... and up projections
+    ye: np.ndarray | None = None       # f32[batch, n_embd]    its output
+    ex: np.ndarray | None = None       # f32[batch, k, n_embd] each slot's expert output
+    shgate: np.ndarray | None = None   # f32[batch, 1]         the shared expert's gate (qwen2moe)
 
     @classmethod
     def allocate(cls, hp: HParams, batch: int) -> "State":
-        z = lambda *shape: np.zeros((batch, *shape), np.float32)  # noqa: E731
-        return cls(z(hp.n_embd), z(hp.n_embd), z(hp.n_head, hp.head_dim_k), z(hp.n_head_kv, hp.head_dim_k),
-                   z(hp.n_head_kv, hp.head_dim_v), z(hp.n_head, hp.head_dim_v), z(hp.n_ff), z(hp.n_ff),
-                   z(hp.n_embd), z(hp.n_vocab), np.zeros(hp.n_vocab, np.float32))
+        return cls(**{name: np.zeros(shape, np.int32 if name == "sel" else np.float32)
+                      for name, shape in state_shapes(hp, batch).items()})
 
 
 @dataclass
@@ -345,7 +360,7 @@ def _refuse_unknown_tensors(f: GGUFFile, hp: HParams, module) -> None:
     """A tensor the forward pass would ignore changes the answer: refuse it by name."""
     known = {gguf_name(s) for s in ("token_embd", "output_norm", "output", "rope_freqs")}
     for il in range(hp.n_layer):
-        known.update(gguf_name(s, il) for s in module.LAYER_TENSORS)
+        known.update(gguf_name(s, il) for s in layer_tensors(module, hp))
     for name in f.tensors:
         if name not in known:
             raise ModelError(f"{f.path}: tensor {name} is not used by ramforge's {hp.arch} forward pass; "

@@ -9,9 +9,15 @@ The engine allocates exactly what the plan says, so `ramforge plan` is the runti
   resident, and the rest pins whole layers, first to last. A streamed output projection goes through
   the pool in row chunks; a streamed token embedding is read a row per token.
 - the minimum budget is the fixed part plus one buffer.
+A mixture of experts that does not fit whole streams its experts apart from their layers: a layer's
+read span holds its dense tensors (attention, norms, router, shared expert); each expert (its rows
+of gate, up and down: three aligned segments) is read alone into an expert cache of whole slots,
+at least one layer's top-k (the minimum budget counts them), then what the headroom left after
+pinning dense layers allows.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -27,6 +33,7 @@ ALIGN = 4096                # read spans are aligned to this (O_DIRECT); the pla
 MERGE_GAP = 1 << 16         # tensors closer than this are read in one span
 PERSISTENT_SHARE = 0.5      # of the streaming headroom, at most this much for resident persistent tensors
 SMALL = ("output_norm.weight", "rope_freqs.weight")
+EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -45,14 +52,48 @@ def n_vocab_of(f: GGUFFile) -> int:
     return embd.dims[1]
 
 
+def state_shapes(hp: HParams, batch: int) -> dict[str, tuple[int, ...]]:
+    """engine.State's buffers (4-byte elements: float32, the expert ids int32) for chunks of `batch` tokens."""
+    b, d, k = batch, hp.n_embd, hp.n_expert_used
+    shapes = {
+        "x": (b, d), "xb": (b, d), "q": (b, hp.n_head, hp.head_dim_k), "k": (b, hp.n_head_kv, hp.head_dim_k),
+        "v": (b, hp.n_head_kv, hp.head_dim_v), "att": (b, hp.n_head, hp.head_dim_v),
+        "gate": (b, hp.n_ff_dense), "up": (b, hp.n_ff_dense), "hn": (b, d), "logits": (b, hp.n_vocab),
+        "prompt_logits": (hp.n_vocab,),
+    }
+    if hp.n_expert:                   # the mixture (models.moe): router, routing, one expert's rows, the slots
+        f = hp.n_ff_exp
+        shapes |= {"router": (b, hp.n_expert), "sel": (b, k), "wts": (b, k), "xe": (b, d), "ge": (b, f),
+                   "ue": (b, f), "ye": (b, d), "ex": (b, k, d), "shgate": (b, 1 if hp.n_ff_shexp else 0)}
+    return shapes
+
+
 def state_bytes(hp: HParams, batch: int, n_ctx: int) -> int:
-    """Run state for `batch` tokens (see engine.State) plus matmul and attention scratch."""
-    per_tok = (3 * hp.n_embd + hp.n_head * hp.head_dim_k + hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v)
-               + hp.n_head * hp.head_dim_v + 2 * hp.n_ff + hp.n_vocab)
-    # matmul activations; per head: attention scores and up to 64 accumulator lanes; the kept logits
-    scratch = (2 * batch * max(hp.n_embd, hp.n_ff, hp.n_head * hp.head_dim_k)
-               + hp.n_head * (n_ctx + 64 * hp.head_dim_v) + hp.n_vocab)
-    return 4 * (batch * per_tok + scratch)
+    """Run state for `batch` tokens (engine.State, see state_shapes) plus matmul and attention scratch."""
+    state = sum(math.prod(s) for s in state_shapes(hp, batch).values())
+    # matmul activations; per head: attention scores and up to 64 accumulator lanes; per token of a
+    # routed batch its sorted experts (index, probability, sort stack)
+    widest = max(hp.n_embd, hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp, hp.n_head * hp.head_dim_k)
+    scratch = 2 * batch * widest + hp.n_head * (n_ctx + 64 * hp.head_dim_v) + batch * 8 * hp.n_expert
+    return 4 * (state + scratch)
+
+
+def is_expert_tensor(name: str) -> bool:
+    """A 3-D expert tensor (GGUF [n_in, n_out, n_expert]), which a streaming plan reads expert by expert."""
+    return name.endswith(EXPERT_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class _Slice:
+    name: str
+    offset: int
+    nbytes: int
+
+
+def expert_span(tensors: list[TensorInfo], e: int) -> Span:
+    """Expert e's read plan: its contiguous bytes in each of the layer's expert tensors."""
+    return span_of(e, [_Slice(t.name, t.offset + e * (t.nbytes // t.dims[2]), t.nbytes // t.dims[2])
+                       for t in tensors])
 
 
 @dataclass
@@ -111,7 +152,10 @@ class Plan:
     n_buffers: int = 0
     buffer_bytes: int = 0
     embd_row_bytes: int = 0                       # scratch for streamed embedding rows
-    streamed_bytes_per_token: int = 0
+    experts_apart: bool = False                   # experts are read one by one into the expert cache
+    expert_slot_bytes: int = 0                    # one expert's read span (largest over layers and experts)
+    expert_slots: int = 0                         # the expert cache's capacity, in experts
+    streamed_bytes_per_token: int = 0             # at most (every expert a miss)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -131,7 +175,7 @@ class Plan:
         lb = dict(zip(range(*self.layers), self.layer_bytes))
         return (self.kv_bytes + self.state_bytes + self.small_bytes + self.n_buffers * self.buffer_bytes
                 + sum(self.persistent[n] for n in self.resident) + sum(lb[i] for i in self.pinned)
-                + self.embd_row_bytes)
+                + self.embd_row_bytes + self.expert_slots * self.expert_slot_bytes)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -172,10 +216,18 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     fixed = kv + state + small
     layer_total = sum(s.nbytes for s in spans)
     resident_budget = fixed + layer_total + sum(persistent[n] for n in big)
-    max_span = max((s.nbytes for s in spans), default=0)
+    experts = {i: [t for t in by_layer[i] if is_expert_tensor(t.name)] for i in range(a, b)}
+    apart = hp.n_expert > 0 and all(len(x) == len(EXPERT_SUFFIXES) for x in experts.values())
+    if apart:                          # streaming: layers without their experts, experts one by one
+        spans_s = [span_of(i, [t for t in by_layer[i] if not is_expert_tensor(t.name)]) for i in range(a, b)]
+        slot = max(expert_span(experts[i], e).nbytes for i in range(a, b) for e in range(hp.n_expert))
+        min_slots = hp.n_expert_used
+    else:
+        spans_s, slot, min_slots = spans, 0, 0
+    max_span = max((s.nbytes for s in spans_s), default=0)
     embd = f.tensors.get("token_embd.weight")
     row_bytes = embd.nbytes // embd.dims[1] if embd is not None else 0
-    min_budget = fixed + max_span + (batch * row_bytes if a == 0 else 0)
+    min_budget = fixed + max_span + min_slots * slot + (batch * row_bytes if a == 0 else 0)
     p = Plan(f.path, hp.arch, is_executable(hp.arch), n_ctx, batch, budget, (a, b),
              sum(t.nbytes for t in f.tensors.values()), persistent, [s.nbytes for s in spans],
              kv, state, small, "resident", min_budget, resident_budget)
@@ -185,7 +237,9 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
         p.verdict = "insufficient"
     else:
         p.verdict = "streaming"
-        avail = budget - fixed
+        p.layer_bytes = [s.nbytes for s in spans_s]
+        p.experts_apart, p.expert_slot_bytes = apart, slot
+        avail = budget - fixed - min_slots * slot
         p.n_buffers = 2 if avail >= 2 * max_span + (batch * row_bytes if a == 0 else 0) else 1
         p.buffer_bytes = max_span
         head = avail - p.n_buffers * max_span
@@ -198,16 +252,19 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
         if a == 0 and "token_embd.weight" not in p.resident:
             p.embd_row_bytes = batch * row_bytes
             head -= p.embd_row_bytes
-        for s in spans:
+        for s in spans_s:                         # dense layers first: every token needs all of them
             if s.nbytes <= head:
                 p.pinned.append(s.index)
                 head -= s.nbytes
-        streamed = [s.nbytes for s in spans if s.index not in p.pinned]
+        if apart:                                 # then the expert cache, in whole slots
+            p.expert_slots = min(min_slots + head // slot, (b - a) * hp.n_expert)
+        streamed = [s.nbytes for s in spans_s if s.index not in p.pinned]
         if b == hp.n_layer and out_name in persistent and out_name not in p.resident:
             streamed.append(persistent[out_name])
         if not streamed:                          # everything that streams is a row of the embedding
             p.n_buffers = p.buffer_bytes = 0
-        p.streamed_bytes_per_token = sum(streamed) + (row_bytes if p.embd_row_bytes else 0)
+        misses = (b - a) * hp.n_expert_used * slot if apart and p.expert_slots < (b - a) * hp.n_expert else 0
+        p.streamed_bytes_per_token = sum(streamed) + (row_bytes if p.embd_row_bytes else 0) + misses
     if not p.executable:
         p.notes.append(f"architecture {hp.arch} can be inspected and planned but not executed")
     return p

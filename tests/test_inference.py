@@ -22,9 +22,21 @@ FLOAT_TYPES = {"F32", "F16", "BF16"}
 RECORDS = records()
 
 
+# ramforge reproduces the rounding of llama.cpp's x86 AVX-512 build. Other builds sum in other
+# lane orders (vector exp, softmax and float dots: 8 lanes on AVX2) and differ from it by far more
+# than this file's bound (measured on the dense records: up to 0.04 of the logit std, AVX2 vs
+# AVX-512); a record they made is checked op by op instead (tests/test_moe.py, tools/moe_ops.py)
+# until it is re-recorded on an AVX-512 machine.
+REPRODUCED_BUILD = "AVX512 = 1"
+
+
 def _param(rec):
     m = rec["model"]
     marks = [pytest.mark.oracle] if m["source"] == "synthetic" and m["type"] not in FLOAT_TYPES else []
+    if REPRODUCED_BUILD not in rec["oracle"].get("system_info", ""):
+        marks.append(pytest.mark.skip(reason=f"{m['id']} was recorded by a llama.cpp build without AVX-512, whose "
+                                             "rounding ramforge does not reproduce; re-record it on an AVX-512 "
+                                             f"machine: python tools/record_oracle.py {m['id']}"))
     return pytest.param(rec, id=m["id"], marks=marks)
 
 
@@ -86,7 +98,7 @@ def tiny(request):
 def test_unsupported_architecture_is_named(tmp_path, tiny):
     gguf = pytest.importorskip("gguf")
     p = _edit(tmp_path, tiny, kv={"general.architecture": ("bert", gguf.GGUFValueType.STRING)})
-    with pytest.raises(UnsupportedArch, match=r"'bert'.*executable: gemma3, llama, qwen2, qwen3"):
+    with pytest.raises(UnsupportedArch, match=r"'bert'.*executable: gemma3, llama, qwen2, qwen2moe, qwen3, qwen3moe"):
         Engine.load(p)
 
 

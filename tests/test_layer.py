@@ -4,22 +4,26 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from ramforge.gguf.constants import GGMLType
 from ramforge.models import ARCHITECTURES
-from ramforge.models.weights import Layer, QTensor, layer_names
+from ramforge.models import moe
+from ramforge.models.weights import Layer, QTensor, layer_names, layer_tensors
+
+DENSE = SimpleNamespace(n_expert=0)          # the hyperparameters a layer's names depend on
 
 
 def _module(arch):
     return importlib.import_module(f"ramforge.models.{ARCHITECTURES[arch]}")
 
 
-def _layer(arch, present=()):
+def _layer(arch, present=(), hp=DENSE):
     vec = np.zeros(4, np.float32)
-    return Layer(3, layer_names(_module(arch)), {n: QTensor(n, GGMLType.F32, (4,), vec) for n in present})
+    return Layer(3, layer_names(_module(arch), hp), {n: QTensor(n, GGMLType.F32, (4,), vec) for n in present})
 
 
 def test_absent_optional_tensors_are_none_and_unknown_names_fail():
@@ -34,6 +38,11 @@ def test_absent_optional_tensors_are_none_and_unknown_names_fail():
     with pytest.raises(AttributeError):
         _layer("gemma3").attn_q_bias
     assert not hasattr(llama, "__deepcopy__") and llama.index == 3
+    assert llama.ffn_gate_inp is None                                    # dense llama: no router
+    mixtral = _layer("llama", ["ffn_gate_inp"], SimpleNamespace(n_expert=8))
+    assert mixtral.ffn_gate_inp.name == "ffn_gate_inp" and mixtral.ffn_gate_inp_shexp is None
+    with pytest.raises(AttributeError):
+        _layer("gemma3").ffn_gate_inp
 
 
 def _attributes_of_L(fn) -> set[str]:
@@ -42,10 +51,13 @@ def _attributes_of_L(fn) -> set[str]:
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "L"}
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_every_name_a_forward_pass_reads_is_allowed(arch):
-    m = _module(arch)
+@pytest.mark.parametrize("arch,n_expert", [(a, 0) for a in sorted(ARCHITECTURES)] + [("llama", 8)])
+def test_every_name_a_forward_pass_reads_is_allowed(arch, n_expert):
+    m, hp = _module(arch), SimpleNamespace(n_expert=n_expert)
     read = _attributes_of_L(m.forward)
-    if "llama" in m.forward.__code__.co_names:                           # qwen2, qwen3 run llama.forward
+    if "llama" in m.forward.__code__.co_names:                           # qwen2, qwen3, the MoE models
         read |= _attributes_of_L(_module("llama").forward)
-    assert read and read <= layer_names(m), sorted(read - layer_names(m))
+    if "ffn_gate_inp" in layer_tensors(m, hp):                           # a router: the experts' FFN too
+        read |= _attributes_of_L(moe.ffn)
+    names = layer_names(m, hp)
+    assert read and read <= names, sorted(read - names)

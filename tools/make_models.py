@@ -64,6 +64,12 @@ class Spec:
     resid_gain: float = 1.0   # extra gain of attn_output / ffn_down (what writes the residual)
     norm_jitter: float = 0.1  # norm weights = 1 + jitter * N(0,1)
     bias_std: float = 0.2
+    # mixture of experts (0: a dense FFN)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0         # an expert's FFN width (qwen*moe: expert_feed_forward_length; llama: n_ff)
+    n_ff_shexp: int = 0       # the shared expert's FFN width (qwen2moe), 0: none
+    router_gain: float = 1.0  # ffn_gate_inp std = gain / sqrt(n_embd)
 
 
 SPECS = {
@@ -71,6 +77,14 @@ SPECS = {
     "qwen2": Spec("qwen2", "qwen2", rope_base=1e6, eps=1e-6, qkv_bias=True),
     # tied: a bigger residual keeps the token's own embedding from dominating its logit
     "qwen3": Spec("qwen3", "qwen2", rope_base=1e6, eps=1e-6, qk_norm=True, tied=True, resid_gain=4.0),
+    # mixtures of experts: 256-wide expert rows keep the K-quants (no fallback type)
+    "qwen3moe": Spec("qwen3moe", "qwen2", rope_base=1e6, eps=1e-6, qk_norm=True, tied=True, resid_gain=4.0,
+                     n_expert=16, n_expert_used=4, n_ff_exp=256, router_gain=2.0),
+    "qwen2moe": Spec("qwen2moe", "qwen2", rope_base=1e6, eps=1e-6, qkv_bias=True, n_expert=8, n_expert_used=2,
+                     n_ff_exp=256, n_ff_shexp=512, router_gain=2.0),
+    # Mixtral: GGUF architecture llama with experts, expert FFN width = feed_forward_length
+    "llama-moe": Spec("llama", "llama-spm", name="moe", n_ff=256, n_expert=8, n_expert_used=2, n_ff_exp=256,
+                      router_gain=2.0),
 }
 def _big(name: str, **shape) -> Spec:
     """A llama preset; embd/out std scale as 4/sqrt(n_embd) to keep the logit std near 4."""
@@ -112,10 +126,23 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
         if spec.qk_norm:
             plan += [(b + "attn_q_norm.weight", (hd,), "norm"), (b + "attn_k_norm.weight", (hd,), "norm")]
         plan += [(b + "attn_output.weight", (e, nq), "proj"),
-                 (b + "ffn_norm.weight", (e,), "norm"),
-                 (b + "ffn_gate.weight", (spec.n_ff, e), "proj"),
-                 (b + "ffn_up.weight", (spec.n_ff, e), "proj"),
-                 (b + "ffn_down.weight", (e, spec.n_ff), "proj")]
+                 (b + "ffn_norm.weight", (e,), "norm")]
+        if spec.n_expert:                     # numpy [experts, rows, cols] = GGUF [cols, rows, experts]
+            x, f = spec.n_expert, spec.n_ff_exp
+            plan += [(b + "ffn_gate_inp.weight", (x, e), "router"),
+                     (b + "ffn_gate_exps.weight", (x, f, e), "proj"),
+                     (b + "ffn_up_exps.weight", (x, f, e), "proj"),
+                     (b + "ffn_down_exps.weight", (x, e, f), "proj")]
+            if spec.n_ff_shexp:
+                f = spec.n_ff_shexp
+                plan += [(b + "ffn_gate_inp_shexp.weight", (e,), "proj"),
+                         (b + "ffn_gate_shexp.weight", (f, e), "proj"),
+                         (b + "ffn_up_shexp.weight", (f, e), "proj"),
+                         (b + "ffn_down_shexp.weight", (e, f), "proj")]
+        else:
+            plan += [(b + "ffn_gate.weight", (spec.n_ff, e), "proj"),
+                     (b + "ffn_up.weight", (spec.n_ff, e), "proj"),
+                     (b + "ffn_down.weight", (e, spec.n_ff), "proj")]
     plan.append(("output_norm.weight", (e,), "norm"))
     if not spec.tied:
         plan.append(("output.weight", (n_vocab, e), "out"))
@@ -129,8 +156,8 @@ def tensor_values(spec: Spec, name: str, shape: tuple[int, ...], kind: str) -> n
     if kind == "norm":
         return x * np.float32(spec.norm_jitter) + np.float32(1.0)
     scale = {"embd": spec.embd_std, "out": spec.out_std, "bias": spec.bias_std,
-             "proj": spec.proj_gain / np.sqrt(shape[-1])}[kind]
-    if name.endswith(("attn_output.weight", "ffn_down.weight")):
+             "proj": spec.proj_gain / np.sqrt(shape[-1]), "router": spec.router_gain / np.sqrt(shape[-1])}[kind]
+    if name.endswith(("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")):
         scale *= spec.resid_gain
     x *= np.float32(scale)
     return x
@@ -142,10 +169,15 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(np.uint16)
 
 
-def encode(x: np.ndarray, ftype: str) -> tuple[np.ndarray, object]:
-    """(array to write, raw_dtype) for one tensor in a float variant; 1-D tensors stay F32."""
+def stays_f32(name: str, shape: tuple[int, ...], ftype: str) -> bool:
+    """1-D tensors and the expert router stay F32 in every variant, as llama.cpp's converter writes them."""
+    return len(shape) == 1 or ftype == "F32" or name.endswith("ffn_gate_inp.weight")
+
+
+def encode(x: np.ndarray, ftype: str, name: str = "") -> tuple[np.ndarray, object]:
+    """(array to write, raw_dtype) for one tensor in a float variant (see stays_f32)."""
     import gguf
-    if x.ndim == 1 or ftype == "F32":
+    if stays_f32(name, x.shape, ftype):
         return x.astype(np.float32, copy=False), None
     if ftype == "F16":
         return x.astype(np.float16), None
@@ -197,6 +229,13 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
     w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", spec.eps)
     w.add_float32(f"{A}.rope.freq_base", spec.rope_base)
     w.add_uint32(f"{A}.rope.dimension_count", spec.head_dim)
+    if spec.n_expert:
+        w.add_uint32(f"{A}.expert_count", spec.n_expert)
+        w.add_uint32(f"{A}.expert_used_count", spec.n_expert_used)
+        if spec.arch != "llama":              # Mixtral's experts are feed_forward_length wide
+            w.add_uint32(f"{A}.expert_feed_forward_length", spec.n_ff_exp)
+        if spec.n_ff_shexp:
+            w.add_uint32(f"{A}.expert_shared_feed_forward_length", spec.n_ff_shexp)
     w.add_file_type(FILE_TYPE[ftype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     n_vocab = _copy_vocab(w, vocab_path(spec.vocab, vocab_dir))
@@ -206,7 +245,7 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
     f32 = np.dtype(np.float32)
     for name, shape, _ in plan:
         n = int(np.prod(shape))
-        if len(shape) == 1 or ftype == "F32":
+        if stays_f32(name, shape, ftype):
             w.add_tensor_info(name, shape, f32, 4 * n)
         elif ftype == "F16":
             w.add_tensor_info(name, shape, np.dtype(np.float16), 2 * n)
@@ -217,7 +256,7 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         for name, shape, kind in plan:
-            data, _ = encode(tensor_values(spec, name, shape, kind), ftype)
+            data, _ = encode(tensor_values(spec, name, shape, kind), ftype, name)
             w.write_tensor_data(data)
             del data
         w.close()
@@ -280,25 +319,31 @@ _BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 
 
 def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
     """Per-tensor ggml types llama.cpp's quantizer (llama-quant.cpp, 0.3.36) picks for our specs:
-    dense, no imatrix, n_gqa < 4, not a 70B, no tensor-type overrides."""
+    no imatrix, n_gqa < 4, not a 70B, no tensor-type overrides. The expert router stays as written
+    (F32); expert and shared-expert tensors take their role's rule (ffn_down*: the down rules, by the
+    layer in the name); 8 experts (Mixtral's count) lift attn_k / attn_v to Q8_0 and attn_output to Q5_K."""
     base = _BASE.get(qtype, qtype)
     n = spec.n_layer
     more = lambda i: i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # use_more_bits
+    eight = spec.n_expert == 8
     out = {}
     for name, shape, kind in tensor_plan(spec, n_vocab):
-        if len(shape) == 1:
+        if stays_f32(name, shape, "F16"):
             out[name] = "F32"
             continue
         role = name.split(".")[-2]
         i = int(name.split(".")[1]) if name.startswith("blk.") else -1
         t = base
         if kind == "out" or (kind == "embd" and spec.tied):
-            t = "Q8_0" if shape[1] % _BLOCK.get(base, 256) else ("Q6_K" if base != "Q8_0" else "Q8_0")
+            t = "Q8_0" if shape[-1] % _BLOCK.get(base, 256) else ("Q6_K" if base != "Q8_0" else "Q8_0")
         elif role == "attn_v":
             t = {"Q2_K": "Q3_K", "Q3_K_M": "Q5_K" if i < 2 else "Q4_K"}.get(qtype, base)
             if qtype in ("Q4_K_M", "Q5_K_M") and more(i):
                 t = "Q6_K"
-        elif role == "ffn_down":
+            t = "Q8_0" if eight else t
+        elif role == "attn_k" and eight:
+            t = "Q8_0"
+        elif role.startswith("ffn_down"):
             if qtype == "Q2_K":
                 t = "Q3_K"
             elif qtype == "Q3_K_M":
@@ -308,7 +353,10 @@ def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
             elif qtype in ("IQ4_NL", "IQ4_XS") and i < n // 8:
                 t = "Q5_K"
         elif role == "attn_output":
-            t = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K"}.get(qtype, base)
+            if eight:
+                t = "Q5_K" if qtype in ("Q2_K", "Q3_K_M", "IQ4_NL", "Q4_K_M", "IQ4_XS") else base
+            else:
+                t = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K"}.get(qtype, base)
         out[name] = t
     return out
 

@@ -35,7 +35,7 @@ def model_path(rec: dict) -> Path:
     if m["source"] == "synthetic":
         from tools.make_models import ensure_model
 
-        return ensure_model(m["arch"], m["type"])
+        return ensure_model(m.get("spec", m["arch"]), m["type"])     # spec: the make_models key
     from ramforge.resolve import default_model_path
 
     return default_model_path()

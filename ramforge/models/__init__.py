@@ -1,6 +1,7 @@
 """Architectures: the table of what ramforge can execute; everything else is inspect-only.
 
-Mistral models ship as GGUF architecture `llama` and run through ramforge.models.llama.
+Mistral models ship as GGUF architecture `llama` and run through ramforge.models.llama, as do
+Mixtral's (llama with experts: `llama.expert_count`).
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ ARCHITECTURES: dict[str, str] = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gemma3": "gemma3",
+    "qwen3moe": "qwen3moe",
+    "qwen2moe": "qwen2moe",
 }
 
 # Aliases that share another architecture's forward pass.

@@ -37,6 +37,44 @@ def _positive_int(md, template, arch, default=None, required=True) -> int:
 
 
 @dataclass(frozen=True)
+class MoEArch:
+    """How an architecture's experts are described (llama.cpp's load_arch_hparams / load_arch_tensors)."""
+
+    required: bool          # experts are the FFN (qwen*moe), else optional (llama: Mixtral)
+    ff_key: bool            # expert width from {arch}.expert_feed_forward_length (else feed_forward_length)
+    shared: bool            # a shared expert, {arch}.expert_shared_feed_forward_length wide (default n_ff)
+
+
+# The architectures whose experts ramforge runs; any other architecture's expert keys are only inspected.
+MOE_ARCHS: dict[str, MoEArch] = {
+    "qwen3moe": MoEArch(required=True, ff_key=True, shared=False),
+    "qwen2moe": MoEArch(required=True, ff_key=True, shared=True),
+    "llama": MoEArch(required=False, ff_key=False, shared=False),
+}
+
+
+def _experts(md: dict[str, Any], arch: str, n_ff: int) -> tuple[int, int, int, int]:
+    """(n_expert, n_expert_used, n_ff_exp, n_ff_shexp), validated for the architectures in MOE_ARCHS."""
+    n_expert = _positive_int(md, Keys.EXPERT_COUNT, arch, required=False)
+    n_used = _positive_int(md, Keys.EXPERT_USED_COUNT, arch, required=False)
+    moe = MOE_ARCHS.get(arch)
+    if moe is None or (n_expert == 0 and not moe.required):
+        return n_expert, n_used, 0, 0
+    ec, uc = Keys.of(Keys.EXPERT_COUNT, arch), Keys.of(Keys.EXPERT_USED_COUNT, arch)
+    if n_expert == 0:
+        raise ConfigError(f"{ec} is {'missing' if ec not in md else 0}; a {arch} model needs at least one expert")
+    if not 1 <= n_used <= n_expert:
+        raise ConfigError(f"{uc} = {n_used}: each token must use between 1 and {ec} = {n_expert} experts")
+    n_ff_exp = n_ff
+    if moe.ff_key:
+        n_ff_exp = _positive_int(md, Keys.EXPERT_FEED_FORWARD_LENGTH, arch, default=n_ff // n_used)
+    n_ff_shexp = _positive_int(md, Keys.EXPERT_SHARED_FEED_FORWARD_LENGTH, arch, default=n_ff) if moe.shared else 0
+    if n_ff_exp == 0:
+        raise ConfigError(f"{arch}: the experts' FFN width is 0")
+    return n_expert, n_used, n_ff_exp, n_ff_shexp
+
+
+@dataclass(frozen=True)
 class HParams:
     arch: str
     n_layer: int            # {arch}.block_count
@@ -52,6 +90,15 @@ class HParams:
     rope_base: float
     rope_dim: int
     sliding_window: int     # 0: none
+    n_expert: int = 0       # {arch}.expert_count (0: a dense FFN)
+    n_expert_used: int = 0  # {arch}.expert_used_count: experts per token
+    n_ff_exp: int = 0       # one expert's FFN width
+    n_ff_shexp: int = 0     # the shared expert's FFN width (qwen2moe), 0: none
+
+    @property
+    def n_ff_dense(self) -> int:
+        """Width of the FFN that runs as plain matmuls: the dense FFN, or a MoE model's shared expert."""
+        return self.n_ff_shexp if self.n_expert else self.n_ff
 
     @classmethod
     def from_metadata(cls, md: dict[str, Any], n_vocab: int) -> "HParams":
@@ -70,11 +117,12 @@ class HParams:
             raise ConfigError(f"embedding length {n_embd} is not a multiple of head count {n_head} "
                               f"and {Keys.of(Keys.KEY_LENGTH, arch)} is not given")
         head_dim_k = _positive_int(md, Keys.KEY_LENGTH, arch, default=n_embd // n_head)
+        n_ff = _positive_int(md, Keys.FEED_FORWARD_LENGTH, arch)
         return cls(
             arch=arch,
             n_layer=_positive_int(md, Keys.BLOCK_COUNT, arch),
             n_embd=n_embd,
-            n_ff=_positive_int(md, Keys.FEED_FORWARD_LENGTH, arch),
+            n_ff=n_ff,
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim_k=head_dim_k,
@@ -85,4 +133,5 @@ class HParams:
             rope_base=float(_get(md, Keys.ROPE_FREQ_BASE, arch, default=10000.0)),
             rope_dim=_positive_int(md, Keys.ROPE_DIMENSION_COUNT, arch, default=head_dim_k),
             sliding_window=_positive_int(md, Keys.SLIDING_WINDOW, arch, default=0, required=False),
+            **dict(zip(("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp"), _experts(md, arch, n_ff))),
         )

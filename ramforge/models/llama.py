@@ -1,7 +1,9 @@
-"""llama (and mistral), as llama.cpp's src/models/llama.cpp; qwen2 and qwen3 reuse it.
+"""llama (and mistral, and Mixtral: llama with experts), as llama.cpp's src/models/llama.cpp; qwen2,
+qwen3 and the qwen MoE models reuse it.
 
 Per layer: RMSNorm -> Q, K, V (+ optional biases, + optional per-head Q/K RMSNorm) -> RoPE ->
-attention over the F16 KV cache -> output projection -> residual -> RMSNorm -> SwiGLU FFN -> residual.
+attention over the F16 KV cache -> output projection -> residual -> RMSNorm -> SwiGLU FFN, or a
+mixture of SwiGLU experts (models.moe) where the layer has a router -> residual.
 """
 from __future__ import annotations
 
@@ -10,13 +12,24 @@ import math
 import numpy as np
 
 from ..kernels.ops import attention, rms_norm, rope, swiglu
-from .weights import output_rows
+from . import moe
+from .weights import EXPERT_TENSORS, output_rows
 
 ROPE_NEOX = False
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
                  "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
 OPTIONAL = {"attn_q_bias", "attn_k_bias", "attn_v_bias"}
-ALSO_READ = {"attn_q_norm", "attn_k_norm"}    # forward() serves qwen3 too: None here
+DENSE_FFN = ["ffn_gate", "ffn_up", "ffn_down"]
+MOE_FFN = ["ffn_gate_inp", *EXPERT_TENSORS]
+SHARED_EXPERT = ["ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"]   # qwen2moe's
+# forward() serves qwen2/qwen3 and the MoE models too: what one has and another lacks reads as None
+# (a router and a shared expert for llama; the dense FFN, unreached, for a model with experts)
+ALSO_READ = {"attn_q_norm", "attn_k_norm", "ffn_gate_inp", *DENSE_FFN, *SHARED_EXPERT}
+
+
+def layer_tensors(hp) -> list[str]:
+    """Mixtral (llama.expert_count > 0) has a router and experts where llama has its FFN."""
+    return [t for t in LAYER_TENSORS if t not in DENSE_FFN] + MOE_FFN if hp.n_expert else LAYER_TENSORS
 
 
 def embed(m, x: np.ndarray, tokens) -> None:
@@ -56,8 +69,11 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
             with rows:
                 x += xb                                         # residual
                 rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-                L.ffn_gate.rows(gate, xb)
-                L.ffn_up.rows(up, xb)
-                swiglu(gate, gate, up)
-                L.ffn_down.rows(xb, gate)
+                if L.ffn_gate_inp is not None:                  # experts: xb <- their mixture
+                    moe.ffn(m, s, il, L, xb)
+                else:
+                    L.ffn_gate.rows(gate, xb)
+                    L.ffn_up.rows(up, xb)
+                    swiglu(gate, gate, up)
+                    L.ffn_down.rows(xb, gate)
                 x += xb                                         # residual

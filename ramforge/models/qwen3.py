@@ -6,7 +6,7 @@ from . import llama
 ROPE_NEOX = True
 LAYER_TENSORS = [t for t in llama.LAYER_TENSORS if not t.endswith("_bias")] + ["attn_q_norm", "attn_k_norm"]
 OPTIONAL: set[str] = set()
-ALSO_READ = set(llama.OPTIONAL)               # llama.forward looks for qwen2's biases: None here
+ALSO_READ = set(llama.OPTIONAL) | {"ffn_gate_inp"}   # llama.forward looks for qwen2's biases, a router: None
 
 
 embed = llama.embed

@@ -49,10 +49,11 @@ class QTensor:
         return out
 
 
-def layer_names(module) -> frozenset[str]:
-    """The names a Layer of an architecture module answers: its LAYER_TENSORS, and ALSO_READ (tensors
-    its forward pass looks for though the architecture never has them: the pass serves several)."""
-    return frozenset(module.LAYER_TENSORS) | frozenset(module.ALSO_READ)
+def layer_names(module, hp: HParams) -> frozenset[str]:
+    """The names a Layer of an architecture module answers: its layer tensors for these hyperparameters
+    (`layer_tensors`), and ALSO_READ (tensors its forward pass looks for though the architecture never
+    has them: the pass serves several)."""
+    return frozenset(layer_tensors(module, hp)) | frozenset(module.ALSO_READ)
 
 
 @dataclass
@@ -76,6 +77,27 @@ class Layer:
             return None
         raise AttributeError(f"layer {d.get('index')} has no tensor {name!r}: its architecture's layer tensors "
                              f"are {', '.join(sorted(names))}")
+
+
+def expert_slice(t: QTensor, e: int) -> QTensor:
+    """Expert e of a 3-D expert tensor (GGUF [n_in, n_out, n_expert]): its n_out rows, contiguous bytes,
+    as a 2-D QTensor."""
+    n_in, n_out, n_exp = t.dims
+    if not 0 <= e < n_exp:
+        raise RamforgeError(f"{t.name}: expert {e} is out of range for {n_exp} experts")
+    k = kernels_for(t.ggml_type)
+    nbytes = n_out * (n_in // k.block_elems * k.block_bytes)
+    return QTensor(f"{t.name}[{e}]", t.ggml_type, (n_in, n_out), t.data[e * nbytes:(e + 1) * nbytes])
+
+
+class LayerExperts:
+    """A layer's experts served from its 3-D tensors as loaded: E[e] -> (gate, up, down), 2-D QTensors."""
+
+    def __init__(self, layer: Layer):
+        self.layer = layer
+
+    def __getitem__(self, e: int) -> tuple[QTensor, QTensor, QTensor]:
+        return tuple(expert_slice(self.layer.tensors[s], int(e)) for s in EXPERT_TENSORS)
 
 
 def output_rows(hp: HParams, il: int, out: slice | None, *arrays):
@@ -102,7 +124,35 @@ def layer_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
         "ffn_norm": (hp.n_embd,),
         "ffn_gate": (hp.n_embd, hp.n_ff), "ffn_up": (hp.n_embd, hp.n_ff), "ffn_down": (hp.n_ff, hp.n_embd),
         "post_ffw_norm": (hp.n_embd,),
+        # experts: GGUF [row length, rows, expert], so one expert's rows are contiguous bytes
+        "ffn_gate_inp": (hp.n_embd, hp.n_expert),
+        "ffn_gate_exps": (hp.n_embd, hp.n_ff_exp, hp.n_expert), "ffn_up_exps": (hp.n_embd, hp.n_ff_exp, hp.n_expert),
+        "ffn_down_exps": (hp.n_ff_exp, hp.n_embd, hp.n_expert),
+        "ffn_gate_inp_shexp": (hp.n_embd,),
+        "ffn_gate_shexp": (hp.n_embd, hp.n_ff_shexp), "ffn_up_shexp": (hp.n_embd, hp.n_ff_shexp),
+        "ffn_down_shexp": (hp.n_ff_shexp, hp.n_embd),
     }
+
+
+EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+def layer_tensors(module, hp: HParams) -> list[str]:
+    """The tensor suffixes of one of `module`'s layers for these hyperparameters (a module whose
+    layers change with them, as llama's with experts, says so with a layer_tensors(hp) function)."""
+    f = getattr(module, "layer_tensors", None)
+    return f(hp) if f is not None else module.LAYER_TENSORS
+
+
+def _shape_error(path, name: str, suffix: str, dims: tuple[int, ...], shape: tuple[int, ...], hp: HParams) -> str:
+    """What is wrong with a tensor of the wrong shape, naming the hyperparameter it contradicts."""
+    head = f"{path}: tensor {name} has shape {list(dims)}, expected {list(shape)}"
+    if suffix in EXPERT_TENSORS and len(dims) == 3 and dims[2] != hp.n_expert:
+        return f"{head}: it holds {dims[2]} experts (its last dimension) but {hp.arch}.expert_count is {hp.n_expert}"
+    if suffix == "ffn_gate_inp":
+        return (f"{head}: the router maps the {hp.n_embd}-wide hidden state to one logit per expert "
+                f"({hp.arch}.expert_count = {hp.n_expert})")
+    return f"{head} from the hyperparameters"
 
 
 def gguf_name(suffix: str, il: int | None = None) -> str:
@@ -120,7 +170,7 @@ def validate_tensors(f: GGUFFile, hp: HParams, module, layers: tuple[int, int]) 
         if "output.weight" in f.tensors:
             need.append(("output", None, (hp.n_embd, hp.n_vocab)))
     for il in range(*layers):
-        for s in module.LAYER_TENSORS:
+        for s in layer_tensors(module, hp):
             if s not in module.OPTIONAL or gguf_name(s, il) in f.tensors:
                 need.append((s, il, shapes[s]))
     for suffix, il, shape in need:
@@ -129,6 +179,5 @@ def validate_tensors(f: GGUFFile, hp: HParams, module, layers: tuple[int, int]) 
         if info is None:
             raise ModelError(f"{f.path}: tensor {name} is missing; architecture {hp.arch} needs it")
         if info.dims != tuple(shape):
-            raise ModelError(f"{f.path}: tensor {name} has shape {list(info.dims)}, expected {list(shape)} "
-                             f"from the hyperparameters")
+            raise ModelError(_shape_error(f.path, name, suffix, info.dims, shape, hp))
         kernels_for(info.ggml_type)          # refuses a type without kernels, by name

@@ -18,9 +18,11 @@ from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile
 from ..kernels.dequant import dequantize
 from ..memory import MemoryBudget
-from ..models.weights import Layer, QTensor, gguf_name, layer_names, validate_tensors
-from ..plan import ALIGN, SMALL, Plan, block_row_bytes, span_of
+from ..models.weights import (EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_name, layer_names, layer_tensors,
+                              validate_tensors)
+from ..plan import ALIGN, SMALL, Plan, block_row_bytes, is_expert_tensor, span_of
 from ..profiling import LayerRecord
+from .experts import CachedExperts, ExpertCache
 from .io import IOMode, ModelFile, aligned_empty
 
 
@@ -62,13 +64,16 @@ class Weights:
 
     def __init__(self, f: GGUFFile, plan: Plan, hp, module, budget: MemoryBudget, io: IOMode | str = IOMode.DIRECT):
         self.f, self.plan, self.hp, self.module, self.budget = f, plan, hp, module, budget
-        self.tensors = module.LAYER_TENSORS
-        self.layer_names = layer_names(module)
+        self.tensors = layer_tensors(module, hp)
+        self.layer_names = layer_names(module, hp)
         validate_tensors(f, hp, module, plan.layers)
         self.file = ModelFile(f.path, io)
         self.mmap = self.file.mode == IOMode.MMAP
+        self.apart = plan.experts_apart and not self.mmap  # experts in the expert cache, not their layers
+        self.expert_cache: ExpertCache | None = None
         self._charges, self._reader, self._pass, self._cursor = [], None, [], 0
         self._inflight: list = []          # keys submitted and not yet taken, in order
+        self._held: dict[int, Layer] = {}  # the layers `layer()` holds now
         self.record: list[LayerRecord] | None = None
         try:
             self._load()
@@ -117,7 +122,11 @@ class Weights:
         self.output = self.resident.get(self.out_name) if last else None
         if p.embd_row_bytes:
             self._charge("embedding rows", p.embd_row_bytes)
-        self.spans = {i: span_of(i, [t for n, t in f.tensors.items() if n.startswith(f"blk.{i}.")]) for i in range(a, b)}
+        self.spans = {i: span_of(i, [t for n, t in f.tensors.items() if n.startswith(f"blk.{i}.")
+                                     and not (self.apart and is_expert_tensor(n))]) for i in range(a, b)}
+        if self.apart:
+            self._charge("expert cache", p.expert_slots * p.expert_slot_bytes)
+            self.expert_cache = ExpertCache(f, self.file, range(a, b), p.expert_slots, p.expert_slot_bytes)
         self.pinned = {}
         for il in (range(a, b) if self.mmap else p.pinned):
             self.pinned[il] = self._pinned_layer(il)
@@ -145,7 +154,7 @@ class Weights:
         for s in self.tensors:
             name = gguf_name(s, il)
             t = self.f.tensors.get(name)
-            if t is None:
+            if t is None or (self.apart and s in EXPERT_TENSORS):
                 continue
             raw = self.file.view(t.offset, t.nbytes) if buf is None else buf[self.spans[il].offsets[name]:][:t.nbytes]
             if len(t.dims) == 1:
@@ -234,12 +243,38 @@ class Weights:
     def layer(self, il: int):
         if il in self.pinned:
             t0 = time.perf_counter()
-            yield self.pinned[il]
+            self._held[il] = self.pinned[il]
+            try:
+                yield self.pinned[il]
+            finally:
+                self._held.pop(il, None)
             if self.record is not None:
                 self.record.append(LayerRecord(il, True, compute_s=time.perf_counter() - t0))
             return
         with self._take(("L", il), il) as buf:
-            yield self._layer_from(il, buf)
+            self._held[il] = layer = self._layer_from(il, buf)
+            try:
+                yield layer
+            finally:
+                self._held.pop(il, None)
+
+    @contextmanager
+    def experts(self, il: int, ids):
+        """Layer il's experts `ids` (the ones its router picked): E[e] -> (gate, up, down), 2-D QTensors of
+        expert e's rows. Served from the layer's 3-D tensors as loaded (resident, or streamed with the
+        layer that `layer(il)` holds now); an expert cache can serve the same call."""
+        if self.expert_cache is not None:
+            c = self.expert_cache
+            misses, nbytes, read_s = c.misses, c.bytes_read, c.read_s
+            yield CachedExperts(c, il)
+            if self.record is not None:
+                self.record.append(LayerRecord(f"experts {il}", c.misses == misses, c.bytes_read - nbytes,
+                                               c.read_s - read_s, c.read_s - read_s))
+            return
+        layer = self._held.get(il)
+        if layer is None:
+            raise RamforgeError(f"the experts of layer {il} were asked for outside `layer({il})`")
+        yield LayerExperts(layer)
 
     def output_rows(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """logits y f32[n, n_vocab] = x f32[n, n_embd] @ output^T, resident or in streamed row chunks."""

@@ -1,0 +1,311 @@
+"""Mixture-of-experts arithmetic as llama.cpp's CPU backend (x86, AVX-512) computes it.
+
+`route`: llama.cpp's build_moe_ffn gating for a softmax router (src/llama-graph.cpp): the router
+logits through ggml_soft_max, the experts ranked by ggml_argsort (descending; libstdc++'s
+std::sort, so ties fall as its introsort leaves them), the top k probabilities as the weights,
+optionally divided by their sum (sum_rows in float64, clamped to 2^-14, div).
+
+`expert_matmul`: the rows routed to one expert, in the arithmetic ggml_compute_forward_mul_mat_id
+gives them (ggml-cpu.c, tiled/tiled.cpp, repack.cpp): repacked weights (repack.cpp's
+forward_mul_mat_id) take one gemv per row whatever their number; the tiled K-quants take the tiled
+matmul once 8+ rows reach the expert, else vec_dot; every other type vec_dot per row (never
+tinyBLAS, which mul_mat_id does not call).
+
+`weighted_sum`: the experts' outputs times their weights (ggml_mul), added slot by slot (ggml_add).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ..errors import RamforgeError
+from ..gguf.constants import GGML_BLOCK
+from .matmul import float_matmul
+from .ops import _expf
+from .qmatmul import qmatmul
+from .variants import TILED_FROM
+from .registry import kernels_for
+
+_LANES = 16                    # AVX-512 f32 lanes: ggml_vec_soft_max_f32's block
+_SORT_THRESHOLD = 16           # libstdc++'s _S_threshold: introsort leaves runs this short to insertion sort
+_SUM_CLAMP = np.float32(6.103515625e-5)   # build_moe_ffn clamps the weight sum to the smallest normal f16
+
+
+# ---------------------------------------------------------------- softmax (ggml_soft_max_f32, no mask)
+
+@njit(cache=True)
+def _softmax(p, x):
+    # p f32[n] = softmax(x f32[n]): max; exp(x - max) per block of 16 through ggml's vector exp, each
+    # block's lanes summed pairwise (_mm512_reduce_add_ps) into a float64 sum; the tail through libm's
+    # expf, added one by one; then times the float of 1/sum
+    n = x.shape[0]
+    mx = np.float32(-np.inf)
+    for i in range(n):
+        mx = max(mx, x[i])
+    lanes = np.empty(_LANES, np.float32)
+    total = 0.0
+    i = 0
+    while i + _LANES - 1 < n:
+        for j in range(_LANES):
+            lanes[j] = _expf(x[i + j] - mx)
+            p[i + j] = lanes[j]
+        w = _LANES
+        while w > 1:
+            w //= 2
+            for j in range(w):
+                lanes[j] = lanes[j] + lanes[j + w]
+        total += np.float64(lanes[0])
+        i += _LANES
+    for j in range(i, n):
+        e = np.float32(math.exp(np.float64(x[j] - mx)))
+        total += np.float64(e)
+        p[j] = e
+    scale = np.float32(1.0 / total)
+    for j in range(n):
+        p[j] = p[j] * scale
+
+
+# ---------------------------------------------------------------- argsort (libstdc++ std::sort)
+# Descending: comp(a, b) = v[a] > v[b] on indices, as ggml's cmp_argsort<GGML_SORT_ORDER_DESC>.
+
+@njit(cache=True, inline="always")
+def _gt(v, a, b):
+    return v[a] > v[b]
+
+
+@njit(cache=True)
+def _push_heap(o, v, first, hole, top, val):
+    parent = (hole - 1) // 2
+    while hole > top and _gt(v, o[first + parent], val):
+        o[first + hole] = o[first + parent]
+        hole = parent
+        parent = (hole - 1) // 2
+    o[first + hole] = val
+
+
+@njit(cache=True)
+def _adjust_heap(o, v, first, hole, length, val):
+    top = hole
+    child = hole
+    while child < (length - 1) // 2:
+        child = 2 * (child + 1)
+        if _gt(v, o[first + child], o[first + child - 1]):
+            child -= 1
+        o[first + hole] = o[first + child]
+        hole = child
+    if length % 2 == 0 and child == (length - 2) // 2:
+        child = 2 * (child + 1)
+        o[first + hole] = o[first + child - 1]
+        hole = child - 1
+    _push_heap(o, v, first, hole, top, val)
+
+
+@njit(cache=True)
+def _heap_sort(o, v, first, last):
+    # std::__partial_sort(first, last, last): make_heap, then sort_heap
+    n = last - first
+    if n >= 2:
+        parent = (n - 2) // 2
+        while True:
+            _adjust_heap(o, v, first, parent, n, o[first + parent])
+            if parent == 0:
+                break
+            parent -= 1
+    while last - first > 1:
+        last -= 1
+        val = o[last]
+        o[last] = o[first]
+        _adjust_heap(o, v, first, 0, last - first, val)
+
+
+@njit(cache=True)
+def _median_to_first(o, v, r, a, b, c):
+    if _gt(v, o[a], o[b]):
+        if _gt(v, o[b], o[c]):
+            s = b
+        elif _gt(v, o[a], o[c]):
+            s = c
+        else:
+            s = a
+    elif _gt(v, o[a], o[c]):
+        s = a
+    elif _gt(v, o[b], o[c]):
+        s = c
+    else:
+        s = b
+    o[r], o[s] = o[s], o[r]
+
+
+@njit(cache=True)
+def _partition(o, v, first, last, pivot):
+    while True:
+        while _gt(v, o[first], o[pivot]):
+            first += 1
+        last -= 1
+        while _gt(v, o[pivot], o[last]):
+            last -= 1
+        if first >= last:
+            return first
+        o[first], o[last] = o[last], o[first]
+        first += 1
+
+
+@njit(cache=True)
+def _linear_insert(o, v, last):
+    val = o[last]
+    nxt = last - 1
+    while _gt(v, val, o[nxt]):
+        o[last] = o[nxt]
+        last = nxt
+        nxt -= 1
+    o[last] = val
+
+
+@njit(cache=True)
+def _insertion_sort(o, v, first, last):
+    for i in range(first + 1, last):
+        if _gt(v, o[i], o[first]):
+            val = o[i]
+            for j in range(i, first, -1):
+                o[j] = o[j - 1]
+            o[first] = val
+        else:
+            _linear_insert(o, v, i)
+
+
+@njit(cache=True)
+def _argsort_desc(o, v):
+    # o i32[n] = the indices of v f32[n], by descending value, exactly as libstdc++'s std::sort orders
+    # them: introsort (median-of-3 pivot to the front, unguarded partition; heap sort past depth
+    # 2*floor(log2 n)) down to runs of 16, then one insertion sort. The runs a partition leaves are
+    # disjoint, so taking them from a stack instead of by recursion moves the same elements.
+    n = v.shape[0]
+    for i in range(n):
+        o[i] = i
+    if n < 2:
+        return
+    stack = np.empty((n + 1, 3), np.int64)           # pending (first, last, depth limit) runs
+    stack[0, 0], stack[0, 1], stack[0, 2] = 0, n, 2 * int(math.log2(n))
+    top = 1
+    while top > 0:
+        top -= 1
+        first, last, d = stack[top, 0], stack[top, 1], stack[top, 2]
+        while last - first > _SORT_THRESHOLD:
+            if d == 0:
+                _heap_sort(o, v, first, last)
+                break
+            d -= 1
+            _median_to_first(o, v, first, first + 1, first + (last - first) // 2, last - 1)
+            cut = _partition(o, v, first + 1, last, first)
+            stack[top, 0], stack[top, 1], stack[top, 2] = cut, last, d
+            top += 1
+            last = cut
+    if n > _SORT_THRESHOLD:
+        _insertion_sort(o, v, 0, _SORT_THRESHOLD)
+        for i in range(_SORT_THRESHOLD, n):          # unguarded: introsort left an element ranking first
+            _linear_insert(o, v, i)                  # among the first 16
+    else:
+        _insertion_sort(o, v, 0, n)
+
+
+# ---------------------------------------------------------------- routing
+
+@njit(cache=True, parallel=True)
+def _route(ids, wts, logits, norm_w):
+    # per token: probs = softmax(logits[t]); ids[t] = the k first of argsort(probs, desc); wts[t] =
+    # probs[ids[t]], divided by max(sum, 2^-14) (sum in float64, rounded to float) when norm_w
+    n, n_exp = logits.shape
+    k = ids.shape[1]
+    for t in prange(n):
+        p = np.empty(n_exp, np.float32)
+        o = np.empty(n_exp, np.int32)
+        _softmax(p, logits[t])
+        _argsort_desc(o, p)
+        s = 0.0
+        for j in range(k):
+            ids[t, j] = o[j]
+            wts[t, j] = p[o[j]]
+            s += np.float64(wts[t, j])
+        if norm_w:
+            d = max(min(np.float32(s), np.float32(np.inf)), _SUM_CLAMP)
+            for j in range(k):
+                wts[t, j] = wts[t, j] / d
+
+
+def route(ids: np.ndarray, wts: np.ndarray, logits: np.ndarray, norm_w: bool) -> None:
+    """Softmax gating: ids i32[n, k], wts f32[n, k] (slot j: the j-th most probable expert) from router
+    logits f32[n, n_expert]; norm_w divides the k weights by their sum (qwen3moe, Mixtral)."""
+    n, n_exp = logits.shape
+    if ids.shape != wts.shape or ids.shape[0] != n or not 1 <= ids.shape[1] <= n_exp:
+        raise RamforgeError(f"route: logits {logits.shape}, ids {ids.shape}, weights {wts.shape}")
+    if ids.dtype != np.int32 or wts.dtype != np.float32 or logits.dtype != np.float32:
+        raise RamforgeError(f"route: dtypes {ids.dtype}, {wts.dtype}, {logits.dtype}; want int32, float32, float32")
+    _route(ids, wts, logits, bool(norm_w))
+
+
+def argsort_desc(v: np.ndarray) -> np.ndarray:
+    """The indices of v f32[n] by descending value, ties as libstdc++'s std::sort (ggml_argsort) leaves them."""
+    v = np.ascontiguousarray(v, dtype=np.float32)
+    o = np.empty(v.shape[0], np.int32)
+    _argsort_desc(o, v)
+    return o
+
+
+# ---------------------------------------------------------------- one expert's rows (mul_mat_id)
+
+def _row_group(qd, be: int, n_out: int, c: int) -> int:
+    """How many rows one qmatmul call may take so that every row gets the arithmetic a single row
+    gets (vec_dot, or gemv for a repacked weight): c, 3 (fewer than a gemm group of 4) or 1."""
+    lo1, hi1, split1 = qd.variants(be, n_out, 1)
+    one = hi1 if split1 == 0 else lo1
+    for g in (c, 3, 1):
+        lo, hi, split = qd.variants(be, n_out, g)
+        if (split == 0 or lo == one) and (split >= g or hi == one):
+            return min(g, c)
+    return 1
+
+
+def expert_matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """y f32[c, n_out] = x f32[c, n_in] @ W^T for the c rows routed to one expert (W: its n_out rows of
+    n_in elements, packed), in the arithmetic llama.cpp's mul_mat_id gives c rows (see the module doc)."""
+    k = kernels_for(ggml_type)
+    c = x.shape[0]
+    if k.qdot is None:
+        return float_matmul(y, x, ggml_type, raw, n_out, n_in, 1)          # ggml_vec_dot_{f32,f16,bf16}
+    be = GGML_BLOCK[k.ggml_type][0]
+    qd = k.qdot
+    repacked = qd.repack is not None and n_out % 8 == 0
+    if qd.tiled and not repacked and c >= TILED_FROM:
+        return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=(c, 0))       # the tiled matmul
+    g = _row_group(qd, be, n_out, c)
+    for r in range(0, c, g):
+        qmatmul(y[r:r + g], x[r:r + g], ggml_type, raw, n_out, n_in, view=(min(g, c - r), 0))
+    return y
+
+
+# ---------------------------------------------------------------- the weighted sum of the slots
+
+@njit(cache=True, parallel=True)
+def _weighted_sum(out, ex, wts):
+    # out f32[n, d] = ((ex[:, 0] * w0 + ex[:, 1] * w1) + ex[:, 2] * w2) + ..., each product rounded to
+    # float before it is added (ggml_mul, then one ggml_add per slot); ex f32[n, k, d], wts f32[n, k]
+    n, k, d = ex.shape
+    for t in prange(n):
+        for i in range(d):
+            out[t, i] = ex[t, 0, i] * wts[t, 0]
+        for j in range(1, k):
+            w = wts[t, j]
+            for i in range(d):
+                p = ex[t, j, i] * w
+                out[t, i] = out[t, i] + p
+
+
+def weighted_sum(out: np.ndarray, ex: np.ndarray, wts: np.ndarray) -> np.ndarray:
+    """out f32[n, d] = the experts' outputs ex f32[n, k, d] weighted by wts f32[n, k], added in slot order."""
+    n, k, d = ex.shape
+    if out.shape != (n, d) or wts.shape != (n, k):
+        raise RamforgeError(f"weighted_sum: out {out.shape}, experts {ex.shape}, weights {wts.shape}")
+    _weighted_sum(out, ex, wts)
+    return out

@@ -1,0 +1,77 @@
+"""The mixture-of-experts FFN, as llama.cpp's build_moe_ffn (src/llama-graph.cpp) with softmax gating,
+shared by qwen3moe, qwen2moe and llama with experts (Mixtral).
+
+For n rows xb (the FFN-normed hidden states):
+  router logits = xb @ ffn_gate_inp^T                      (a plain matmul: the batch's arithmetic)
+  sel, wts      = top-k of softmax(logits) (ggml_argsort order), normalized to sum 1 if norm_w
+  per expert e, on the rows routed to it (mul_mat_id: the arithmetic its row count gets):
+      ex[row, slot] = down_e(silu(gate_e(xb)) * up_e(xb))
+  out = ex[:, 0] * w0 + ex[:, 1] * w1 + ...                 (slot by slot)
+  qwen2moe adds the shared expert: out += down_s(silu(gate_s(xb)) * up_s(xb)) * sigmoid(xb . g)
+llama.cpp counts an expert's rows over the whole ubatch; here over the rows of the chunk in hand, so a
+ubatch longer than ramforge's chunk (plan.batch) can give an expert vec_dot here where llama.cpp,
+counting 8+ rows across chunks, takes the tiled K-quant matmul.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.matmul import matmul
+from ..kernels.moe import expert_matmul, route, weighted_sum
+from ..kernels.ops import swiglu
+from ..profiling import timed
+
+# architecture -> whether the k weights are divided by their sum (build_moe_ffn's norm_w)
+NORM_W = {"qwen3moe": True, "qwen2moe": False, "llama": True}
+
+
+def ffn(m, s, il: int, L, xb: np.ndarray) -> None:
+    """xb f32[n, n_embd] <- layer il's mixture of experts of xb (plus its shared expert, if any)."""
+    hp, w = m.hp, m.weights
+    n = xb.shape[0]
+    logits, sel, wts = s.router[:n], s.sel[:n], s.wts[:n]      # f32[n, n_expert], i32[n, k], f32[n, k]
+    ex = s.ex[:n]                                              # f32[n, k, n_embd]
+    L.ffn_gate_inp.rows(logits, xb)
+    route(sel, wts, logits, NORM_W[hp.arch])
+    experts = np.unique(sel)                                   # ascending, as mul_mat_id's loop
+    with w.experts(il, experts) as E:
+        for e in experts:
+            tok, slot = np.nonzero(sel == e)                   # its rows: (token, slot), token-major
+            c = tok.size
+            xe, ge, ue, ye = s.xe[:c], s.ge[:c], s.ue[:c], s.ye[:c]
+            np.take(xb, tok, axis=0, out=xe)
+            gate, up, down = E[e]
+            _expert_rows(ge, xe, gate)
+            _expert_rows(ue, xe, up)
+            swiglu(ge, ge, ue)
+            _expert_rows(ye, ge, down)
+            ex[tok, slot] = ye
+    if hp.n_ff_shexp:                                          # qwen2moe's shared expert, gated
+        gate, up, g = s.gate[:n], s.up[:n], s.shgate[:n]       # f32[n, n_ff_shexp] x2, f32[n, 1]
+        v = L.ffn_gate_inp_shexp.data                          # f32[n_embd]: a one-row F32 matmul
+        matmul(g, xb, L.ffn_gate_inp_shexp.ggml_type, v.view(np.uint8), 1, v.size)
+        g[:] = _silu_over_x(g)
+        L.ffn_gate_shexp.rows(gate, xb)
+        L.ffn_up_shexp.rows(up, xb)
+        swiglu(gate, gate, up)
+        shexp = L.ffn_down_shexp.rows(s.ye[:n], gate)
+        np.multiply(shexp, g, out=shexp)                       # ffn_shexp_out ...
+        weighted_sum(xb, ex, wts)
+        xb += shexp                                            # ... added to the mixture
+    else:
+        weighted_sum(xb, ex, wts)
+
+
+@timed(lambda y, x, t: f"expert matvec {t.ggml_type.name}")
+def _expert_rows(y: np.ndarray, x: np.ndarray, t) -> np.ndarray:
+    """y f32[c, rows of t] = x f32[c, n_in] @ t^T for the c rows routed to expert t (a 2-D QTensor)."""
+    return expert_matmul(y, x, t.ggml_type, t.data, t.dims[1], t.dims[0])
+
+
+def _silu_over_x(g: np.ndarray) -> np.ndarray:
+    """qwen2moe's sigmoid of the shared gate as llama.cpp writes it: silu(g) / g, silu(g) = g / (1 + expf(-g))
+    (a one-wide row: ggml_vec_silu_f32's scalar tail, libm's expf)."""
+    g32 = g.astype(np.float32)
+    e = np.exp(-g32.astype(np.float64)).astype(np.float32)
+    silu = g32 / (np.float32(1.0) + e)
+    return silu / g32
