@@ -58,7 +58,7 @@ _EXP_C = (_F("0x1.8p23"), _F("0x1.715476p+0"), _F("0x1.62e4p-1"), _F("0x1.7f7d1c
           _F("0x1.573e2ep-5"), _F("0x1.555e66p-3"), _F("0x1.fffdb6p-2"), _F("0x1.ffffecp-1"))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _expf(x):
     # exp(x) for float32 x as ggml's SIMD ggml_v_expf computes it (its AVX-512 form, per lane):
     # n = round(x*log2 e), b = x - n*ln2 (two-part ln2), a degree-5 polynomial in b, times 2^n;
@@ -189,7 +189,7 @@ def _axpy_f16(typingctx, out, oo, a, vc, vo, n):
     return types.void(out, oo, a, vc, vo, n), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _sum_lanes16(a, o, stride):
     # the 16 values a[o + l*stride] summed pairwise, as _mm512_reduce_add_ps
     return ((((a[o] + a[o + 8 * stride]) + (a[o + 4 * stride] + a[o + 12 * stride]))

@@ -99,40 +99,41 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
         n_sb = n_in // sb
         n_sub = n_in // sub
         for c in prange(n_chunks):
-            wq = np.empty(0 if packed else group * n_in, dtype=np.int8)     # a group's unpacked rows
-            isc = np.empty(group * n_sub, dtype=np.int32)                   # and scales
+            isc = np.empty(group * n_sub, dtype=np.int32)       # a group's sub-block scales and mins,
             imn = np.zeros(group * n_sub, dtype=np.int32)
-            wd = np.empty(group * n_sb, dtype=np.float32)
+            wd = np.empty(group * n_sb, dtype=np.float32)       # super-block scales and mins
             wm = np.zeros(group * n_sb, dtype=np.float32)
-            lanes = np.empty(24, dtype=np.float32)     # plain-loop scratch
-            yrow = np.empty(8, dtype=np.float32)       # an 8-row kernel's results
-            ilane = np.empty(8, dtype=np.int64)
             r_end = _bound(c + 1, n_out, n_chunks)
-            for r0 in range(_bound(c, n_out, n_chunks), r_end, group):
-                if packed:                             # (group 1)
+            if packed:                                          # (group 1)
+                for r in range(_bound(c, n_out, n_chunks), r_end):
                     if k_scales:
                         for b in range(n_sb):
-                            _row_scales(tid, raw, r0 * row_bytes + b * nbytes, b, isc, imn, wd, wm)
+                            _row_scales(tid, raw, r * row_bytes + b * nbytes, b, isc, imn, wd, wm)
                     for t in range(n_tok):
                         if one or t >= split:
-                            y[t, r0] = _vrow_raw(rhi, raw, r0 * row_bytes, aq, t * n_in, isc, imn, wd, wm, ad, am,
-                                                 t * n_sb, n_sb, bsum, t * n_sub)
+                            y[t, r] = _vrow_raw(rhi, raw, r * row_bytes, aq, t * n_in, isc, imn, wd, wm, ad, am,
+                                                t * n_sb, n_sb, bsum, t * n_sub)
                         else:
-                            y[t, r0] = _vrow_raw(rlo, raw, r0 * row_bytes, aq, t * n_in, isc, imn, wd, wm, ad, am,
-                                                 t * n_sb, n_sb, bsum, t * n_sub)
-                    continue
-                nr = min(group, r_end - r0)
-                for i in range(nr):
-                    _unpack_row(tid, vec, raw, (r0 + i) * row_bytes, n_sb, wq[i * n_in:(i + 1) * n_in],
-                                isc[i * n_sub:(i + 1) * n_sub], imn[i * n_sub:(i + 1) * n_sub],
-                                wd[i * n_sb:(i + 1) * n_sb], wm[i * n_sb:(i + 1) * n_sb])
-                for t in range(n_tok):
-                    if one or t >= split:
-                        _dot_group(vec, vhi, r8hi, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd, wm, n_sb, ad, am,
-                                   bsum, yrow, lanes, ilane)
-                    else:
-                        _dot_group(vec, vlo, r8lo, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd, wm, n_sb, ad, am,
-                                   bsum, yrow, lanes, ilane)
+                            y[t, r] = _vrow_raw(rlo, raw, r * row_bytes, aq, t * n_in, isc, imn, wd, wm, ad, am,
+                                                t * n_sb, n_sb, bsum, t * n_sub)
+            else:
+                wq = np.empty(group * n_in, dtype=np.int8)     # the group's unpacked rows
+                lanes = np.empty(24, dtype=np.float32)          # plain-loop scratch
+                yrow = np.empty(8, dtype=np.float32)            # an 8-row kernel's results
+                ilane = np.empty(8, dtype=np.int64)
+                for r0 in range(_bound(c, n_out, n_chunks), r_end, group):
+                    nr = min(group, r_end - r0)
+                    for i in range(nr):
+                        _unpack_row(tid, vec, raw, (r0 + i) * row_bytes, n_sb, wq[i * n_in:(i + 1) * n_in],
+                                    isc[i * n_sub:(i + 1) * n_sub], imn[i * n_sub:(i + 1) * n_sub],
+                                    wd[i * n_sb:(i + 1) * n_sb], wm[i * n_sb:(i + 1) * n_sb])
+                    for t in range(n_tok):
+                        if one or t >= split:
+                            _dot_group(vec, vhi, r8hi, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd, wm, n_sb, ad,
+                                       am, bsum, yrow, lanes, ilane)
+                        else:
+                            _dot_group(vec, vlo, r8lo, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd, wm, n_sb, ad,
+                                       am, bsum, yrow, lanes, ilane)
     return _qmatmul
 
 

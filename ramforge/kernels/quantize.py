@@ -33,7 +33,7 @@ _EMPTY_F = np.zeros((1, 1), dtype=np.float32)
 _EMPTY_I = np.zeros((1, 1), dtype=np.int32)          # (kept 2-D: QuantizedActivation.bsum)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _f16_round(v):
     """float32 v rounded to the nearest binary16 (ties to even; overflow to inf), as numpy's
     astype(float16), and widened back to float32."""
