@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import time
 from dataclasses import dataclass, field
 from typing import Iterator
 

@@ -8,7 +8,6 @@ reported once, as compile_s.
 from __future__ import annotations
 
 import functools
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 

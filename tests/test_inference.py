@@ -53,6 +53,26 @@ def test_matches_llama_cpp_record(rec):
         assert p.greedy_equal, f"{where}: greedy output diverged at step {p.diverged_at}"
 
 
+# The float records made by another build (the MoE ones, recorded by an AVX2 llama.cpp) still check the
+# whole forward pass end to end, to the size of the gap between builds: on the dense qwen2-tiny-f16
+# record the AVX2 and AVX-512 builds differ by 2.3e-3 of the logit std. A wrong routing, weight or
+# expert would be off by the logits' own scale. This does not replace the exact check above.
+BUILD_GAP = 5e-3
+OTHER_BUILD_FLOAT = [r for r in RECORDS if REPRODUCED_BUILD not in r["oracle"].get("system_info", "")
+                     and r["model"]["type"] in FLOAT_TYPES]
+
+
+@pytest.mark.parametrize("rec", OTHER_BUILD_FLOAT, ids=lambda r: r["model"]["id"])
+def test_other_build_float_record_within_the_build_gap(rec):
+    with Engine.load(model_path(rec), n_ctx=rec["oracle"]["n_ctx"]) as eng:
+        res = compare(rec, eng)
+    for p in res.prompts:
+        where = f"{rec['model']['id']} / {p.name}"
+        assert p.tokens_equal, f"{where}: token ids differ from llama.cpp's"
+        assert p.max_rel <= BUILD_GAP, f"{where}: max |dlogit| = {p.max_rel:.2e} std, past the gap between builds"
+        assert p.greedy_equal, f"{where}: greedy output diverged at step {p.diverged_at}"
+
+
 # ---- refusals ---------------------------------------------------------------------------------
 
 def _edit(tmp_path, src, kv=None, drop=(), rename=None):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ModelFileError, check_token_ids
+from ..errors import InternalError, ModelFileError, check_token_ids
 from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.dequant import dequantize
@@ -84,7 +84,7 @@ def expert_slice(t: QTensor, e: int) -> QTensor:
     as a 2-D QTensor."""
     n_in, n_out, n_exp = t.dims
     if not 0 <= e < n_exp:
-        raise RamforgeError(f"{t.name}: expert {e} is out of range for {n_exp} experts")
+        raise InternalError(f"{t.name}: expert {e} is out of range for {n_exp} experts")
     k = kernels_for(t.ggml_type)
     nbytes = n_out * (n_in // k.block_elems * k.block_bytes)
     return QTensor(f"{t.name}[{e}]", t.ggml_type, (n_in, n_out), t.data[e * nbytes:(e + 1) * nbytes])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from ..errors import RamforgeError
+from ..errors import InternalError
 from ..gguf.reader import GGUFFile
 from ..models.weights import EXPERT_TENSORS, QTensor, gguf_name
 from ..plan import Span, expert_span
@@ -23,7 +23,7 @@ class ExpertCache:
 
     def __init__(self, f: GGUFFile, file: ModelFile, layers: range, n_slots: int, slot_bytes: int):
         if n_slots < 1:
-            raise RamforgeError("the expert cache needs at least one slot")
+            raise InternalError("the expert cache needs at least one slot")
         self.file = file
         self.tensors = {il: [f.tensors[gguf_name(s, il)] for s in EXPERT_TENSORS] for il in layers}
         self.buffers = [aligned_empty(slot_bytes) for _ in range(n_slots)]
@@ -45,7 +45,7 @@ class ExpertCache:
         """Expert e of layer il: (gate, up, down), 2-D QTensors over its slot, read if not cached."""
         key = (il, int(e))
         if il not in self.tensors:
-            raise RamforgeError(f"layer {il} has no experts in this cache")
+            raise InternalError(f"layer {il} has no experts in this cache")
         slot = self._slot.get(key)
         if slot is None:
             slot = self._read(key)
@@ -64,10 +64,10 @@ class ExpertCache:
     def _read(self, key: tuple[int, int]) -> int:
         il, e = key
         if not 0 <= e < self.tensors[il][0].dims[2]:
-            raise RamforgeError(f"layer {il}: expert {e} is out of range for {self.tensors[il][0].dims[2]} experts")
+            raise InternalError(f"layer {il}: expert {e} is out of range for {self.tensors[il][0].dims[2]} experts")
         span = expert_span(self.tensors[il], e)
         if span.nbytes > self.slot_bytes:
-            raise RamforgeError(f"expert ({il}, {e}) needs {span.nbytes:,} B, above the slot of {self.slot_bytes:,}")
+            raise InternalError(f"expert ({il}, {e}) needs {span.nbytes:,} B, above the slot of {self.slot_bytes:,}")
         if self._free:
             slot = self._free.pop()
         else:

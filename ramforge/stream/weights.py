@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..errors import check_token_ids
+from ..errors import InternalError, check_token_ids
 from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile
 from ..kernels.dequant import dequantize
@@ -273,7 +273,7 @@ class Weights:
             return
         layer = self._held.get(il)
         if layer is None:
-            raise RamforgeError(f"the experts of layer {il} were asked for outside `layer({il})`")
+            raise InternalError(f"the experts of layer {il} were asked for outside `layer({il})`")
         yield LayerExperts(layer)
 
     def output_rows(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
