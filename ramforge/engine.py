@@ -149,8 +149,10 @@ class Engine:
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
              io: IOMode | str = IOMode.DIRECT, layers: tuple[int, int] | None = None,
-             n_threads: int | None = None) -> "Engine":
-        """Plan under the budget, then read what stays resident. layers=(a, b) runs only that range."""
+             n_threads: int | None = None, expert_policy: str | None = None, expert_prefetch: bool = True) -> "Engine":
+        """Plan under the budget, then read what stays resident. layers=(a, b) runs only that range.
+        expert_policy ("lru", "lfu"; default stream.experts.DEFAULT_POLICY) and expert_prefetch: the
+        expert cache, where experts stream apart from their layers."""
         from .runtime import set_threads
         from .tokenizer import load_tokenizer
 
@@ -167,7 +169,7 @@ class Engine:
             if plan.verdict == "insufficient":
                 raise BudgetTooSmall(budget.available, plan.min_budget, plan.n_ctx)
             tokenizer = load_tokenizer(md)
-            weights = Weights(f, plan, hp, module, budget, io)
+            weights = Weights(f, plan, hp, module, budget, io, expert_policy, expert_prefetch)
         charges = []
         try:
             a, b = plan.layers
@@ -263,7 +265,7 @@ class Engine:
         see kernels.matmul.batch_view; the last layer past attention `only` for those rows), logits
         for `rows` if asked."""
         rec = PassRecord(n, "prefill" if n > 1 else "decode") if PROFILE.enabled else None
-        self.weights.record = rec.layers if rec else None
+        self.weights.record = rec
         sw = Stopwatch().start()
         try:
             self.weights.begin_pass(logits=rows is not None)

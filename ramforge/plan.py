@@ -155,7 +155,11 @@ class Plan:
     experts_apart: bool = False                   # experts are read one by one into the expert cache
     expert_slot_bytes: int = 0                    # one expert's read span (largest over layers and experts)
     expert_slots: int = 0                         # the expert cache's capacity, in experts
+    predictor_bytes: int = 0                      # each layer's router and ffn_norm, resident to predict its experts
     streamed_bytes_per_token: int = 0             # at most (every expert a miss)
+    active_bytes_per_token: int = 0               # weights one token computes with: all dense, k experts a layer
+    expert_hit_rate: float = 0.0                  # the cache hit rate the expectation below assumes
+    expected_bytes_per_token: int = 0             # streamed per token at expert_hit_rate
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -175,7 +179,7 @@ class Plan:
         lb = dict(zip(range(*self.layers), self.layer_bytes))
         return (self.kv_bytes + self.state_bytes + self.small_bytes + self.n_buffers * self.buffer_bytes
                 + sum(self.persistent[n] for n in self.resident) + sum(lb[i] for i in self.pinned)
-                + self.embd_row_bytes + self.expert_slots * self.expert_slot_bytes)
+                + self.embd_row_bytes + self.expert_slots * self.expert_slot_bytes + self.predictor_bytes)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -185,7 +189,9 @@ class Plan:
 
 
 def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: int = DEFAULT_BATCH,
-              layers: tuple[int, int] | None = None) -> Plan:
+              layers: tuple[int, int] | None = None, hit_rate: float | None = None) -> Plan:
+    """hit_rate: the expert cache hit rate for expected_bytes_per_token; by default the share of all
+    experts the cache holds (what routing spread evenly over the experts would hit)."""
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
     n_ctx = min(hp.n_ctx_train, DEFAULT_CTX) if n_ctx is None else n_ctx
     if n_ctx <= 0 or batch <= 0:
@@ -218,19 +224,28 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     resident_budget = fixed + layer_total + sum(persistent[n] for n in big)
     experts = {i: [t for t in by_layer[i] if is_expert_tensor(t.name)] for i in range(a, b)}
     apart = hp.n_expert > 0 and all(len(x) == len(EXPERT_SUFFIXES) for x in experts.values())
+    k = hp.n_expert_used
     if apart:                          # streaming: layers without their experts, experts one by one
         spans_s = [span_of(i, [t for t in by_layer[i] if not is_expert_tensor(t.name)]) for i in range(a, b)]
         slot = max(expert_span(experts[i], e).nbytes for i in range(a, b) for e in range(hp.n_expert))
-        min_slots = hp.n_expert_used
+        min_slots = k
+        # layer i's router and ffn_norm (as f32), resident to guess its experts during layer i-1
+        predictors = sum(4 * f.tensors[f"blk.{i}.ffn_norm.weight"].n_elements
+                         + f.tensors[f"blk.{i}.ffn_gate_inp.weight"].nbytes for i in range(a + 1, b))
     else:
-        spans_s, slot, min_slots = spans, 0, 0
+        spans_s, slot, min_slots, predictors = spans, 0, 0, 0
+    expert_total = sum(t.nbytes for x in experts.values() for t in x)
     max_span = max((s.nbytes for s in spans_s), default=0)
     embd = f.tensors.get("token_embd.weight")
     row_bytes = embd.nbytes // embd.dims[1] if embd is not None else 0
-    min_budget = fixed + max_span + min_slots * slot + (batch * row_bytes if a == 0 else 0)
+    min_budget = fixed + max_span + min_slots * slot + predictors + (batch * row_bytes if a == 0 else 0)
     p = Plan(f.path, hp.arch, is_executable(hp.arch), n_ctx, batch, budget, (a, b),
              sum(t.nbytes for t in f.tensors.values()), persistent, [s.nbytes for s in spans],
              kv, state, small, "resident", min_budget, resident_budget)
+    outside = sum(persistent.values()) - sum(persistent[n] for n in big)          # norms, rope factors
+    p.active_bytes_per_token = (sum(t.nbytes for x in by_layer.values() for t in x) - expert_total
+                                + (expert_total * k // hp.n_expert if hp.n_expert else 0) + outside
+                                + (persistent.get(out_name, 0) if b == hp.n_layer else 0) + (row_bytes if a == 0 else 0))
     if budget is None or budget >= resident_budget:
         p.resident, p.pinned = big, list(range(a, b))
     elif budget < min_budget:
@@ -238,8 +253,8 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     else:
         p.verdict = "streaming"
         p.layer_bytes = [s.nbytes for s in spans_s]
-        p.experts_apart, p.expert_slot_bytes = apart, slot
-        avail = budget - fixed - min_slots * slot
+        p.experts_apart, p.expert_slot_bytes, p.predictor_bytes = apart, slot, predictors
+        avail = budget - fixed - min_slots * slot - predictors
         p.n_buffers = 2 if avail >= 2 * max_span + (batch * row_bytes if a == 0 else 0) else 1
         p.buffer_bytes = max_span
         head = avail - p.n_buffers * max_span
@@ -263,8 +278,15 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
             streamed.append(persistent[out_name])
         if not streamed:                          # everything that streams is a row of the embedding
             p.n_buffers = p.buffer_bytes = 0
-        misses = (b - a) * hp.n_expert_used * slot if apart and p.expert_slots < (b - a) * hp.n_expert else 0
-        p.streamed_bytes_per_token = sum(streamed) + (row_bytes if p.embd_row_bytes else 0) + misses
+        every = (b - a) * hp.n_expert
+        misses = (b - a) * k * slot if apart and p.expert_slots < every else 0
+        dense = sum(streamed) + (row_bytes if p.embd_row_bytes else 0)
+        p.streamed_bytes_per_token = dense + misses
+        if apart:
+            p.expert_hit_rate = min(1.0, p.expert_slots / every) if hit_rate is None else hit_rate
+            p.expected_bytes_per_token = dense + round(misses * (1.0 - p.expert_hit_rate))
+        else:
+            p.expected_bytes_per_token = p.streamed_bytes_per_token
     if not p.executable:
         p.notes.append(f"architecture {hp.arch} can be inspected and planned but not executed")
     return p
@@ -280,11 +302,14 @@ BATCHES = (64, 32, 16, 8, 4, 2, 1)
 
 
 def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
-                    layers: tuple[int, int] | None = None, batch: int | None = None) -> Plan:
+                    layers: tuple[int, int] | None = None, batch: int | None = None,
+                    hit_rate: float | None = None) -> Plan:
     """The plan with the largest prompt chunk (64 down to 1 tokens) that fits the budget."""
+    if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
+        raise InvalidArgument(f"an expert hit rate is a fraction from 0 to 1, got {hit_rate}")
     batches = (batch,) if batch else BATCHES
     for b in batches:
-        p = make_plan(f, budget, n_ctx, b, layers)
+        p = make_plan(f, budget, n_ctx, b, layers, hit_rate)
         if p.verdict != "insufficient":
             break
     p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers).min_budget    # at the smallest chunk

@@ -23,19 +23,48 @@ class LayerRecord:
 
 
 @dataclass
+class ExpertRecord:
+    """One layer's experts in one pass (or the totals): where each came from, what it cost."""
+
+    layer: int | str
+    hits: int = 0             # cached from an earlier use
+    prefetch_hits: int = 0    # read ahead for this layer by the prediction, and picked
+    misses: int = 0           # read when picked
+    prefetch_issued: int = 0  # reads this layer's prediction started for the next layer
+    prefetch_wasted: int = 0  # read ahead for this layer and not picked
+    predicted: int = 0        # picks of layers that had a prediction ...
+    predicted_right: int = 0  # ... and those of them the prediction named
+    bytes_read: int = 0       # bytes this layer's misses and its prediction read
+    read_s: float = 0.0       # reader threads' time on this layer's reads
+    wait_s: float = 0.0       # compute waiting for experts: I/O not hidden
+    compute_s: float = 0.0
+
+    def add(self, o: "ExpertRecord") -> None:
+        for k, v in vars(o).items():
+            if k != "layer":
+                setattr(self, k, getattr(self, k) + v)
+
+    def as_dict(self) -> dict:
+        n = self.hits + self.prefetch_hits + self.misses
+        return vars(self) | {"hit_rate": (self.hits + self.prefetch_hits) / n if n else 0.0,
+                             "prediction_rate": self.predicted_right / self.predicted if self.predicted else 0.0}
+
+
+@dataclass
 class PassRecord:
     n_tokens: int
     kind: str                 # "prefill" or "decode"
     layers: list[LayerRecord] = field(default_factory=list)
+    experts: list[ExpertRecord] = field(default_factory=list)     # streamed experts, per layer
     seconds: float = 0.0
 
     @property
     def bytes_read(self) -> int:
-        return sum(r.bytes_read for r in self.layers)
+        return sum(r.bytes_read for r in self.layers) + sum(r.bytes_read for r in self.experts)
 
     @property
     def wait_s(self) -> float:
-        return sum(r.wait_s for r in self.layers)
+        return sum(r.wait_s for r in self.layers) + sum(r.wait_s for r in self.experts)
 
 
 @dataclass
@@ -57,17 +86,23 @@ class Profile:
         total_read = sum(r.bytes_read for r in streamed)
         read_s = sum(r.read_s for r in streamed)
         decode = [p for p in self.passes if p.kind == "decode"]
+        experts = ExpertRecord("all")
+        for p in self.passes:
+            for r in p.experts:
+                experts.add(r)
         return {
             "compile_s": self.compile_s, "ops_s": dict(self.ops), "op_calls": dict(self.calls),
             "hits": sum(r.resident for p in self.passes for r in p.layers if isinstance(r.layer, int)),
             "misses": sum(not r.resident for p in self.passes for r in p.layers if isinstance(r.layer, int)),
-            "bytes_read": total_read, "read_s": read_s,
+            "bytes_read": total_read + experts.bytes_read, "read_s": read_s + experts.read_s,
             "storage_gb_s": total_read / read_s / 1e9 if read_s > 0 else 0.0,
             "wait_s": sum(p.wait_s for p in self.passes),
             "bytes_per_decode_token": (sum(p.bytes_read for p in decode) / len(decode)) if decode else 0,
             "passes": [{"kind": p.kind, "n_tokens": p.n_tokens, "seconds": p.seconds, "bytes_read": p.bytes_read,
                         "wait_s": p.wait_s,
-                        "layers": [vars(r) for r in p.layers]} for p in self.passes],
+                        "layers": [vars(r) for r in p.layers],
+                        "experts": [r.as_dict() for r in p.experts]} for p in self.passes],
+            "experts": experts.as_dict() if any(p.experts for p in self.passes) else None,
         }
 
 

@@ -70,7 +70,7 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
                 x += xb                                         # residual
                 rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
                 if L.ffn_gate_inp is not None:                  # experts: xb <- their mixture
-                    moe.ffn(m, s, il, L, xb)
+                    moe.ffn(m, s, il, L, xb, x)
                 else:
                     L.ffn_gate.rows(gate, xb)
                     L.ffn_up.rows(up, xb)

@@ -18,15 +18,17 @@ import numpy as np
 
 from ..kernels.matmul import matmul
 from ..kernels.moe import expert_matmul, route, weighted_sum
-from ..kernels.ops import swiglu
+from ..kernels.ops import rms_norm, swiglu
 from ..profiling import timed
 
 # architecture -> whether the k weights are divided by their sum (build_moe_ffn's norm_w)
 NORM_W = {"qwen3moe": True, "qwen2moe": False, "llama": True}
 
 
-def ffn(m, s, il: int, L, xb: np.ndarray) -> None:
-    """xb f32[n, n_embd] <- layer il's mixture of experts of xb (plus its shared expert, if any)."""
+def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
+    """xb f32[n, n_embd] <- layer il's mixture of experts of xb (plus its shared expert, if any).
+    x f32[n, n_embd], the residual xb was normed from, predicts the next layer's experts (read ahead
+    when they stream; the answer never depends on the guess)."""
     hp, w = m.hp, m.weights
     n = xb.shape[0]
     logits, sel, wts = s.router[:n], s.sel[:n], s.wts[:n]      # f32[n, n_expert], i32[n, k], f32[n, k]
@@ -34,13 +36,14 @@ def ffn(m, s, il: int, L, xb: np.ndarray) -> None:
     L.ffn_gate_inp.rows(logits, xb)
     route(sel, wts, logits, NORM_W[hp.arch])
     experts = np.unique(sel)                                   # ascending, as mul_mat_id's loop
-    with w.experts(il, experts) as E:
-        for e in experts:
+    with w.experts(il, experts, n) as E:
+        if E.wants_prediction:
+            E.predict(_predict(w.predictors[il + 1], x, s.xe[:n], logits, hp))
+        for e, (gate, up, down) in E:                          # cached experts first: any order is exact
             tok, slot = np.nonzero(sel == e)                   # its rows: (token, slot), token-major
             c = tok.size
             xe, ge, ue, ye = s.xe[:c], s.ge[:c], s.ue[:c], s.ye[:c]
             np.take(xb, tok, axis=0, out=xe)
-            gate, up, down = E[e]
             _expert_rows(ge, xe, gate)
             _expert_rows(ue, xe, up)
             swiglu(ge, ge, ue)
@@ -60,6 +63,19 @@ def ffn(m, s, il: int, L, xb: np.ndarray) -> None:
         xb += shexp                                            # ... added to the mixture
     else:
         weighted_sum(xb, ex, wts)
+
+
+def _predict(predictor, x: np.ndarray, xn: np.ndarray, logits: np.ndarray, hp) -> np.ndarray:
+    """The next layer's likely experts, most picked first: its router applied to this layer's residual
+    x f32[n, n_embd], normed with its ffn_norm (into xn), logits into f32[n, n_expert] scratch; each
+    row's top k (a guess: its arithmetic need not be llama.cpp's)."""
+    norm, router = predictor
+    rms_norm(xn, x, norm.data, hp.rms_eps)
+    router.rows(logits, xn)
+    k = hp.n_expert_used
+    top = np.argpartition(-logits, k - 1, axis=1)[:, :k] if k < hp.n_expert else np.tile(np.arange(k), (len(x), 1))
+    ids, counts = np.unique(top, return_counts=True)
+    return ids[np.argsort(-counts, kind="stable")]
 
 
 @timed(lambda y, x, t: f"expert matvec {t.ggml_type.name}")

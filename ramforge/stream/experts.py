@@ -2,37 +2,88 @@
 
 When a plan streams experts apart from their layers (plan.experts_apart), an expert (its rows of
 ffn_gate_exps, ffn_up_exps and ffn_down_exps: three contiguous byte ranges, each read aligned) is
-read alone into one of `n_slots` budget-charged buffers when the router first picks it; the least
-recently used expert gives up its slot. An expert's tensors are valid until the next `get`, so the
-forward pass holds one expert at a time.
+read alone into one of `n_slots` budget-charged slots. Reads run on reader threads; the compute
+thread does all the bookkeeping, so a slot is never reused while a kernel reads it.
+
+A layer's turn (`layer`): the experts its router picked are protected; the ones not cached are
+queued for reading (as many as free or evictable slots allow, the rest as earlier ones finish);
+the cached ones are handed out first, so compute overlaps the reads. A prediction for the next
+layer (`prefetch`: its router applied to this layer's hidden state, models.moe) queues the
+predicted experts that are not cached behind this layer's own reads. Compute always uses the true
+routing: a wrong guess costs bandwidth only, and is counted as a wasted prefetch.
+
+Eviction (`Policy`): LRU, or LFU, a frequency-aware policy: the fewest uses, each use's weight
+halving every `HALF_LIFE` tokens, the least recently used among equals.
 """
 from __future__ import annotations
 
+import enum
 import time
-from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..errors import InternalError
+import numpy as np
+
+from ..errors import InternalError, InvalidArgument
 from ..gguf.reader import GGUFFile
 from ..models.weights import EXPERT_TENSORS, QTensor, gguf_name
 from ..plan import Span, expert_span
+from ..profiling import ExpertRecord
 from .io import ModelFile, aligned_empty
+
+HALF_LIFE = 64.0        # tokens: a use's weight in LFU halves over this many tokens
+READERS = 2             # reader threads: more than one read in flight keeps a fast SSD busy
+
+
+class Policy(str, enum.Enum):
+    LRU = "lru"         # evict the least recently used
+    LFU = "lfu"         # evict the least often used (uses decay with HALF_LIFE), LRU among equals
+
+    @classmethod
+    def parse(cls, value) -> "Policy":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise InvalidArgument(f"expert cache policy {value!r}: one of {', '.join(p.value for p in cls)}") from None
+
+
+DEFAULT_POLICY = Policy.LFU
 
 
 class ExpertCache:
-    """Experts (layer, id) in n_slots buffers of slot_bytes, least recently used evicted first."""
+    """Experts (layer, id) in n_slots buffers of slot_bytes, read by reader threads."""
 
-    def __init__(self, f: GGUFFile, file: ModelFile, layers: range, n_slots: int, slot_bytes: int):
+    def __init__(self, f: GGUFFile, file: ModelFile, layers: range, n_slots: int, slot_bytes: int,
+                 policy: Policy | str = DEFAULT_POLICY, readers: int = READERS):
         if n_slots < 1:
             raise InternalError("the expert cache needs at least one slot")
-        self.file = file
+        self.file, self.layers = file, layers
+        self.policy = Policy.parse(policy)
         self.tensors = {il: [f.tensors[gguf_name(s, il)] for s in EXPERT_TENSORS] for il in layers}
+        self.n_expert = self.tensors[layers[0]][0].dims[2]
         self.buffers = [aligned_empty(slot_bytes) for _ in range(n_slots)]
         self.slot_bytes = slot_bytes
-        self._slot: OrderedDict[tuple[int, int], int] = OrderedDict()   # (layer, expert) -> slot, LRU first
-        self._span: dict[int, Span] = {}                                 # slot -> the read plan it holds
-        self._free = list(range(n_slots - 1, -1, -1))
-        self.hits = self.misses = self.bytes_read = 0
-        self.read_s = 0.0
+        self._slot: dict[tuple[int, int], int] = {}          # (layer, expert) -> slot
+        self._key: list[tuple[int, int] | None] = [None] * n_slots
+        self._span: list[Span | None] = [None] * n_slots
+        self._loading: dict[int, Future] = {}               # slot -> its read, until taken
+        self._protected = np.zeros(n_slots, bool)          # in use by this layer, or a pending prefetch
+        self._used = np.zeros(n_slots)                      # clock of the last use (LRU)
+        self._where = np.zeros((n_slots, 2), np.int64)      # slot -> (layer - layers[0], expert), for LFU
+        self._freq = np.zeros((len(layers), self.n_expert))  # decayed use counts, at _freq_t
+        self._freq_t = np.zeros((len(layers), self.n_expert))
+        self._prefetched: dict[tuple[int, int], int] = {}  # key -> slot, read for a layer not yet run
+        self._kept: dict[tuple[int, int], int] = {}        # key -> slot, cached and predicted: kept from eviction
+        self._predicted: dict[int, set[int]] = {}          # layer -> its predicted experts, until it runs
+        self._pool = ThreadPoolExecutor(readers, thread_name_prefix="ramforge-experts")
+        self._turn: list[tuple[int, int]] = []              # this layer's keys, in compute order
+        self._todo: list[tuple[int, int]] = []              # ... those that were misses
+        self._taken: int | None = None                      # the slot handed out last
+        self.tokens = 0.0                                   # the clock: tokens routed through layers[0]
+        self._tick = 0                                      # orders uses within a token
+        self.totals = ExpertRecord("all")
+        self.prefetch = True
 
     @property
     def n_slots(self) -> int:
@@ -41,63 +92,215 @@ class ExpertCache:
     def __contains__(self, key: tuple[int, int]) -> bool:
         return key in self._slot
 
-    def get(self, il: int, e: int) -> tuple[QTensor, QTensor, QTensor]:
-        """Expert e of layer il: (gate, up, down), 2-D QTensors over its slot, read if not cached."""
-        key = (il, int(e))
+    # ---- a layer's turn -------------------------------------------------------------------
+    def layer(self, il: int, ids: np.ndarray, n_tokens: int, rec: ExpertRecord) -> list[tuple[int, int]]:
+        """Begin layer il's turn with its picked experts ids: protect the cached ones, queue reads of the
+        others. Returns the keys in the order to compute them (cached first); `take` each in that order,
+        then `end` the turn. rec collects the layer's figures."""
         if il not in self.tensors:
             raise InternalError(f"layer {il} has no experts in this cache")
-        slot = self._slot.get(key)
-        if slot is None:
-            slot = self._read(key)
-            self.misses += 1
-        else:
-            self._slot.move_to_end(key)
-            self.hits += 1
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and not (0 <= ids.min() and ids.max() < self.n_expert):
+            raise InternalError(f"layer {il}: expert ids {ids.min()}..{ids.max()} are out of range for {self.n_expert} experts")
+        if il == self.layers[0]:
+            self.tokens += n_tokens
+        self._count(il, ids)
+        keys = [(il, int(e)) for e in ids]
+        picked = set(keys)
+        guess = self._predicted.pop(il, None)
+        if guess is not None:
+            rec.predicted += len(keys)
+            rec.predicted_right += sum(e in guess for _, e in keys)
+        for k in [k for k in self._kept if k[0] == il]:
+            self._protected[self._kept.pop(k)] = False
+        for k in [k for k in self._prefetched if k[0] == il and k not in picked]:
+            self._protected[self._prefetched.pop(k)] = False     # read for this layer, not picked
+            rec.prefetch_wasted += 1
+        cached = [k for k in keys if k in self._slot]
+        for k in cached:
+            if self._prefetched.pop(k, None) is not None:
+                rec.prefetch_hits += 1
+            else:
+                rec.hits += 1
+            self._protected[self._slot[k]] = True
+        self._todo = [k for k in keys if k not in self._slot]   # misses, read in this order
+        rec.misses += len(self._todo)
+        self._turn = cached + self._todo
+        self._taken = None
+        self._submit(self._todo, rec)
+        return list(self._turn)
+
+    def take(self, key: tuple[int, int], rec: ExpertRecord) -> tuple[QTensor, QTensor, QTensor]:
+        """Expert key's (gate, up, down), waiting for its read; the previous one taken is given up."""
+        self._release_taken(rec)
+        if key in self._todo:
+            self._todo.remove(key)
+        slot = self._wait(key, rec)
+        self._use(slot)
+        self._taken = slot
+        return self._tensors(key, slot)
+
+    def end(self, rec: ExpertRecord) -> None:
+        """End the layer's turn (after an error too): its experts are no longer protected."""
+        self._release_taken(rec, submit=False)
+        held = set(self._prefetched.values()) | set(self._kept.values())
+        for k in self._turn:
+            if k in self._slot and self._slot[k] not in held:
+                self._protected[self._slot[k]] = False
+        self._turn, self._todo = [], []
+        self._settle_failed()
+        self.totals.add(rec)
+
+    def _release_taken(self, rec: ExpertRecord, submit: bool = True) -> None:
+        if self._taken is not None:
+            self._protected[self._taken] = False
+            self._taken = None
+            if submit:
+                self._submit(self._todo, rec)
+
+    def predict(self, il: int, ids: np.ndarray, rec: ExpertRecord) -> None:
+        """Queue reads of layer il's predicted experts `ids` (best first) that are not cached, in the
+        slots that are free or evictable now; cached ones are kept from eviction until layer il runs."""
+        if not self.prefetch or il not in self.tensors:
+            return
+        self._predicted[il] = {int(e) for e in ids}
+        for e in ids:
+            k = (il, int(e))
+            slot = self._slot.get(k)
+            if slot is not None:                            # cached: keep it for layer il
+                if not self._protected[slot]:
+                    self._protected[slot] = True
+                    self._kept[k] = slot
+                continue
+            slot = self._victim()
+            if slot is None:
+                return
+            self._start(k, slot)
+            self._prefetched[k] = slot
+            self._protected[slot] = True
+            rec.prefetch_issued += 1
+            rec.bytes_read += self._span[slot].nbytes
+
+    # ---- slots ----------------------------------------------------------------------------
+    def _submit(self, todo: list, rec: ExpertRecord) -> None:
+        """Start reads for the misses in todo that have no slot yet, while slots can be had."""
+        for k in todo:
+            if k in self._slot:
+                continue
+            slot = self._victim()
+            if slot is None:
+                return
+            self._start(k, slot)
+            self._protected[slot] = True
+            rec.bytes_read += self._span[slot].nbytes
+
+    def _victim(self) -> int | None:
+        """A free slot, else the policy's choice among the unprotected ones (None: every slot is in use)."""
+        free = [s for s, k in enumerate(self._key) if k is None]
+        if free:
+            return free[0]
+        cand = np.flatnonzero(~self._protected)
+        if cand.size == 0:
+            return None
+        if self.policy is Policy.LFU:
+            r, e = self._where[cand, 0], self._where[cand, 1]
+            score = self._freq[r, e] * np.exp2((self._freq_t[r, e] - self.tokens) / HALF_LIFE)
+            cand = cand[score <= score.min() * (1 + 1e-9)]
+        slot = int(cand[np.argmin(self._used[cand])])
+        self._evict(slot)
+        return slot
+
+    def _evict(self, slot: int) -> None:
+        k = self._key[slot]
+        del self._slot[k]
+        self._key[slot] = self._span[slot] = None
+
+    def _start(self, key: tuple[int, int], slot: int) -> None:
+        il, e = key
+        if not 0 <= e < self.n_expert:
+            raise InternalError(f"layer {il}: expert {e} is out of range for {self.n_expert} experts")
+        span = expert_span(self.tensors[il], e)
+        if span.nbytes > self.slot_bytes:
+            raise InternalError(f"expert {key} needs {span.nbytes:,} B, above the slot of {self.slot_bytes:,}")
+        self._slot[key], self._key[slot], self._span[slot] = slot, key, span
+        self._where[slot] = il - self.layers[0], e
+        self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], span)
+
+    def _read(self, buf: np.ndarray, span: Span) -> tuple[int, float]:
+        """On a reader thread: the expert's aligned segments into its slot."""
+        t0, n = time.perf_counter(), 0
+        for off, length, at in span.segments:
+            n += self.file.read_into(off, buf[at:at + length])
+            self.file.drop_cache(off, length)
+        return n, time.perf_counter() - t0
+
+    def _wait(self, key, rec: ExpertRecord) -> int:
+        if key not in self._slot:                          # not started yet: every slot was busy
+            self._submit([key], rec)
+            if key not in self._slot:
+                raise InternalError(f"no expert slot free for {key}: {self.n_slots} slots all in use")
+        slot = self._slot[key]
+        fut = self._loading.pop(slot, None)
+        if fut is not None:
+            t0 = time.perf_counter()
+            try:
+                _, read_s = fut.result()
+            except BaseException:
+                self._evict(slot)
+                self._protected[slot] = False
+                raise
+            rec.wait_s += time.perf_counter() - t0
+            rec.read_s += read_s
+        return slot
+
+    def _settle_failed(self) -> None:
+        """Reads that finished with an error free their slots (the error was or will be raised)."""
+        for slot, fut in list(self._loading.items()):
+            if fut.done() and fut.exception() is not None:
+                del self._loading[slot]
+                self._prefetched.pop(self._key[slot], None)
+                self._evict(slot)
+                self._protected[slot] = False
+
+    def _use(self, slot: int) -> None:
+        self._tick += 1
+        self._used[slot] = self._tick
+
+    def _count(self, il: int, ids) -> None:
+        """One use of each of ids at layer il, now: the LFU counts."""
+        r, idx = il - self.layers[0], np.asarray(ids, dtype=np.int64)
+        self._freq[r, idx] = self._freq[r, idx] * np.exp2((self._freq_t[r, idx] - self.tokens) / HALF_LIFE) + 1.0
+        self._freq_t[r, idx] = self.tokens
+
+    def _tensors(self, key, slot: int) -> tuple[QTensor, QTensor, QTensor]:
+        il, e = key
         buf, span = self.buffers[slot], self._span[slot]
         out = []
         for t in self.tensors[il]:
-            n_in, n_out, _ = t.dims
             at = span.offsets[t.name]
-            out.append(QTensor(f"{t.name}[{e}]", t.ggml_type, (n_in, n_out), buf[at:at + t.nbytes // t.dims[2]]))
+            out.append(QTensor(f"{t.name}[{e}]", t.ggml_type, t.dims[:2], buf[at:at + t.nbytes // t.dims[2]]))
         return tuple(out)
 
-    def _read(self, key: tuple[int, int]) -> int:
-        il, e = key
-        if not 0 <= e < self.tensors[il][0].dims[2]:
-            raise InternalError(f"layer {il}: expert {e} is out of range for {self.tensors[il][0].dims[2]} experts")
-        span = expert_span(self.tensors[il], e)
-        if span.nbytes > self.slot_bytes:
-            raise InternalError(f"expert ({il}, {e}) needs {span.nbytes:,} B, above the slot of {self.slot_bytes:,}")
-        if self._free:
-            slot = self._free.pop()
-        else:
-            _, slot = self._slot.popitem(last=False)       # the least recently used
-        buf = self.buffers[slot]
-        t0 = time.perf_counter()
-        try:
-            for off, n, at in span.segments:              # aligned, as a layer's
-                self.bytes_read += self.file.read_into(off, buf[at:at + n])
-                self.file.drop_cache(off, n)
-        except BaseException:
-            self._free.append(slot)
-            raise
-        self.read_s += time.perf_counter() - t0
-        self._slot[key] = slot
-        self._span[slot] = span
-        return slot
+    # ---- the end --------------------------------------------------------------------------
+    def abort(self) -> None:
+        """After an error mid-pass: wait for reads in flight; pending prefetches are dropped."""
+        for slot, fut in list(self._loading.items()):
+            fut.cancel()
+            try:
+                fut.result()
+            except BaseException:
+                self._evict(slot)
+                del self._loading[slot]
+        self._prefetched.clear()
+        self._kept.clear()
+        self._predicted.clear()
+        self._protected[:] = False
+
+    def close(self) -> None:
+        self.abort()
+        self._pool.shutdown(wait=True)
 
     def stats(self) -> dict:
-        n = self.hits + self.misses
-        return {"slots": self.n_slots, "slot_bytes": self.slot_bytes, "hits": self.hits, "misses": self.misses,
-                "hit_rate": self.hits / n if n else 0.0, "bytes_read": self.bytes_read, "read_s": self.read_s}
-
-
-class CachedExperts:
-    """E[e] -> (gate, up, down) of one layer, served by an ExpertCache."""
-
-    def __init__(self, cache: ExpertCache, il: int):
-        self.cache, self.il = cache, il
-
-    def __getitem__(self, e) -> tuple[QTensor, QTensor, QTensor]:
-        return self.cache.get(self.il, int(e))
-
+        t = self.totals
+        return {"policy": self.policy.value, "slots": self.n_slots, "slot_bytes": self.slot_bytes,
+                "prefetch": self.prefetch, **t.as_dict()}

@@ -21,8 +21,8 @@ from ..memory import MemoryBudget
 from ..models.weights import (EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_name, layer_names, layer_tensors,
                               validate_tensors)
 from ..plan import ALIGN, SMALL, Plan, block_row_bytes, is_expert_tensor, span_of
-from ..profiling import LayerRecord
-from .experts import CachedExperts, ExpertCache
+from ..profiling import ExpertRecord, LayerRecord, PassRecord
+from .experts import DEFAULT_POLICY, ExpertCache, Policy
 from .io import IOMode, ModelFile, aligned_empty
 
 
@@ -62,8 +62,10 @@ class _Reader(threading.Thread):
 class Weights:
     """Tensors as `plan` says; `layer(il)` yields a Layer, streaming it in if it is not pinned."""
 
-    def __init__(self, f: GGUFFile, plan: Plan, hp, module, budget: MemoryBudget, io: IOMode | str = IOMode.DIRECT):
+    def __init__(self, f: GGUFFile, plan: Plan, hp, module, budget: MemoryBudget, io: IOMode | str = IOMode.DIRECT,
+                 expert_policy: Policy | str | None = None, expert_prefetch: bool = True):
         self.f, self.plan, self.hp, self.module, self.budget = f, plan, hp, module, budget
+        self.expert_policy, self.expert_prefetch = Policy.parse(expert_policy or DEFAULT_POLICY), bool(expert_prefetch)
         self.tensors = layer_tensors(module, hp)
         self.layer_names = layer_names(module, hp)
         validate_tensors(f, hp, module, plan.layers)
@@ -71,10 +73,11 @@ class Weights:
         self.mmap = self.file.mode == IOMode.MMAP
         self.apart = plan.experts_apart and not self.mmap  # experts in the expert cache, not their layers
         self.expert_cache: ExpertCache | None = None
+        self.predictors: dict[int, tuple[QTensor, QTensor]] = {}   # layer -> (ffn_norm, router), resident
         self._charges, self._reader, self._pass, self._cursor = [], None, [], 0
         self._inflight: list = []          # keys submitted and not yet taken, in order
         self._held: dict[int, Layer] = {}  # the layers `layer()` holds now
-        self.record: list[LayerRecord] | None = None
+        self.record: PassRecord | None = None   # the pass being profiled
         try:
             self._load()
         except BaseException:
@@ -126,7 +129,12 @@ class Weights:
                                      and not (self.apart and is_expert_tensor(n))]) for i in range(a, b)}
         if self.apart:
             self._charge("expert cache", p.expert_slots * p.expert_slot_bytes)
-            self.expert_cache = ExpertCache(f, self.file, range(a, b), p.expert_slots, p.expert_slot_bytes)
+            self.expert_cache = ExpertCache(f, self.file, range(a, b), p.expert_slots, p.expert_slot_bytes,
+                                            self.expert_policy)
+            self.expert_cache.prefetch = self.expert_prefetch
+            for il in range(a + 1, b):       # what predicts layer il's experts from layer il-1 (plan.predictor_bytes)
+                self.predictors[il] = (self._vector(gguf_name("ffn_norm", il)),
+                                       self._matrix(gguf_name("ffn_gate_inp", il)))
         self.pinned = {}
         for il in (range(a, b) if self.mmap else p.pinned):
             self.pinned[il] = self._pinned_layer(il)
@@ -234,7 +242,7 @@ class Weights:
         finally:
             rec.compute_s = time.perf_counter() - t1
             if self.record is not None:
-                self.record.append(rec)
+                self.record.layers.append(rec)
             self._reader.free.put(buf)
             self._drop(key)
             self._fill()
@@ -249,7 +257,7 @@ class Weights:
             finally:
                 self._held.pop(il, None)
             if self.record is not None:
-                self.record.append(LayerRecord(il, True, compute_s=time.perf_counter() - t0))
+                self.record.layers.append(LayerRecord(il, True, compute_s=time.perf_counter() - t0))
             return
         with self._take(("L", il), il) as buf:
             self._held[il] = layer = self._layer_from(il, buf)
@@ -259,22 +267,27 @@ class Weights:
                 self._held.pop(il, None)
 
     @contextmanager
-    def experts(self, il: int, ids):
-        """Layer il's experts `ids` (the ones its router picked): E[e] -> (gate, up, down), 2-D QTensors of
-        expert e's rows. Served from the layer's 3-D tensors as loaded (resident, or streamed with the
-        layer that `layer(il)` holds now); an expert cache can serve the same call."""
+    def experts(self, il: int, ids, n_tokens: int):
+        """Layer il's experts `ids` (the ones its router picked, ascending) as an `Experts`: iterate it for
+        (e, (gate, up, down)), 2-D QTensors of expert e's rows, valid until the next. Served from the
+        layer's 3-D tensors as loaded (resident, or streamed with the layer that `layer(il)` holds now),
+        or by the expert cache, which reads the ones it lacks meanwhile."""
         if self.expert_cache is not None:
+            rec = ExpertRecord(il)
             c = self.expert_cache
-            misses, nbytes, read_s = c.misses, c.bytes_read, c.read_s
-            yield CachedExperts(c, il)
-            if self.record is not None:
-                self.record.append(LayerRecord(f"experts {il}", c.misses == misses, c.bytes_read - nbytes,
-                                               c.read_s - read_s, c.read_s - read_s))
+            t0 = time.perf_counter()
+            try:
+                yield Experts(self, il, c.layer(il, ids, n_tokens, rec), rec)
+            finally:
+                rec.compute_s = time.perf_counter() - t0 - rec.wait_s
+                c.end(rec)
+                if self.record is not None:
+                    self.record.experts.append(rec)
             return
         layer = self._held.get(il)
         if layer is None:
             raise InternalError(f"the experts of layer {il} were asked for outside `layer({il})`")
-        yield LayerExperts(layer)
+        yield Experts(self, il, [(il, int(e)) for e in ids], None, LayerExperts(layer))
 
     def output_rows(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """logits y f32[n, n_vocab] = x f32[n, n_embd] @ output^T, resident or in streamed row chunks."""
@@ -301,7 +314,7 @@ class Weights:
             raw = self._read(t.name, t.offset + int(tok) * rb, rb)
             dequantize(t.ggml_type, raw, out=out[i])
             if self.record is not None:
-                self.record.append(LayerRecord("embedding", False, rb))
+                self.record.layers.append(LayerRecord("embedding", False, rb))
         return out
 
     def abort(self) -> None:
@@ -309,14 +322,43 @@ class Weights:
         if self._reader is not None:
             self._drain()
             self._pass = []
+        if self.expert_cache is not None:
+            self.expert_cache.abort()
 
     def close(self) -> None:
         if self._reader is not None:
             self.abort()
             self._reader.stop()
             self._reader = None
+        if self.expert_cache is not None:
+            self.expert_cache.close()
+            self.expert_cache = None
         for c in self._charges:
             c.release()
         self._charges.clear()
         self.pinned, self.resident = {}, {}
         self.file.close()
+
+
+class Experts:
+    """One layer's picked experts for the forward pass (Weights.experts): iterate for (e, (gate, up,
+    down)); `predict` names the next layer's likely experts so the cache can read them meanwhile."""
+
+    def __init__(self, w: Weights, il: int, order: list[tuple[int, int]], rec: ExpertRecord | None,
+                 resident: LayerExperts | None = None):
+        self.w, self.il, self.order, self.rec, self.resident = w, il, order, rec, resident
+
+    def __iter__(self):
+        for key in self.order:
+            e = key[1]
+            yield e, (self.resident[e] if self.resident is not None else self.w.expert_cache.take(key, self.rec))
+
+    @property
+    def wants_prediction(self) -> bool:
+        c = self.w.expert_cache
+        return c is not None and c.prefetch and self.il + 1 in self.w.predictors
+
+    def predict(self, ids) -> None:
+        """Read ahead the next layer's experts ids (best first), where the budget leaves slots."""
+        if self.wants_prediction:
+            self.w.expert_cache.predict(self.il + 1, ids, self.rec)

@@ -1,0 +1,214 @@
+"""The expert cache (stream/experts.py): eviction policies, read-ahead from the next layer's router,
+the figures it reports, and that none of it changes a logit or leaks a budget charge."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ramforge.engine import Engine
+from ramforge.errors import InvalidArgument, RamforgeError
+from ramforge.memory import MemoryBudget
+from ramforge.models.weights import EXPERT_TENSORS
+from ramforge.plan import expert_span, plan_for_budget
+from ramforge.profiling import ExpertRecord
+from ramforge.stream.experts import HALF_LIFE, ExpertCache, Policy
+from ramforge.stream.io import ModelFile
+
+
+@pytest.fixture(scope="module")
+def moe():
+    from tools.make_models import ensure_model
+
+    return ensure_model("qwen3moe", "F16")
+
+
+@pytest.fixture
+def cache(moe):
+    """A factory: ExpertCache(layers, n_slots, policy) over the model file, closed afterwards."""
+    from ramforge.gguf.reader import GGUFFile
+
+    made, mf = [], ModelFile(str(moe), "buffered")
+    f = GGUFFile(moe)
+
+    def make(layers, n_slots, policy="lru"):
+        slot = max(expert_span(_tensors(f, il), e).nbytes for il in layers for e in range(16))
+        made.append(ExpertCache(f, mf, layers, n_slots, slot, policy))
+        return made[-1]
+    make.f = f
+    yield make
+    for c in made:
+        c.close()
+    mf.close()
+    f.close()
+
+
+def _tensors(f, il):
+    return [f.tensors[f"blk.{il}.{s}.weight"] for s in EXPERT_TENSORS]
+
+
+def _turn(c, il, ids, n_tokens=1, predict=None):
+    """One layer's turn: take every picked expert; returns the record and {e: (gate, up, down) bytes}."""
+    rec, got = ExpertRecord(il), {}
+    order = c.layer(il, np.asarray(ids), n_tokens, rec)
+    try:
+        if predict is not None:
+            c.predict(il + 1, predict, rec)
+        for k in order:
+            got[k[1]] = tuple(t.data.copy() for t in c.take(k, rec))
+    finally:
+        c.end(rec)
+    return rec, got
+
+
+@pytest.mark.parametrize("policy,kept,evicted", [("lru", 1, 0), ("lfu", 0, 1)])
+def test_eviction_policy(cache, moe, policy, kept, evicted):
+    c = cache(range(1, 2), 2, policy)
+    for ids in ([0], [0], [1]):
+        _turn(c, 1, ids)
+    rec, got = _turn(c, 1, [2])          # 0 was used twice, 1 last: LRU drops 0, LFU drops 1
+    assert (1, kept) in c and (1, evicted) not in c and (1, 2) in c
+    assert (rec.hits, rec.misses) == (0, 1) and (c.totals.hits, c.totals.misses) == (1, 3)
+    for t, raw in zip(_tensors(cache.f, 1), got[2]):          # expert 2's bytes, as the file holds them
+        per = t.nbytes // t.dims[2]
+        assert np.array_equal(raw, np.fromfile(moe, np.uint8, count=per, offset=t.offset + 2 * per))
+    assert c.totals.bytes_read == sum(expert_span(_tensors(cache.f, 1), e).nbytes for e in (0, 1, 2))
+
+
+def test_lfu_forgets_old_uses(cache):
+    c = cache(range(1, 2), 2, "lfu")
+    for _ in range(3):
+        _turn(c, 1, [0])
+    _turn(c, 1, [1], n_tokens=int(6 * HALF_LIFE))   # a long prompt later, 0's three uses weigh ~3/64
+    _turn(c, 1, [1])
+    _turn(c, 1, [2])
+    assert (1, 0) not in c and (1, 1) in c
+
+
+def test_more_picks_than_slots_are_read_as_slots_free(cache):
+    c = cache(range(1, 2), 2)
+    rec, got = _turn(c, 1, [3, 5, 7, 9, 11])
+    assert sorted(got) == [3, 5, 7, 9, 11] and rec.misses == 5 and c.n_slots == 2
+    whole = _tensors(cache.f, 1)
+    for e, raw in got.items():
+        per = whole[0].nbytes // whole[0].dims[2]
+        assert np.array_equal(raw[0], np.fromfile(cache.f.path, np.uint8, count=per, offset=whole[0].offset + e * per))
+
+
+def test_prediction_reads_ahead_and_is_scored(cache):
+    c = cache(range(0, 2), 4)
+    rec0, _ = _turn(c, 0, [0], predict=[1, 2])          # two slots free: both read ahead
+    assert rec0.prefetch_issued == 2 and (1, 1) in c and (1, 2) in c
+    rec1, _ = _turn(c, 1, [1, 3])
+    assert (rec1.prefetch_hits, rec1.prefetch_wasted, rec1.misses, rec1.hits) == (1, 1, 1, 0)
+    assert (rec1.predicted, rec1.predicted_right) == (2, 1)
+    t = c.totals.as_dict()
+    assert t["prediction_rate"] == 0.5 and t["hit_rate"] == pytest.approx(1 / 3)
+
+
+def test_prediction_never_takes_this_layers_slots(cache):
+    c = cache(range(0, 2), 2)
+    rec = ExpertRecord(0)
+    order = c.layer(0, np.array([4, 6]), 1, rec)
+    c.predict(1, [1, 2], rec)                             # both slots hold layer 0's picks
+    assert rec.prefetch_issued == 0
+    for k in order:
+        c.take(k, rec)
+    c.end(rec)
+    assert (0, 4) in c and (0, 6) in c
+
+
+def test_a_failed_read_frees_its_slot_and_the_next_turn_works(cache, monkeypatch):
+    c = cache(range(1, 2), 2)
+    real = c.file.read_into
+    monkeypatch.setattr(c.file, "read_into", lambda off, out: (_ for _ in ()).throw(OSError(5, "EIO")))
+    with pytest.raises(OSError):
+        _turn(c, 1, [0])
+    monkeypatch.setattr(c.file, "read_into", real)
+    assert (1, 0) not in c
+    rec, got = _turn(c, 1, [0, 1])
+    assert rec.misses == 2 and sorted(got) == [0, 1]
+
+
+def test_cache_refuses_what_it_cannot_hold(cache):
+    c = cache(range(1, 2), 2)
+    with pytest.raises(RamforgeError, match="out of range"):
+        _turn(c, 1, [16])
+    with pytest.raises(RamforgeError, match="no experts"):
+        _turn(c, 0, [0])
+    with pytest.raises(InvalidArgument, match="lru, lfu"):
+        Policy.parse("fifo")
+
+
+# ---- in the engine ---------------------------------------------------------------------------
+
+def _budget(moe):
+    """A budget whose expert cache holds about half of the model's experts (25 of 48)."""
+    from ramforge.gguf.reader import GGUFFile
+
+    with GGUFFile(moe) as f:
+        return plan_for_budget(f, None, 128, batch=64).min_budget + (10 << 20)
+
+
+@pytest.mark.parametrize("policy,prefetch", [("lru", True), ("lfu", False), ("lfu", True)])
+def test_policy_and_prefetch_never_change_a_logit(moe, policy, prefetch):
+    toks = list(range(3, 30))
+    with Engine.load(moe, n_ctx=128, batch=64) as eng:
+        want = [eng.eval(toks, all_logits=True)] + [eng.eval([t]) for t in (7, 8, 9, 10)]
+    b = MemoryBudget(_budget(moe))
+    with Engine.load(moe, n_ctx=128, budget=b, batch=64, expert_policy=policy, expert_prefetch=prefetch) as eng:
+        got = [eng.eval(toks, all_logits=True)] + [eng.eval([t]) for t in (7, 8, 9, 10)]
+        c, t = eng.weights.expert_cache, eng.weights.expert_cache.totals
+        assert c.policy.value == policy and b.peak == eng.plan.planned_peak
+        picks = eng.hp.n_expert_used * 4 * (eng.hp.n_layer)      # the 4 decode tokens alone
+        assert t.hits + t.prefetch_hits + t.misses >= picks
+        if prefetch:
+            assert t.predicted > 0 and 0 < t.predicted_right <= t.predicted
+        else:
+            assert t.predicted == t.prefetch_issued == t.prefetch_hits == 0
+    assert b.current == 0 and b.charges() == []
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
+
+
+def test_profile_reports_experts_per_layer(moe):
+    from ramforge.profiling import PROFILE
+
+    b = MemoryBudget(_budget(moe))
+    with Engine.load(moe, n_ctx=128, budget=b, batch=64) as eng:
+        PROFILE.enabled = True
+        PROFILE.reset()
+        try:
+            list(eng.generate([1, 5, 9, 14], 4))
+            s = PROFILE.summary()
+        finally:
+            PROFILE.enabled = False
+        decode = [p for p in s["passes"] if p["kind"] == "decode"]
+        assert decode and all(len(p["experts"]) == eng.hp.n_layer for p in decode)
+        r = decode[-1]["experts"][1]
+        assert r["layer"] == 1 and r["hits"] + r["prefetch_hits"] + r["misses"] == eng.hp.n_expert_used
+        e = s["experts"]
+        assert e["bytes_read"] == sum(x["bytes_read"] for p in s["passes"] for x in p["experts"])
+        assert e == {**eng.weights.expert_cache.totals.as_dict(), "layer": "all"}
+
+
+def test_plan_counts_experts(moe):
+    from ramforge.gguf.reader import GGUFFile
+
+    with GGUFFile(moe) as f:
+        full = plan_for_budget(f, None, 128)
+        p = plan_for_budget(f, _budget(moe), 128)
+        half = plan_for_budget(f, _budget(moe), 128, hit_rate=0.5)
+        with pytest.raises(InvalidArgument, match="fraction"):
+            plan_for_budget(f, None, 128, hit_rate=1.5)
+        hp_k, n_e = f.metadata["qwen3moe.expert_used_count"], f.metadata["qwen3moe.expert_count"]
+        n_layer = f.metadata["qwen3moe.block_count"]
+        experts = sum(t.nbytes for n, t in f.tensors.items() if "_exps" in n)
+        embd = f.tensors["token_embd.weight"]
+        row = embd.nbytes // embd.dims[1]         # the token's embedding row (tied: the output matrix too)
+    assert full.active_bytes_per_token == p.active_bytes_per_token < full.model_bytes
+    assert full.active_bytes_per_token == full.model_bytes - experts + experts * hp_k // n_e + row
+    assert p.experts_apart and p.predictor_bytes > 0 and hp_k < p.expert_slots < n_layer * n_e
+    assert p.expert_hit_rate == pytest.approx(min(1, p.expert_slots / (n_layer * n_e)))
+    misses = n_layer * hp_k * p.expert_slot_bytes
+    assert half.expected_bytes_per_token == p.streamed_bytes_per_token - misses + misses // 2
+    assert p.to_json()["expected_bytes_per_token"] == p.expected_bytes_per_token
