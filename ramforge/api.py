@@ -56,12 +56,14 @@ class Model:
 
     ram: a budget such as "512M" (None: unlimited). n_threads: kernel threads (None: physical cores).
     n_ubatch: llama.cpp's physical batch, whose arithmetic a prompt's evaluation reproduces (512, as
-    llama.cpp's default; memory use does not depend on it).
+    llama.cpp's default; memory use does not depend on it). expert_policy ("lfu" or "lru") and
+    expert_prefetch: the expert cache of a mixture of experts whose experts stream (see `ramforge plan`).
     """
 
     def __init__(self, path_or_name: str = "default", *, ram: str | int | None = None, n_ctx: int | None = 4096,
                  n_threads: int | None = None, seed: int | None = None, verbose: bool = False, io: str = "direct",
-                 chat_template: str | None = None, n_ubatch: int = 512):
+                 chat_template: str | None = None, n_ubatch: int = 512, expert_policy: str | None = None,
+                 expert_prefetch: bool = True):
         from .engine import Engine
 
         self.path = str(resolve_model(path_or_name))
@@ -69,7 +71,8 @@ class Model:
         self.budget = MemoryBudget(parse_memory_size(ram) if ram is not None else None)
         if not isinstance(n_ubatch, int) or n_ubatch < 1:
             raise InvalidArgument(f"n_ubatch must be a positive integer, got {n_ubatch!r}")
-        self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads)
+        self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads,
+                                  expert_policy=expert_policy, expert_prefetch=expert_prefetch)
         self.engine.ubatch = n_ubatch
         self.tokenizer = self.engine.tokenizer
         self.seed, self.verbose, self._chat_override = seed, verbose, chat_template

@@ -88,6 +88,8 @@ def render_profile(p: dict, timings: dict) -> None:
             t.add_row(str(r["layer"]), "pinned" if r["resident"] else "streamed", f"{r['bytes_read']:,}",
                       f"{r['read_s'] * 1e3:.2f}", f"{r['wait_s'] * 1e3:.2f}", f"{r['compute_s'] * 1e3:.2f}")
         err.print(t)
+    if last and last.get("experts"):
+        render_experts(last, p["experts"], len([q for q in passes if q["experts"]]))
     t = Table(title="per token")
     for c in ("pass", "kind", "tokens", "ms", "bytes read", "wait ms"):
         t.add_column(c, justify="right")
@@ -105,6 +107,25 @@ def render_profile(p: dict, timings: dict) -> None:
               f"{p['storage_gb_s']:.2f} GB/s over {format_bytes(p['bytes_read'])}; I/O wait {p['wait_s']:.3f} s")
     err.print(f"time to first token: load {timings['load_s']:.2f} s + prefill {timings['prompt_s']:.2f} s"
               f"{compiled(timings)}; decode {timings['gen_tokens']} tokens in {timings['gen_s']:.2f} s")
+
+
+def render_experts(last: dict, total: dict, n_passes: int) -> None:
+    """The expert cache per layer in the last pass, and its totals per pass."""
+    t = Table(title=f"experts per layer, last {last['kind']} pass")
+    cols = ("layer", "hits", "prefetch hits", "misses", "wasted prefetches", "predicted right", "bytes read",
+            "read ms", "wait ms", "compute ms")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in last["experts"]:
+        t.add_row(str(r["layer"]), str(r["hits"]), str(r["prefetch_hits"]), str(r["misses"]),
+                  str(r["prefetch_wasted"]), f"{r['predicted_right']}/{r['predicted']}", f"{r['bytes_read']:,}",
+                  f"{r['read_s'] * 1e3:.2f}", f"{r['wait_s'] * 1e3:.2f}", f"{r['compute_s'] * 1e3:.2f}")
+    err.print(t)
+    n = max(n_passes, 1)
+    err.print(f"experts: hit rate {100 * total['hit_rate']:.1f}% ({total['hits']} hits + {total['prefetch_hits']} "
+              f"prefetched, {total['misses']} misses); prediction {100 * total['prediction_rate']:.1f}% right, "
+              f"{total['prefetch_wasted']} of {total['prefetch_issued']} read-aheads wasted; per pass "
+              f"{format_bytes(total['bytes_read'] / n)} read, I/O wait {total['wait_s'] / n * 1e3:.1f} ms")
 
 
 def compiled(timings: dict) -> str:

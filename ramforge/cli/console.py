@@ -47,12 +47,13 @@ def load_tokenizer_of(model):
         return load_tokenizer(f.metadata)
 
 
-def load_engine(model, ctx, ram, io="direct", threads=None):
+def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, expert_prefetch=True):
     from ..engine import Engine
     from ..memory import MemoryBudget
 
     budget = MemoryBudget(parse_memory_size(ram) if ram else None)
-    return Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads)
+    return Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
+                       expert_policy=expert_cache, expert_prefetch=expert_prefetch)
 
 
 ctx_option = click.option("--ctx", type=click.IntRange(min=1), default=None,
@@ -62,6 +63,15 @@ threads_option = click.option("-t", "--threads", type=int, default=None,
                               help="Kernel threads (default: $RAMFORGE_THREADS or the physical cores).")
 io_option = click.option("--io", type=click.Choice(["direct", "buffered", "mmap"]), default="direct", show_default=True,
                          help="How streamed weights are read: O_DIRECT, pread + fadvise(DONTNEED), or mmap.")
+
+
+def expert_options(command):
+    """--expert-cache and --expert-prefetch/--no-expert-prefetch: where a mixture's experts stream."""
+    command = click.option("--expert-prefetch/--no-expert-prefetch", default=True, show_default=True,
+                           help="Read the next layer's likely experts ahead (its router on this layer's state).")(command)
+    return click.option("--expert-cache", type=click.Choice(["lfu", "lru"]), default=None,
+                        help="Expert cache eviction: lfu (fewest recent uses) or lru (default: lfu).")(command)
+
 
 # The CLI's spellings of the table's names; the rest are --name-with-dashes.
 CLI_SPELLING = {"temperature": "--temp"}

@@ -98,19 +98,21 @@ def support(as_json):
 @click.option("--ram", required=True, help="Memory budget, e.g. 4G, 512MiB, 1.5G.")
 @click.option("--ctx", type=click.IntRange(min=1), default=None, help="Context length (default: 4096, or the model's if smaller).")
 @click.option("--probe-io", is_flag=True, help="Measure the file's O_DIRECT read speed and estimate seconds per token.")
+@click.option("--hit-rate", type=click.FloatRange(0, 1), default=None,
+              help="Expert cache hit rate for the expected bytes per token (default: the share of experts cached).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan(model, ram, ctx, probe_io, as_json):
+def plan(model, ram, ctx, probe_io, hit_rate, as_json):
     """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget."""
     from ..plan import plan_for_budget
     from ..stream.io import probe_read_speed
 
     budget = parse_memory_size(ram)
     with open_gguf(model) as f:
-        p = plan_for_budget(f, budget, ctx)
+        p = plan_for_budget(f, budget, ctx, hit_rate=hit_rate)
     info = p.to_json()
     if probe_io:
         bw = probe_read_speed(p.path)
-        info["probe_io"] = {"read_gb_s": bw / 1e9, "seconds_per_token_io": p.streamed_bytes_per_token / bw}
+        info["probe_io"] = {"read_gb_s": bw / 1e9, "seconds_per_token_io": p.expected_bytes_per_token / bw}
     if as_json:
         print(json.dumps(info, indent=1))
         return
@@ -123,8 +125,16 @@ def plan(model, ram, ctx, probe_io, as_json):
             (f"pinned layers ({len(p.pinned)} of {len(p.layer_bytes)})", sum(p.layer_bytes[i - p.layers[0]] for i in p.pinned)),
             (f"stream buffers ({p.n_buffers})", p.n_buffers * p.buffer_bytes),
             (f"KV cache (F16, ctx {p.n_ctx})", p.kv_bytes), (f"activations (batch {p.batch})", p.state_bytes),
-            ("planned peak (managed)", p.planned_peak), ("streamed per token", p.streamed_bytes_per_token),
+            ("planned peak (managed)", p.planned_peak), ("streamed per token (at most)", p.streamed_bytes_per_token),
+            ("active weights per token", p.active_bytes_per_token),
             ("fully resident needs", p.resident_budget), ("minimum budget", p.min_budget)]
+    if p.experts_apart:
+        n_exp = len(p.layer_bytes) * _experts_per_layer(p)
+        rows[5:5] = [(f"expert cache ({p.expert_slots} of {n_exp} experts, {format_bytes(p.expert_slot_bytes)} each)",
+                      p.expert_slots * p.expert_slot_bytes),
+                     ("routers kept to predict experts", p.predictor_bytes)]
+        rows.insert(-2, (f"expected per token at a {100 * p.expert_hit_rate:.0f}% expert hit rate",
+                         p.expected_bytes_per_token))
     for name, v in rows:
         t.add_row(name, f"{v:,}", format_bytes(v))
     out.print(t)
@@ -134,9 +144,14 @@ def plan(model, ram, ctx, probe_io, as_json):
     if probe_io:
         pi = info["probe_io"]
         out.print(f"storage reads at {pi['read_gb_s']:.2f} GB/s: about {pi['seconds_per_token_io']:.3f} s per token "
-                  f"of I/O for {format_bytes(p.streamed_bytes_per_token)} streamed")
+                  f"of I/O for {format_bytes(p.expected_bytes_per_token)} streamed")
     for n in p.notes:
         out.print(f"note: {n}")
+
+
+def _experts_per_layer(p) -> int:
+    with open_gguf(p.path) as f:
+        return int(f.metadata[f"{p.arch}.expert_count"])
 
 
 COMMANDS = [inspect, support, plan]

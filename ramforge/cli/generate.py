@@ -8,7 +8,7 @@ import click
 import numpy as np
 
 from ..params import sampler_params
-from .console import ctx_option, io_option, load_engine, ram_option, sampler_options, threads_option
+from .console import ctx_option, expert_options, io_option, load_engine, ram_option, sampler_options, threads_option
 
 
 @click.command()
@@ -20,10 +20,12 @@ from .console import ctx_option, io_option, load_engine, ram_option, sampler_opt
 @ram_option
 @io_option
 @threads_option
+@expert_options
 @click.option("--profile", is_flag=True, help="Per-layer I/O and per-op compute tables on stderr (and in --json).")
 @click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
-def run(model, prompt, max_tokens, ctx, ram, io, threads, profile, memory_report, as_json, **sampling):
+def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, profile, memory_report, as_json,
+        **sampling):
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr."""
     from ..profiling import PROFILE
     from ..report import compile_notice, compiled, memory_report as mem_report, render_memory, render_profile
@@ -32,7 +34,7 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, profile, memory_report
     params = sampler_params(sampling)      # a bad value fails before the model loads
     PROFILE.enabled = profile
     PROFILE.reset()
-    with compile_notice(), load_engine(model, ctx, ram, io, threads) as eng:
+    with compile_notice(), load_engine(model, ctx, ram, io, threads, expert_cache, expert_prefetch) as eng:
         sampler = Sampler(params, eng.hp.n_vocab)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
@@ -73,8 +75,9 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, profile, memory_report
 @threads_option
 @ram_option
 @io_option
+@expert_options
 @click.option("--json", "as_json", is_flag=True)
-def bench(model, prompt_tokens, gen, threads, ram, io, as_json):
+def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_prefetch, as_json):
     """Prefill and decode speed, and the weight bandwidth decode achieves (greedy, after a warm-up)."""
     import numba
 
@@ -83,7 +86,8 @@ def bench(model, prompt_tokens, gen, threads, ram, io, as_json):
     from ..report import compile_notice
 
     c0 = COMPILE.seconds
-    with compile_notice(), load_engine(model, prompt_tokens + gen + 8, ram, io, threads) as eng:
+    with compile_notice(), load_engine(model, prompt_tokens + gen + 8, ram, io, threads, expert_cache,
+                                                expert_prefetch) as eng:
         base = eng.tokenizer.encode("The history of the printing press begins in the fifteenth century, when ",
                                     add_special=False)
         ids = ([eng.tokenizer.bos_id] if eng.tokenizer.add_bos else []) + (base * prompt_tokens)[:prompt_tokens]
