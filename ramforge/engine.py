@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 
-from .errors import (BudgetTooSmall, ContextLengthExceeded, EmptyPrompt, InvalidArgument, UnsupportedArch,
-                     check_token_ids)
+from .errors import (BudgetTooSmall, ContextLengthExceeded, EmptyPrompt, InexactWarning, InvalidArgument,
+                     UnsupportedArch, check_token_ids)
 from .gguf.constants import Keys
 from .gguf.reader import GGUFFile
 from .jit import Stopwatch
@@ -82,7 +83,6 @@ class State:
     gate: np.ndarray     # f32[batch, n_ff_dense]    dense FFN (or shared expert)
     up: np.ndarray       # f32[batch, n_ff_dense]
     hn: np.ndarray       # f32[batch, n_embd]        final norm
-    logits: np.ndarray   # f32[batch, n_vocab]
     prompt_logits: np.ndarray  # f32[n_vocab]        the last prompt's final logits (see generate)
     # mixture of experts (models.moe); absent for a dense model
     router: np.ndarray | None = None   # f32[batch, n_expert]  router logits
@@ -144,6 +144,7 @@ class Engine:
     _charges: list = field(default_factory=list)
     _prompt: list = field(default_factory=list)     # the prompt whose logits state.prompt_logits holds
     ubatch: int = 512                               # llama.cpp's n_ubatch, whose arithmetic aligned evals take
+    _warned: bool = False                           # InexactWarning issued
     _load_compile_s: float = 0.0                    # compile seconds of the load, reported by the first generate
 
     @classmethod
@@ -229,6 +230,8 @@ class Engine:
         while c0 < end:
             ub = c0 - (c0 - base) % U if not aligned else c0 - c0 % U
             ue = min(end, ub + U)                                # ubatch [ub, ue) ...
+            if aligned and self.hp.n_expert and ue - ub > B:
+                self._warn_chunked_experts(ue - ub)
             c1 = min(ue, c0 - (c0 - ub) % B + B)                 # ... chunk [c0, c1) of it
             chunk = toks[c0 - base:c1 - base]
             want = all_logits or c1 == end
@@ -240,6 +243,16 @@ class Engine:
             self.tokens.extend(int(t) for t in chunk)
             c0 = c1
         return np.concatenate([o for o in out if o is not None])
+
+    def _warn_chunked_experts(self, n: int) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(InexactWarning(
+                f"a ubatch of {n} tokens is computed in chunks of {self.plan.batch} under this budget: an expert's "
+                f"rows are counted per chunk, where llama.cpp counts them per ubatch to pick mul_mat_id's "
+                f"arithmetic, so these logits can differ from llama.cpp's in the last bits; `ramforge plan` "
+                f"gives the budget that makes chunks whole ubatches"),
+                stacklevel=3)
 
     def eval_hidden(self, hidden: np.ndarray, logits: bool = False) -> np.ndarray:
         """Run hidden states f32[n, n_embd] through this engine's layer range; return the new hidden
@@ -275,7 +288,7 @@ class Engine:
             self.kv.n_past += n
             if rows is not None:             # the output matmul: all rows as the batch, or one row alone
                 with batch_view(*view) if view and only is None else contextlib.nullcontext():
-                    res = self._logits(rows).copy()
+                    res = self._logits(rows)
             else:
                 res = None
         except BaseException:
@@ -287,10 +300,11 @@ class Engine:
         return res
 
     def _logits(self, rows: slice) -> np.ndarray:
+        """A new f32[n, n_vocab] array, the caller's (not charged: one row, unless all logits were asked for)."""
         s = self.state
         n = rows.stop - rows.start
         rms_norm(s.hn[:n], s.x[rows], self.weights.output_norm.data, self.hp.rms_eps)
-        return self.weights.output_rows(s.logits[:n], s.hn[:n])
+        return self.weights.output_rows(np.empty((n, self.hp.n_vocab), np.float32), s.hn[:n])
 
     def generate(self, prompt: list[int], max_tokens: int, sampler=None, stop_on_eog: bool = True,
                  reuse_prefix: bool = False) -> Iterator[int]:

@@ -147,6 +147,10 @@ class InternalError(RamforgeError):
     """An invariant ramforge keeps broke: a bug (the message says which)."""
 
 
+class InexactWarning(UserWarning):
+    """A computation that can round differently from llama.cpp's, and why (issued once per engine)."""
+
+
 # --------------------------------------------------------------------------------- the table
 
 # Checked in order, first match wins: most specific first. A broken chat template is both a

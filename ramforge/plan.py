@@ -58,7 +58,7 @@ def state_shapes(hp: HParams, batch: int) -> dict[str, tuple[int, ...]]:
     shapes = {
         "x": (b, d), "xb": (b, d), "q": (b, hp.n_head, hp.head_dim_k), "k": (b, hp.n_head_kv, hp.head_dim_k),
         "v": (b, hp.n_head_kv, hp.head_dim_v), "att": (b, hp.n_head, hp.head_dim_v),
-        "gate": (b, hp.n_ff_dense), "up": (b, hp.n_ff_dense), "hn": (b, d), "logits": (b, hp.n_vocab),
+        "gate": (b, hp.n_ff_dense), "up": (b, hp.n_ff_dense), "hn": (b, d),
         "prompt_logits": (hp.n_vocab,),
     }
     if hp.n_expert:                   # the mixture (models.moe): router, routing, one expert's rows, the slots
@@ -299,18 +299,39 @@ def block_row_bytes(t: TensorInfo) -> int:
 
 
 BATCHES = (64, 32, 16, 8, 4, 2, 1)
+UBATCH = 512                # llama.cpp's default n_ubatch
+# A mixture's chunk may grow to a whole ubatch: llama.cpp's mul_mat_id picks an expert's arithmetic by
+# the rows the whole ubatch routes to it, so chunks shorter than the ubatch can round a long prompt's
+# expert rows differently. Taken when the run state stays within 1/MOE_STATE_SHARE of the budget.
+MOE_BATCHES = (512, 256, 128)
+MOE_STATE_SHARE = 8
 
 
 def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
                     layers: tuple[int, int] | None = None, batch: int | None = None,
                     hit_rate: float | None = None) -> Plan:
-    """The plan with the largest prompt chunk (64 down to 1 tokens) that fits the budget."""
+    """The plan with the largest prompt chunk that fits the budget: 64 down to 1 tokens; for a mixture
+    of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget."""
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
         raise InvalidArgument(f"an expert hit rate is a fraction from 0 to 1, got {hit_rate}")
+    moe = HParams.from_metadata(f.metadata, n_vocab_of(f)).n_expert > 0
+    p = None
+    if batch is None and moe:
+        for b in MOE_BATCHES:
+            q = make_plan(f, budget, n_ctx, b, layers, hit_rate)
+            if q.verdict != "insufficient" and (budget is None or q.state_bytes * MOE_STATE_SHARE <= budget):
+                p = q
+                break
     batches = (batch,) if batch else BATCHES
-    for b in batches:
+    for b in batches if p is None else ():
         p = make_plan(f, budget, n_ctx, b, layers, hit_rate)
         if p.verdict != "insufficient":
             break
     p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers).min_budget    # at the smallest chunk
+    if moe and p.batch < UBATCH and p.verdict != "insufficient":
+        whole = make_plan(f, None, n_ctx, UBATCH, layers).state_bytes * MOE_STATE_SHARE
+        p.notes.append(f"prompts longer than {p.batch} tokens are computed in chunks of {p.batch}; llama.cpp "
+                       f"picks an expert's arithmetic by its rows in a whole ubatch ({UBATCH}), so their logits "
+                       f"can differ from llama.cpp's in the last bits; a budget of {whole:,} B or more makes "
+                       f"chunks whole ubatches")
     return p

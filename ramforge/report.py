@@ -112,13 +112,13 @@ def render_profile(p: dict, timings: dict) -> None:
 def render_experts(last: dict, total: dict, n_passes: int) -> None:
     """The expert cache per layer in the last pass, and its totals per pass."""
     t = Table(title=f"experts per layer, last {last['kind']} pass")
-    cols = ("layer", "hits", "prefetch hits", "misses", "wasted prefetches", "predicted right", "bytes read",
-            "read ms", "wait ms", "compute ms")
+    # hit: cached; pre: read ahead and picked; waste: read ahead, not picked; guess: picks the prediction named
+    cols = ("layer", "hit", "pre", "miss", "waste", "guess", "read", "io ms", "wait", "ms")
     for c in cols:
         t.add_column(c, justify="right")
     for r in last["experts"]:
         t.add_row(str(r["layer"]), str(r["hits"]), str(r["prefetch_hits"]), str(r["misses"]),
-                  str(r["prefetch_wasted"]), f"{r['predicted_right']}/{r['predicted']}", f"{r['bytes_read']:,}",
+                  str(r["prefetch_wasted"]), f"{r['predicted_right']}/{r['predicted']}", format_bytes(r["bytes_read"]),
                   f"{r['read_s'] * 1e3:.2f}", f"{r['wait_s'] * 1e3:.2f}", f"{r['compute_s'] * 1e3:.2f}")
     err.print(t)
     n = max(n_passes, 1)

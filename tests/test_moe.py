@@ -312,3 +312,53 @@ def test_moe_ops_equal_llama_cpp(spec, qtype):
                 assert equal == 1.0, f"{spec}:{qtype} layer {il} {op}: {100 * (1 - equal):.2f}% differ (max {diff:.3g})"
                 checked += 1
     assert checked >= 3 * len(layers)                         # top-k, weights and the mixture at least
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("spec", ["qwen3moe", "llama-moe"])
+def test_a_prompt_of_two_ubatches_equals_llama_cpp(spec):
+    """600 tokens: two ubatches of llama.cpp's 512, each a chunk here (plan.MOE_BATCHES), so every
+    expert's rows take the arithmetic their count over the whole ubatch gives them (with 64-token chunks
+    rows 21.. of this prompt differed). Every position's logits, bit for bit, on an AVX-512 build."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from tools.make_models import ensure_model
+    from tools.moe_ops import llama_avx512
+
+    if not llama_avx512():
+        pytest.skip("llama.cpp is not an AVX-512 build: its float steps differ from the ones ramforge reproduces")
+    path = ensure_model(spec, "Q4_K_M")
+    toks = [1] + [int(t) for t in np.random.default_rng(0).integers(100, 5000, 599)]
+    llm = llama_cpp.Llama(str(path), n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=2, logits_all=True,
+                          verbose=False)
+    llm.eval(toks)
+    want = np.array(llm.scores[:len(toks)], np.float32)
+    with Engine.load(path, n_ctx=1024) as eng:
+        assert eng.plan.batch == 512
+        got = eng.eval(toks, all_logits=True, aligned=True)
+    assert np.array_equal(got, want)
+
+
+def test_chunks_shorter_than_a_ubatch_are_said(moe_f16):
+    """Under a budget whose chunk is shorter than the ubatch, the plan notes it and a longer prompt warns."""
+    import warnings
+
+    from ramforge.errors import InexactWarning
+    from ramforge.gguf.reader import GGUFFile
+    from ramforge.plan import UBATCH, plan_for_budget
+
+    with GGUFFile(moe_f16) as f:
+        whole = plan_for_budget(f, None, 1024)
+        small = plan_for_budget(f, whole.min_budget + (4 << 20), 1024)
+    assert whole.batch == UBATCH and not whole.notes
+    assert small.batch < UBATCH and "whole ubatches" in small.notes[-1]
+    toks = list(range(1, small.batch + 20))
+    with Engine.load(moe_f16, n_ctx=1024, budget=MemoryBudget(whole.min_budget + (4 << 20))) as eng:
+        with pytest.warns(InexactWarning, match=f"chunks of {small.batch}"):
+            eng.eval(toks, aligned=True)
+        eng.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            eng.eval(toks, aligned=True)                      # once per engine
+    with Engine.load(moe_f16, n_ctx=1024) as eng, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eng.eval(toks, aligned=True)
