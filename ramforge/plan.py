@@ -258,8 +258,11 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
         p.n_buffers = 2 if avail >= 2 * max_span + (batch * row_bytes if a == 0 else 0) else 1
         p.buffer_bytes = max_span
         head = avail - p.n_buffers * max_span
-        share = int(head * PERSISTENT_SHARE)
-        for n in big:
+        # every token reads the output projection and every dense layer, an expert only k/n_expert of
+        # the time: a mixture keeps the output resident before its expert cache; the embedding, one row a
+        # token, only if it is the output
+        share = head if apart else int(head * PERSISTENT_SHARE)
+        for n in (big if not apart else [n for n in big if n == out_name]):
             if persistent[n] <= share:
                 p.resident.append(n)
                 share -= persistent[n]
@@ -271,13 +274,14 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
             if s.nbytes <= head:
                 p.pinned.append(s.index)
                 head -= s.nbytes
-        if apart:                                 # then the expert cache, in whole slots
-            p.expert_slots = min(min_slots + head // slot, (b - a) * hp.n_expert)
         streamed = [s.nbytes for s in spans_s if s.index not in p.pinned]
         if b == hp.n_layer and out_name in persistent and out_name not in p.resident:
             streamed.append(persistent[out_name])
         if not streamed:                          # everything that streams is a row of the embedding
+            head += p.n_buffers * p.buffer_bytes
             p.n_buffers = p.buffer_bytes = 0
+        if apart:                                 # then the expert cache, in whole slots
+            p.expert_slots = min(min_slots + head // slot, (b - a) * hp.n_expert)
         every = (b - a) * hp.n_expert
         misses = (b - a) * k * slot if apart and p.expert_slots < every else 0
         dense = sum(streamed) + (row_bytes if p.embd_row_bytes else 0)
