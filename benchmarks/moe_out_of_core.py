@@ -237,11 +237,24 @@ class MemoryCgroup:
             print(f"warning: could not remove {self.path}: {ex}", file=sys.stderr)
 
 
+def _cpu_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores, /proc/stat), and its clock tick."""
+    f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in f[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_child(kind: str, cfg: dict, timeout: float, cgroup: MemoryCgroup | None = None) -> dict:
     cmd = " ".join(shlex.quote(x) for x in (sys.executable, __file__, "--child", kind, json.dumps(cfg)))
     if cgroup is not None:
         cmd = cgroup.prefix() + cmd
     load = os.getloadavg()[0]            # the machine may be shared: a busy one slows both sides
+    busy0, own0, t0 = _cpu_busy_s(), _children_cpu_s(), time.perf_counter()
     p = subprocess.Popen(["/bin/sh", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = p.communicate(timeout=timeout)
@@ -250,6 +263,8 @@ def run_child(kind: str, cfg: dict, timeout: float, cgroup: MemoryCgroup | None 
         p.send_signal(signal.SIGKILL)          # our own child, by pid
         out, err = p.communicate()
         timed_out = True
+    wall = time.perf_counter() - t0
+    other = max(0.0, (_cpu_busy_s() - busy0) - (_children_cpu_s() - own0)) / wall
     lines = out.strip().splitlines()
     res = None
     if lines and lines[-1].startswith("{"):
@@ -261,6 +276,7 @@ def run_child(kind: str, cfg: dict, timeout: float, cgroup: MemoryCgroup | None 
                "returncode": p.returncode, "stderr": err[-2000:],
                "tokens_done": len(done), "token_s": [float(x[2]) for x in done]}
     res["returncode"], res["timed_out"], res["loadavg_before"] = p.returncode, timed_out, load
+    res["other_cpu"] = other             # cores' worth of CPU other processes used during the run
     if cgroup is not None:
         res["cgroup"] = cgroup.figures()
         res["oom_killed"] = (p.returncode == -signal.SIGKILL and not timed_out) or res["cgroup"]["oom_kill"] > 0
@@ -337,14 +353,16 @@ def table(runs: list[dict], bw: float) -> str:
     process's storage reads, /proc/<pid>/io, as `io MB/tok` for both); bound: those bytes at the
     O_DIRECT bandwidth; RSS-budget: ru_maxrss - budget (llama.cpp's counts its mapped file and shared
     libraries; its cgroup's peak charge is `cg` under peak/plan); cache MiB: the file's page cache after
-    the run; same: greedy tokens equal to the first ramforge run's."""
+    the run; same: greedy tokens equal to the first ramforge run's; busy: cores' worth of CPU that other
+    processes took during the run (a shared machine: with --threads = the core count, a busy core slows
+    both engines, ramforge's many short parallel kernels most)."""
     def fmt(x, f):
         return "-" if x is None else format(x, f)
     llama = next((r for r in runs if r["engine"] == "llama.cpp" and not r.get("config", {}).get("repack")
                   and "s_per_token" in r), None)
     rows = [f"{'':28s} {'s/tok':>7s} {'llama/rf':>8s} {'MB/tok':>7s} {'io MB/tok':>9s} {'wait/tok':>8s} "
             f"{'bound s':>7s} {'x bound':>7s} {'hit%':>5s} {'pf-hit%':>7s} {'RSS-budget':>10s} "
-            f"{'peak/plan MiB':>13s} {'cache MiB':>9s} {'same':>4s}"]
+            f"{'peak/plan MiB':>13s} {'cache MiB':>9s} {'same':>4s} {'busy':>4s}"]
     for r in runs:
         name = label(r)
         pc = fmt(r.get("page_cache_after") and r["page_cache_after"] / 2**20, ".0f")
@@ -372,7 +390,8 @@ def table(runs: list[dict], bw: float) -> str:
                     f"{fmt(io if io is None else io / 1e6, '9.1f')} {fmt(wait, '8.3f')} {fmt(bound, '7.3f')} "
                     f"{fmt(bound and s / bound, '7.2f')} {fmt(hit if hit is None else 100 * hit, '5.1f')} "
                     f"{fmt(pf if pf is None else 100 * pf, '7.1f')} {over:+9.0f}M {peak:>13s} {pc:>9s} "
-                    f"{ {True: 'yes', False: 'NO'}.get(r.get('tokens_match'), '-'):>4s}")
+                    f"{ {True: 'yes', False: 'NO'}.get(r.get('tokens_match'), '-'):>4s} "
+                    f"{fmt(r.get('other_cpu'), '4.1f')}")
     return "\n".join(rows)
 
 
@@ -498,6 +517,11 @@ def main() -> int:
                 r["tokens_match"] = r["tokens"] == ref
         print(table(runs, bw))
         for r in runs:
+            if r.get("repeats"):
+                each = [r] + r["repeats"]
+                print(f"  {label(r)}: repeats s/token (busy cores) " + ", ".join(
+                    f"{x['s_per_token']:.3f} ({x['other_cpu']:.1f})" if "s_per_token" in x else x.get("error", "?")[:30]
+                    for x in sorted(each, key=lambda x: x.get("s_per_token", 0))))
             st = r.get("expert_cache_decode")
             if st:
                 print(f"  {label(r)}: expert cache over the measured tokens {st}")
