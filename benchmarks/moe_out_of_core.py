@@ -6,7 +6,11 @@ llama.cpp under the same memory cap.
     python benchmarks/moe_out_of_core.py                      # builds the model once (needs llama-cpp-python)
     python benchmarks/moe_out_of_core.py --quick              # smoke run: tiny synthetic qwen3moe, 4 tokens
     python benchmarks/moe_out_of_core.py [--model PATH] [--rams 1/4 1/2 768M] [--tokens 16] [--ctx 512]
-        [--policies lru lfu] [--prefetch on off] [--llama-repack] [--no-llama] [--json OUT.json]
+        [--threads 2] [--policies lru lfu] [--prefetch on off] [--llama-repack] [--no-llama]
+        [--repeat 3] [--json OUT.json]
+
+The model is tools/make_models.py's preset qwen3moe-30b-a3b-5l, built into the fixture cache on first
+use (F16 then llama.cpp's quantizer: ~4 minutes on 2 cores, 7 GB of disk for the F16 meanwhile).
 
 Every measurement runs in a fresh child process, with the file evicted from the page cache before
 it (posix_fadvise DONTNEED, as `dd iflag=nocache count=0`) and its page-cache residency (mincore,
@@ -26,7 +30,10 @@ memory cgroup of the budget's size: a new child of this process's memory cgroup,
 The cap covers everything the process charges (its anonymous memory and the page cache it faults
 in); an OOM kill is reported, not raised. Bytes read per token come from /proc/<pid>/io.
 
-Prints a table per budget and, with --json, writes every raw figure.
+Prints a table per budget and, with --json, writes every raw figure. On a shared machine, run it
+when it is idle: the `busy` column gives the cores' worth of CPU other processes took during each run,
+and with --threads equal to the core count one busy core slows both engines several-fold; --repeat N
+reports the median run (all of them in the JSON).
 """
 from __future__ import annotations
 
@@ -73,6 +80,8 @@ def _delta(after: dict, before: dict) -> dict:
     if "hits" in out and "misses" in out:
         n = out["hits"] + out["misses"]
         out["hit_rate"] = out["hits"] / n if n else 0.0
+    if "prefetch_hits" in out and "prefetch_issued" in out:
+        out["prefetch_hit_rate"] = out["prefetch_hits"] / out["prefetch_issued"] if out["prefetch_issued"] else 0.0
     return out
 
 
