@@ -86,10 +86,11 @@ SPECS = {
     "llama-moe": Spec("llama", "llama-spm", name="moe", n_ff=256, n_expert=8, n_expert_used=2, n_ff_exp=256,
                       router_gain=2.0),
 }
-def _big(name: str, **shape) -> Spec:
-    """A llama preset; embd/out std scale as 4/sqrt(n_embd) to keep the logit std near 4."""
+def _big(name: str, base: str = "llama", **shape) -> Spec:
+    """A preset on SPECS[base] (its vocab, norms, biases, router gain); embd/out std scale as
+    4/sqrt(n_embd) to keep the logit std near 4."""
     std = 4.0 / float(np.sqrt(shape["n_embd"]))
-    return dataclasses.replace(SPECS["llama"], name=name, embd_std=std, out_std=std, **shape)
+    return dataclasses.replace(SPECS[base], name=name, embd_std=std, out_std=std, **shape)
 
 
 PRESETS = {
@@ -102,6 +103,12 @@ PRESETS = {
     # the same code path, scaled down (checks the preset/streaming path quickly)
     "llama-3b-mini": _big("3b-mini", n_embd=512, n_layer=4, n_head=8, n_head_kv=2, head_dim=64,
                           n_ff=1536),
+    # Qwen3-30B-A3B's layer shape (128 experts, 8 used, 768-wide experts; feed_forward_length as the
+    # real header) for 5 of its 48 layers; tied as the qwen3moe spec. Q4_K_M ~2 GB, experts ~95% of it
+    # (benchmarks/moe_out_of_core.py)
+    "qwen3moe-30b-a3b-5l": _big("30b-a3b-5l", "qwen3moe", n_embd=2048, n_layer=5, n_head=32, n_head_kv=4,
+                                head_dim=128, n_ff=6144, n_expert=128, n_expert_used=8, n_ff_exp=768,
+                                n_ctx=4096),
 }
 
 
