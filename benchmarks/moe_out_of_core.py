@@ -5,7 +5,7 @@ llama.cpp under the same memory cap.
 
     python benchmarks/moe_out_of_core.py                      # builds the model once (needs llama-cpp-python)
     python benchmarks/moe_out_of_core.py --quick              # smoke run: tiny synthetic qwen3moe, 4 tokens
-    python benchmarks/moe_out_of_core.py [--model PATH] [--rams 1/4 1/2 768M] [--tokens 16] [--ctx 512]
+    python benchmarks/moe_out_of_core.py [--model PATH] [--rams 1/4 1/2 768M] [--tokens 32] [--ctx 512]
         [--threads 2] [--policies lru lfu] [--prefetch on off] [--llama-repack] [--no-llama]
         [--repeat 3] [--json OUT.json]
 
@@ -16,8 +16,10 @@ Every measurement runs in a fresh child process, with the file evicted from the 
 it (posix_fadvise DONTNEED, as `dd iflag=nocache count=0`) and its page-cache residency (mincore,
 as `fincore`) read after it. Decode seconds per token leave out the first decode pass (warm-up).
 
-ramforge: `Engine.load(model, budget=MemoryBudget(B), io=...)`, a short prompt, N greedy decode
-tokens, once per expert-cache configuration (`--policies`, `--prefetch`: passed to Engine.load as
+ramforge: `Engine.load(model, budget=MemoryBudget(B), io=...)`, a short prompt, then N decode passes
+that each feed the next token of a fixed English text (teacher forcing, as in both engines: a synthetic
+model's greedy output soon repeats one token, and its routing with it, which would flatter any cache;
+the argmax of every pass is compared between the engines), once per expert-cache configuration (`--policies`, `--prefetch`: passed to Engine.load as
 expert_policy / expert_prefetch only where its signature takes them; otherwise one default run).
 Per token: seconds, bytes read and I/O wait (ramforge.profiling), and the storage bound = bytes
 read / the file's O_DIRECT sequential read bandwidth, measured in the same run; the expert cache's
@@ -54,6 +56,13 @@ sys.path.insert(0, str(REPO))
 
 PRESET = "qwen3moe-30b-a3b-5l"
 PROMPT = "The history of the printing press begins in the fifteenth century, when"
+# Decode steps feed this text's tokens one per pass (teacher forcing), in both engines: a synthetic
+# model's greedy output soon repeats one token, and its routing with it, which no real text does.
+TEXT = ("a goldsmith in Mainz combined movable metal type, an oil-based ink and a screw press adapted from "
+        "winemaking. Within fifty years presses were running in more than two hundred cities across Europe, "
+        "and the price of books fell so far that pamphlets, calendars and broadsheets reached readers who had "
+        "never owned a manuscript. Scholars argue about how quickly literacy followed, but the volume of print "
+        "is not in doubt: millions of volumes by 1500, and a trade in paper, type metal and skilled labour.")
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
 
@@ -86,6 +95,8 @@ def _delta(after: dict, before: dict) -> dict:
 
 
 def child_ramforge(c: dict) -> dict:
+    import numpy as np
+
     from ramforge.engine import Engine
     from ramforge.memory import MemoryBudget
     from ramforge.profiling import PROFILE
@@ -101,9 +112,10 @@ def child_ramforge(c: dict) -> dict:
         PROFILE.enabled = True
         PROFILE.reset()
         out, io0, st0, ru0 = [], {}, {}, None
-        for tok in e.generate(c["prompt"], c["tokens"] + 1, stop_on_eog=False):
-            out.append(tok)
-            if len(out) == 2:        # the first decode pass (warm-up) is done: the measured window opens
+        out.append(int(np.argmax(e.eval(c["prompt"], aligned=True)[-1])))
+        for i, tok in enumerate(c["text"][:c["tokens"]]):
+            out.append(int(np.argmax(e.eval([tok])[-1])))
+            if i == 0:               # the first decode pass (warm-up) is done: the measured window opens
                 io0, st0, ru0 = _proc_io(), stats(), resource.getrusage(resource.RUSAGE_SELF)
         io1, st1, ru1 = _proc_io(), stats(), resource.getrusage(resource.RUSAGE_SELF)
         PROFILE.enabled = False
@@ -158,17 +170,15 @@ def child_llama(c: dict) -> dict:
     t0 = time.perf_counter()
     llm.eval(c["prompt"])
     prefill = time.perf_counter() - t0
-    tok = argmax()
-    out, times = [tok], []
+    out, times = [argmax()], []
     io0, ru0 = {}, None
-    for i in range(c["tokens"]):
+    for i, tok in enumerate(c["text"][:c["tokens"]]):
         if i == 1:
             io0, ru0 = _proc_io(), resource.getrusage(resource.RUSAGE_SELF)
         t = time.perf_counter()
         llm.eval([tok])
         times.append(time.perf_counter() - t)
-        tok = argmax()
-        out.append(tok)
+        out.append(argmax())
         print(f"progress {i + 1} {times[-1]:.3f}", flush=True)      # how far it got, if it is killed
     io1, ru1 = _proc_io(), resource.getrusage(resource.RUSAGE_SELF)
     n = len(times) - 1
@@ -311,12 +321,14 @@ def parse_ram(s: str, size: int) -> int:
     return parse_memory_size(s)
 
 
-def prompt_tokens(model: str) -> list[int]:
+def prompt_tokens(model: str) -> tuple[list[int], list[int]]:
+    """The prompt's tokens and the decode text's."""
     from ramforge.gguf.reader import GGUFFile
     from ramforge.tokenizer import load_tokenizer
 
     with GGUFFile(model) as f:
-        return load_tokenizer(f.metadata).encode(PROMPT)
+        tok = load_tokenizer(f.metadata)
+        return tok.encode(PROMPT), tok.encode(" " + TEXT, add_special=False)
 
 
 def ramforge_configs(policies: list[str] | None, prefetch: list[str] | None) -> tuple[list[dict], list[str]]:
@@ -430,7 +442,7 @@ def main() -> int:
     ap.add_argument("--model", help=f"a GGUF file (default: the {PRESET} preset at Q4_K_M, built once)")
     ap.add_argument("--rams", nargs="+", help="budgets: fractions of the file (1/4, 0.5) or sizes (768M); "
                                               "default 1/4 1/2")
-    ap.add_argument("--tokens", type=int, help="decode tokens (the first is warm-up); default 16, --quick 4")
+    ap.add_argument("--tokens", type=int, help="decode tokens (the first is warm-up); default 32, --quick 4")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--batch", type=int, help="prompt batch, ramforge's and llama.cpp's n_batch (default 64, "
                                                "--quick 8)")
@@ -462,11 +474,13 @@ def main() -> int:
             model = str(ensure_model("qwen3moe", "Q8_0" if have_llama else "F16"))
         else:
             model = str(build(PRESETS[PRESET], "Q4_K_M", keep_f16=False))
-    tokens = a.tokens or (4 if a.quick else 16)
+    tokens = a.tokens or (4 if a.quick else 32)
     rams = a.rams or (["1/2", "256M"] if a.quick else ["1/4", "1/2"])     # (256M: the tiny model resident)
     a.batch = a.batch or (8 if a.quick else 64)
     size = os.path.getsize(model)
-    prompt = prompt_tokens(model)
+    prompt, text = prompt_tokens(model)
+    if tokens > len(text):
+        ap.error(f"--tokens {tokens}: the decode text has {len(text)} tokens")
     configs, notes = ramforge_configs(a.policies, a.prefetch)
     import ramforge
 
@@ -487,7 +501,7 @@ def main() -> int:
               "threads": a.threads, "io": a.io, "bandwidth": bw, "read_ahead_kb": ra, "repeat": a.repeat,
               "notes": notes, "budgets": []}
     common = {"model": model, "ctx": a.ctx, "batch": a.batch, "threads": a.threads, "tokens": tokens,
-              "prompt": prompt}
+              "prompt": prompt, "text": text}
     for ram in rams:
         limit = parse_ram(ram, size)
         runs = []

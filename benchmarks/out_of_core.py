@@ -52,15 +52,20 @@ def child_llama(model: str, tokens: int, ctx: int) -> dict:
     import numpy as np
 
     llm = llama_cpp.Llama(model, n_ctx=ctx, n_threads=2, use_mmap=True, verbose=False)
+    n_vocab = llm.n_vocab()
+
+    def argmax() -> int:          # llm.scores is filled only with logits_all: read the last output's logits
+        logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(n_vocab,))))
     prompt = [1, 450, 4996, 17354, 1701, 29916]
     llm.eval(prompt)
     times = []
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    tok = argmax()
     for _ in range(tokens):
         t = time.perf_counter()
         llm.eval([tok])
         times.append(time.perf_counter() - t)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = argmax()
     return {"s_per_token": sum(times[1:]) / len(times[1:]),
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 

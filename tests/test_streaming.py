@@ -185,3 +185,13 @@ def test_budget_invariant_over_random_budgets_and_ranges(tiny, frac, n_ctx, firs
         e.eval_hidden(x[:1], logits=last == 3)
         assert budget.peak <= budget.limit and budget.peak == e.plan.planned_peak
     assert budget.current == 0
+
+
+def test_probe_read_speed_takes_any_length(tmp_path):
+    """An nbytes (or file size) that is not a whole number of O_DIRECT blocks is read in whole blocks."""
+    from ramforge.stream.io import probe_read_speed
+
+    p = tmp_path / "f.bin"
+    p.write_bytes(np.random.default_rng(0).integers(0, 255, 3 * 4096 + 123, dtype=np.uint8).tobytes())
+    for nbytes in (5000, 4096, 1 << 20):
+        assert probe_read_speed(str(p), nbytes=nbytes, chunk=8192) > 0

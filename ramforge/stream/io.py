@@ -171,7 +171,7 @@ def probe_read_speed(path: str, nbytes: int = 256 << 20, chunk: int = 8 << 20) -
     """Bytes per second of O_DIRECT reads of up to nbytes from the middle of the file."""
     f = ModelFile(path, IOMode.DIRECT)
     try:
-        n = min(nbytes, f.size - f.size % DIRECT_ALIGN)
+        n = min(nbytes, f.size) // DIRECT_ALIGN * DIRECT_ALIGN     # whole O_DIRECT blocks
         start = ((f.size - n) // 2) // DIRECT_ALIGN * DIRECT_ALIGN
         buf = aligned_empty(chunk)
         t0 = time.perf_counter()
