@@ -31,10 +31,11 @@ class ExpertRecord:
     prefetch_hits: int = 0    # read ahead for this layer by the prediction, and picked
     misses: int = 0           # read when picked
     prefetch_issued: int = 0  # reads this layer's prediction started for the next layer
-    prefetch_wasted: int = 0  # read ahead for this layer and not picked
+    prefetch_wasted: int = 0  # read ahead for this layer and not picked (cancelled if not yet read)
+    prefetch_skipped: int = 0 # guesses made but not read ahead: recent guesses were mostly wrong
     predicted: int = 0        # picks of layers that had a prediction ...
     predicted_right: int = 0  # ... and those of them the prediction named
-    bytes_read: int = 0       # bytes this layer's misses and its prediction read
+    bytes_read: int = 0       # bytes read for this layer: its misses and the read-aheads made for it
     read_s: float = 0.0       # reader threads' time on this layer's reads
     wait_s: float = 0.0       # compute waiting for experts: I/O not hidden
     compute_s: float = 0.0

@@ -105,6 +105,56 @@ def test_prediction_reads_ahead_and_is_scored(cache):
     assert t["prediction_rate"] == 0.5 and t["hit_rate"] == pytest.approx(1 / 3)
 
 
+def test_wrong_guesses_stop_the_reads_ahead_but_not_the_scoring(cache):
+    from ramforge.stream.experts import ACCURACY_TURNS, READ_AHEAD_FROM
+
+    c = cache(range(0, 2), 8)
+    skipped = 0
+    for t in range(2 * ACCURACY_TURNS):
+        rec0, _ = _turn(c, 0, [0], predict=[5, 6])
+        rec1, _ = _turn(c, 1, [1, 2])                     # never what was guessed
+        skipped += rec0.prefetch_skipped
+        assert rec1.predicted == 2 and rec1.predicted_right == 0
+    assert c.accuracy < READ_AHEAD_FROM and skipped > 0 and rec0.prefetch_issued == 0
+    for t in range(2 * ACCURACY_TURNS):                   # right again: reads ahead resume
+        _turn(c, 0, [0], predict=[1, 2])
+        _turn(c, 1, [1, 2])
+    assert c.accuracy >= READ_AHEAD_FROM
+    rec0, _ = _turn(c, 0, [0], predict=[3])
+    assert rec0.prefetch_issued == 1 and rec0.prefetch_skipped == 0
+
+
+def test_a_wasted_read_ahead_still_queued_is_cancelled(cache, monkeypatch):
+    import threading
+
+    from ramforge.stream.experts import READERS
+
+    c = cache(range(0, 2), 8)
+    hold, gate, real = threading.Event(), threading.Event(), c.file.read_into
+
+    def slow(off, out):
+        if hold.is_set():
+            gate.wait(10)
+        return real(off, out)
+    monkeypatch.setattr(c.file, "read_into", slow)
+    rec0 = ExpertRecord(0)
+    for k in c.layer(0, np.array([0]), 1, rec0):
+        c.take(k, rec0)
+        hold.set()
+        c.predict(1, [4, 5, 6, 7], rec0)              # up to READERS reads start and wait; the rest queue
+    c.end(rec0)
+    rec1 = ExpertRecord(1)
+    order = c.layer(1, np.array([1]), 1, rec1)        # the queued ones are cancelled here
+    gate.set()
+    for k in order:
+        c.take(k, rec1)
+    c.end(rec1)
+    assert rec0.prefetch_issued == 4 and rec1.prefetch_wasted == 4 and rec1.misses == 1
+    read = sum((1, e) in c for e in (4, 5, 6, 7))     # begun before layer 1's turn: at most one per reader
+    assert read <= READERS
+    assert rec1.bytes_read == (read + 1) * expert_span(_tensors(cache.f, 1), 1).nbytes
+
+
 def test_prediction_never_takes_this_layers_slots(cache):
     c = cache(range(0, 2), 2)
     rec = ExpertRecord(0)

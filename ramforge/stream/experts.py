@@ -8,9 +8,12 @@ thread does all the bookkeeping, so a slot is never reused while a kernel reads 
 A layer's turn (`layer`): the experts its router picked are protected; the ones not cached are
 queued for reading (as many as free or evictable slots allow, the rest as earlier ones finish);
 the cached ones are handed out first, so compute overlaps the reads. A prediction for the next
-layer (`prefetch`: its router applied to this layer's hidden state, models.moe) queues the
+layer (`predict`: its router applied to this layer's hidden state, models.moe) queues the
 predicted experts that are not cached behind this layer's own reads. Compute always uses the true
-routing: a wrong guess costs bandwidth only, and is counted as a wasted prefetch.
+routing: a wrong guess costs bandwidth only, and is counted as a wasted prefetch (cancelled if its read
+has not begun). Every guess is scored; reads ahead are made only while recent guesses name at least
+READ_AHEAD_FROM of the picks (on random-weight models they name about a third, and reading them ahead
+was slower than not).
 
 Eviction (`Policy`): LRU, or LFU, a frequency-aware policy: the fewest uses, each use's weight
 halving every `HALF_LIFE` tokens, the least recently used among equals.
@@ -31,6 +34,8 @@ from ..profiling import ExpertRecord
 from .io import ModelFile, aligned_empty
 
 HALF_LIFE = 64.0        # tokens: a use's weight in LFU halves over this many tokens
+READ_AHEAD_FROM = 0.5   # read ahead only while at least this share of recent picks was guessed ...
+ACCURACY_TURNS = 32     # ... recent: a moving average over about this many layer turns
 READERS = 2             # reader threads: more than one read in flight keeps a fast SSD busy
 
 
@@ -83,7 +88,8 @@ class ExpertCache:
         self.tokens = 0.0                                   # the clock: tokens routed through layers[0]
         self._tick = 0                                      # orders uses within a token
         self.totals = ExpertRecord("all")
-        self.prefetch = True
+        self.prefetch = True                                # guess the next layer's experts ...
+        self.accuracy = 1.0                                 # ... and read them ahead while guesses are right
 
     @property
     def n_slots(self) -> int:
@@ -109,17 +115,27 @@ class ExpertCache:
         picked = set(keys)
         guess = self._predicted.pop(il, None)
         if guess is not None:
+            right = sum(e in guess for _, e in keys)
             rec.predicted += len(keys)
-            rec.predicted_right += sum(e in guess for _, e in keys)
+            rec.predicted_right += right
+            self.accuracy += (right / max(len(keys), 1) - self.accuracy) / ACCURACY_TURNS
         for k in [k for k in self._kept if k[0] == il]:
             self._protected[self._kept.pop(k)] = False
         for k in [k for k in self._prefetched if k[0] == il and k not in picked]:
-            self._protected[self._prefetched.pop(k)] = False     # read for this layer, not picked
+            slot = self._prefetched.pop(k)                      # read ahead for this layer, not picked
+            self._protected[slot] = False
             rec.prefetch_wasted += 1
+            fut = self._loading.get(slot)
+            if fut is not None and fut.cancel():                # still queued: never read
+                del self._loading[slot]
+                self._evict(slot)
+            else:
+                rec.bytes_read += self._span[slot].nbytes
         cached = [k for k in keys if k in self._slot]
         for k in cached:
             if self._prefetched.pop(k, None) is not None:
                 rec.prefetch_hits += 1
+                rec.bytes_read += self._span[self._slot[k]].nbytes
             else:
                 rec.hits += 1
             self._protected[self._slot[k]] = True
@@ -163,7 +179,10 @@ class ExpertCache:
         slots that are free or evictable now; cached ones are kept from eviction until layer il runs."""
         if not self.prefetch or il not in self.tensors:
             return
-        self._predicted[il] = {int(e) for e in ids}
+        self._predicted[il] = {int(e) for e in ids}           # scored when layer il runs
+        if self.accuracy < READ_AHEAD_FROM:                     # guesses mostly wrong lately: reads would
+            rec.prefetch_skipped += 1                           # cost more than they save
+            return
         for e in ids:
             k = (il, int(e))
             slot = self._slot.get(k)
@@ -179,7 +198,6 @@ class ExpertCache:
             self._prefetched[k] = slot
             self._protected[slot] = True
             rec.prefetch_issued += 1
-            rec.bytes_read += self._span[slot].nbytes
 
     # ---- slots ----------------------------------------------------------------------------
     def _submit(self, todo: list, rec: ExpertRecord) -> None:
