@@ -137,10 +137,9 @@ def check_layer(eng, il: int, g: dict[str, np.ndarray]) -> dict[str, tuple[float
         out["weights"] = _cmp(w, w_l)
         gl, ul, sl, dl = (g[f"ffn_moe_{s}-{il}"].reshape(n, k, -1) for s in ("gate", "up", "swiglu", "down"))
         G, U, S, D = (np.zeros_like(a) for a in (gl, ul, sl, dl))
-        with eng.weights.experts(il, np.unique(topk)) as E:
-            for e in np.unique(topk):
+        with eng.weights.experts(il, np.unique(topk), n) as E:
+            for e, (gate, up, down) in E:
                 tok, slot = np.nonzero(topk == e)
-                gate, up, down = E[e]
                 xe = np.ascontiguousarray(x[tok])
                 for t, dst in ((gate, G), (up, U)):
                     y = np.empty((tok.size, t.dims[1]), np.float32)
