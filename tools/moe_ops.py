@@ -106,9 +106,9 @@ def build_independent(eng, op: str) -> bool:
 def check_layer(eng, il: int, g: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
     """Layer il's MoE ops of a loaded Engine, each fed llama.cpp's inputs `g`: op -> (equal share, max |d|)."""
     from ramforge.kernels.matmul import batch_view, matmul
-    from ramforge.kernels.moe import _softmax, expert_matmul, route, weighted_sum
+    from ramforge.kernels.moe import _softmax, expert_matmul, route, shared_expert_gate, weighted_sum
     from ramforge.kernels.ops import swiglu
-    from ramforge.models.moe import NORM_W, _silu_over_x
+    from ramforge.models.moe import NORM_W
 
     hp = eng.hp
     x = g[f"ffn_norm-{il}"]                                        # f32[n, n_embd]
@@ -159,7 +159,7 @@ def check_layer(eng, il: int, g: dict[str, np.ndarray]) -> dict[str, tuple[float
             ours = matmul(np.empty((n, 1), np.float32), x, L.ffn_gate_inp_shexp.ggml_type, v.view(np.uint8), 1, v.size)
             out["shexp gate logit"] = _cmp(ours, gi)
             gate = g[f"ffn_shexp_gate-{il}"].reshape(n, 1)
-            out["shexp sigmoid"] = _cmp(_silu_over_x(gi), gate)
+            out["shexp sigmoid"] = _cmp(shared_expert_gate(gi.copy()), gate)
             shexp_out = g[f"ffn_shexp-{il}"] * gate
             out["shexp out"] = _cmp(shexp_out, g[f"ffn_shexp_out-{il}"])
             out["ffn out"] = _cmp(g[f"ffn_moe_out-{il}"] + g[f"ffn_shexp_out-{il}"], g[f"ffn_out-{il}"])

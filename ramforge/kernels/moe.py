@@ -59,7 +59,7 @@ def _softmax(p, x):
         total += np.float64(lanes[0])
         i += _LANES
     for j in range(i, n):
-        e = np.float32(math.exp(np.float64(x[j] - mx)))
+        e = math.exp(x[j] - mx)                  # a float32 argument: libm's expf, as ggml's scalar tail
         total += np.float64(e)
         p[j] = e
     scale = np.float32(1.0 / total)
@@ -283,6 +283,26 @@ def expert_matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_ou
     for r in range(0, c, g):
         qmatmul(y[r:r + g], x[r:r + g], ggml_type, raw, n_out, n_in, view=(min(g, c - r), 0))
     return y
+
+
+# ---------------------------------------------------------------- qwen2moe's shared-expert gate
+
+@njit(cache=True)
+def _silu_over_x(g):
+    # g f32[n] <- silu(g) / g, silu(g) = g / (1 + expf(-g)): ggml_vec_silu_f32's scalar tail for a
+    # one-wide row (libm's expf: numba's exp of a float32), then ggml_div
+    for i in range(g.shape[0]):
+        v = g[i]
+        s = v / (np.float32(1.0) + math.exp(-v))
+        g[i] = s / v
+
+
+def shared_expert_gate(g: np.ndarray) -> np.ndarray:
+    """g f32[n, 1] <- the sigmoid of qwen2moe's shared-expert gate as llama.cpp writes it: silu(g) / g."""
+    if g.dtype != np.float32 or g.ndim != 2 or g.shape[1] != 1 or not g.flags.c_contiguous:
+        raise RamforgeError(f"shared_expert_gate: want contiguous f32[n, 1], got {g.dtype}{g.shape}")
+    _silu_over_x(g.reshape(-1))
+    return g
 
 
 # ---------------------------------------------------------------- the weighted sum of the slots

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.matmul import matmul
-from ..kernels.moe import expert_matmul, route, weighted_sum
+from ..kernels.moe import expert_matmul, route, shared_expert_gate, weighted_sum
 from ..kernels.ops import rms_norm, swiglu
 from ..profiling import timed
 
@@ -53,7 +53,7 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
         gate, up, g = s.gate[:n], s.up[:n], s.shgate[:n]       # f32[n, n_ff_shexp] x2, f32[n, 1]
         v = L.ffn_gate_inp_shexp.data                          # f32[n_embd]: a one-row F32 matmul
         matmul(g, xb, L.ffn_gate_inp_shexp.ggml_type, v.view(np.uint8), 1, v.size)
-        g[:] = _silu_over_x(g)
+        shared_expert_gate(g)
         L.ffn_gate_shexp.rows(gate, xb)
         L.ffn_up_shexp.rows(up, xb)
         swiglu(gate, gate, up)
@@ -82,12 +82,3 @@ def _predict(predictor, x: np.ndarray, xn: np.ndarray, logits: np.ndarray, hp) -
 def _expert_rows(y: np.ndarray, x: np.ndarray, t) -> np.ndarray:
     """y f32[c, rows of t] = x f32[c, n_in] @ t^T for the c rows routed to expert t (a 2-D QTensor)."""
     return expert_matmul(y, x, t.ggml_type, t.data, t.dims[1], t.dims[0])
-
-
-def _silu_over_x(g: np.ndarray) -> np.ndarray:
-    """qwen2moe's sigmoid of the shared gate as llama.cpp writes it: silu(g) / g, silu(g) = g / (1 + expf(-g))
-    (a one-wide row: ggml_vec_silu_f32's scalar tail, libm's expf)."""
-    g32 = g.astype(np.float32)
-    e = np.exp(-g32.astype(np.float64)).astype(np.float32)
-    silu = g32 / (np.float32(1.0) + e)
-    return silu / g32
