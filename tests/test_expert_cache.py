@@ -262,3 +262,32 @@ def test_plan_counts_experts(moe):
     misses = n_layer * hp_k * p.expert_slot_bytes
     assert half.expected_bytes_per_token == p.streamed_bytes_per_token - misses + misses // 2
     assert p.to_json()["expected_bytes_per_token"] == p.expected_bytes_per_token
+
+
+def test_a_running_wasted_read_ahead_keeps_its_slot(cache, monkeypatch):
+    """A read-ahead that turned out wasted but is still being read keeps its slot until the read ends,
+    so no other expert is read into the same buffer meanwhile; every expert taken holds its own bytes."""
+    import threading
+
+    c = cache(range(0, 2), 2)
+    hold, gate, real = threading.Event(), threading.Event(), c.file.read_into
+
+    def slow(off, out):
+        if hold.is_set():
+            gate.wait(10)
+        return real(off, out)
+    monkeypatch.setattr(c.file, "read_into", slow)
+    rec0 = ExpertRecord(0)
+    for k in c.layer(0, np.array([0]), 1, rec0):
+        c.take(k, rec0)
+        hold.set()
+        c.predict(1, [4], rec0)                         # the other slot: its read waits at the gate
+    c.end(rec0)
+    threading.Timer(0.3, gate.set).start()
+    rec1, got = _turn(c, 1, [1, 2])
+    assert rec1.prefetch_wasted == 1 and rec1.misses == 2
+    t = _tensors(cache.f, 1)
+    for e in (1, 2):
+        for tensor, raw in zip(t, got[e]):
+            per = tensor.nbytes // tensor.dims[2]
+            assert np.array_equal(raw, np.fromfile(cache.f.path, np.uint8, count=per, offset=tensor.offset + e * per))

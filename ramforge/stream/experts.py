@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -127,7 +127,6 @@ class ExpertCache:
             rec.prefetch_wasted += 1
             fut = self._loading.get(slot)
             if fut is not None and fut.cancel():                # still queued: never read
-                del self._loading[slot]
                 self._evict(slot)
             else:
                 rec.bytes_read += self._span[slot].nbytes
@@ -217,7 +216,11 @@ class ExpertCache:
         free = [s for s, k in enumerate(self._key) if k is None]
         if free:
             return free[0]
-        cand = np.flatnonzero(~self._protected)
+        free = ~self._protected
+        for slot, fut in self._loading.items():    # a read still running (a wasted read-ahead) keeps its slot
+            if not fut.done():
+                free[slot] = False
+        cand = np.flatnonzero(free)
         if cand.size == 0:
             return None
         if self.policy is Policy.LFU:
@@ -232,6 +235,7 @@ class ExpertCache:
         k = self._key[slot]
         del self._slot[k]
         self._key[slot] = self._span[slot] = None
+        self._loading.pop(slot, None)              # a finished read of the evicted expert
 
     def _start(self, key: tuple[int, int], slot: int) -> None:
         il, e = key
@@ -253,10 +257,13 @@ class ExpertCache:
         return n, time.perf_counter() - t0
 
     def _wait(self, key, rec: ExpertRecord) -> int:
-        if key not in self._slot:                          # not started yet: every slot was busy
+        while key not in self._slot:                       # not started yet: every slot was busy
             self._submit([key], rec)
+            running = [f for sl, f in self._loading.items() if not self._protected[sl] and not f.done()]
             if key not in self._slot:
-                raise InternalError(f"no expert slot free for {key}: {self.n_slots} slots all in use")
+                if not running:
+                    raise InternalError(f"no expert slot free for {key}: {self.n_slots} slots all in use")
+                wait(running, return_when=FIRST_COMPLETED)  # a wasted read-ahead still holds its slot
         slot = self._slot[key]
         fut = self._loading.pop(slot, None)
         if fut is not None:
@@ -274,8 +281,7 @@ class ExpertCache:
     def _settle_failed(self) -> None:
         """Reads that finished with an error free their slots (the error was or will be raised)."""
         for slot, fut in list(self._loading.items()):
-            if fut.done() and fut.exception() is not None:
-                del self._loading[slot]
+            if fut.done() and (fut.cancelled() or fut.exception() is not None):
                 self._prefetched.pop(self._key[slot], None)
                 self._evict(slot)
                 self._protected[slot] = False
@@ -308,7 +314,6 @@ class ExpertCache:
                 fut.result()
             except BaseException:
                 self._evict(slot)
-                del self._loading[slot]
         self._prefetched.clear()
         self._kept.clear()
         self._predicted.clear()
