@@ -25,7 +25,7 @@ from .models import ALIASES, ARCHITECTURES
 from .models.config import HParams
 from .models.config import MOE_ARCHS
 from .models.weights import ModelError, gguf_name, layer_tensors
-from .plan import Plan, n_vocab_of, plan_for_budget, state_shapes
+from .plan import UBATCH, Plan, n_vocab_of, plan_for_budget, state_shapes
 from .profiling import PROFILE, PassRecord
 from .stream.io import IOMode
 from .stream.weights import Weights
@@ -143,7 +143,7 @@ class Engine:
     tokens: list = field(default_factory=list)      # the token ids whose keys and values are cached
     _charges: list = field(default_factory=list)
     _prompt: list = field(default_factory=list)     # the prompt whose logits state.prompt_logits holds
-    ubatch: int = 512                               # llama.cpp's n_ubatch, whose arithmetic aligned evals take
+    ubatch: int = UBATCH                            # llama.cpp's n_ubatch, whose arithmetic aligned evals take
     _warned: bool = False                           # InexactWarning issued
     _load_compile_s: float = 0.0                    # compile seconds of the load, reported by the first generate
 

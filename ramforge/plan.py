@@ -155,6 +155,7 @@ class Plan:
     experts_apart: bool = False                   # experts are read one by one into the expert cache
     expert_slot_bytes: int = 0                    # one expert's read span (largest over layers and experts)
     expert_slots: int = 0                         # the expert cache's capacity, in experts
+    expert_count: int = 0                         # experts in the layer range (layers x n_expert)
     predictor_bytes: int = 0                      # each layer's router and ffn_norm, resident to predict its experts
     streamed_bytes_per_token: int = 0             # at most (every expert a miss)
     active_bytes_per_token: int = 0               # weights one token computes with: all dense, k experts a layer
@@ -241,7 +242,7 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     min_budget = fixed + max_span + min_slots * slot + predictors + (batch * row_bytes if a == 0 else 0)
     p = Plan(f.path, hp.arch, is_executable(hp.arch), n_ctx, batch, budget, (a, b),
              sum(t.nbytes for t in f.tensors.values()), persistent, [s.nbytes for s in spans],
-             kv, state, small, "resident", min_budget, resident_budget)
+             kv, state, small, "resident", min_budget, resident_budget, expert_count=(b - a) * hp.n_expert)
     outside = sum(persistent.values()) - sum(persistent[n] for n in big)          # norms, rope factors
     p.active_bytes_per_token = (sum(t.nbytes for x in by_layer.values() for t in x) - expert_total
                                 + (expert_total * k // hp.n_expert if hp.n_expert else 0) + outside
@@ -281,13 +282,12 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
             head += p.n_buffers * p.buffer_bytes
             p.n_buffers = p.buffer_bytes = 0
         if apart:                                 # then the expert cache, in whole slots
-            p.expert_slots = min(min_slots + head // slot, (b - a) * hp.n_expert)
-        every = (b - a) * hp.n_expert
-        misses = (b - a) * k * slot if apart and p.expert_slots < every else 0
+            p.expert_slots = min(min_slots + head // slot, p.expert_count)
+        misses = (b - a) * k * slot if apart and p.expert_slots < p.expert_count else 0
         dense = sum(streamed) + (row_bytes if p.embd_row_bytes else 0)
         p.streamed_bytes_per_token = dense + misses
         if apart:
-            p.expert_hit_rate = min(1.0, p.expert_slots / every) if hit_rate is None else hit_rate
+            p.expert_hit_rate = p.expert_slots / p.expert_count if hit_rate is None else hit_rate
             p.expected_bytes_per_token = dense + round(misses * (1.0 - p.expert_hit_rate))
         else:
             p.expected_bytes_per_token = p.streamed_bytes_per_token
@@ -307,7 +307,7 @@ UBATCH = 512                # llama.cpp's default n_ubatch
 # A mixture's chunk may grow to a whole ubatch: llama.cpp's mul_mat_id picks an expert's arithmetic by
 # the rows the whole ubatch routes to it, so chunks shorter than the ubatch can round a long prompt's
 # expert rows differently. Taken when the run state stays within 1/MOE_STATE_SHARE of the budget.
-MOE_BATCHES = (512, 256, 128)
+MOE_BATCHES = (UBATCH, UBATCH // 2, UBATCH // 4)
 MOE_STATE_SHARE = 8
 
 
@@ -319,17 +319,11 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
         raise InvalidArgument(f"an expert hit rate is a fraction from 0 to 1, got {hit_rate}")
     moe = HParams.from_metadata(f.metadata, n_vocab_of(f)).n_expert > 0
-    p = None
-    if batch is None and moe:
-        for b in MOE_BATCHES:
-            q = make_plan(f, budget, n_ctx, b, layers, hit_rate)
-            if q.verdict != "insufficient" and (budget is None or q.state_bytes * MOE_STATE_SHARE <= budget):
-                p = q
-                break
     batches = (batch,) if batch else BATCHES
-    for b in batches if p is None else ():
+    for b in (MOE_BATCHES if moe and not batch else ()) + batches:
         p = make_plan(f, budget, n_ctx, b, layers, hit_rate)
-        if p.verdict != "insufficient":
+        grown = b > BATCHES[0]                    # a mixture's chunk past 64: only with a small state
+        if p.verdict != "insufficient" and not (grown and budget and p.state_bytes * MOE_STATE_SHARE > budget):
             break
     p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers).min_budget    # at the smallest chunk
     if moe and p.batch < UBATCH and p.verdict != "insufficient":

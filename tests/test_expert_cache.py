@@ -124,12 +124,11 @@ def test_wrong_guesses_stop_the_reads_ahead_but_not_the_scoring(cache):
     assert rec0.prefetch_issued == 1 and rec0.prefetch_skipped == 0
 
 
-def test_a_wasted_read_ahead_still_queued_is_cancelled(cache, monkeypatch):
+def _predict_with_reads_held(c, monkeypatch, ids):
+    """Layer 0 takes expert 0, then guesses layer 1's `ids`: the reads of those wait at a gate (the
+    returned threading.Event), so they are in flight, or queued behind the readers, until it is set."""
     import threading
 
-    from ramforge.stream.experts import READERS
-
-    c = cache(range(0, 2), 8)
     hold, gate, real = threading.Event(), threading.Event(), c.file.read_into
 
     def slow(off, out):
@@ -141,8 +140,16 @@ def test_a_wasted_read_ahead_still_queued_is_cancelled(cache, monkeypatch):
     for k in c.layer(0, np.array([0]), 1, rec0):
         c.take(k, rec0)
         hold.set()
-        c.predict(1, [4, 5, 6, 7], rec0)              # up to READERS reads start and wait; the rest queue
+        c.predict(1, ids, rec0)
     c.end(rec0)
+    return rec0, gate
+
+
+def test_a_wasted_read_ahead_still_queued_is_cancelled(cache, monkeypatch):
+    from ramforge.stream.experts import READERS
+
+    c = cache(range(0, 2), 8)
+    rec0, gate = _predict_with_reads_held(c, monkeypatch, [4, 5, 6, 7])   # up to READERS start; the rest queue
     rec1 = ExpertRecord(1)
     order = c.layer(1, np.array([1]), 1, rec1)        # the queued ones are cancelled here
     gate.set()
@@ -270,19 +277,7 @@ def test_a_running_wasted_read_ahead_keeps_its_slot(cache, monkeypatch):
     import threading
 
     c = cache(range(0, 2), 2)
-    hold, gate, real = threading.Event(), threading.Event(), c.file.read_into
-
-    def slow(off, out):
-        if hold.is_set():
-            gate.wait(10)
-        return real(off, out)
-    monkeypatch.setattr(c.file, "read_into", slow)
-    rec0 = ExpertRecord(0)
-    for k in c.layer(0, np.array([0]), 1, rec0):
-        c.take(k, rec0)
-        hold.set()
-        c.predict(1, [4], rec0)                         # the other slot: its read waits at the gate
-    c.end(rec0)
+    _, gate = _predict_with_reads_held(c, monkeypatch, [4])   # the other slot: its read waits at the gate
     threading.Timer(0.3, gate.set).start()
     rec1, got = _turn(c, 1, [1, 2])
     assert rec1.prefetch_wasted == 1 and rec1.misses == 2

@@ -129,8 +129,7 @@ def plan(model, ram, ctx, probe_io, hit_rate, as_json):
             ("active weights per token", p.active_bytes_per_token),
             ("fully resident needs", p.resident_budget), ("minimum budget", p.min_budget)]
     if p.experts_apart:
-        n_exp = len(p.layer_bytes) * _experts_per_layer(p)
-        rows[5:5] = [(f"expert cache ({p.expert_slots} of {n_exp} experts, {format_bytes(p.expert_slot_bytes)} each)",
+        rows[5:5] = [(f"expert cache ({p.expert_slots} of {p.expert_count} experts, {format_bytes(p.expert_slot_bytes)} each)",
                       p.expert_slots * p.expert_slot_bytes),
                      ("routers kept to predict experts", p.predictor_bytes)]
         rows.insert(-2, (f"expected per token at a {100 * p.expert_hit_rate:.0f}% expert hit rate",
@@ -147,11 +146,6 @@ def plan(model, ram, ctx, probe_io, hit_rate, as_json):
                   f"of I/O for {format_bytes(p.expected_bytes_per_token)} streamed")
     for n in p.notes:
         out.print(f"note: {n}")
-
-
-def _experts_per_layer(p) -> int:
-    with open_gguf(p.path) as f:
-        return int(f.metadata[f"{p.arch}.expert_count"])
 
 
 COMMANDS = [inspect, support, plan]

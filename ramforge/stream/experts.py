@@ -60,7 +60,7 @@ class ExpertCache:
     """Experts (layer, id) in n_slots buffers of slot_bytes, read by reader threads."""
 
     def __init__(self, f: GGUFFile, file: ModelFile, layers: range, n_slots: int, slot_bytes: int,
-                 policy: Policy | str = DEFAULT_POLICY, readers: int = READERS):
+                 policy: Policy | str = DEFAULT_POLICY, prefetch: bool = True, readers: int = READERS):
         if n_slots < 1:
             raise InternalError("the expert cache needs at least one slot")
         self.file, self.layers = file, layers
@@ -71,7 +71,8 @@ class ExpertCache:
         self.slot_bytes = slot_bytes
         self._slot: dict[tuple[int, int], int] = {}          # (layer, expert) -> slot
         self._key: list[tuple[int, int] | None] = [None] * n_slots
-        self._span: list[Span | None] = [None] * n_slots
+        self._free = list(range(n_slots - 1, -1, -1))      # slots holding no expert (popped from the end)
+        self._spans: dict[tuple[int, int], Span] = {}            # key -> its read plan, made on first read
         self._loading: dict[int, Future] = {}               # slot -> its read, until taken
         self._protected = np.zeros(n_slots, bool)          # in use by this layer, or a pending prefetch
         self._used = np.zeros(n_slots)                      # clock of the last use (LRU)
@@ -88,7 +89,7 @@ class ExpertCache:
         self.tokens = 0.0                                   # the clock: tokens routed through layers[0]
         self._tick = 0                                      # orders uses within a token
         self.totals = ExpertRecord("all")
-        self.prefetch = True                                # guess the next layer's experts ...
+        self.prefetch = prefetch                            # guess the next layer's experts ...
         self.accuracy = 1.0                                 # ... and read them ahead while guesses are right
 
     @property
@@ -129,12 +130,12 @@ class ExpertCache:
             if fut is not None and fut.cancel():                # still queued: never read
                 self._evict(slot)
             else:
-                rec.bytes_read += self._span[slot].nbytes
+                rec.bytes_read += self._spans[k].nbytes
         cached = [k for k in keys if k in self._slot]
         for k in cached:
             if self._prefetched.pop(k, None) is not None:
                 rec.prefetch_hits += 1
-                rec.bytes_read += self._span[self._slot[k]].nbytes
+                rec.bytes_read += self._spans[k].nbytes
             else:
                 rec.hits += 1
             self._protected[self._slot[k]] = True
@@ -190,12 +191,9 @@ class ExpertCache:
                     self._protected[slot] = True
                     self._kept[k] = slot
                 continue
-            slot = self._victim()
-            if slot is None:
+            if not self._start(k):
                 return
-            self._start(k, slot)
-            self._prefetched[k] = slot
-            self._protected[slot] = True
+            self._prefetched[k] = self._slot[k]
             rec.prefetch_issued += 1
 
     # ---- slots ----------------------------------------------------------------------------
@@ -204,18 +202,14 @@ class ExpertCache:
         for k in todo:
             if k in self._slot:
                 continue
-            slot = self._victim()
-            if slot is None:
+            if not self._start(k):
                 return
-            self._start(k, slot)
-            self._protected[slot] = True
-            rec.bytes_read += self._span[slot].nbytes
+            rec.bytes_read += self._spans[k].nbytes
 
     def _victim(self) -> int | None:
         """A free slot, else the policy's choice among the unprotected ones (None: every slot is in use)."""
-        free = [s for s, k in enumerate(self._key) if k is None]
-        if free:
-            return free[0]
+        if self._free:
+            return self._free.pop()
         free = ~self._protected
         for slot, fut in self._loading.items():    # a read still running (a wasted read-ahead) keeps its slot
             if not fut.done():
@@ -229,24 +223,33 @@ class ExpertCache:
             cand = cand[score <= score.min() * (1 + 1e-9)]
         slot = int(cand[np.argmin(self._used[cand])])
         self._evict(slot)
-        return slot
+        return self._free.pop()
 
     def _evict(self, slot: int) -> None:
         k = self._key[slot]
         del self._slot[k]
-        self._key[slot] = self._span[slot] = None
+        self._key[slot] = None
         self._loading.pop(slot, None)              # a finished read of the evicted expert
+        self._free.append(slot)
 
-    def _start(self, key: tuple[int, int], slot: int) -> None:
+    def _start(self, key: tuple[int, int]) -> bool:
+        """Start reading expert key into a free or evicted slot (protected); False if every slot is in use."""
         il, e = key
-        if not 0 <= e < self.n_expert:
-            raise InternalError(f"layer {il}: expert {e} is out of range for {self.n_expert} experts")
-        span = expert_span(self.tensors[il], e)
-        if span.nbytes > self.slot_bytes:
-            raise InternalError(f"expert {key} needs {span.nbytes:,} B, above the slot of {self.slot_bytes:,}")
-        self._slot[key], self._key[slot], self._span[slot] = slot, key, span
+        span = self._spans.get(key)
+        if span is None:
+            if not 0 <= e < self.n_expert:
+                raise InternalError(f"layer {il}: expert {e} is out of range for {self.n_expert} experts")
+            span = self._spans[key] = expert_span(self.tensors[il], e)
+            if span.nbytes > self.slot_bytes:
+                raise InternalError(f"expert {key} needs {span.nbytes:,} B, above the slot of {self.slot_bytes:,}")
+        slot = self._victim()
+        if slot is None:
+            return False
+        self._slot[key], self._key[slot] = slot, key
+        self._protected[slot] = True                        # until taken, or its layer's turn
         self._where[slot] = il - self.layers[0], e
         self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], span)
+        return True
 
     def _read(self, buf: np.ndarray, span: Span) -> tuple[int, float]:
         """On a reader thread: the expert's aligned segments into its slot."""
@@ -298,7 +301,7 @@ class ExpertCache:
 
     def _tensors(self, key, slot: int) -> tuple[QTensor, QTensor, QTensor]:
         il, e = key
-        buf, span = self.buffers[slot], self._span[slot]
+        buf, span = self.buffers[slot], self._spans[key]
         out = []
         for t in self.tensors[il]:
             at = span.offsets[t.name]
