@@ -28,12 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def random_weight(t, n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
-    """Random packed rows; every odd byte gets exponent bits 01xxx so each f16/f32 scale is normal."""
-    from ramforge.gguf.constants import GGML_BLOCK
+    """Random packed rows; every odd byte gets exponent bits 01xxx so each f16/f32 scale is normal
+    (MXFP4: each block's E8M0 exponent byte in 120..135)."""
+    from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 
     be, bb = GGML_BLOCK[t]
-    raw = np.random.default_rng(seed).integers(0, 256, size=n_out * n_in // be * bb, dtype=np.uint8)
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=n_out * n_in // be * bb, dtype=np.uint8)
     raw[1::2] = (raw[1::2] & 0x9F) | 0x20
+    if t == GGMLType.MXFP4:
+        raw[::bb] = rng.integers(120, 136, size=raw.size // bb, dtype=np.uint8)
     return raw
 
 

@@ -366,8 +366,8 @@ def test_batched_variants_have_8_row_kernels():
     assert (N_OUT + 3) % 8 == 0
 
 
-# the codebook types (and TQ1_0, base-3 digits) unpack first (see variants.RawRow)
-CODEBOOK_TYPES = (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0, GGMLType.IQ1_S, GGMLType.IQ1_M)
+# the 16-value codebook types unpack first (see variants.RawRow)
+CODEBOOK_TYPES = (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
 
 
 def test_every_few_token_matmul_reads_packed_rows():
@@ -547,6 +547,52 @@ def test_bit_identical_to_llama_cpp_cpu_backend(ggml, t):
                 same = got.view(np.uint32) == want.view(np.uint32)
                 assert same.all(), (f"{t.name} {n_out}x{n_in}, {n_tok} tokens: {np.count_nonzero(~same)} of "
                                     f"{same.size} differ, max {np.abs(got - want).max():.3g}")
+
+
+def _tail_case(t: GGMLType, n_out: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(raw, x) of n_out rows of 3 blocks of type t (MXFP4 / IQ4_NL) and one token: the last block's
+    codes share one sign pattern over the rows and x is signed as it (|sumi| of 2^13 .. 2^15, so
+    that d * sumi rounds), the first two blocks nearly cancel it."""
+    bb = REGISTRY[t].block_bytes
+    nib = rng.integers(0, 16, (n_out, 3, 32))
+    neg = rng.integers(0, 2, 32).astype(bool)
+    if t == GGMLType.MXFP4:                   # kv: 0..7 positive, 8..15 negative
+        nib[:, 2] = np.where(neg, 8, 0) + rng.integers(1, 8, (n_out, 32))
+    else:                                     # IQ4_NL: 0..7 negative, 8..15 positive
+        nib[:, 2] = np.where(neg, 0, 12) + rng.integers(0, 4, (n_out, 32))
+    raw = np.zeros((n_out, 3, bb), np.uint8)
+    raw[..., bb - 16:] = (nib[..., :16] | (nib[..., 16:] << 4)).astype(np.uint8)
+    if t == GGMLType.MXFP4:
+        raw[..., 0] = rng.integers(120, 130, (n_out, 3))
+    else:
+        raw[..., :2] = rng.uniform(1e-3, 1e-2, (n_out, 3)).astype(np.float16).view(np.uint8).reshape(n_out, 3, 2)
+    x = np.empty((1, 96), np.float32)
+    x[0, 64:] = np.where(neg, -1, 1) * rng.uniform(0.5, 1.0, 32)
+    x[0, :64] = -rng.uniform(0.0, 0.5, 64) * np.where(rng.integers(0, 4, 64) > 0, 1, -1)
+    return raw.reshape(-1), x
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("t", [GGMLType.MXFP4, GGMLType.IQ4_NL], ids=_ids([GGMLType.MXFP4, GGMLType.IQ4_NL]))
+def test_odd_block_tail_is_one_fma_as_in_llama_cpp(ggml, t):
+    # vec_dot's scalar tail for an odd block count, sumf += d * sumi, is an fma (GCC contracts it);
+    # an unfused multiply-add differs on these rows (checked below); ggml's mul_mat is matched
+    n_out, n_in = 201, 96                     # 3 blocks (a tail); rows not a multiple of 8 (vec_dot)
+    raw, x = _tail_case(t, n_out, np.random.default_rng(3))
+    want = ggml.matmul(t, raw, x, n_out, n_in)
+    got = qm.qmatmul(np.zeros((1, n_out), np.float32), x, t, raw, n_out, n_in)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    # r = the first two blocks' hsum (the 2-block matmul), then the tail fused or not
+    bb = REGISTRY[t].block_bytes
+    r = qm.qmatmul(np.zeros((1, n_out), np.float32), x[:, :64], t,
+                   np.ascontiguousarray(raw.reshape(n_out, 3, bb)[:, :2]).reshape(-1), n_out, 64)[0]
+    a = qa.quantize_activation(x, REGISTRY[t].act, 32)
+    wq, isc, imn, wd, wm = unpack(t, raw, n_out, n_in, vec=False)
+    isum = (wq[:, 64:].astype(np.int64) * a.q.reshape(-1)[64:].astype(np.int64)).sum(axis=1)
+    d = np.float32(a.d.reshape(-1)[2]) * wd[:, 2]
+    fused = (r.astype(np.float64) + d.astype(np.float64) * isum).astype(np.float32)
+    unfused = r + d * isum.astype(np.float32)
+    assert np.array_equal(got[0], fused) and np.count_nonzero(unfused != fused) >= 3
 
 
 FLOAT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16]

@@ -20,7 +20,8 @@ from numba import njit
 
 from ramforge.gguf.constants import GGML_BLOCK, QK_K, GGMLType
 
-from .scalars import _f16_at, _f32_at, _u16
+from .naming import made_for
+from .scalars import _f16_at, _f32_at, _half_bits_to_f32, _u16
 
 T = GGMLType
 
@@ -194,16 +195,44 @@ def _iq4_xs_scale(raw, p, s):
     return (lo | (((sh >> (2 * s)) & 3) << 4)) - 32
 
 
+@njit(cache=True, inline="always")
+def _iq1_s_scale(raw, p, g):
+    """IQ1_S sub-block g (of 8): 2 * (bits 12-14 of its u16 qh word) + 1."""
+    return 2 * ((_u16(raw, p + B_IQ1_S.qh + 2 * g) >> 12) & 7) + 1
+
+
+@njit(cache=True, inline="always")
+def _iq1_m_scale(raw, p, s):
+    """IQ1_M sub-block s (of 16): 2 * (3 bits of its scale word, 4 per word) + 1."""
+    return 2 * ((_u16(raw, p + B_IQ1_M.scales + 2 * (s >> 2)) >> (3 * (s & 3))) & 7) + 1
+
+
+@njit(cache=True, inline="always")
+def _iq1_m_d_bits(raw, p):
+    """IQ1_M's f16 scale (bits): the top nibble of each of its 4 u16 scale words, lowest first."""
+    o = p + B_IQ1_M.scales
+    return ((_u16(raw, o) >> 12) | ((_u16(raw, o + 2) >> 8) & 0xF0) | ((_u16(raw, o + 4) >> 4) & 0xF00)
+            | (_u16(raw, o + 6) & 0xF000))
+
+
 def _scales_fn(t):
     """The scale decoder of K-type t, scales(raw, p, b, isc, imn, wd, wm): super-block b of a row, at
     byte p, to its float scale wd[b] and min wm[b] (f32 / f16 read as the integer dots read them)
-    and its n sub-blocks' integer scales isc[b*n:(b+1)*n] and mins imn[...] (0 where none)."""
+    and its n sub-blocks' integer scales isc[b*n:(b+1)*n] and mins imn[...] (0 where none).
+    IQ1_S / IQ1_M: wd = d / 8 (their quants are unpacked as 8 * grid + delta, lowbit.py)."""
     L, tid = LAYOUTS[t], int(t)
     n, f32_d, has_m = QK_K // L.sub, t == Q8_K, L.m >= 0
 
     @njit(cache=True)
     def scales(raw, p, b, isc, imn, wd, wm):
-        wd[b] = _f32_at(raw, p + L.d) if f32_d else _f16_at(raw, p + L.d)
+        if tid == IQ1_M:
+            wd[b] = _half_bits_to_f32(_iq1_m_d_bits(raw, p)) * np.float32(0.125)
+        elif tid == IQ1_S:
+            wd[b] = _f16_at(raw, p + L.d) * np.float32(0.125)
+        elif f32_d:
+            wd[b] = _f32_at(raw, p + L.d)
+        else:
+            wd[b] = _f16_at(raw, p + L.d)
         if has_m:
             wm[b] = _f16_at(raw, p + L.m)
         for g in range(n):
@@ -217,19 +246,25 @@ def _scales_fn(t):
                 sc, m = _q6_k_scale(raw, p, g), 0
             elif tid == IQ4_XS:
                 sc, m = _iq4_xs_scale(raw, p, g), 0
-            elif tid == Q8_K or tid == TQ2_0:
+            elif tid == Q8_K or tid == TQ2_0 or tid == TQ1_0:
                 sc, m = 1, 0
+            elif tid == IQ1_S:                  # imn: the scale signed as its delta (codegen's packed
+                sc = _iq1_s_scale(raw, p, g)    # IQ1_S dot takes the delta sums from the bsums)
+                m = -sc if raw[p + B_IQ1_S.qh + 2 * g + 1] >> 7 else sc
+            elif tid == IQ1_M:
+                sc, m = _iq1_m_scale(raw, p, g), 0
             else:
                 raise ValueError("no sub-block scales for this ggml type")
             isc[b * n + g] = sc
             imn[b * n + g] = m
-    return scales
+    return made_for(scales, t)
 
 
 _scales_q2_k, _scales_q3_k, _scales_q4_k = _scales_fn(Q2_K), _scales_fn(Q3_K), _scales_fn(Q4_K)
 _scales_q5_k, _scales_q6_k, _scales_q8_k, _scales_iq4_xs = (_scales_fn(Q5_K), _scales_fn(Q6_K), _scales_fn(Q8_K),
                                                            _scales_fn(IQ4_XS))
-_scales_tq2_0 = _scales_fn(TQ2_0)
+_scales_tq2_0, _scales_tq1_0, _scales_iq1_s, _scales_iq1_m = (_scales_fn(TQ2_0), _scales_fn(TQ1_0), _scales_fn(IQ1_S),
+                                                               _scales_fn(IQ1_M))
 
 
 @njit(cache=True, inline="always")
@@ -252,6 +287,12 @@ def _row_scales(t, raw, p, b, isc, imn, wd, wm):
         _scales_iq4_xs(raw, p, b, isc, imn, wd, wm)
     elif t == TQ2_0:
         _scales_tq2_0(raw, p, b, isc, imn, wd, wm)
+    elif t == TQ1_0:
+        _scales_tq1_0(raw, p, b, isc, imn, wd, wm)
+    elif t == IQ1_S:
+        _scales_iq1_s(raw, p, b, isc, imn, wd, wm)
+    elif t == IQ1_M:
+        _scales_iq1_m(raw, p, b, isc, imn, wd, wm)
     else:
         raise ValueError("no sub-block scales for this ggml type")
 

@@ -14,10 +14,11 @@ from numba.core import cgutils
 from ramforge.gguf.constants import GGMLType
 
 from .blocks import CHUNKS, LAYOUTS
+from .lowbit_ir import RAW_SOURCES
 from .llvmir import (I8, I16, I32, I64, dot_lanes, fma_fn, half_to_float, has_vnni, hsum8, native_half, pair_lanes,
                      reduce_add, splat)
 from .variants import (GROUPS, IQ1_DELTA, IQ1_DLANES, IQ1_MINS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN,
-                       Q8_1_SUM, SCALAR_FMA, TILED)
+                       Q8_1_SUM, SCALAR_FMA, TERNARY_OFFSET, TILED)
 
 
 def _row_codegen(context, builder, variant, p, wsrc, n_sb):
@@ -26,7 +27,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     wsrc = (w_d(b), w_m(b), w_vec(b, e, c)): super-block b's float scale and min, and the 32 int8
     weights of its chunk c (element e of the row)."""
     sub, nsub, mins, mode, offset, grp = variant
-    scaled = nsub > 1
+    scaled = nsub > 1 and offset != TERNARY_OFFSET        # (the ternary types' scales are all 1)
     unsigned = mins not in (NO_MIN,) + IQ1_MINS or offset != 0      # types with mins or an offset store quants >= 0
     iq1 = mins in IQ1_MINS                        # quants 8*grid + delta8, split per chunk (LANES only)
     vt = ir.VectorType(I8, 32)
@@ -36,6 +37,8 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     # a type with a quant offset c, read packed, on VNNI: dot the unsigned quants and add c * the
     # activation's sums (exact integers; no sign trick): per block (GROUPS) or per lane of 4 (LANES)
     shifted = wsrc[3] if len(wsrc) > 3 and mode in (GROUPS, LANES) and nsub == 1 and has_vnni(context) else None
+    # IQ1 read packed (lowbit_ir.py): w_vec gives grid + 1 (0..2); IQ1_M's delta8 lanes from wsrc[4](b, c, ones)
+    iq1raw = wsrc[4] if iq1 and len(wsrc) > 4 else None
     fma8, fma1 = fma_fn(builder, f8), fma_fn(builder, f32)
     zero8, zero = ir.Constant(f8, [0.0] * 8), ir.Constant(f32, 0.0)
     facc = cgutils.alloca_once_value(builder, zero8)        # the 8 f32 lanes
@@ -75,12 +78,19 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
             e = builder.add(e0, c64(32 * c))
             va = w_vec(b, e, c) if shifted is None else shifted[0](b, e, c)
             vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
-            if iq1:                                # grid = (w + 4) >> 3, delta8 = w - 8*grid
-                grid = builder.ashr(builder.add(va, ir.Constant(vt, [4] * 32)), ir.Constant(vt, [3] * 32))
-                dpart = dot_lanes(context, builder, builder.sub(va, builder.shl(grid, ir.Constant(vt, [3] * 32))),
-                                  vb)
-                va = grid
-            part = dot_lanes(context, builder, va, vb, unsigned or shifted is not None)
+            dpart = None
+            if iq1raw is not None:                 # grid = (grid + 1) - 1 per lane of 4; delta8 lanes of
+                ones = dot_lanes(context, builder, ir.Constant(vt, [1] * 32), vb, True)     # IQ1_M from ones
+                part = builder.sub(dot_lanes(context, builder, va, vb, True), ones)
+                if mins == IQ1_DLANES:
+                    dpart = iq1raw(b, c, ones)
+            else:
+                if iq1:                            # grid = (w + 4) >> 3, delta8 = w - 8*grid
+                    grid = builder.ashr(builder.add(va, ir.Constant(vt, [4] * 32)), ir.Constant(vt, [3] * 32))
+                    dpart = dot_lanes(context, builder, builder.sub(va, builder.shl(grid, ir.Constant(vt, [3] * 32))),
+                                      vb)
+                    va = grid
+                part = dot_lanes(context, builder, va, vb, unsigned or shifted is not None)
             if shifted is not None and mode == LANES:        # + c * (a's sums per lane of 4)
                 ones = dot_lanes(context, builder, ir.Constant(vt, [1] * 32), vb, True)
                 part = builder.add(part, builder.mul(ones, ir.Constant(l8, [shifted[1]] * 8)))
@@ -90,7 +100,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                 scale = sv[0] if sub == 32 else builder.shuffle_vector(
                     sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
                 part = builder.mul(part, scale)
-                if iq1:
+                if dpart is not None:
                     dacc = builder.add(dacc, builder.mul(dpart, scale))
             iacc = builder.add(iacc, part)
             if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group
@@ -109,7 +119,8 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                     builder.store(builder.insert_element(zero8, m0, ir.Constant(I32, 0)), macc)
         if offset:          # Q6_K: lane c less 32 * (bsum*sc) of sub-blocks 2c, 2c+1 (a madd of the
             assert nsub == 16 and mode in (LANES, TILED)            # 16 bsums; TILED sums the lanes)
-            corr = pair_lanes(builder, builder.mul(ivec(bp, k0, 16), ivec(sp, k0, 16)))
+            corr = pair_lanes(builder, ivec(bp, k0, 16) if offset == TERNARY_OFFSET else
+                              builder.mul(ivec(bp, k0, 16), ivec(sp, k0, 16)))
             iacc = builder.sub(iacc, builder.mul(corr, ir.Constant(l8, [offset] * 8)))
         if mode == TILED:
             r = builder.fmul(builder.sitofp(reduce_add(builder, iacc), f32), w_d(b))
@@ -153,8 +164,10 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                 ml = pair_lanes(builder, builder.mul(ivec(mp, k0, 8), ivec(bp, k0, 8)))
                 ml = builder.shuffle_vector(ml, ml, ir.Constant(l8, [0, 1, 2, 3, 0, 1, 2, 3]))
                 builder.store(builder.call(fma8, [splat(builder, dmin, f8), builder.sitofp(ml, f8), m]), macc)
-            elif mins == IQ1_DELTA:                # IQ1_S: accum1 += d * sumi1 (lane 0)
-                m0 = fmaf(d, builder.sitofp(reduce_add(builder, dacc), f32), lane_of(m, 0))
+            elif mins == IQ1_DELTA:                # IQ1_S: accum1 += d * sumi1 (lane 0); packed: sumi1 =
+                sumi1 = reduce_add(builder, dacc if iq1raw is None else   # sum of imn (+-scale) * bsum per 32
+                                   builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
+                m0 = fmaf(d, builder.sitofp(sumi1, f32), lane_of(m, 0))
                 builder.store(builder.insert_element(m, m0, ir.Constant(I32, 0)), macc)
             elif mins == IQ1_DLANES:               # IQ1_M: accum2 = fma(d, sumi2, accum2), 8 lanes
                 builder.store(builder.call(fma8, [splat(builder, d, f8), builder.sitofp(dacc, f8), m]), macc)
@@ -169,7 +182,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     if mode == LANES2:
         r = hsum8(builder, builder.fadd(ld(facc), ld(facc2)))
         odd_n = builder.trunc(n_sb, ir.IntType(1))
-        tail = builder.fadd(r, builder.fmul(lane(m, 0), ld(sacc)))      # + the tail's d * isum
+        tail = fmaf(lane(m, 0), ld(sacc), r)      # + the tail's d * isum (sumf += d * sumi: an fma)
         return builder.select(odd_n, tail, r)
     r = hsum8(builder, ld(facc))
     if mins in (Q8_1_SUM, K_SUM):
@@ -189,6 +202,8 @@ def _raw_source(context, builder, t, rp, p):
     weights built in registers exactly as the unpackers build them in memory. The super-block types
     take their float scales from the row's scratch p["wd"], p["wm"] (unpacked per row by the kernel);
     the 32-element types read theirs, f16, from the blocks."""
+    if t in RAW_SOURCES:                       # TQ1_0, IQ1_S, IQ1_M (lowbit_ir.py)
+        return RAW_SOURCES[t](context, builder, rp, p)
     v16, v32, w32 = ir.VectorType(I8, 16), ir.VectorType(I8, 32), ir.VectorType(I32, 32)
     L = LAYOUTS[t]
 

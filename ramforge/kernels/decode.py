@@ -22,6 +22,7 @@ from ramforge.gguf.constants import GGML_BLOCK, QK_K
 from .blocks import (B_IQ4_XS, BF16, CHUNKS, F16, F32, IQ1_M, IQ1_S, IQ4_KV_F32, IQ4_NL, IQ4_XS, LAYOUTS, MXFP4, Q2_K,
                      Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q8_K, TQ1_0, TQ2_0, _chunk_quant, _high_bit,
                      _iq4_xs_scale, _nibble, _row_scales)
+from .naming import made_for
 from .lowbit import _dequant_iq1_m, _dequant_iq1_s, _dequant_mxfp4, _dequant_tq1_0
 from .scalars import _bits_to_f32, _f16_at_int, _f32_at, _u16, _u32
 
@@ -66,7 +67,7 @@ def _dequant_32(t):
                     out[b * 32 + j] = d * np.float32(q) + m
                 else:
                     out[b * 32 + j] = d * np.float32(q + L.bias)
-    return dequant
+    return made_for(dequant, t)
 
 
 def _dequant_int8(t):
@@ -81,7 +82,7 @@ def _dequant_int8(t):
             d = _f32_at(raw, p + L.d) if f32_d else _f16(raw, p + L.d)
             for j in range(n):
                 out[b * n + j] = np.float32(qs[p + L.qs + j]) * d
-    return dequant
+    return made_for(dequant, t)
 
 
 def _dequant_k(t):
@@ -112,7 +113,7 @@ def _dequant_k(t):
                             out[b * QK_K + c * 32 + l] = dl * q - ml
                         else:
                             out[b * QK_K + c * 32 + l] = dl * q
-    return dequant
+    return made_for(dequant, t)
 
 
 @njit(cache=True)

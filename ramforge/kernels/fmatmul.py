@@ -25,6 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .llvmir import half_to_float
+from .naming import made_for
 from .scalars import _bits_to_f32
 
 _W = 16                      # f32 lanes
@@ -176,7 +177,7 @@ def _kernel(kind: FloatKind, tb: bool):
             for r in range(c * n_out // n_chunks, (c + 1) * n_out // n_chunks):
                 for tok in range(n_tok):
                     y[tok, r] = _row_dot(k, t, w32, w16, r * n_in, af, tok * n_in, n_in, f16)
-    return _fmatmul
+    return made_for(_fmatmul, kind, "tinyblas" if tb else "vec_dot")
 
 
 def fmatmul(y: np.ndarray, x: np.ndarray, kind: int, raw: np.ndarray, n_out: int, n_in: int, n_batch: int,

@@ -78,6 +78,11 @@ def has_vnni(context) -> bool:
         {"+avx512vnni", "+avx512vl"} <= f or "+avxvnni" in f)
 
 
+def has_avx2(context) -> bool:
+    """Whether the compile target is x86 with AVX2 (its 256-bit byte intrinsics, e.g. vpavgb)."""
+    return llvm.get_process_triple().startswith("x86_64") and "+avx2" in _features(context)
+
+
 def native_half(context) -> bool:
     """Whether the compile target widens half natively (x86 F16C, AArch64): elsewhere `fpext half`
     becomes a libcall (__extendhfsf2) that numba's JIT does not resolve. Numba keys its cache on

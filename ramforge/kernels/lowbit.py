@@ -16,18 +16,51 @@ The unpackers write what the integer dots read (unpack.py's convention, weight =
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from ramforge.gguf.constants import QK_K
 
-from .blocks import B_IQ1_M, B_IQ1_S, B_MXFP4, B_TQ1_0
-from .lowbit_tables import E8M0_HALF, IQ1S_DELTA, IQ1S_GRID, KVALUES_MXFP4_F32, POW3
-from .scalars import _f16_at, _f16_at_int, _half_bits_to_f32, _u16
+from .blocks import (B_IQ1_M, B_IQ1_S, B_MXFP4, B_TQ1_0, IQ1_M, IQ1_S, TQ1_0, _iq1_m_d_bits, _iq1_m_scale,
+                     _iq1_s_scale, _row_scales)
+from .llvmir import I8, I64, dtypes_are, ptr
+from .lowbit_ir import tq1_0_chunks
+from .naming import made_for
+from .lowbit_tables import E8M0_HALF, IQ1_W64, IQ1S_DELTA, IQ1S_GRID, KVALUES_MXFP4_F32, POW3
+from .scalars import _f16_at_int, _half_bits_to_f32, _u16
 
 _POW3 = np.array(POW3, dtype=np.int64)
 _GRID_F32 = IQ1S_GRID.astype(np.float32)                                   # f32[2048, 8]
-_IQ1_W = np.stack([8 * IQ1S_GRID + 1, 8 * IQ1S_GRID - 1]).astype(np.int8)   # i8[2, 2048, 8]: delta +, -
 _DELTA = np.float32(IQ1S_DELTA)
+
+
+@intrinsic
+def _store8(typingctx, dst, o, v):
+    """dst[o:o+8] = the 8 little-endian bytes of u64 v (dst: i8)."""
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], ptr(context, builder, sig.args[0], args[0], args[1], I64), align=1)
+        return context.get_dummy_value()
+    if not dtypes_are((dst,), (types.int8,)) or v != types.uint64:
+        return None
+    return types.void(dst, o, v), codegen
+
+
+@intrinsic
+def _vtq1_0(typingctx, dst, do, raw, o):
+    """dst[do:do+256] (i8) = the digits of the TQ1_0 block at raw[o] (u8), as lowbit_ir builds them."""
+    def codegen(context, builder, sig, args):
+        rp = ptr(context, builder, sig.args[2], args[2], args[3], I8)
+        w_vec = tq1_0_chunks(context, builder, rp)
+        zero = ir.Constant(I64, 0)
+        for c in range(QK_K // 32):
+            q = ptr(context, builder, sig.args[0], args[0], builder.add(args[1], ir.Constant(I64, 32 * c)),
+                    ir.VectorType(I8, 32))
+            builder.store(w_vec(zero, None, c), q, align=1)
+        return context.get_dummy_value()
+    if not dtypes_are((dst, raw), (types.int8, types.uint8)):
+        return None
+    return types.void(dst, do, raw, o), codegen
 
 
 # ---------------------------------------------------------------- bit fields
@@ -47,29 +80,15 @@ def _tq1_0_digit(raw, p, e):
 
 
 @njit(cache=True, inline="always")
-def _iq1_s_group(raw, p, g):
-    """IQ1_S group g (0..31) of 8 values: (grid index, delta sign 0/1, 3-bit scale of its 32)."""
+def _iq1_group(m_type, raw, p, g):
+    """IQ1_S / IQ1_M group g (0..31) of 8 values: grid index + 2048 if its delta is negative (a row
+    of IQ1_W). IQ1_S: index bits 8-10 and the sign (bit 15) in the u16 qh word of its 32; IQ1_M: in
+    the nibble g & 1 of qh byte g >> 1 (bits 0-2, sign bit 3)."""
+    if m_type:
+        h = np.int64(raw[p + B_IQ1_M.qh + (g >> 1)]) >> (4 * (g & 1))
+        return np.int64(raw[p + B_IQ1_M.qs + g]) | ((h & 15) << 8)
     hw = _u16(raw, p + B_IQ1_S.qh + 2 * (g >> 2))
-    idx = np.int64(raw[p + B_IQ1_S.qs + g]) | (((hw >> (3 * (g & 3))) & 7) << 8)
-    return idx, hw >> 15, (hw >> 12) & 7
-
-
-@njit(cache=True, inline="always")
-def _iq1_m_group(raw, p, g):
-    """IQ1_M group g (0..31) of 8 values: (grid index, delta sign 0/1, 3-bit scale of its 16)."""
-    h = np.int64(raw[p + B_IQ1_M.qh + (g >> 1)]) >> (4 * (g & 1))
-    idx = np.int64(raw[p + B_IQ1_M.qs + g]) | ((h & 7) << 8)
-    s = g >> 1                                   # sub-block of 16: 4 per scale word, 3 bits each
-    sc = (_u16(raw, p + B_IQ1_M.scales + 2 * (s >> 2)) >> (3 * (s & 3))) & 7
-    return idx, (h >> 3) & 1, sc
-
-
-@njit(cache=True, inline="always")
-def _iq1_m_d_bits(raw, p):
-    """IQ1_M's f16 scale: the top nibble of each of the 4 scale words, lowest first."""
-    o = p + B_IQ1_M.scales
-    return ((_u16(raw, o) >> 12) | ((_u16(raw, o + 2) >> 8) & 0xF0) | ((_u16(raw, o + 4) >> 4) & 0xF00)
-            | (_u16(raw, o + 6) & 0xF000))
+    return np.int64(raw[p + B_IQ1_S.qs + g]) | (((hw >> (3 * (g & 3))) & 7) << 8) | ((hw >> 15) << 11)
 
 
 # ---------------------------------------------------------------- dequantization
@@ -106,15 +125,13 @@ def _dequant_iq1(m_type):
             p = (first_block + b) * L.nbytes
             d = _half_bits_to_f32(_iq1_m_d_bits(raw, p)) if m_type else _f16_at_int(raw, p + L.d)
             for g in range(QK_K // 8):
-                if m_type:
-                    idx, neg, sc = _iq1_m_group(raw, p, g)
-                else:
-                    idx, neg, sc = _iq1_s_group(raw, p, g)
-                dl = d * np.float32(2 * sc + 1)
-                delta = -_DELTA if neg else _DELTA
+                sc = _iq1_m_scale(raw, p, g >> 1) if m_type else _iq1_s_scale(raw, p, g >> 2)
+                dl = d * np.float32(sc)
+                i = _iq1_group(m_type, raw, p, g)
+                delta = -_DELTA if i >> 11 else _DELTA
                 for j in range(8):
-                    out[b * QK_K + 8 * g + j] = dl * (_GRID_F32[idx, j] + delta)
-    return dequant
+                    out[b * QK_K + 8 * g + j] = dl * (_GRID_F32[i & 2047, j] + delta)
+    return made_for(dequant, "IQ1_M" if m_type else "IQ1_S")
 
 
 _dequant_iq1_s, _dequant_iq1_m = _dequant_iq1(False), _dequant_iq1(True)
@@ -124,35 +141,33 @@ _dequant_iq1_s, _dequant_iq1_m = _dequant_iq1(False), _dequant_iq1(True)
 
 @njit(cache=True)
 def _unpack_tq1_0(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
-    # wq = digit 0..2 (weight = digit - 1: QDot offset 1), isc = 1 per 16, wd = d
+    # wq = digit 0..2 (weight = digit - 1: QDot offset 1); isc = 1 per 16, wd = d (blocks._row_scales)
     for b in range(n_sb):
         p = o + b * B_TQ1_0.nbytes
-        wd[b] = _f16_at(raw, p + B_TQ1_0.d)
-        for s in range(QK_K // 16):
-            isc[b * (QK_K // 16) + s] = 1
-        for e in range(QK_K):
-            wq[b * QK_K + e] = np.int8(_tq1_0_digit(raw, p, e))
+        _row_scales(TQ1_0, raw, p, b, isc, imn, wd, wm)
+        if vec:
+            _vtq1_0(wq, b * QK_K, raw, p)
+        else:
+            for e in range(QK_K):
+                wq[b * QK_K + e] = np.int8(_tq1_0_digit(raw, p, e))
 
 
-def _unpack_iq1(m_type):
-    """The unpacker of IQ1_S / IQ1_M: wq = 8*grid + delta8, isc = 2s + 1 per 32 / 16, wd = d / 8."""
-    L, sub = (B_IQ1_M, 16) if m_type else (B_IQ1_S, 32)
+def _unpack_iq1(t):
+    """The unpacker of IQ1_S / IQ1_M: wq = 8*grid + delta8 (IQ1_W, 8 bytes at a time); isc = 2s + 1
+    per 32 / 16 and wd = d / 8 (blocks._row_scales)."""
+    L, m_type = LAYOUTS_IQ1[t], t == IQ1_M
 
     @njit(cache=True)
     def unpack(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
         for b in range(n_sb):
             p = o + b * L.nbytes
-            d = _half_bits_to_f32(_iq1_m_d_bits(raw, p)) if m_type else _f16_at(raw, p + L.d)
-            wd[b] = d * np.float32(0.125)
+            _row_scales(t, raw, p, b, isc, imn, wd, wm)
             for g in range(QK_K // 8):
-                if m_type:
-                    idx, neg, sc = _iq1_m_group(raw, p, g)
-                else:
-                    idx, neg, sc = _iq1_s_group(raw, p, g)
-                isc[b * (QK_K // sub) + 8 * g // sub] = 2 * sc + 1
-                for j in range(8):
-                    wq[b * QK_K + 8 * g + j] = _IQ1_W[neg, idx, j]
-    return unpack
+                _store8(wq, b * QK_K + 8 * g, IQ1_W64[_iq1_group(m_type, raw, p, g)])
+    return made_for(unpack, t)
 
 
-_unpack_iq1_s, _unpack_iq1_m = _unpack_iq1(False), _unpack_iq1(True)
+LAYOUTS_IQ1 = {IQ1_S: B_IQ1_S, IQ1_M: B_IQ1_M}
+
+
+_unpack_iq1_s, _unpack_iq1_m = _unpack_iq1(IQ1_S), _unpack_iq1(IQ1_M)

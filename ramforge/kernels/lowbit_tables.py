@@ -288,3 +288,9 @@ IQ1S_GRID_ROWS = (
 _VALUE = {"-": -1, "0": 0, "+": 1}
 IQ1S_GRID = np.array([[_VALUE[c] for c in row] for row in IQ1S_GRID_ROWS], dtype=np.int8)     # i8[2048, 8]
 assert IQ1S_GRID.shape == (2048, 8)
+
+# derived: IQ1_*'s unpacked codes 8*grid + delta8 of each grid entry (rows 0..2047: delta +1, 2048..4095:
+# delta -1), 8 bytes as one little-endian u64 (lowbit.py, lowbit_ir.py)
+IQ1_W = np.concatenate([8 * IQ1S_GRID + 1, 8 * IQ1S_GRID - 1]).astype(np.int8)     # i8[4096, 8]
+IQ1_W64 = IQ1_W.view("<u8").reshape(-1).astype(np.uint64)                           # u64[4096]
+IQ1_U64 = (IQ1S_GRID + 1).astype(np.uint8).view("<u8").reshape(-1).astype(np.uint64)    # u64[2048]: grid + 1

@@ -23,6 +23,7 @@ from .batch import batch_view, current_view
 from .blocks import LAYOUTS, Layout
 from .decode import _dequant_any
 from .fmatmul import BF16, F16, F32, fmatmul
+from .naming import made_for
 from .qmatmul import qmatmul
 from .registry import ActType, kernels_for
 from .scalars import F16_TO_F32
@@ -117,7 +118,7 @@ def _reference_kernel(t):
                     for i in range(n_in):
                         s += row[i] * x[t, i]
                     y[t, r] = s
-    return _matmul
+    return made_for(_matmul, t)
 
 
 def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:

@@ -42,6 +42,7 @@ from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 
 from .blocks import _row_scales
+from .naming import made_for
 from .quantize import quantize_activation
 from .registry import kernels_for
 from .rows import _prow, _vrow, _vrow_raw, _vrows8
@@ -134,7 +135,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                         else:
                             _dot_group(vec, vlo, r8lo, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd, wm, n_sb, ad,
                                        am, bsum, yrow, lanes, ilane)
-    return _qmatmul
+    return made_for(_qmatmul, gt, "vec" if vec else "plain", lo, hi, "packed" if packed else "grouped")
 
 
 _KERNELS: dict[tuple, object] = {}      # (type, vector, lo, hi, packed) -> numba dispatcher, as made

@@ -82,9 +82,9 @@ REGISTRY: dict[GGMLType, QuantKernels] = _table(
     QuantKernels(T.MXFP4, _lb._dequant_mxfp4, A.Q8_0,
                  Q(_up._unpack_mxfp4, 32, repack=(32, 32), lanes2=True, vec_dot_only=True)),
     QuantKernels(T.TQ2_0, _dq._dequant_tq2_0, A.Q8_K, Q(_up._unpack_tq2_0, 16, offset=1, raw=T.TQ2_0)),
-    QuantKernels(T.TQ1_0, _lb._dequant_tq1_0, A.Q8_K, Q(_lb._unpack_tq1_0, 16, offset=1)),
-    QuantKernels(T.IQ1_S, _lb._dequant_iq1_s, A.Q8_K, Q(_lb._unpack_iq1_s, 32, IQ1_DELTA, tiled=True)),
-    QuantKernels(T.IQ1_M, _lb._dequant_iq1_m, A.Q8_K, Q(_lb._unpack_iq1_m, 16, IQ1_DLANES, tiled=True)),
+    QuantKernels(T.TQ1_0, _lb._dequant_tq1_0, A.Q8_K, Q(_lb._unpack_tq1_0, 16, offset=1, raw=T.TQ1_0)),
+    QuantKernels(T.IQ1_S, _lb._dequant_iq1_s, A.Q8_K, Q(_lb._unpack_iq1_s, 32, IQ1_DELTA, tiled=True, raw=T.IQ1_S)),
+    QuantKernels(T.IQ1_M, _lb._dequant_iq1_m, A.Q8_K, Q(_lb._unpack_iq1_m, 16, IQ1_DLANES, tiled=True, raw=T.IQ1_M)),
 )
 del T, A, Q
 

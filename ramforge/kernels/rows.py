@@ -209,7 +209,7 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
         for k in range(8):
             lanes[k] = lanes[k] + lanes[8 + k]
         r = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
-        return r + lanes[16] * sacc if n_sb & 1 else r
+        return _fma(lanes[16], sacc, r) if n_sb & 1 else r
     r = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
     if mins == Q8_1_SUM or mins == K_SUM:
         r += lanes[16]

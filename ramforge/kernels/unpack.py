@@ -19,6 +19,7 @@ from .blocks import (CHUNKS, IQ1_M, IQ1_S, IQ4_KV, IQ4_KV_I8, IQ4_NL, IQ4_XS, LA
                      Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q8_K, TQ1_0, TQ2_0, _high_bit, _nibble, _row_scales)
 from .llvmir import I8, I32, dtypes_are, ptr, splat
 from .lowbit import _unpack_iq1_m, _unpack_iq1_s, _unpack_tq1_0
+from .naming import made_for
 from .lowbit_tables import E8M0_HALF, KVALUES_MXFP4, KVALUES_MXFP4_I8
 from .scalars import _f16_at, _u32
 
@@ -171,7 +172,7 @@ def _unpack_32(t):
                 _nib32_qh(vec, wq, b * 32, raw, p + L.qs, _u32(raw, p + L.qh), L.bias)
             else:
                 _nib32(vec, wq, b * 32, raw, p + L.qs, L.bias)
-    return unpack
+    return made_for(unpack, t)
 
 
 def _unpack_k(t):
@@ -191,7 +192,7 @@ def _unpack_k(t):
                 else:
                     ao, sa, ma, bo, sb, mb, lb, c0 = chunks[c]
                     _bits(vec, wq, b * QK_K + c * 32, raw, p + ao, sa, ma, raw, p + bo, sb, mb, lb, c0)
-    return unpack
+    return made_for(unpack, t)
 
 
 _unpack_q4_0, _unpack_q4_1, _unpack_q5_0 = _unpack_32(Q4_0), _unpack_32(Q4_1), _unpack_32(Q5_0)

@@ -46,6 +46,8 @@ LANES, LANES2, GROUPS, TILED = Mode
 NO_MIN, Q8_1_SUM, K_SUM, K_MIN4, K_LANES, K_MINS, IQ1_DELTA, IQ1_DLANES = Mins
 IQ1_MINS = (IQ1_DELTA, IQ1_DLANES)           # signed quants, split into grid and delta in registers
 SCALAR_FMA = True    # llama.cpp's scalar `summs += a * b` is contracted to an fma (GCC, -march=native)
+TERNARY_OFFSET = 1   # the ternary types' quant offset (TQ1_0, TQ2_0: w = q - 1); their sub-block scales are
+#                      all 1, so a Spec with this offset applies none (codegen skips the multiplies)
 TILED_FROM = 8       # llama.cpp's tiled K-quant matmul takes batches of at least this many tokens
 
 
@@ -125,9 +127,10 @@ _ROWS8: frozenset[Variant] = frozenset(
 
 class RawRow(IntEnum):
     """The packed-row intrinsics: each (type, variant) of a one-token matmul that reads its rows
-    straight from their packed blocks. The codebook types (IQ4_NL, IQ4_XS) are left to the
-    unpacking path: built in registers, their two 16-byte lookups joined into one vector become a
-    scalarized gather (3.9 GB/s against 11.8 unpacked)."""
+    straight from their packed blocks. The 16-value codebook types (IQ4_NL, IQ4_XS, MXFP4) are left
+    to the unpacking path: built in registers, their two 16-byte lookups joined into one vector
+    become a scalarized gather (3.9 GB/s against 11.8 unpacked). IQ1_S / IQ1_M gather four 8-byte
+    rows of a table per 32 quants (lowbit_ir.py)."""
 
     Q4_0_LANES = 0
     Q4_0_GROUPS32 = 1
@@ -144,6 +147,9 @@ class RawRow(IntEnum):
     Q6_K_LANES = 12
     Q8_K_LANES = 13
     TQ2_0_LANES = 14
+    TQ1_0_LANES = 15
+    IQ1_S_LANES = 16
+    IQ1_M_LANES = 17
 
 
 _G, R = GGMLType, RawRow
@@ -155,7 +161,8 @@ RAW_ROWS: dict[RawRow, tuple[GGMLType, Variant]] = {
     R.Q3_K_LANES: (_G.Q3_K, V.K16_LANES), R.Q4_K_LANES: (_G.Q4_K, V.K32_LANES_KMIN4),
     R.Q4_K_GROUPS256: (_G.Q4_K, V.K32_GROUPS256), R.Q5_K_LANES: (_G.Q5_K, V.K32_LANES_KSUM),
     R.Q6_K_LANES: (_G.Q6_K, V.K16_LANES_OFF32), R.Q8_K_LANES: (_G.Q8_K, V.K32_LANES),
-    R.TQ2_0_LANES: (_G.TQ2_0, V.K16_LANES_OFF1),
+    R.TQ2_0_LANES: (_G.TQ2_0, V.K16_LANES_OFF1), R.TQ1_0_LANES: (_G.TQ1_0, V.K16_LANES_OFF1),
+    R.IQ1_S_LANES: (_G.IQ1_S, V.K32_LANES_IQ1S), R.IQ1_M_LANES: (_G.IQ1_M, V.K16_LANES_IQ1M),
 }
 del _G, R
 _RAW_ROWS: tuple[tuple[GGMLType, Variant], ...] = tuple(RAW_ROWS[r] for r in RawRow)
