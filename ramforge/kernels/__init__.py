@@ -3,6 +3,9 @@
   llvmir.py     LLVM IR builders (pointers, splats, lanes, integer dots, fma, exact f16 widening)
   scalars.py    bit-level scalars: u16/u32/f16/f32 reads, f32 -> f16 rounding, fma
   blocks.py     the block layouts and their scale / quant decoders (one copy)
+  naming.py     distinct symbol names for factory-made kernels (made_for)
+  lowbit_tables.py   MXFP4 / TQ / IQ1 tables (kvalues, E8M0, iq1s grid)   lowbit_ir.py   their packed-row IR
+  lowbit.py     MXFP4, TQ1_0, IQ1_S, IQ1_M dequantization and row unpackers
   variants.py   the named arithmetic variants of the integer dots (enums) and QDot
   batch.py      the batch a computation belongs to (llama.cpp picks arithmetic by batch size)
   decode.py     dequantization kernels, per type      unpack.py   row unpackers of the integer dots
