@@ -36,12 +36,6 @@ def _refuse_unsupported_keys(md: dict, arch: str) -> dict:
     def get(t):
         return md.get(Keys.of(t, arch))
 
-    scaling = get(Keys.ROPE_SCALING_TYPE)
-    if scaling not in (None, "none"):
-        raise UnsupportedArch(f"{Keys.of(Keys.ROPE_SCALING_TYPE, arch)} = {scaling!r}: RoPE scaling is not supported")
-    factor = get(Keys.ROPE_SCALING_FACTOR)
-    if factor not in (None, 0.0, 1.0):
-        raise UnsupportedArch(f"{Keys.of(Keys.ROPE_SCALING_FACTOR, arch)} = {factor}: RoPE scaling is not supported")
     group = get(Keys.EXPERT_GROUP_COUNT)
     if group is not None and np.isscalar(group) and group > 1:
         raise UnsupportedArch(f"{Keys.of(Keys.EXPERT_GROUP_COUNT, arch)} = {group}: grouped expert routing is "

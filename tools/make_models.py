@@ -70,6 +70,8 @@ class Spec:
     n_ff_exp: int = 0         # an expert's FFN width (qwen*moe: expert_feed_forward_length; llama: n_ff)
     n_ff_shexp: int = 0       # the shared expert's FFN width (qwen2moe), 0: none
     router_gain: float = 1.0  # ffn_gate_inp std = gain / sqrt(n_embd)
+    # RoPE scaling: (key under {arch}.rope.scaling., value) pairs written as they are (str, float32, uint32)
+    rope_scaling: tuple = ()
 
 
 SPECS = {
@@ -85,6 +87,12 @@ SPECS = {
     # Mixtral: GGUF architecture llama with experts, expert FFN width = feed_forward_length
     "llama-moe": Spec("llama", "llama-spm", name="moe", n_ff=256, n_expert=8, n_expert_used=2, n_ff_exp=256,
                       router_gain=2.0),
+    # RoPE scaling: YaRN as Qwen3's long-context files (factor 4 over an original context of 128, so the
+    # ramp between YaRN's correction dims falls inside the 32 pairs), and linear (freq_scale 1/4)
+    "qwen3-yarn": Spec("qwen3", "qwen2", name="yarn", rope_base=1e6, eps=1e-6, qk_norm=True, tied=True,
+                       resid_gain=4.0, rope_scaling=(("type", "yarn"), ("factor", 4.0),
+                                                     ("original_context_length", 128))),
+    "llama-linear": Spec("llama", "llama-spm", name="linear", rope_scaling=(("type", "linear"), ("factor", 4.0))),
 }
 def _big(name: str, base: str = "llama", **shape) -> Spec:
     """A preset on SPECS[base] (its vocab, norms, biases, router gain); embd/out std scale as
@@ -236,6 +244,9 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
     w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", spec.eps)
     w.add_float32(f"{A}.rope.freq_base", spec.rope_base)
     w.add_uint32(f"{A}.rope.dimension_count", spec.head_dim)
+    for key, value in spec.rope_scaling:
+        add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
+        add(f"{A}.rope.scaling.{key}", value)
     if spec.n_expert:
         w.add_uint32(f"{A}.expert_count", spec.n_expert)
         w.add_uint32(f"{A}.expert_used_count", spec.n_expert_used)
