@@ -119,7 +119,7 @@ def tiny(request):
 def test_unsupported_architecture_is_named(tmp_path, tiny):
     gguf = pytest.importorskip("gguf")
     p = _edit(tmp_path, tiny, kv={"general.architecture": ("bert", gguf.GGUFValueType.STRING)})
-    with pytest.raises(UnsupportedArch, match=r"'bert'.*executable: gemma3, llama, qwen2, qwen2moe, qwen3, qwen3moe"):
+    with pytest.raises(UnsupportedArch, match=r"'bert'.*executable: gemma2, gemma3, llama, qwen2, qwen2moe, qwen3, qwen3moe"):
         Engine.load(p)
 
 
@@ -203,3 +203,24 @@ def test_budget_is_released_on_close(tiny):
     assert b.current == 0 and b.charges() == []
     with pytest.raises(RamforgeError, match="below this model's minimum"):
         Engine.load(tiny, n_ctx=64, budget=MemoryBudget("1M"))
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("gemma2.attn_logit_softcapping", 0.0, r"gemma2.attn_logit_softcapping = 0.0: a soft-cap must be positive"),
+    ("gemma2.final_logit_softcapping", -30.0, r"gemma2.final_logit_softcapping = -30.0: a soft-cap must be positive"),
+])
+def test_gemma2_bad_softcaps(tmp_path, key, value, needle):
+    gguf = pytest.importorskip("gguf")
+    from tools.make_models import ensure_model
+
+    p = _edit(tmp_path, ensure_model("gemma2", "F16"), kv={key: (value, gguf.GGUFValueType.FLOAT32)})
+    with pytest.raises(ConfigError, match=needle):
+        Engine.load(p)
+
+
+def test_softcaps_only_where_llama_cpp_applies_them(tmp_path, tiny):
+    # llama's graph has no soft-cap: a file asking for one is refused, not silently uncapped
+    gguf = pytest.importorskip("gguf")
+    p = _edit(tmp_path, tiny, kv={"llama.attn_logit_softcapping": (50.0, gguf.GGUFValueType.FLOAT32)})
+    with pytest.raises(UnsupportedArch, match="llama.attn_logit_softcapping = 50.0 is not supported"):
+        Engine.load(p)

@@ -25,8 +25,9 @@ def test_f16_widening_intrinsic_is_exact_for_every_bit_pattern(widen):
     assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32)) and np.isnan(got[nan]).all()
 
 
-def attention_reference(q, k16, v16, pos0, scale, window):
-    """float64 causal attention with llama.cpp's roundings: q and the probabilities to f16."""
+def attention_reference(q, k16, v16, pos0, scale, window, softcap=0.0):
+    """float64 causal attention with llama.cpp's roundings: q and the probabilities to f16; softcap > 0
+    caps the logits q.k at +-softcap (softcap tanh(q.k / softcap)) before the scale."""
     n_tok, n_head, _ = q.shape
     gqa = n_head // k16.shape[1]
     k, v = k16.astype(np.float64), v16.astype(np.float64)
@@ -36,7 +37,8 @@ def attention_reference(q, k16, v16, pos0, scale, window):
         p = pos0 + t
         j0 = max(0, p - window + 1) if window > 0 else 0
         for h in range(n_head):
-            s = k[j0:p + 1, h // gqa] @ qr[t, h] * scale
+            s = k[j0:p + 1, h // gqa] @ qr[t, h]
+            s = (softcap * np.tanh(s / softcap) if softcap else s) * scale
             e = np.exp(s - s.max())
             pr = (e / e.sum()).astype(np.float16).astype(np.float64)
             out[t, h] = pr @ v[j0:p + 1, h // gqa]
@@ -56,6 +58,30 @@ def test_attention_matches_reference(hd, pos0, n_tok, window):
     ops.attention(out, q, k16.view(np.uint16), v16.view(np.uint16), pos0, scale, window)
     want = attention_reference(q, k16, v16, pos0, scale, window)
     np.testing.assert_allclose(out, want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("n_tok,softcap", [(1, 5.0), (9, 5.0), (9, 50.0)])
+def test_softcapped_attention_matches_reference(n_tok, softcap):
+    rng = np.random.default_rng(n_tok)
+    hd, n_ctx = 64, 32
+    k16 = (rng.standard_normal((n_ctx, 2, hd)) * 1.5).astype(np.float16)
+    v16 = rng.standard_normal((n_ctx, 2, hd)).astype(np.float16)
+    q = (rng.standard_normal((n_tok, 4, hd)) * 1.5).astype(np.float32)       # |q.k| up to ~50: capped
+    out = np.full((n_tok, 4, hd), np.nan, np.float32)
+    ops.attention(out, q, k16.view(np.uint16), v16.view(np.uint16), 10, 0.5, 0, softcap)
+    np.testing.assert_allclose(out, attention_reference(q, k16, v16, 10, 0.5, 0, softcap), rtol=2e-3, atol=2e-3)
+    plain = np.empty_like(out)
+    ops.attention(plain, q, k16.view(np.uint16), v16.view(np.uint16), 10, 0.5, 0)
+    assert np.abs(plain - out).max() > 0.05                              # the cap changed the attention
+
+
+def test_softcap_is_cap_tanh_x_over_cap():
+    x = np.linspace(-100, 100, 4001, dtype=np.float32).reshape(1, -1)
+    got = ops.softcap(x.copy(), 30.0)
+    np.testing.assert_allclose(got, 30 * np.tanh(x.astype(np.float64) / 30), rtol=2e-7, atol=1e-6)
+    assert np.abs(got).max() <= 30.0
+    with pytest.raises(ops.RamforgeError):
+        ops.softcap(x, 0.0)
 
 
 def test_attention_refuses_bad_shapes():

@@ -72,6 +72,9 @@ class Spec:
     router_gain: float = 1.0  # ffn_gate_inp std = gain / sqrt(n_embd)
     # RoPE scaling: (key under {arch}.rope.scaling., value) pairs written as they are (str, float32, uint32)
     rope_scaling: tuple = ()
+    # other metadata: (key under {arch}., value) pairs, written likewise (soft-caps, sliding window)
+    extra_kv: tuple = ()
+    post_norms: bool = False  # gemma's post_attention_norm and post_ffw_norm
 
 
 SPECS = {
@@ -93,6 +96,15 @@ SPECS = {
                        resid_gain=4.0, rope_scaling=(("type", "yarn"), ("factor", 4.0),
                                                      ("original_context_length", 128))),
     "llama-linear": Spec("llama", "llama-spm", name="linear", rope_scaling=(("type", "linear"), ("factor", 4.0))),
+    # gemma2 (llama-spm: gemma's vocab is SPM too): caps low enough to bend the logits (attention ~ +-5,
+    # final ~ +-17), a window of 8 on layers 0 and 2
+    "gemma2": Spec("gemma2", "llama-spm", tied=True, post_norms=True, eps=1e-6,
+                   extra_kv=(("attn_logit_softcapping", 5.0), ("final_logit_softcapping", 15.0),
+                             ("attention.sliding_window", 8))),
+    # gemma3 with Gemma 3 4B's linear RoPE scaling (factor 8) on its global layer (il 5) only; window 8
+    "gemma3-linear": Spec("gemma3", "llama-spm", name="linear", n_layer=6, tied=True, post_norms=True, qk_norm=True,
+                          eps=1e-6, rope_base=1e6, rope_scaling=(("type", "linear"), ("factor", 8.0)),
+                          extra_kv=(("attention.sliding_window", 8), ("rope.freq_base_swa", 10000.0))),
 }
 def _big(name: str, base: str = "llama", **shape) -> Spec:
     """A preset on SPECS[base] (its vocab, norms, biases, router gain); embd/out std scale as
@@ -140,8 +152,10 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
                 plan.append((b + f"attn_{t}.bias", (rows,), "bias"))
         if spec.qk_norm:
             plan += [(b + "attn_q_norm.weight", (hd,), "norm"), (b + "attn_k_norm.weight", (hd,), "norm")]
-        plan += [(b + "attn_output.weight", (e, nq), "proj"),
-                 (b + "ffn_norm.weight", (e,), "norm")]
+        plan.append((b + "attn_output.weight", (e, nq), "proj"))
+        if spec.post_norms:
+            plan.append((b + "post_attention_norm.weight", (e,), "norm"))
+        plan.append((b + "ffn_norm.weight", (e,), "norm"))
         if spec.n_expert:                     # numpy [experts, rows, cols] = GGUF [cols, rows, experts]
             x, f = spec.n_expert, spec.n_ff_exp
             plan += [(b + "ffn_gate_inp.weight", (x, e), "router"),
@@ -158,6 +172,8 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
             plan += [(b + "ffn_gate.weight", (spec.n_ff, e), "proj"),
                      (b + "ffn_up.weight", (spec.n_ff, e), "proj"),
                      (b + "ffn_down.weight", (e, spec.n_ff), "proj")]
+        if spec.post_norms:
+            plan.append((b + "post_ffw_norm.weight", (e,), "norm"))
     plan.append(("output_norm.weight", (e,), "norm"))
     if not spec.tied:
         plan.append(("output.weight", (n_vocab, e), "out"))
@@ -244,9 +260,9 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
     w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", spec.eps)
     w.add_float32(f"{A}.rope.freq_base", spec.rope_base)
     w.add_uint32(f"{A}.rope.dimension_count", spec.head_dim)
-    for key, value in spec.rope_scaling:
+    for key, value in [(f"rope.scaling.{k}", v) for k, v in spec.rope_scaling] + list(spec.extra_kv):
         add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
-        add(f"{A}.rope.scaling.{key}", value)
+        add(f"{A}.{key}", value)
     if spec.n_expert:
         w.add_uint32(f"{A}.expert_count", spec.n_expert)
         w.add_uint32(f"{A}.expert_used_count", spec.n_expert_used)

@@ -144,6 +144,8 @@ class Keys:
     VALUE_LENGTH = "{arch}.attention.value_length"
     LAYERNORM_RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
     SLIDING_WINDOW = "{arch}.attention.sliding_window"
+    ATTN_LOGIT_SOFTCAPPING = "{arch}.attn_logit_softcapping"
+    FINAL_LOGIT_SOFTCAPPING = "{arch}.final_logit_softcapping"
     ROPE_FREQ_BASE = "{arch}.rope.freq_base"
     ROPE_DIMENSION_COUNT = "{arch}.rope.dimension_count"
     ROPE_SCALING_TYPE = "{arch}.rope.scaling.type"

@@ -262,7 +262,7 @@ def _sum_lanes16(a, o, stride):
 
 
 @njit(cache=True, parallel=True)
-def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single):
+def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single, softcap):
     # out f32[n_tok, n_head, hd_v]; q f32[n_tok, n_head, hd_k] (already f16-rounded)
     # k_cache u16[n_ctx, n_head_kv, hd_k], v_cache u16[n_ctx, n_head_kv, hd_v]: f16 bits
     # f16 f32[65536]: the value of each f16 bit pattern (for head-dim tails)
@@ -293,6 +293,8 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
                 for d in range(vk, hd_k):
                     sd += np.float64(qf[qo + d] * f16[kf[ko + d]])
                 s = np.float32(sd)
+            if softcap > 0:                              # gemma2: cap * tanhf(s * (1/cap)), three ggml ops
+                s = np.float32(math.tanh(s * (np.float32(1.0) / softcap))) * softcap
             s *= kq_scale
             scores[j] = s
             if s > mx:
@@ -315,10 +317,11 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
 
 @timed("attention")
 def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
-              kq_scale: float, window: int = 0) -> np.ndarray:
+              kq_scale: float, window: int = 0, softcap: float = 0.0) -> np.ndarray:
     """Causal attention of n_tok queries at positions pos0.. over the cache rows 0..pos0+n_tok-1.
 
-    window > 0 masks keys at distance >= window (llama.cpp's standard sliding window).
+    window > 0 masks keys at distance >= window (llama.cpp's standard sliding window); softcap > 0
+    caps the logits q.k at +-softcap (softcap * tanh(q.k / softcap), before kq_scale), as gemma2.
     """
     n_tok, n_head, hd_k = q.shape
     n_kv = k_cache.shape[1]
@@ -329,8 +332,26 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     view = current_view()                                # llama.cpp's batch, when the engine sets one
     single = (view[0] if view is not None else n_tok) == 1
     _attention(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32,
-               single)
+               single, np.float32(softcap))
     return out
+
+
+@njit(cache=True, parallel=True)
+def _softcap(x, cap):
+    # x f32[n, m] <- cap * tanhf(x * (1/cap)): ggml_scale, ggml_tanh (libm's tanhf), ggml_scale
+    inv = np.float32(1.0) / cap
+    for t in prange(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] = np.float32(math.tanh(x[t, i] * inv)) * cap
+
+
+@timed("softcap")
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """Soft-cap x (f32[n, m]) in place at +-cap: cap * tanh(x / cap) (gemma2's final logits)."""
+    if x.ndim != 2 or x.dtype != np.float32 or not cap > 0:
+        raise RamforgeError(f"softcap: x {x.shape} {x.dtype}, cap {cap}")
+    _softcap(x, np.float32(cap))
+    return x
 
 
 # ---------------------------------------------------------------- gated FFN activations

@@ -203,6 +203,44 @@ def _check_yarn_tuning(md: dict[str, Any], arch: str) -> None:
                           f"{Keys.of(Keys.ROPE_SCALING_YARN_BETA_SLOW, arch)} = {slow}: beta_fast must be >= beta_slow")
 
 
+# ---------------------------------------------------------------- soft-capping, sliding window defaults
+
+@dataclass(frozen=True)
+class SoftCaps:
+    """Which logit soft-caps an architecture's llama.cpp graph applies, and their defaults when the key is
+    absent (None: the key is not read, no cap). A cap of 0 in the file means none where the default is 0
+    (gemma3's final cap: llama.cpp tests it for nonzero); where the graph always caps (gemma2), 0 or a
+    negative value is refused."""
+
+    attn: float | None
+    final: float | None
+
+
+SOFTCAPS: dict[str, SoftCaps] = {
+    "gemma2": SoftCaps(attn=50.0, final=30.0),
+    "gemma3": SoftCaps(attn=None, final=0.0),
+}
+
+# {arch}.attention.sliding_window when absent, for the architectures whose llama.cpp graph always slides
+SLIDING_WINDOW_DEFAULT: dict[str, int] = {"gemma2": 4096}
+
+
+def _softcaps(md: dict[str, Any], arch: str) -> tuple[float, float]:
+    """(attention, final) logit soft-caps, 0: none."""
+    caps = SOFTCAPS.get(arch, SoftCaps(None, None))
+    out = []
+    for template, default in ((Keys.ATTN_LOGIT_SOFTCAPPING, caps.attn), (Keys.FINAL_LOGIT_SOFTCAPPING, caps.final)):
+        if default is None:
+            out.append(0.0)
+            continue
+        v = _number(md, template, arch)
+        v = default if v is None else v
+        if v < 0 or (v == 0 and default != 0):
+            raise ConfigError(f"{Keys.of(template, arch)} = {v}: a soft-cap must be positive")
+        out.append(float(np.float32(v)))
+    return out[0], out[1]
+
+
 @dataclass(frozen=True)
 class HParams:
     arch: str
@@ -226,6 +264,8 @@ class HParams:
     rope_scaling: RopeScaling = RopeScaling.LINEAR   # {arch}.rope.scaling.type
     rope_scale: RopeScale = UNSCALED                 # ggml_rope_ext's scaling arguments (rope_scaling())
     n_ctx_orig: int = 0     # {arch}.rope.scaling.original_context_length (default n_ctx_train)
+    attn_softcap: float = 0.0   # {arch}.attn_logit_softcapping where the graph caps (SOFTCAPS), 0: none
+    final_softcap: float = 0.0  # {arch}.final_logit_softcapping, likewise
 
     @property
     def n_ff_dense(self) -> int:
@@ -266,9 +306,11 @@ class HParams:
             rms_eps=float(_get(md, Keys.LAYERNORM_RMS_EPS, arch, default=1e-5)),
             rope_base=float(_get(md, Keys.ROPE_FREQ_BASE, arch, default=10000.0)),
             rope_dim=_positive_int(md, Keys.ROPE_DIMENSION_COUNT, arch, default=head_dim_k),
-            sliding_window=_positive_int(md, Keys.SLIDING_WINDOW, arch, default=0, required=False),
+            sliding_window=_positive_int(md, Keys.SLIDING_WINDOW, arch, default=SLIDING_WINDOW_DEFAULT.get(arch, 0),
+                                         required=False),
             **dict(zip(("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp"), _experts(md, arch, n_ff))),
             rope_scaling=scaling,
             rope_scale=scale,
             n_ctx_orig=n_ctx_orig,
+            **dict(zip(("attn_softcap", "final_softcap"), _softcaps(md, arch))),
         )
