@@ -96,6 +96,7 @@ class State:
     ye: np.ndarray | None = None       # f32[batch, n_embd]    its output
     ex: np.ndarray | None = None       # f32[batch, k, n_embd] each slot's expert output
     shgate: np.ndarray | None = None   # f32[batch, 1]         the shared expert's gate (qwen2moe)
+    fused: np.ndarray | None = None    # f32[batch * width]    a fused QKV / gate-up output (phi3)
 
     @classmethod
     def allocate(cls, hp: HParams, batch: int) -> "State":
@@ -376,7 +377,8 @@ class Engine:
 
 def _refuse_unknown_tensors(f: GGUFFile, hp: HParams, module) -> None:
     """A tensor the forward pass would ignore changes the answer: refuse it by name."""
-    known = {gguf_name(s) for s in ("token_embd", "output_norm", "output", "rope_freqs")}
+    known = {gguf_name(s) for s in ("token_embd", "output_norm", "output", "rope_freqs",
+                                    *getattr(module, "GLOBAL_TENSORS", ()))}
     for il in range(hp.n_layer):
         known.update(gguf_name(s, il) for s in layer_tensors(module, hp))
     for name in f.tensors:

@@ -119,7 +119,7 @@ def tiny(request):
 def test_unsupported_architecture_is_named(tmp_path, tiny):
     gguf = pytest.importorskip("gguf")
     p = _edit(tmp_path, tiny, kv={"general.architecture": ("bert", gguf.GGUFValueType.STRING)})
-    with pytest.raises(UnsupportedArch, match=r"'bert'.*executable: gemma2, gemma3, llama, qwen2, qwen2moe, qwen3, qwen3moe"):
+    with pytest.raises(UnsupportedArch, match=r"'bert'.*executable: gemma2, gemma3, llama, phi3, qwen2, qwen2moe, qwen3, qwen3moe"):
         Engine.load(p)
 
 
@@ -223,4 +223,22 @@ def test_softcaps_only_where_llama_cpp_applies_them(tmp_path, tiny):
     gguf = pytest.importorskip("gguf")
     p = _edit(tmp_path, tiny, kv={"llama.attn_logit_softcapping": (50.0, gguf.GGUFValueType.FLOAT32)})
     with pytest.raises(UnsupportedArch, match="llama.attn_logit_softcapping = 50.0 is not supported"):
+        Engine.load(p)
+
+
+def test_phi3_attends_past_its_sliding_window_as_llama_cpp(tmp_path):
+    # llama.cpp reads phi3's attention.sliding_window and then turns the window off: the same logits
+    gguf = pytest.importorskip("gguf")
+    rec = next(r for r in RECORDS if r["model"]["id"] == "phi3-tiny-f16")
+    p = _edit(tmp_path, model_path(rec), kv={"phi3.attention.sliding_window": (4, gguf.GGUFValueType.UINT32)})
+    with Engine.load(p, n_ctx=rec["oracle"]["n_ctx"]) as eng:
+        res = compare(rec, eng)
+    assert all(r.max_rel <= 1e-4 and r.greedy_equal for r in res.prompts)
+
+
+def test_phi3_needs_its_fused_projections(tmp_path):
+    from tools.make_models import ensure_model
+
+    p = _edit(tmp_path, ensure_model("phi3", "F16"), rename={"blk.1.attn_qkv.weight": "blk.1.attn_q.weight"})
+    with pytest.raises(ModelError, match="blk.1.attn_q.weight is not used by ramforge.s phi3 forward pass"):
         Engine.load(p)

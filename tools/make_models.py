@@ -75,6 +75,8 @@ class Spec:
     # other metadata: (key under {arch}., value) pairs, written likewise (soft-caps, sliding window)
     extra_kv: tuple = ()
     post_norms: bool = False  # gemma's post_attention_norm and post_ffw_norm
+    fused: bool = False       # phi3: attn_qkv (q, k, v rows) and ffn_up holding gate and up
+    rope_factors: bool = False  # LongRoPE's rope_factors_long / rope_factors_short (head_dim/2 each)
 
 
 SPECS = {
@@ -101,6 +103,13 @@ SPECS = {
     "gemma2": Spec("gemma2", "llama-spm", tied=True, post_norms=True, eps=1e-6,
                    extra_kv=(("attn_logit_softcapping", 5.0), ("final_logit_softcapping", 15.0),
                              ("attention.sliding_window", 8))),
+    # phi3 (its own vocab), fused QKV and gate-up; with LongRoPE factors and their attn_factor, the long
+    # ones chosen (original context 256 < the 512 llama.cpp allocates) or the short (original 512)
+    "phi3": Spec("phi3", "phi-3", fused=True),
+    "phi3-longrope": Spec("phi3", "phi-3", name="longrope", fused=True, rope_factors=True,
+                          rope_scaling=(("attn_factor", 1.1902381), ("original_context_length", 256))),
+    "phi3-short": Spec("phi3", "phi-3", name="short", fused=True, rope_factors=True,
+                       rope_scaling=(("attn_factor", 1.1902381), ("original_context_length", 512))),
     # gemma3 with Gemma 3 4B's linear RoPE scaling (factor 8) on its global layer (il 5) only; window 8
     "gemma3-linear": Spec("gemma3", "llama-spm", name="linear", n_layer=6, tied=True, post_norms=True, qk_norm=True,
                           eps=1e-6, rope_base=1e6, rope_scaling=(("type", "linear"), ("factor", 8.0)),
@@ -143,10 +152,15 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
     """(name, numpy shape [rows, cols], kind) in the file order llama.cpp's converters use."""
     e, hd, nq, nkv = spec.n_embd, spec.head_dim, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
     plan = [("token_embd.weight", (n_vocab, e), "embd")]
+    if spec.rope_factors:
+        plan += [("rope_factors_long.weight", (hd // 2,), "factor_long"),
+                 ("rope_factors_short.weight", (hd // 2,), "factor_short")]
     for i in range(spec.n_layer):
         b = f"blk.{i}."
         plan.append((b + "attn_norm.weight", (e,), "norm"))
-        for t, rows in (("q", nq), ("k", nkv), ("v", nkv)):
+        if spec.fused:
+            plan.append((b + "attn_qkv.weight", (nq + 2 * nkv, e), "proj"))
+        for t, rows in (("q", nq), ("k", nkv), ("v", nkv)) if not spec.fused else ():
             plan.append((b + f"attn_{t}.weight", (rows, e), "proj"))
             if spec.qkv_bias:
                 plan.append((b + f"attn_{t}.bias", (rows,), "bias"))
@@ -168,6 +182,9 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
                          (b + "ffn_gate_shexp.weight", (f, e), "proj"),
                          (b + "ffn_up_shexp.weight", (f, e), "proj"),
                          (b + "ffn_down_shexp.weight", (e, f), "proj")]
+        elif spec.fused:
+            plan += [(b + "ffn_up.weight", (2 * spec.n_ff, e), "proj"),
+                     (b + "ffn_down.weight", (e, spec.n_ff), "proj")]
         else:
             plan += [(b + "ffn_gate.weight", (spec.n_ff, e), "proj"),
                      (b + "ffn_up.weight", (spec.n_ff, e), "proj"),
@@ -186,6 +203,10 @@ def tensor_values(spec: Spec, name: str, shape: tuple[int, ...], kind: str) -> n
     x = rng.standard_normal(shape, dtype=np.float32)
     if kind == "norm":
         return x * np.float32(spec.norm_jitter) + np.float32(1.0)
+    if kind.startswith("factor"):              # LongRoPE: long factors 1..~40 growing with the pair, short near 1
+        i = np.arange(shape[0], dtype=np.float32) / np.float32(shape[0])
+        grow = np.float32(40.0) ** i if kind == "factor_long" else np.float32(1.0) + np.float32(0.1) * i
+        return (grow * (np.float32(1.0) + np.float32(0.05) * np.abs(x))).astype(np.float32)
     scale = {"embd": spec.embd_std, "out": spec.out_std, "bias": spec.bias_std,
              "proj": spec.proj_gain / np.sqrt(shape[-1]), "router": spec.router_gain / np.sqrt(shape[-1])}[kind]
     if name.endswith(("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")):
@@ -370,7 +391,7 @@ def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
         t = base
         if kind == "out" or (kind == "embd" and spec.tied):
             t = "Q8_0" if shape[-1] % _BLOCK.get(base, 256) else ("Q6_K" if base != "Q8_0" else "Q8_0")
-        elif role == "attn_v":
+        elif role in ("attn_v", "attn_qkv"):         # llama-quant.cpp's attn-v-like tensors
             t = {"Q2_K": "Q3_K", "Q3_K_M": "Q5_K" if i < 2 else "Q4_K"}.get(qtype, base)
             if qtype in ("Q4_K_M", "Q5_K_M") and more(i):
                 t = "Q6_K"

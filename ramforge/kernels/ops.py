@@ -122,6 +122,16 @@ UNSCALED = RopeScale()
 
 
 @njit(cache=True)
+def _logf(x):
+    return math.log(x)                  # of a float32: libm's logf
+
+
+def logf(x: float) -> np.float32:
+    """libm's logf of float32(x), as libllama and ggml call it (RoPE scaling's magnitudes)."""
+    return np.float32(_logf(np.float32(x)))
+
+
+@njit(cache=True)
 def _yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow):
     # ggml_rope_yarn_corr_dims (libggml-base: float32 steps, no fma; logf as libm's):
     # the dims where a pair turns beta times over n_ctx_orig, floored / ceiled into [0, n_rot - 1]

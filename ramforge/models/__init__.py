@@ -12,6 +12,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3": "qwen3",
     "gemma3": "gemma3",
     "gemma2": "gemma2",
+    "phi3": "phi3",
     "qwen3moe": "qwen3moe",
     "qwen2moe": "qwen2moe",
 }

@@ -7,11 +7,10 @@ from enum import Enum
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from ..errors import ModelFileError, Unsupported
 from ..gguf.constants import Keys
-from ..kernels.ops import UNSCALED, RopeScale
+from ..kernels.ops import UNSCALED, RopeScale, logf
 
 
 class ConfigError(ModelFileError):
@@ -120,14 +119,8 @@ _YARN_TUNING = (Keys.ROPE_SCALING_YARN_EXT_FACTOR, Keys.ROPE_SCALING_YARN_ATTN_F
                 Keys.ROPE_SCALING_YARN_LOG_MUL)
 
 
-@njit(cache=True)
-def _logf(x):
-    # libm's logf of a float32 (as libllama and ggml call it)
-    return math.log(x)
-
-
 def _f32_log(x: np.float32) -> np.float32:
-    return np.float32(_logf(np.float32(x)))
+    return logf(np.float32(x))
 
 
 def _number(md: dict[str, Any], template: str, arch: str) -> float | None:
@@ -220,6 +213,10 @@ SOFTCAPS: dict[str, SoftCaps] = {
     "gemma2": SoftCaps(attn=50.0, final=30.0),
     "gemma3": SoftCaps(attn=None, final=0.0),
 }
+
+# architectures whose QKV and gate-up projections are single fused matmuls (plan.state_shapes gives
+# their outputs a buffer)
+FUSED_PROJECTIONS = frozenset({"phi3"})
 
 # {arch}.attention.sliding_window when absent, for the architectures whose llama.cpp graph always slides
 SLIDING_WINDOW_DEFAULT: dict[str, int] = {"gemma2": 4096}
