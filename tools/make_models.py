@@ -76,7 +76,8 @@ class Spec:
     extra_kv: tuple = ()
     post_norms: bool = False  # gemma's post_attention_norm and post_ffw_norm
     fused: bool = False       # phi3: attn_qkv (q, k, v rows) and ffn_up holding gate and up
-    rope_factors: bool = False  # LongRoPE's rope_factors_long / rope_factors_short (head_dim/2 each)
+    rope_factors: bool = False  # LongRoPE's rope_factors_long / rope_factors_short (n_rot/2 each)
+    n_rot: int = 0            # rope.dimension_count (0: head_dim; less: partial rotary, as Phi-4-mini's)
 
 
 SPECS = {
@@ -110,6 +111,9 @@ SPECS = {
                           rope_scaling=(("attn_factor", 1.1902381), ("original_context_length", 256))),
     "phi3-short": Spec("phi3", "phi-3", name="short", fused=True, rope_factors=True,
                        rope_scaling=(("attn_factor", 1.1902381), ("original_context_length", 512))),
+    # Phi-4-mini's traits: tied embeddings, a partial rotary (48 of 64 dims), LongRoPE (long factors chosen)
+    "phi3-mini4": Spec("phi3", "phi-3", name="mini4", fused=True, tied=True, n_rot=48, rope_factors=True,
+                       resid_gain=4.0, rope_scaling=(("attn_factor", 1.1902381), ("original_context_length", 256))),
     # gemma3 with Gemma 3 4B's linear RoPE scaling (factor 8) on its global layer (il 5) only; window 8
     "gemma3-linear": Spec("gemma3", "llama-spm", name="linear", n_layer=6, tied=True, post_norms=True, qk_norm=True,
                           eps=1e-6, rope_base=1e6, rope_scaling=(("type", "linear"), ("factor", 8.0)),
@@ -153,8 +157,9 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
     e, hd, nq, nkv = spec.n_embd, spec.head_dim, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
     plan = [("token_embd.weight", (n_vocab, e), "embd")]
     if spec.rope_factors:
-        plan += [("rope_factors_long.weight", (hd // 2,), "factor_long"),
-                 ("rope_factors_short.weight", (hd // 2,), "factor_short")]
+        n_rot = spec.n_rot or hd
+        plan += [("rope_factors_long.weight", (n_rot // 2,), "factor_long"),
+                 ("rope_factors_short.weight", (n_rot // 2,), "factor_short")]
     for i in range(spec.n_layer):
         b = f"blk.{i}."
         plan.append((b + "attn_norm.weight", (e,), "norm"))
@@ -280,7 +285,7 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
     w.add_uint32(f"{A}.attention.value_length", spec.head_dim)
     w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", spec.eps)
     w.add_float32(f"{A}.rope.freq_base", spec.rope_base)
-    w.add_uint32(f"{A}.rope.dimension_count", spec.head_dim)
+    w.add_uint32(f"{A}.rope.dimension_count", spec.n_rot or spec.head_dim)
     for key, value in [(f"rope.scaling.{k}", v) for k, v in spec.rope_scaling] + list(spec.extra_kv):
         add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
         add(f"{A}.{key}", value)
