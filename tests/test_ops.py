@@ -218,6 +218,7 @@ def test_rope_is_bit_identical_to_ggml(name, neox):
 
 def test_rope_refuses_bad_yarn_arguments():
     x = np.zeros((1, 1, 8), np.float32)
-    for s in (ops.RopeScale(0.0, 1.0), ops.RopeScale(0.5, 1.0, n_ctx_orig=0), ops.RopeScale(0.5, 1.0, 1.0, 0.0, 1.0, 64)):
+    for s in (ops.RopeScale(0.0, 1.0), ops.RopeScale(0.5, 1.0, n_ctx_orig=0),
+              ops.RopeScale(0.5, 1.0, 1.0, 0.0, 1.0, 64)):
         with pytest.raises(ops.RamforgeError, match="YaRN"):
             ops.rope(x, np.zeros(1, np.int32), 8, 10000.0, True, None, s)

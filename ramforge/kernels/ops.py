@@ -102,7 +102,8 @@ def _softmax_exp(scores, j0, p, mx):
 
 
 class RopeScale(NamedTuple):
-    """ggml_rope_ext's scaling arguments; the defaults rotate unscaled (models.rope resolves a file's).
+    """ggml_rope_ext's scaling arguments; the defaults rotate unscaled (models.config.rope_scaling resolves a
+    file's).
 
     freq_scale: angles times this (linear: 1/factor); ext_factor != 0 is YaRN, which mixes each pair's
     scaled and unscaled angle by a ramp between the correction dims for beta_fast and beta_slow

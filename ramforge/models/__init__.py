@@ -17,7 +17,8 @@ ARCHITECTURES: dict[str, str] = {
     "qwen2moe": "qwen2moe",
 }
 
-# Aliases that share another architecture's forward pass.
+# Aliases that share another architecture's forward pass. None yet: llama.cpp builds the phi3, gemma2 and
+# gemma3 graphs for those architectures alone (phimoe, gemma, gemma3n have graphs of their own).
 ALIASES: dict[str, str] = {}
 
 

@@ -1,10 +1,11 @@
 """gemma3, as llama.cpp's src/models/gemma3.cpp.
 
 Embeddings scaled by sqrt(n_embd); per-head Q/K RMSNorm; q scaled by 1/sqrt(head_dim) (the 27B:
-1/sqrt(n_embd / n_head)) before attention; post-attention and post-FFN RMSNorms; GELU-gated FFN; sliding-window attention on every
-layer but each sixth (il % 6 == 5), which attends globally. Sliding layers use rope base
-{arch}.rope.freq_base_swa (default 10000) unscaled, global layers {arch}.rope.freq_base and the file's
-RoPE scaling (Gemma 3 4B and larger: linear, factor 8). NEOX-style RoPE.
+1/sqrt(n_embd / n_head)) before attention; post-attention and post-FFN RMSNorms; GELU-gated FFN;
+sliding-window attention on every layer but each sixth (il % 6 == 5), which attends globally.
+Sliding layers use rope base {arch}.rope.freq_base_swa (default 10000) unscaled, global layers
+{arch}.rope.freq_base and the file's RoPE scaling (Gemma 3 4B and larger: linear, factor 8).
+NEOX-style RoPE.
 """
 from __future__ import annotations
 
