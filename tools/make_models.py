@@ -78,6 +78,7 @@ class Spec:
     fused: bool = False       # phi3: attn_qkv (q, k, v rows) and ffn_up holding gate and up
     rope_factors: bool = False  # LongRoPE's rope_factors_long / rope_factors_short (n_rot/2 each)
     n_rot: int = 0            # rope.dimension_count (0: head_dim; less: partial rotary, as Phi-4-mini's)
+    rope_freqs: bool = False  # Llama 3.1's rope_freqs (n_rot/2 frequency divisors)
 
 
 SPECS = {
@@ -99,6 +100,8 @@ SPECS = {
                        resid_gain=4.0, rope_scaling=(("type", "yarn"), ("factor", 4.0),
                                                      ("original_context_length", 128))),
     "llama-linear": Spec("llama", "llama-spm", name="linear", rope_scaling=(("type", "linear"), ("factor", 4.0))),
+    # Llama 3.1's RoPE: the rope_freqs tensor divides each pair's frequency (1 for the fast pairs, up to 8)
+    "llama-freqs": Spec("llama", "llama-spm", name="freqs", rope_freqs=True),
     # gemma2 (llama-spm: gemma's vocab is SPM too): caps low enough to bend the logits (attention ~ +-5,
     # final ~ +-17), a window of 8 on layers 0 and 2
     "gemma2": Spec("gemma2", "llama-spm", tied=True, post_norms=True, eps=1e-6,
@@ -156,6 +159,8 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
     """(name, numpy shape [rows, cols], kind) in the file order llama.cpp's converters use."""
     e, hd, nq, nkv = spec.n_embd, spec.head_dim, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
     plan = [("token_embd.weight", (n_vocab, e), "embd")]
+    if spec.rope_freqs:
+        plan.append(("rope_freqs.weight", ((spec.n_rot or hd) // 2,), "factor_llama3"))
     if spec.rope_factors:
         n_rot = spec.n_rot or hd
         plan += [("rope_factors_long.weight", (n_rot // 2,), "factor_long"),
@@ -208,9 +213,10 @@ def tensor_values(spec: Spec, name: str, shape: tuple[int, ...], kind: str) -> n
     x = rng.standard_normal(shape, dtype=np.float32)
     if kind == "norm":
         return x * np.float32(spec.norm_jitter) + np.float32(1.0)
-    if kind.startswith("factor"):              # LongRoPE: long factors 1..~40 growing with the pair, short near 1
-        i = np.arange(shape[0], dtype=np.float32) / np.float32(shape[0])
-        grow = np.float32(40.0) ** i if kind == "factor_long" else np.float32(1.0) + np.float32(0.1) * i
+    if kind.startswith("factor"):              # LongRoPE: long factors 1..~40 growing with the pair, short near 1;
+        i = np.arange(shape[0], dtype=np.float32) / np.float32(shape[0])    # Llama 3.1's: 1 to 8
+        grow = {"factor_long": np.float32(40.0) ** i, "factor_short": np.float32(1.0) + np.float32(0.1) * i,
+                "factor_llama3": np.minimum(np.float32(8.0), np.float32(1.0) + np.float32(12.0) * i * i)}[kind]
         return (grow * (np.float32(1.0) + np.float32(0.05) * np.abs(x))).astype(np.float32)
     scale = {"embd": spec.embd_std, "out": spec.out_std, "bias": spec.bias_std,
              "proj": spec.proj_gain / np.sqrt(shape[-1]), "router": spec.router_gain / np.sqrt(shape[-1])}[kind]
