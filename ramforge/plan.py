@@ -25,14 +25,14 @@ from .errors import InvalidArgument, ModelFileError
 from .gguf.constants import GGML_BLOCK, Keys
 from .gguf.reader import GGUFFile, TensorInfo
 from .models import is_executable
-from .models.config import HParams
+from .models.config import FUSED_PROJECTIONS, HParams
 
 DEFAULT_CTX = 4096          # as llama-cli: the default context, capped by the model's own
 DEFAULT_BATCH = 64          # prompt tokens per forward chunk
 ALIGN = 4096                # read spans are aligned to this (O_DIRECT); the plan counts the slack
 MERGE_GAP = 1 << 16         # tensors closer than this are read in one span
 PERSISTENT_SHARE = 0.5      # of the streaming headroom, at most this much for resident persistent tensors
-SMALL = ("output_norm.weight", "rope_freqs.weight")
+SMALL = ("output_norm.weight", "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -61,6 +61,9 @@ def state_shapes(hp: HParams, batch: int) -> dict[str, tuple[int, ...]]:
         "gate": (b, hp.n_ff_dense), "up": (b, hp.n_ff_dense), "hn": (b, d),
         "prompt_logits": (hp.n_vocab,),
     }
+    if hp.arch in FUSED_PROJECTIONS:  # a fused QKV or gate-up matmul's output, split after (models.phi3)
+        shapes["fused"] = (b * max(hp.n_head * hp.head_dim_k + hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v),
+                                   2 * hp.n_ff),)
     if hp.n_expert:                   # the mixture (models.moe): router, routing, one expert's rows, the slots
         f = hp.n_ff_exp
         shapes |= {"router": (b, hp.n_expert), "sel": (b, k), "wts": (b, k), "xe": (b, d), "ge": (b, f),

@@ -195,3 +195,21 @@ def test_probe_read_speed_takes_any_length(tmp_path):
     p.write_bytes(np.random.default_rng(0).integers(0, 255, 3 * 4096 + 123, dtype=np.uint8).tobytes())
     for nbytes in (5000, 4096, 1 << 20):
         assert probe_read_speed(str(p), nbytes=nbytes, chunk=8192) > 0
+
+
+@pytest.mark.parametrize("spec", ["phi3-longrope", "gemma2"])
+def test_new_architectures_stream_as_they_run_resident(spec):
+    # phi3's fused-projection buffer and LongRoPE factors, gemma2's capped logits: the same at the
+    # smallest budget as resident, peak within the plan
+    from tools.make_models import ensure_model
+
+    path = ensure_model(spec, "F16")
+    with Engine.load(path, n_ctx=64) as e:
+        want = e.eval(PROMPT, all_logits=True, aligned=True)
+    lo, _ = _budgets(path)
+    budget = MemoryBudget(lo)
+    with Engine.load(path, n_ctx=64, budget=budget) as e:
+        assert e.plan.verdict == "streaming"
+        got = e.eval(PROMPT, all_logits=True, aligned=True)
+        assert budget.peak == e.plan.planned_peak
+    assert np.array_equal(got, want)

@@ -12,7 +12,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ORACLE_DIR = REPO_ROOT / "tests" / "fixtures" / "oracle"
 
 # vocab GGUF (file stem after "ggml-vocab-") used by each synthetic arch
-VOCAB_FILES = {"llama-spm": "ggml-vocab-llama-spm.gguf", "qwen2": "ggml-vocab-qwen2.gguf"}
+VOCAB_FILES = {"llama-spm": "ggml-vocab-llama-spm.gguf", "qwen2": "ggml-vocab-qwen2.gguf",
+               "phi-3": "ggml-vocab-phi-3.gguf"}
 
 
 def cache_dir() -> Path:

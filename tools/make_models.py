@@ -77,6 +77,15 @@ class Spec:
     n_ff_exp: int = 0         # an expert's FFN width (qwen*moe: expert_feed_forward_length; llama: n_ff)
     n_ff_shexp: int = 0       # the shared expert's FFN width (qwen2moe), 0: none
     router_gain: float = 1.0  # ffn_gate_inp std = gain / sqrt(n_embd)
+    # RoPE scaling: (key under {arch}.rope.scaling., value) pairs written as they are (str, float32, uint32)
+    rope_scaling: tuple = ()
+    # other metadata: (key under {arch}., value) pairs, written likewise (soft-caps, sliding window)
+    extra_kv: tuple = ()
+    post_norms: bool = False  # gemma's post_attention_norm and post_ffw_norm
+    fused: bool = False       # phi3: attn_qkv (q, k, v rows) and ffn_up holding gate and up
+    rope_factors: bool = False  # LongRoPE's rope_factors_long / rope_factors_short (n_rot/2 each)
+    n_rot: int = 0            # rope.dimension_count (0: head_dim; less: partial rotary, as Phi-4-mini's)
+    rope_freqs: bool = False  # Llama 3.1's rope_freqs (n_rot/2 frequency divisors)
 
 
 SPECS = {
@@ -92,6 +101,33 @@ SPECS = {
     # Mixtral: GGUF architecture llama with experts, expert FFN width = feed_forward_length
     "llama-moe": Spec("llama", "llama-spm", name="moe", n_ff=256, n_expert=8, n_expert_used=2, n_ff_exp=256,
                       router_gain=2.0),
+    # RoPE scaling: YaRN as Qwen3's long-context files (factor 4 over an original context of 128, so the
+    # ramp between YaRN's correction dims falls inside the 32 pairs), and linear (freq_scale 1/4)
+    "qwen3-yarn": Spec("qwen3", "qwen2", name="yarn", rope_base=1e6, eps=1e-6, qk_norm=True, tied=True,
+                       resid_gain=4.0, rope_scaling=(("type", "yarn"), ("factor", 4.0),
+                                                     ("original_context_length", 128))),
+    "llama-linear": Spec("llama", "llama-spm", name="linear", rope_scaling=(("type", "linear"), ("factor", 4.0))),
+    # Llama 3.1's RoPE: the rope_freqs tensor divides each pair's frequency (1 for the fast pairs, up to 8)
+    "llama-freqs": Spec("llama", "llama-spm", name="freqs", rope_freqs=True),
+    # gemma2 (llama-spm: gemma's vocab is SPM too): caps low enough to bend the logits (attention ~ +-5,
+    # final ~ +-17), a window of 8 on layers 0 and 2
+    "gemma2": Spec("gemma2", "llama-spm", tied=True, post_norms=True, eps=1e-6,
+                   extra_kv=(("attn_logit_softcapping", 5.0), ("final_logit_softcapping", 15.0),
+                             ("attention.sliding_window", 8))),
+    # phi3 (its own vocab), fused QKV and gate-up; with LongRoPE factors and their attn_factor, the long
+    # ones chosen (original context 256 < the 512 llama.cpp allocates) or the short (original 512)
+    "phi3": Spec("phi3", "phi-3", fused=True),
+    "phi3-longrope": Spec("phi3", "phi-3", name="longrope", fused=True, rope_factors=True,
+                          rope_scaling=(("attn_factor", 1.1902381), ("original_context_length", 256))),
+    "phi3-short": Spec("phi3", "phi-3", name="short", fused=True, rope_factors=True,
+                       rope_scaling=(("attn_factor", 1.1902381), ("original_context_length", 512))),
+    # Phi-4-mini's traits: tied embeddings, a partial rotary (48 of 64 dims), LongRoPE (long factors chosen)
+    "phi3-mini4": Spec("phi3", "phi-3", name="mini4", fused=True, tied=True, n_rot=48, rope_factors=True,
+                       resid_gain=4.0, rope_scaling=(("attn_factor", 1.1902381), ("original_context_length", 256))),
+    # gemma3 with Gemma 3 4B's linear RoPE scaling (factor 8) on its global layer (il 5) only; window 8
+    "gemma3-linear": Spec("gemma3", "llama-spm", name="linear", n_layer=6, tied=True, post_norms=True, qk_norm=True,
+                          eps=1e-6, rope_base=1e6, rope_scaling=(("type", "linear"), ("factor", 8.0)),
+                          extra_kv=(("attention.sliding_window", 8), ("rope.freq_base_swa", 10000.0))),
 }
 def _big(name: str, base: str = "llama", **shape) -> Spec:
     """A preset on SPECS[base] (its vocab, norms, biases, router gain); embd/out std scale as
@@ -130,17 +166,27 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
     """(name, numpy shape [rows, cols], kind) in the file order llama.cpp's converters use."""
     e, hd, nq, nkv = spec.n_embd, spec.head_dim, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
     plan = [("token_embd.weight", (n_vocab, e), "embd")]
+    if spec.rope_freqs:
+        plan.append(("rope_freqs.weight", ((spec.n_rot or hd) // 2,), "factor_llama3"))
+    if spec.rope_factors:
+        n_rot = spec.n_rot or hd
+        plan += [("rope_factors_long.weight", (n_rot // 2,), "factor_long"),
+                 ("rope_factors_short.weight", (n_rot // 2,), "factor_short")]
     for i in range(spec.n_layer):
         b = f"blk.{i}."
         plan.append((b + "attn_norm.weight", (e,), "norm"))
-        for t, rows in (("q", nq), ("k", nkv), ("v", nkv)):
+        if spec.fused:
+            plan.append((b + "attn_qkv.weight", (nq + 2 * nkv, e), "proj"))
+        for t, rows in (("q", nq), ("k", nkv), ("v", nkv)) if not spec.fused else ():
             plan.append((b + f"attn_{t}.weight", (rows, e), "proj"))
             if spec.qkv_bias:
                 plan.append((b + f"attn_{t}.bias", (rows,), "bias"))
         if spec.qk_norm:
             plan += [(b + "attn_q_norm.weight", (hd,), "norm"), (b + "attn_k_norm.weight", (hd,), "norm")]
-        plan += [(b + "attn_output.weight", (e, nq), "proj"),
-                 (b + "ffn_norm.weight", (e,), "norm")]
+        plan.append((b + "attn_output.weight", (e, nq), "proj"))
+        if spec.post_norms:
+            plan.append((b + "post_attention_norm.weight", (e,), "norm"))
+        plan.append((b + "ffn_norm.weight", (e,), "norm"))
         if spec.n_expert:                     # numpy [experts, rows, cols] = GGUF [cols, rows, experts]
             x, f = spec.n_expert, spec.n_ff_exp
             plan += [(b + "ffn_gate_inp.weight", (x, e), "router"),
@@ -153,10 +199,15 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
                          (b + "ffn_gate_shexp.weight", (f, e), "proj"),
                          (b + "ffn_up_shexp.weight", (f, e), "proj"),
                          (b + "ffn_down_shexp.weight", (e, f), "proj")]
+        elif spec.fused:
+            plan += [(b + "ffn_up.weight", (2 * spec.n_ff, e), "proj"),
+                     (b + "ffn_down.weight", (e, spec.n_ff), "proj")]
         else:
             plan += [(b + "ffn_gate.weight", (spec.n_ff, e), "proj"),
                      (b + "ffn_up.weight", (spec.n_ff, e), "proj"),
                      (b + "ffn_down.weight", (e, spec.n_ff), "proj")]
+        if spec.post_norms:
+            plan.append((b + "post_ffw_norm.weight", (e,), "norm"))
     plan.append(("output_norm.weight", (e,), "norm"))
     if not spec.tied:
         plan.append(("output.weight", (n_vocab, e), "out"))
@@ -169,6 +220,11 @@ def tensor_values(spec: Spec, name: str, shape: tuple[int, ...], kind: str) -> n
     x = rng.standard_normal(shape, dtype=np.float32)
     if kind == "norm":
         return x * np.float32(spec.norm_jitter) + np.float32(1.0)
+    if kind.startswith("factor"):              # LongRoPE: long factors 1..~40 growing with the pair, short near 1;
+        i = np.arange(shape[0], dtype=np.float32) / np.float32(shape[0])    # Llama 3.1's: 1 to 8
+        grow = {"factor_long": np.float32(40.0) ** i, "factor_short": np.float32(1.0) + np.float32(0.1) * i,
+                "factor_llama3": np.minimum(np.float32(8.0), np.float32(1.0) + np.float32(12.0) * i * i)}[kind]
+        return (grow * (np.float32(1.0) + np.float32(0.05) * np.abs(x))).astype(np.float32)
     scale = {"embd": spec.embd_std, "out": spec.out_std, "bias": spec.bias_std,
              "proj": spec.proj_gain / np.sqrt(shape[-1]), "router": spec.router_gain / np.sqrt(shape[-1])}[kind]
     if name.endswith(("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")):
@@ -242,7 +298,10 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
     w.add_uint32(f"{A}.attention.value_length", spec.head_dim)
     w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", spec.eps)
     w.add_float32(f"{A}.rope.freq_base", spec.rope_base)
-    w.add_uint32(f"{A}.rope.dimension_count", spec.head_dim)
+    w.add_uint32(f"{A}.rope.dimension_count", spec.n_rot or spec.head_dim)
+    for key, value in [(f"rope.scaling.{k}", v) for k, v in spec.rope_scaling] + list(spec.extra_kv):
+        add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
+        add(f"{A}.{key}", value)
     if spec.n_expert:
         w.add_uint32(f"{A}.expert_count", spec.n_expert)
         w.add_uint32(f"{A}.expert_used_count", spec.n_expert_used)
@@ -411,7 +470,7 @@ def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
         t = base
         if kind == "out" or (kind == "embd" and spec.tied):
             t = "Q8_0" if shape[-1] % _BLOCK.get(base, 256) else ("Q6_K" if base != "Q8_0" else "Q8_0")
-        elif role == "attn_v":
+        elif role in ("attn_v", "attn_qkv"):         # llama-quant.cpp's attn-v-like tensors
             t = {"Q2_K": "Q3_K", "Q3_K_M": "Q5_K" if i < 2 else "Q4_K"}.get(qtype, base)
             if qtype in ("Q4_K_M", "Q5_K_M") and more(i):
                 t = "Q6_K"

@@ -11,11 +11,14 @@ ARCHITECTURES: dict[str, str] = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gemma3": "gemma3",
+    "gemma2": "gemma2",
+    "phi3": "phi3",
     "qwen3moe": "qwen3moe",
     "qwen2moe": "qwen2moe",
 }
 
-# Aliases that share another architecture's forward pass.
+# Aliases that share another architecture's forward pass. None yet: llama.cpp builds the phi3, gemma2 and
+# gemma3 graphs for those architectures alone (phimoe, gemma, gemma3n have graphs of their own).
 ALIASES: dict[str, str] = {}
 
 

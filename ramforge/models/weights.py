@@ -118,6 +118,7 @@ def layer_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
         "attn_norm": (hp.n_embd,),
         "attn_q": (hp.n_embd, q), "attn_k": (hp.n_embd, kv_k), "attn_v": (hp.n_embd, kv_v),
         "attn_q_bias": (q,), "attn_k_bias": (kv_k,), "attn_v_bias": (kv_v,),
+        "attn_qkv": (hp.n_embd, q + kv_k + kv_v),
         "attn_output": (hp.n_head * hp.head_dim_v, hp.n_embd),
         "attn_q_norm": (hp.head_dim_k,), "attn_k_norm": (hp.head_dim_k,),
         "post_attention_norm": (hp.n_embd,),
@@ -163,7 +164,7 @@ def gguf_name(suffix: str, il: int | None = None) -> str:
 
 def validate_tensors(f: GGUFFile, hp: HParams, module, layers: tuple[int, int]) -> None:
     """Every tensor the forward pass needs is present, of the expected shape and of an executable type."""
-    shapes = layer_shapes(hp)
+    shapes = layer_shapes(hp) | getattr(module, "layer_shapes", lambda hp: {})(hp)   # a module's own (fused)
     need = [("token_embd", None, (hp.n_embd, hp.n_vocab))]
     if layers[1] == hp.n_layer:
         need.append(("output_norm", None, (hp.n_embd,)))

@@ -1,0 +1,85 @@
+"""phi3 (Phi-3, Phi-3.5, Phi-4-mini, Phi-4), as llama.cpp's src/models/phi3.cpp.
+
+llama with fused projections: one attn_qkv matmul whose rows are q, then k, then v; one ffn_up matmul
+whose first n_ff rows are the SwiGLU gate and the next n_ff its up (ggml_swiglu of the fused row).
+NEOX-style RoPE with the file's scaling, and LongRoPE's frequency factors where the file has them:
+rope_factors_long when the context llama.cpp allocates (n_ctx padded to 256) exceeds
+{arch}.rope.scaling.original_context_length, else rope_factors_short; their magnitude
+{arch}.rope.scaling.attn_factor is in HParams.rope_scale. q scaled by 1/sqrt(head_dim) before
+attention. llama.cpp turns phi3's sliding window off ({arch}.attention.sliding_window is read, then
+set to 0): every layer attends to the whole context, here too.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.ops import attention, rms_norm, rope, swiglu
+from .weights import output_rows
+
+ROPE_NEOX = True
+N_CTX_PAD = 256                 # llama.cpp allocates n_ctx rounded up to this (cparams.n_ctx_seq)
+LAYER_TENSORS = ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]
+OPTIONAL: set[str] = set()
+ALSO_READ: set[str] = set()
+GLOBAL_TENSORS = ("rope_factors_long", "rope_factors_short")   # beside token_embd, output_norm, output
+
+
+def layer_shapes(hp) -> dict[str, tuple[int, ...]]:
+    """The fused shapes: ffn_up holds the gate's n_ff rows and then the up's."""
+    return {"ffn_up": (hp.n_embd, 2 * hp.n_ff)}
+
+
+def embed(m, x: np.ndarray, tokens) -> None:
+    """x f32[n, n_embd] = token embeddings."""
+    m.weights.embed(tokens, x)
+
+
+def rope_factors(m) -> np.ndarray | None:
+    """llama_model::get_rope_factors: the long factors when the allocated context exceeds the original
+    one, else the short ones (f32[n_rot/2]); None without LongRoPE tensors."""
+    w = m.weights
+    n_ctx_seq = -(-m.n_ctx // N_CTX_PAD) * N_CTX_PAD
+    t = w.rope_factors_long if n_ctx_seq > m.hp.n_ctx_orig else w.rope_factors_short
+    return None if t is None else t.data
+
+
+def _scratch(s, rows: int, width: int) -> np.ndarray:
+    """A contiguous f32[rows, width] in the state's buffer for fused outputs (s.fused, plan.state_shapes)."""
+    return s.fused[:rows * width].reshape(rows, width)
+
+
+def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+    """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
+    (out: as llama.forward)."""
+    hp, w, kv = m.hp, m.weights, m.kv
+    pos = np.arange(pos0, pos0 + n, dtype=np.int32)
+    x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
+    q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
+    att, gate, up = s.att[:n], s.gate[:n], s.up[:n]             # f32[n, n_head, hd], f32[n, n_ff]
+    nq, nk, nv = q[0].size, k[0].size, v[0].size
+    q_scale = np.float32(1.0) / np.sqrt(np.float32(hp.head_dim_k))
+    ff = rope_factors(m)
+    for il in range(*m.layers):
+        with w.layer(il) as L:
+            rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
+            qkv = _scratch(s, n, nq + nk + nv)                  # f32[n, q | k | v]
+            L.attn_qkv.rows(qkv, xb)
+            q.reshape(n, -1)[:] = qkv[:, :nq]
+            k.reshape(n, -1)[:] = qkv[:, nq:nq + nk]
+            v.reshape(n, -1)[:] = qkv[:, nq + nk:]
+            rope(q, pos, hp.rope_dim, hp.rope_base, ROPE_NEOX, ff, hp.rope_scale)
+            rope(k, pos, hp.rope_dim, hp.rope_base, ROPE_NEOX, ff, hp.rope_scale)
+            q *= q_scale
+            kv.store(il, pos0, k, v)
+            attention(att, q, *kv.layer(il), pos0, 1.0)
+            L.attn_output.rows(xb, att.reshape(n, -1))
+            x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
+            with rows:
+                x += xb                                         # residual
+                rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
+                gu = _scratch(s, xb.shape[0], 2 * hp.n_ff)
+                L.ffn_up.rows(gu, xb)                           # f32[rows, gate | up]
+                gate[:], up[:] = gu[:, :hp.n_ff], gu[:, hp.n_ff:]
+                swiglu(gate, gate, up)
+                L.ffn_down.rows(xb, gate)
+                x += xb                                         # residual
