@@ -52,7 +52,7 @@ def _refuse_unsupported_keys(md: dict, arch: str) -> dict:
         v = md.get(Keys.of(t, arch))
         if v is not None and not (np.isscalar(v) and v == 0):
             raise UnsupportedArch(f"{Keys.of(t, arch)} = {v!r} is not supported by ramforge's {arch} forward pass")
-    if arch != "gemma3" and get(Keys.SLIDING_WINDOW):
+    if arch not in ("gemma3", "gpt-oss") and get(Keys.SLIDING_WINDOW):
         raise UnsupportedArch(f"{Keys.of(Keys.SLIDING_WINDOW, arch)} is not supported for {arch}")
     extra = {}
     base_swa = md.get(f"{arch}.rope.freq_base_swa")

@@ -70,6 +70,8 @@ class Spec:
     n_ff_exp: int = 0         # an expert's FFN width (qwen*moe: expert_feed_forward_length; llama: n_ff)
     n_ff_shexp: int = 0       # the shared expert's FFN width (qwen2moe), 0: none
     router_gain: float = 1.0  # ffn_gate_inp std = gain / sqrt(n_embd)
+    sliding_window: int = 0   # {arch}.attention.sliding_window (gpt-oss: on even layers)
+    kv: tuple = ()            # further (key suffix, value) metadata, written as {arch}.<suffix>
 
 
 SPECS = {
@@ -82,6 +84,11 @@ SPECS = {
                      n_expert=16, n_expert_used=4, n_ff_exp=256, router_gain=2.0),
     "qwen2moe": Spec("qwen2moe", "qwen2", rope_base=1e6, eps=1e-6, qkv_bias=True, n_expert=8, n_expert_used=2,
                      n_ff_exp=256, n_ff_shexp=512, router_gain=2.0),
+    # gpt-oss: biases everywhere, one sink per head, sliding window on even layers (short here, so the
+    # records cross it), 16 experts (4 used) with the clamped SwiGLU; a qwen2 vocab (the harmony
+    # tokenizer is not among llama.cpp's vocab files)
+    "gpt-oss": Spec("gpt-oss", "qwen2", rope_base=150000.0, qkv_bias=True, n_ff=256, n_expert=16,
+                    n_expert_used=4, n_ff_exp=256, router_gain=2.0, sliding_window=16),
     # Mixtral: GGUF architecture llama with experts, expert FFN width = feed_forward_length
     "llama-moe": Spec("llama", "llama-spm", name="moe", n_ff=256, n_expert=8, n_expert_used=2, n_ff_exp=256,
                       router_gain=2.0),
@@ -132,14 +139,20 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
                 plan.append((b + f"attn_{t}.bias", (rows,), "bias"))
         if spec.qk_norm:
             plan += [(b + "attn_q_norm.weight", (hd,), "norm"), (b + "attn_k_norm.weight", (hd,), "norm")]
-        plan += [(b + "attn_output.weight", (e, nq), "proj"),
-                 (b + "ffn_norm.weight", (e,), "norm")]
+        oss = spec.arch == "gpt-oss"
+        plan.append((b + "attn_output.weight", (e, nq), "proj"))
+        if oss:
+            plan += [(b + "attn_output.bias", (e,), "bias"), (b + "attn_sinks.weight", (spec.n_head,), "sink")]
+        plan.append((b + ("post_attention_norm" if oss else "ffn_norm") + ".weight", (e,), "norm"))
         if spec.n_expert:                     # numpy [experts, rows, cols] = GGUF [cols, rows, experts]
             x, f = spec.n_expert, spec.n_ff_exp
-            plan += [(b + "ffn_gate_inp.weight", (x, e), "router"),
-                     (b + "ffn_gate_exps.weight", (x, f, e), "proj"),
-                     (b + "ffn_up_exps.weight", (x, f, e), "proj"),
-                     (b + "ffn_down_exps.weight", (x, e, f), "proj")]
+            plan.append((b + "ffn_gate_inp.weight", (x, e), "router"))
+            if oss:
+                plan.append((b + "ffn_gate_inp.bias", (x,), "bias"))
+            for t, shape in (("gate", (x, f, e)), ("up", (x, f, e)), ("down", (x, e, f))):
+                plan.append((b + f"ffn_{t}_exps.weight", shape, "proj"))
+                if oss:
+                    plan.append((b + f"ffn_{t}_exps.bias", shape[:2], "bias"))
             if spec.n_ff_shexp:
                 f = spec.n_ff_shexp
                 plan += [(b + "ffn_gate_inp_shexp.weight", (e,), "proj"),
@@ -162,7 +175,7 @@ def tensor_values(spec: Spec, name: str, shape: tuple[int, ...], kind: str) -> n
     x = rng.standard_normal(shape, dtype=np.float32)
     if kind == "norm":
         return x * np.float32(spec.norm_jitter) + np.float32(1.0)
-    scale = {"embd": spec.embd_std, "out": spec.out_std, "bias": spec.bias_std,
+    scale = {"embd": spec.embd_std, "out": spec.out_std, "bias": spec.bias_std, "sink": 1.0,
              "proj": spec.proj_gain / np.sqrt(shape[-1]), "router": spec.router_gain / np.sqrt(shape[-1])}[kind]
     if name.endswith(("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")):
         scale *= spec.resid_gain
@@ -177,8 +190,9 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def stays_f32(name: str, shape: tuple[int, ...], ftype: str) -> bool:
-    """1-D tensors and the expert router stay F32 in every variant, as llama.cpp's converter writes them."""
-    return len(shape) == 1 or ftype == "F32" or name.endswith("ffn_gate_inp.weight")
+    """1-D tensors, biases (gpt-oss's experts' are 2-D) and the expert router stay F32 in every variant, as
+    llama.cpp's converter writes them."""
+    return len(shape) == 1 or ftype == "F32" or name.endswith(("ffn_gate_inp.weight", ".bias"))
 
 
 def encode(x: np.ndarray, ftype: str, name: str = "") -> tuple[np.ndarray, object]:
@@ -243,6 +257,10 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
             w.add_uint32(f"{A}.expert_feed_forward_length", spec.n_ff_exp)
         if spec.n_ff_shexp:
             w.add_uint32(f"{A}.expert_shared_feed_forward_length", spec.n_ff_shexp)
+    if spec.sliding_window:
+        w.add_uint32(f"{A}.attention.sliding_window", spec.sliding_window)
+    for key, value in spec.kv:
+        {str: w.add_string, int: w.add_uint32, float: w.add_float32}[type(value)](f"{A}.{key}", value)
     w.add_file_type(FILE_TYPE[ftype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     n_vocab = _copy_vocab(w, vocab_path(spec.vocab, vocab_dir))
