@@ -133,7 +133,7 @@ class Weights:
             self.expert_cache = ExpertCache(f, self.file, range(a, b), p.expert_slots, p.expert_slot_bytes,
                                             self.expert_policy, self.expert_prefetch)
             for il in range(a + 1, b):       # what predicts layer il's experts from layer il-1 (plan.predictor_bytes)
-                self.predictors[il] = (self._vector(gguf_name(ffn_norm(hp.arch), il)),
+                self.predictors[il] = (self._vector(gguf_name(ffn_norm(self.hp.arch), il)),
                                        self._matrix(gguf_name("ffn_gate_inp", il)))
         self.pinned = {}
         for il in (range(a, b) if self.mmap else p.pinned):
