@@ -34,7 +34,7 @@ from tools._fixtures import (  # noqa: E402
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
-               "Q6_K", "IQ4_NL", "IQ4_XS")
+               "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE")
 ALL_TYPES = FLOAT_TYPES + QUANT_TYPES
 FILE_TYPE = {"F32": 0, "F16": 1, "BF16": 32}      # llama_ftype of the float variants
 
@@ -347,6 +347,9 @@ def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
     no imatrix, n_gqa < 4, not a 70B, no tensor-type overrides. The expert router stays as written
     (F32); expert and shared-expert tensors take their role's rule (ffn_down*: the down rules, by the
     layer in the name); 8 experts (Mixtral's count) lift attn_k / attn_v to Q8_0 and attn_output to Q5_K."""
+    if qtype == "MXFP4_MOE":             # gpt-oss's release layout: experts MXFP4, every other matrix Q8_0
+        return {name: "F32" if stays_f32(name, shape, "F16") else "MXFP4" if len(shape) == 3 else "Q8_0"
+                for name, shape, _ in tensor_plan(spec, n_vocab)}
     base = _BASE.get(qtype, qtype)
     n = spec.n_layer
     more = lambda i: i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # use_more_bits
