@@ -37,8 +37,9 @@ def test_support_lists_types():
     r = ramforge("support", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert {"Q4_K", "IQ4_XS", "BF16", "Q8_K"} <= set(d["quant_types"]["executable"])
-    assert {"IQ2_XXS", "TQ1_0", "MXFP4", "IQ1_S"} <= set(d["quant_types"]["refused"])
+    assert {"Q4_K", "IQ4_XS", "BF16", "Q8_K", "MXFP4", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M"} <= set(
+        d["quant_types"]["executable"])
+    assert {"IQ2_XXS", "Q8_1"} <= set(d["quant_types"]["refused"])
     assert ramforge("support").returncode == 0
 
 

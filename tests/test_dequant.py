@@ -81,6 +81,8 @@ _SCALES = {
     GGMLType.Q4_K: ("f16", (0, 2)), GGMLType.Q5_K: ("f16", (0, 2)),
     GGMLType.Q6_K: ("f16", (208,)), GGMLType.IQ4_XS: ("f16", (0,)),
     GGMLType.Q8_K: ("f32", (0,)),
+    GGMLType.MXFP4: ("e8m0", (0,)), GGMLType.TQ2_0: ("f16", (64,)), GGMLType.TQ1_0: ("f16", (52,)),
+    GGMLType.IQ1_S: ("f16", (0,)), GGMLType.IQ1_M: ("f16-nibbles", (48,)),
 }
 
 
@@ -104,6 +106,17 @@ def random_blocks(t: GGMLType, n_blocks: int, seed: int) -> np.ndarray:
     for o in offsets:
         if kind == "f16":
             blocks[:, o:o + 2] = _finite_f16(rng, n_blocks).view(np.uint8).reshape(n_blocks, 2)
+        elif kind == "e8m0":
+            # every exponent whose largest weight (12 * 2^(e-128)) is finite: 0 (subnormal) .. 252
+            blocks[:, o] = rng.integers(0, 253, n_blocks, dtype=np.uint8)
+            blocks[:3, o] = (0, 1, 252)[:n_blocks]
+        elif kind == "f16-nibbles":
+            # IQ1_M: an f16 in the top nibbles of the 4 u16 scale words at o
+            h = _finite_f16(rng, n_blocks).astype(np.uint16)
+            words = blocks[:, o:o + 8].copy().view(np.uint16) & np.uint16(0x0FFF)
+            for k in range(4):
+                words[:, k] |= ((h >> np.uint16(4 * k)) & np.uint16(15)) << np.uint16(12)
+            blocks[:, o:o + 8] = words.view(np.uint8)
         else:
             # moderate f32 scales, as Q8_K's (finite products with int8)
             d = (rng.standard_normal(n_blocks) * 10.0 ** rng.integers(-8, 4, n_blocks)).astype(np.float32)
@@ -115,6 +128,7 @@ def random_blocks(t: GGMLType, n_blocks: int, seed: int) -> np.ndarray:
 
 def test_registry_is_the_executable_set():
     want = "F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K IQ4_NL IQ4_XS".split()
+    want += "MXFP4 TQ2_0 TQ1_0 IQ1_S IQ1_M".split()
     assert [t.name for t in REGISTRY] == want
     for t, k in REGISTRY.items():
         assert isinstance(k, QuantKernels) and k.ggml_type == t

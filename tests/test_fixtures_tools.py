@@ -80,6 +80,38 @@ def test_expected_types_follow_llama_cpp_mixtures():
     assert mm.expected_types(spec, "Q8_0", 32000)["output.weight"] == "Q8_0"
 
 
+def test_lowbit_model_is_written_by_ggml_with_an_imatrix(tmp_path):
+    """write_lowbit_model: deterministic, the planned types, general.file_type, values that
+    dequantize (gguf.quants) near the F16 master, and llama.cpp loads it."""
+    _vocab_or_skip()
+    pytest.importorskip("llama_cpp")
+    from tools import ggml_quant
+
+    QT = gguf.GGMLQuantizationType
+    with pytest.raises(ValueError, match="importance matrix"):
+        ggml_quant.quantize_rows(np.ones((1, 256), np.float32), int(QT.IQ2_XXS))
+    spec = mm.SPECS["llama"]
+    f16 = mm.write_float_model(spec, "F16", tmp_path / "f16.gguf")
+    a = mm.write_lowbit_model(f16, tmp_path / "a.gguf", "IQ2_XXS")
+    b = mm.write_lowbit_model(f16, tmp_path / "b.gguf", "IQ2_XXS")
+    assert _fixtures.sha256_file(a) == _fixtures.sha256_file(b)
+    assert mm.file_tensor_types(a) == mm.expected_types(spec, "IQ2_XXS", 32000)
+    assert set(mm.file_tensor_types(a).values()) == {"F32", "IQ2_XXS"}
+    r, src = gguf.GGUFReader(a), gguf.GGUFReader(f16)
+    assert r.fields["general.file_type"].contents() == mm.LOWBIT_FILE_TYPE["IQ2_XXS"] == 19
+    assert [t.name for t in r.tensors] == [t.name for t in src.tensors]
+    t = next(t for t in r.tensors if t.name == "blk.0.ffn_up.weight")
+    x = np.asarray(next(s for s in src.tensors if s.name == t.name).data, np.float32)
+    y = gguf.quants.dequantize(np.asarray(t.data), QT.IQ2_XXS).reshape(x.shape)
+    rel = np.linalg.norm(y - x) / np.linalg.norm(x)
+    assert 0.05 < rel < 0.6, rel              # 2-bit codebook: lossy, but near the master
+
+    import llama_cpp
+    m = llama_cpp.Llama(str(a), n_ctx=32, n_threads=1, verbose=False)
+    m.eval(m.tokenize(b"Hello", add_bos=True))
+    assert np.isfinite(np.asarray(m.scores[0])).all()
+
+
 def test_quantized_model_without_llama_cpp_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("RAMFORGE_FIXTURES", str(tmp_path))
     monkeypatch.setattr(mm, "llama_cpp_or_none", lambda: None)

@@ -62,7 +62,13 @@ def weight(t: GGMLType, n_out: int, n_in: int, seed: int) -> np.ndarray:
             d = rng.uniform(1e-3, 0.1, n_blocks)
             if kind == "f16":
                 raw[:, o:o + 2] = d.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
-            else:
+            elif kind == "f16-nibbles":             # IQ1_M: the f16 in the top nibbles of 4 u16 words
+                h = d.astype(np.float16).view(np.uint16)
+                words = raw[:, o:o + 8].copy().view(np.uint16) & np.uint16(0x0FFF)
+                for j in range(4):
+                    words[:, j] |= ((h >> np.uint16(4 * j)) & np.uint16(15)) << np.uint16(12)
+                raw[:, o:o + 8] = words.view(np.uint8)
+            elif kind == "f32":
                 raw[:, o:o + 4] = d.astype(np.float32).view(np.uint8).reshape(n_blocks, 4)
     return raw.reshape(-1)
 
@@ -98,7 +104,8 @@ def test_every_quantized_type_has_an_integer_kernel():
         assert (k.qdot is None) == (k.act in (ActType.F32, ActType.F16, ActType.BF16)), t.name
         if k.qdot is not None:
             assert k.block_elems % k.qdot.sub == 0 and k.qdot.sub in (16, 32)
-            assert k.qdot.mins in (kv.NO_MIN, kv.Q8_1_SUM, kv.K_SUM, kv.K_MIN4, kv.K_LANES)
+            assert k.qdot.mins in (kv.NO_MIN, kv.Q8_1_SUM, kv.K_SUM, kv.K_MIN4, kv.K_LANES) + kv.IQ1_MINS
+            assert (k.qdot.mins in kv.IQ1_MINS) == (t in (GGMLType.IQ1_S, GGMLType.IQ1_M)), t.name
             assert (k.qdot.mins == kv.Q8_1_SUM) == (k.act == ActType.Q8_1)
             has_mins = t in (GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K)
             assert (k.qdot.mins in (kv.K_SUM, kv.K_MIN4, kv.K_LANES)) == has_mins, t.name
@@ -117,10 +124,10 @@ def test_unpack_rebuilds_dequantize_exactly(t):
     sc = isc.astype(np.float32).reshape(n_rows, -1, sb // sub)[..., None]
     if k.qdot.mins == kv.Q8_1_SUM:                           # d*q + m
         w = d * q + wm[:, :, None, None]
-    elif k.qdot.mins != kv.NO_MIN:                           # (d*sc)*q - (dmin*m)
+    elif k.qdot.mins in (kv.K_SUM, kv.K_MIN4, kv.K_LANES):   # (d*sc)*q - (dmin*m)
         mn = imn.astype(np.float32).reshape(n_rows, -1, sb // sub)[..., None]
         w = (d * sc) * q - wm[:, :, None, None] * mn
-    else:                                                    # (d*sc)*q
+    else:                                                    # (d*sc)*q; IQ1: (d/8 * sc) * (8*grid +- 1)
         w = (d * sc) * q
     ref = dequantize(t, raw)
     assert np.array_equal(w.reshape(-1).view(np.uint32), ref.view(np.uint32)), t.name
@@ -131,7 +138,7 @@ def test_types_with_mins_or_an_offset_unpack_to_unsigned_quants(t):
     # the VNNI dot feeds such quants to vpdpbusd as unsigned bytes without the sign trick
     k = REGISTRY[t]
     wq = unpack(t, random_blocks(t, 4 * N_IN // k.block_elems, seed=13), 4, N_IN, vec=True)[0]
-    if k.qdot.mins != kv.NO_MIN or k.qdot.offset != 0:
+    if k.qdot.mins not in (kv.NO_MIN,) + kv.IQ1_MINS or k.qdot.offset != 0:
         assert wq.min() >= 0, t.name
     else:                                    # the others do have negative quants: the sign trick is needed
         assert wq.min() < 0, t.name
@@ -251,7 +258,7 @@ def exact_reference(t: GGMLType, raw: np.ndarray, x: np.ndarray, n_out: int, n_i
     isum = isum.reshape(n_tok, n_out, -1, sb // sub).sum(axis=3)              # per super-block
     ad = a.d.reshape(n_tok, 1, -1).astype(np.float64)
     y = (wd[None].astype(np.float64) * ad * isum).sum(axis=2)
-    if k.qdot.mins not in (kv.NO_MIN, kv.Q8_1_SUM):
+    if k.qdot.mins in (kv.K_SUM, kv.K_MIN4, kv.K_LANES):
         bs = a.bsum.reshape(n_tok, 1, -1, sb // sub).astype(np.int64)
         msum = (imn.reshape(1, n_out, -1, sb // sub) * bs).sum(axis=3)
         y -= (wm[None].astype(np.float64) * ad * msum).sum(axis=2)
@@ -359,13 +366,17 @@ def test_batched_variants_have_8_row_kernels():
     assert (N_OUT + 3) % 8 == 0
 
 
+# the codebook types (and TQ1_0, base-3 digits) unpack first (see variants.RawRow)
+CODEBOOK_TYPES = (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0, GGMLType.IQ1_S, GGMLType.IQ1_M)
+
+
 def test_every_few_token_matmul_reads_packed_rows():
     # matmuls of fewer than _GROUP_FROM_TOKENS tokens dot the packed rows directly (no unpacking):
     # every type but the codebook ones has a packed-row intrinsic for each such variant, and the
     # shapes of test_vector_path_equals_portable_bit_for_bit reach each intrinsic
     used = set()
     for t in INT_TYPES:
-        if t in (GGMLType.IQ4_NL, GGMLType.IQ4_XS):
+        if t in CODEBOOK_TYPES:
             assert REGISTRY[t].qdot.raw is None
             continue
         k = REGISTRY[t]
@@ -427,6 +438,12 @@ def test_shapes_and_errors_are_validated():
         qm.qmatmul(y, x[0], t, raw, 4, 64)
     with pytest.raises(RamforgeError, match="not supported"):
         qm.qmatmul(y, x, GGMLType.IQ2_XXS, raw, 4, 64)
+    # an MXFP4 weight whose row is not a whole number of its 32-element blocks
+    with pytest.raises(RamforgeError, match="row length 48 is not a multiple of MXFP4's block size 32"):
+        qm.qmatmul(np.zeros((2, 4), np.float32), np.zeros((2, 48), np.float32), GGMLType.MXFP4,
+                   np.zeros(4 * 17, np.uint8), 4, 48)
+    with pytest.raises(RamforgeError, match="MXFP4 n_elements = 48 is not a whole number of blocks of 32"):
+        dequantize(GGMLType.MXFP4, np.zeros(2 * 17, np.uint8), n_elements=48)
     empty = qm.qmatmul(np.ones((0, 4), np.float32), np.zeros((0, 64), np.float32), t, raw, 4, 64)
     assert empty.shape == (0, 4)
 
@@ -517,13 +534,13 @@ GGML_TYPES = [t for t in INT_TYPES if t != GGMLType.Q8_K]       # ggml has no Q8
 @pytest.mark.parametrize("t", GGML_TYPES, ids=_ids(GGML_TYPES))
 def test_bit_identical_to_llama_cpp_cpu_backend(ggml, t):
     # every path llama.cpp takes: vec_dot (< 8 tokens), tinyBLAS, the tiled K-quant matmul (8+),
-    # repacked gemv / gemm (rows a multiple of 8; gemm per 4 tokens); odd block counts
+    # repacked gemv / gemm (rows a multiple of 8; gemm per 4 tokens, gemv for the rest); odd block counts
     for n_in in (256, 800, 2304):
         if n_in % REGISTRY[t].block_elems:
             continue
         for n_out in (33, 40):
             raw = weight(t, n_out, n_in, seed=n_in + n_out)
-            for n_tok in (1, 2, 5, 8, 21):
+            for n_tok in (1, 2, 3, 4, 5, 8, 21):
                 x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
                 want = ggml.matmul(t, raw, x, n_out, n_in)
                 got = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in)

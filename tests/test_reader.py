@@ -151,6 +151,8 @@ MALFORMED = [
     ("element count overflow", _tensor_case(dims=[2**32, 2**32], data=b""), "element count"),
     ("byte count past file size", _tensor_case(dims=[2**20, 2**20], data=b""), "byte count"),
     ("ne0 not a block multiple", _tensor_case(dims=[33], gtype=GGMLType.Q4_0, data=b""), "block size 32"),
+    ("MXFP4 block count does not divide", _tensor_case(dims=[48, 4], gtype=GGMLType.MXFP4, data=b""),
+     "field t ne0 = 48 at byte 37: expected a multiple of MXFP4's block size 32"),
     ("unknown ggml type", _tensor_case(dims=[32], raw_type=99, data=bytes(128)), "known ggml type"),
     ("removed ggml type 4", _tensor_case(dims=[32], raw_type=4, data=bytes(128)), "known ggml type"),
     ("misaligned offset", _tensor_case(dims=[32], offset=4), "multiple of the alignment"),

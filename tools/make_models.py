@@ -35,8 +35,15 @@ from tools._fixtures import (  # noqa: E402
 FLOAT_TYPES = ("F32", "F16", "BF16")
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
                "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE")
-ALL_TYPES = FLOAT_TYPES + QUANT_TYPES
+# low-bit types llama_model_quantize cannot make without an imatrix: written by write_lowbit_model
+# (ggml_quantize_chunk with a synthetic importance vector, tools/ggml_quant.py)
+LOWBIT_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0", "MXFP4")
+ALL_TYPES = FLOAT_TYPES + QUANT_TYPES + LOWBIT_TYPES
 FILE_TYPE = {"F32": 0, "F16": 1, "BF16": 32}      # llama_ftype of the float variants
+# llama_ftype of the low-bit variants (llama.h's LLAMA_FTYPE_MOSTLY_*)
+LOWBIT_FILE_TYPE = {"IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24, "IQ3_S": 26, "IQ2_S": 28,
+                    "IQ1_M": 31, "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38}
+LOWBIT_FALLBACK = "Q8_0"  # a matrix whose rows are not a whole number of the type's blocks
 
 
 @dataclass(frozen=True)
@@ -338,6 +345,64 @@ def quantize(src: Path, dst: Path, qtype: str, nthread: int = 2) -> Path:
     return dst
 
 
+# ---------------------------------------------------------------------------------------------
+# low-bit types: ggml_quantize_chunk with a synthetic importance matrix
+
+def lowbit_type(name: str, shape: tuple[int, ...], qtype: str) -> str:
+    """The ggml type a tensor of numpy `shape` gets in a LOWBIT_TYPES model: F32 as the F16 model
+    keeps it (norms, biases, router); every other matrix (token_embd and output too) qtype when its
+    rows are whole blocks, else LOWBIT_FALLBACK."""
+    import gguf
+    if stays_f32(name, shape, "F16"):
+        return "F32"
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0]
+    return qtype if shape[-1] % block == 0 else LOWBIT_FALLBACK
+
+
+def write_lowbit_model(src: Path, out: Path, qtype: str) -> Path:
+    """Rewrite the F16 model `src` as `out` in `qtype` (one of LOWBIT_TYPES): same KVs (but
+    general.file_type), tensors in the same order, each matrix quantized by ggml's own quantizer with
+    the importance vector 1 + 0.5*|N(0,1)| seeded by the tensor's name (ggml_quant.importance)."""
+    import gguf
+
+    from tools.ggml_quant import importance, quantize_rows
+    require_llama_cpp(f"writing {out.name}")
+    VT, QT = gguf.GGUFValueType, gguf.GGMLQuantizationType
+    kv, _ = read_gguf_header(src)
+    reader = gguf.GGUFReader(src)
+    arch = kv["general.architecture"][1].decode()
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    w = gguf.GGUFWriter(tmp, arch)
+    for key, (vt, val, st) in kv.items():
+        if key == "general.architecture":            # the writer's first key already
+            continue
+        if key == "general.file_type":
+            val = LOWBIT_FILE_TYPE[qtype]
+        if vt == VT.ARRAY:
+            w.add_key_value(key, val if st == VT.STRING else val.tolist(), VT.ARRAY, sub_type=VT(st))
+        else:
+            w.add_key_value(key, val, VT(vt))
+    try:
+        for t in reader.tensors:
+            shape = tuple(int(n) for n in reversed(t.shape.tolist()))   # numpy order [.., rows, cols]
+            x = np.asarray(t.data).reshape(shape)
+            ty = lowbit_type(t.name, shape, qtype)
+            if ty == "F32":
+                w.add_tensor(t.name, np.ascontiguousarray(x, np.float32))
+                continue
+            rows = x.reshape(-1, shape[-1]).astype(np.float32)
+            q = quantize_rows(rows, int(QT[ty]), importance(stable_seed("imatrix", t.name), shape[-1]))
+            w.add_tensor(t.name, q.reshape(*shape[:-1], q.shape[-1]), raw_dtype=QT[ty])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
 _BASE = {"Q2_K": "Q2_K", "Q3_K_M": "Q3_K", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K"}
 _BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32}
 
@@ -346,7 +411,10 @@ def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
     """Per-tensor ggml types llama.cpp's quantizer (llama-quant.cpp, 0.3.36) picks for our specs:
     no imatrix, n_gqa < 4, not a 70B, no tensor-type overrides. The expert router stays as written
     (F32); expert and shared-expert tensors take their role's rule (ffn_down*: the down rules, by the
-    layer in the name); 8 experts (Mixtral's count) lift attn_k / attn_v to Q8_0 and attn_output to Q5_K."""
+    layer in the name); 8 experts (Mixtral's count) lift attn_k / attn_v to Q8_0 and attn_output to Q5_K.
+    LOWBIT_TYPES follow write_lowbit_model's own rule (lowbit_type)."""
+    if qtype in LOWBIT_TYPES:
+        return {name: lowbit_type(name, shape, qtype) for name, shape, _ in tensor_plan(spec, n_vocab)}
     if qtype == "MXFP4_MOE":             # gpt-oss's release layout: experts MXFP4, every other matrix Q8_0
         return {name: "F32" if stays_f32(name, shape, "F16") else "MXFP4" if len(shape) == 3 else "Q8_0"
                 for name, shape, _ in tensor_plan(spec, n_vocab)}
@@ -428,13 +496,16 @@ def build(spec: Spec, qtype: str, out_dir: Path | None = None, vocab_dir: str | 
     t0 = time.perf_counter()
     if qtype in FLOAT_TYPES:
         write_float_model(spec, qtype, path, vocab_dir)
-    elif qtype in QUANT_TYPES:
+    elif qtype in QUANT_TYPES + LOWBIT_TYPES:
         require_llama_cpp(f"building {path.name}")
         f16 = out_dir / f"{model_id(spec, 'F16')}.gguf"
         had_f16 = f16.is_file()
         build(spec, "F16", out_dir, vocab_dir, nthread, verbose=verbose)
         try:
-            quantize(f16, path, qtype, nthread)
+            if qtype in LOWBIT_TYPES:
+                write_lowbit_model(f16, path, qtype)
+            else:
+                quantize(f16, path, qtype, nthread)
         finally:
             if not keep_f16 and not had_f16:
                 f16.unlink(missing_ok=True)

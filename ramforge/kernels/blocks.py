@@ -29,7 +29,7 @@ class Layout(NamedTuple):
     """Byte offsets of the fields of one block (-1: the type has no such field), and its size."""
 
     nbytes: int
-    d: int              # scale: f16 (Q8_K: f32)
+    d: int = -1         # scale: f16 (Q8_K: f32; MXFP4: u8 E8M0 exponent; IQ1_M: none, its f16 in the scales)
     m: int = -1         # f16 min (Q4_1, Q5_1) or super-block dmin (Q2_K, Q4_K, Q5_K)
     qh: int = -1        # high bits: u32 (Q5_0, Q5_1), u8[32] (Q5_K; Q3_K's hmask), u8[64] (Q6_K)
     qs: int = -1        # quants: nibbles, 2-bit fields, int8 or codebook indices (Q6_K: ql, the low 4 bits)
@@ -63,6 +63,11 @@ LAYOUTS: dict[GGMLType, Layout] = {
                     bias=-32),
     T.Q8_K: _layout(T.Q8_K, ("d", 4), ("qs", QK_K), ("bsums", QK_K // 8)),
     T.IQ4_XS: _layout(T.IQ4_XS, ("d", 2), ("scales", 2 + QK_K // 64), ("qs", QK_K // 2)),
+    T.MXFP4: _layout(T.MXFP4, ("d", 1), ("qs", 16)),
+    T.TQ2_0: _layout(T.TQ2_0, ("qs", QK_K // 4), ("d", 2), sub=16, bias=-1),
+    T.TQ1_0: _layout(T.TQ1_0, ("qs", 48), ("qh", QK_K // 64), ("d", 2), sub=16, bias=-1),
+    T.IQ1_S: _layout(T.IQ1_S, ("d", 2), ("qs", QK_K // 8), ("qh", QK_K // 16)),
+    T.IQ1_M: _layout(T.IQ1_M, ("qs", QK_K // 8), ("qh", QK_K // 16), ("scales", QK_K // 32), sub=16),
 }
 # names for the kernels: numba reads a global name as a constant, and prunes a `t == Q4_K` branch
 # where t is one too (an attribute, GGMLType.Q4_K, it does not)
@@ -72,6 +77,8 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_XS = T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q
 B_Q4_0, B_Q4_1, B_Q5_0, B_Q5_1, B_Q8_0, B_IQ4_NL = (LAYOUTS[t] for t in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL))
 B_Q2_K, B_Q3_K, B_Q4_K, B_Q5_K, B_Q6_K, B_Q8_K, B_IQ4_XS = (LAYOUTS[t] for t in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
                                                                               IQ4_XS))
+MXFP4, TQ1_0, TQ2_0, IQ1_S, IQ1_M = T.MXFP4, T.TQ1_0, T.TQ2_0, T.IQ1_S, T.IQ1_M
+B_MXFP4, B_TQ1_0, B_TQ2_0, B_IQ1_S, B_IQ1_M = (LAYOUTS[t] for t in (MXFP4, TQ1_0, TQ2_0, IQ1_S, IQ1_M))
 
 # IQ4_NL / IQ4_XS non-linear 4-bit codebook
 IQ4_KV = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -121,10 +128,14 @@ def _q8_k_chunk(c):      # the int8 quants as bytes
     return (B_Q8_K.qs + c * 32, 0, 255, 0, 0, 0, 0, 0)
 
 
+def _tq2_0_chunk(c):     # unsigned 0..3, as Q2_K's quants (the weight is q - 1)
+    return (B_TQ2_0.qs + c // 4 * 32, 2 * (c % 4), 3, 0, 0, 0, 0, 0)
+
+
 CHUNKS: dict[GGMLType, tuple[tuple[int, ...], ...]] = {
     t: tuple(f(c) for c in range(QK_K // 32))
     for t, f in ((Q2_K, _q2_k_chunk), (Q3_K, _q3_k_chunk), (Q4_K, _q4_k_chunk), (Q5_K, _q5_k_chunk),
-                 (Q6_K, _q6_k_chunk), (Q8_K, _q8_k_chunk))}
+                 (Q6_K, _q6_k_chunk), (Q8_K, _q8_k_chunk), (TQ2_0, _tq2_0_chunk))}
 
 
 @njit(cache=True, inline="always")
@@ -206,7 +217,7 @@ def _scales_fn(t):
                 sc, m = _q6_k_scale(raw, p, g), 0
             elif tid == IQ4_XS:
                 sc, m = _iq4_xs_scale(raw, p, g), 0
-            elif tid == Q8_K:
+            elif tid == Q8_K or tid == TQ2_0:
                 sc, m = 1, 0
             else:
                 raise ValueError("no sub-block scales for this ggml type")
@@ -218,6 +229,7 @@ def _scales_fn(t):
 _scales_q2_k, _scales_q3_k, _scales_q4_k = _scales_fn(Q2_K), _scales_fn(Q3_K), _scales_fn(Q4_K)
 _scales_q5_k, _scales_q6_k, _scales_q8_k, _scales_iq4_xs = (_scales_fn(Q5_K), _scales_fn(Q6_K), _scales_fn(Q8_K),
                                                            _scales_fn(IQ4_XS))
+_scales_tq2_0 = _scales_fn(TQ2_0)
 
 
 @njit(cache=True, inline="always")
@@ -238,6 +250,8 @@ def _row_scales(t, raw, p, b, isc, imn, wd, wm):
         _scales_q8_k(raw, p, b, isc, imn, wd, wm)
     elif t == IQ4_XS:
         _scales_iq4_xs(raw, p, b, isc, imn, wd, wm)
+    elif t == TQ2_0:
+        _scales_tq2_0(raw, p, b, isc, imn, wd, wm)
     else:
         raise ValueError("no sub-block scales for this ggml type")
 

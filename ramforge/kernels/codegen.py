@@ -16,7 +16,8 @@ from ramforge.gguf.constants import GGMLType
 from .blocks import CHUNKS, LAYOUTS
 from .llvmir import (I8, I16, I32, I64, dot_lanes, fma_fn, half_to_float, has_vnni, hsum8, native_half, pair_lanes,
                      reduce_add, splat)
-from .variants import GROUPS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN, Q8_1_SUM, SCALAR_FMA, TILED
+from .variants import (GROUPS, IQ1_DELTA, IQ1_DLANES, IQ1_MINS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN,
+                       Q8_1_SUM, SCALAR_FMA, TILED)
 
 
 def _row_codegen(context, builder, variant, p, wsrc, n_sb):
@@ -26,7 +27,8 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     weights of its chunk c (element e of the row)."""
     sub, nsub, mins, mode, offset, grp = variant
     scaled = nsub > 1
-    unsigned = mins != NO_MIN or offset != 0      # types with mins or an offset store quants >= 0
+    unsigned = mins not in (NO_MIN,) + IQ1_MINS or offset != 0      # types with mins or an offset store quants >= 0
+    iq1 = mins in IQ1_MINS                        # quants 8*grid + delta8, split per chunk (LANES only)
     vt = ir.VectorType(I8, 32)
     l8, f8, f32 = ir.VectorType(I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
     ap, sp, mp, dap, map_, bp = (p[k] for k in ("aq", "isc", "imn", "ad", "am", "bsum"))
@@ -55,19 +57,29 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     def c64(v):
         return ir.Constant(I64, v)
 
+    def lane_of(v, i):
+        return builder.extract_element(v, ir.Constant(I32, i))
+
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
         e0 = builder.mul(b, c64(sub * nsub))
         k0 = builder.mul(b, c64(nsub))
         da = at(dap, b)
-        d = builder.fmul(da, w_d(b))
+        wdb = builder.fmul(w_d(b), ir.Constant(f32, 8.0)) if iq1 else w_d(b)     # IQ1: wd = d / 8
+        d = builder.fmul(da, wdb)
         dmin = builder.fneg(builder.fmul(da, w_m(b)))
         iacc = ir.Constant(l8, [0] * 8)
+        dacc = ir.Constant(l8, [0] * 8)            # IQ1: the delta8 lanes
         chunks = sub * nsub // 32
         for c in range(chunks):                    # 32-element chunks
             e = builder.add(e0, c64(32 * c))
             va = w_vec(b, e, c) if shifted is None else shifted[0](b, e, c)
             vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
+            if iq1:                                # grid = (w + 4) >> 3, delta8 = w - 8*grid
+                grid = builder.ashr(builder.add(va, ir.Constant(vt, [4] * 32)), ir.Constant(vt, [3] * 32))
+                dpart = dot_lanes(context, builder, builder.sub(va, builder.shl(grid, ir.Constant(vt, [3] * 32))),
+                                  vb)
+                va = grid
             part = dot_lanes(context, builder, va, vb, unsigned or shifted is not None)
             if shifted is not None and mode == LANES:        # + c * (a's sums per lane of 4)
                 ones = dot_lanes(context, builder, ir.Constant(vt, [1] * 32), vb, True)
@@ -78,6 +90,8 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                 scale = sv[0] if sub == 32 else builder.shuffle_vector(
                     sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
                 part = builder.mul(part, scale)
+                if iq1:
+                    dacc = builder.add(dacc, builder.mul(dpart, scale))
             iacc = builder.add(iacc, part)
             if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group
                 g = (c + 1) * 32 // grp - 1
@@ -139,6 +153,11 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                 ml = pair_lanes(builder, builder.mul(ivec(mp, k0, 8), ivec(bp, k0, 8)))
                 ml = builder.shuffle_vector(ml, ml, ir.Constant(l8, [0, 1, 2, 3, 0, 1, 2, 3]))
                 builder.store(builder.call(fma8, [splat(builder, dmin, f8), builder.sitofp(ml, f8), m]), macc)
+            elif mins == IQ1_DELTA:                # IQ1_S: accum1 += d * sumi1 (lane 0)
+                m0 = fmaf(d, builder.sitofp(reduce_add(builder, dacc), f32), lane_of(m, 0))
+                builder.store(builder.insert_element(m, m0, ir.Constant(I32, 0)), macc)
+            elif mins == IQ1_DLANES:               # IQ1_M: accum2 = fma(d, sumi2, accum2), 8 lanes
+                builder.store(builder.call(fma8, [splat(builder, d, f8), builder.sitofp(dacc, f8), m]), macc)
 
     def lane(v, i):
         return builder.extract_element(v, ir.Constant(I32, i))
@@ -158,6 +177,10 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     elif mins == K_MIN4:                           # (m0 + m2) + (m1 + m3)
         r = builder.fadd(r, builder.fadd(builder.fadd(lane(m, 0), lane(m, 2)),
                                          builder.fadd(lane(m, 1), lane(m, 3))))
+    elif mins in IQ1_MINS:                         # hsum + IQ1*_DELTA * accum1 (or hsum of accum2)
+        acc1 = lane(m, 0) if mins == IQ1_DELTA else hsum8(builder, m)
+        r = fmaf(ir.Constant(f32, 0.125), acc1, r) if SCALAR_FMA else \
+            builder.fadd(r, builder.fmul(ir.Constant(f32, 0.125), acc1))
     return r
 
 

@@ -19,8 +19,10 @@ from numba import njit
 
 from ramforge.gguf.constants import GGML_BLOCK, QK_K
 
-from .blocks import (B_IQ4_XS, BF16, CHUNKS, F16, F32, IQ4_KV_F32, IQ4_NL, IQ4_XS, LAYOUTS, Q2_K, Q3_K, Q4_0, Q4_1,
-                     Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q8_K, _chunk_quant, _high_bit, _iq4_xs_scale, _nibble, _row_scales)
+from .blocks import (B_IQ4_XS, BF16, CHUNKS, F16, F32, IQ1_M, IQ1_S, IQ4_KV_F32, IQ4_NL, IQ4_XS, LAYOUTS, MXFP4, Q2_K,
+                     Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q8_K, TQ1_0, TQ2_0, _chunk_quant, _high_bit,
+                     _iq4_xs_scale, _nibble, _row_scales)
+from .lowbit import _dequant_iq1_m, _dequant_iq1_s, _dequant_mxfp4, _dequant_tq1_0
 from .scalars import _bits_to_f32, _f16_at_int, _f32_at, _u16, _u32
 
 _f16 = _f16_at_int      # f16 -> f32 with NaN payloads kept, as numpy (gguf-py's oracle) widens
@@ -85,7 +87,7 @@ def _dequant_int8(t):
 def _dequant_k(t):
     """The kernel of a bit-packed K-quant: per sub-block of L.sub quants, sc and m its integer scale
     and min (blocks._row_scales), q its chunk bit fields (+ bias): y = (d*sc)*q - (dmin*m) (Q2_K,
-    Q4_K, Q5_K), (d*sc)*q (Q3_K, Q6_K)."""
+    Q4_K, Q5_K), (d*sc)*q (Q3_K, Q6_K; TQ2_0: sc = 1)."""
     L, chunks, tid, has_m = LAYOUTS[t], CHUNKS[t], int(t), LAYOUTS[t].m >= 0
 
     @njit(cache=True)
@@ -130,6 +132,7 @@ _dequant_q5_1, _dequant_iq4_nl = _dequant_32(Q5_1), _dequant_32(IQ4_NL)
 _dequant_q8_0, _dequant_q8_k = _dequant_int8(Q8_0), _dequant_int8(Q8_K)
 _dequant_q2_k, _dequant_q3_k, _dequant_q4_k = _dequant_k(Q2_K), _dequant_k(Q3_K), _dequant_k(Q4_K)
 _dequant_q5_k, _dequant_q6_k = _dequant_k(Q5_K), _dequant_k(Q6_K)
+_dequant_tq2_0 = _dequant_k(TQ2_0)
 
 
 @njit(cache=True, inline="always")
@@ -168,5 +171,15 @@ def _dequant_any(t, out, raw, first_block, n_blocks):
         _dequant_q8_k(out, raw, first_block, n_blocks)
     elif t == IQ4_XS:
         _dequant_iq4_xs(out, raw, first_block, n_blocks)
+    elif t == MXFP4:
+        _dequant_mxfp4(out, raw, first_block, n_blocks)
+    elif t == TQ2_0:
+        _dequant_tq2_0(out, raw, first_block, n_blocks)
+    elif t == TQ1_0:
+        _dequant_tq1_0(out, raw, first_block, n_blocks)
+    elif t == IQ1_S:
+        _dequant_iq1_s(out, raw, first_block, n_blocks)
+    elif t == IQ1_M:
+        _dequant_iq1_m(out, raw, first_block, n_blocks)
     else:
         raise ValueError("no dequantization kernel for this ggml type")

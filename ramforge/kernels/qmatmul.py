@@ -120,7 +120,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                 wq = np.empty(group * n_in, dtype=np.int8)     # the group's unpacked rows
                 lanes = np.empty(24, dtype=np.float32)          # plain-loop scratch
                 yrow = np.empty(8, dtype=np.float32)            # an 8-row kernel's results
-                ilane = np.empty(8, dtype=np.int64)
+                ilane = np.empty(16, dtype=np.int64)
                 for r0 in range(_bound(c, n_out, n_chunks), r_end, group):
                     nr = min(group, r_end - r0)
                     for i in range(nr):

@@ -12,8 +12,9 @@ from typing import Callable
 from ramforge.errors import UnsupportedType
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 from ramforge.kernels import decode as _dq
+from ramforge.kernels import lowbit as _lb
 from ramforge.kernels import unpack as _up
-from ramforge.kernels.variants import K_LANES, K_MIN4, K_SUM, Q8_1_SUM, QDot
+from ramforge.kernels.variants import IQ1_DELTA, IQ1_DLANES, K_LANES, K_MIN4, K_SUM, Q8_1_SUM, QDot
 
 
 class ActType(Enum):
@@ -78,6 +79,12 @@ REGISTRY: dict[GGMLType, QuantKernels] = _table(
     QuantKernels(T.Q8_K, _dq._dequant_q8_k, A.Q8_K, Q(_up._unpack_q8_k, 32, raw=T.Q8_K)),
     QuantKernels(T.IQ4_NL, _dq._dequant_iq4_nl, A.Q8_0, Q(_up._unpack_iq4_nl, 32, repack=(32, 32), lanes2=True)),
     QuantKernels(T.IQ4_XS, _dq._dequant_iq4_xs, A.Q8_K, Q(_up._unpack_iq4_xs, 32, tiled=True)),
+    QuantKernels(T.MXFP4, _lb._dequant_mxfp4, A.Q8_0,
+                 Q(_up._unpack_mxfp4, 32, repack=(32, 32), lanes2=True, vec_dot_only=True)),
+    QuantKernels(T.TQ2_0, _dq._dequant_tq2_0, A.Q8_K, Q(_up._unpack_tq2_0, 16, offset=1, raw=T.TQ2_0)),
+    QuantKernels(T.TQ1_0, _lb._dequant_tq1_0, A.Q8_K, Q(_lb._unpack_tq1_0, 16, offset=1)),
+    QuantKernels(T.IQ1_S, _lb._dequant_iq1_s, A.Q8_K, Q(_lb._unpack_iq1_s, 32, IQ1_DELTA, tiled=True)),
+    QuantKernels(T.IQ1_M, _lb._dequant_iq1_m, A.Q8_K, Q(_lb._unpack_iq1_m, 16, IQ1_DLANES, tiled=True)),
 )
 del T, A, Q
 

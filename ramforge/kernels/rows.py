@@ -17,8 +17,8 @@ from numba.extending import intrinsic
 from .codegen import _raw_source, _row_codegen, _rows8_codegen
 from .llvmir import I8, I64, dtypes_are
 from .scalars import _fma
-from .variants import (_ROWS8, GROUPS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, Q8_1_SUM, RAW_ROWS, SCALAR_FMA,
-                       SPECS, TILED, RawRow, Variant)
+from .variants import (_ROWS8, GROUPS, IQ1_DELTA, IQ1_DLANES, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, Q8_1_SUM,
+                       RAW_ROWS, SCALAR_FMA, SPECS, TILED, RawRow, Variant)
 
 _SPEC_ARR = np.array([SPECS[v] for v in Variant], dtype=np.int64)     # i64[n_variants, 6], by Variant
 _F32_ARGS = (types.int8, types.int8, types.int32, types.int32, types.float32, types.float32, types.float32,
@@ -116,27 +116,37 @@ def _vrows8(typingctx, vid, wq, wo, n_in, aq, ao, isc, imn, io, n_sub, wd, wm, s
 
 @njit(cache=True)
 def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, vid, lanes, ilane):
-    # the plain-loop twin of _vrow for variant vid, op for op (scratch: lanes f32[24], ilane i64[8])
+    # the plain-loop twin of _vrow for variant vid, op for op (scratch: lanes f32[24], ilane i64[16])
     if vid < 0 or vid >= len(_SPEC_ARR):
         raise ValueError("unknown arithmetic variant")
     sub, nsub, mins, mode, offset, grp = _SPEC_ARR[vid]
-    lanes[:] = 0                # [0:8] the dot lanes, [8:16] odd blocks (LANES2), [16:24] mins
+    iq1 = mins == IQ1_DELTA or mins == IQ1_DLANES   # quants 8*grid + delta8: split (LANES)
+    lanes[:] = 0                # [0:8] the dot lanes, [8:16] odd blocks (LANES2), [16:24] mins (IQ1: delta)
     sacc = np.float32(0.0)
     for b in range(n_sb):
         k0 = b * nsub
         da = ad[to + b]
-        d = da * wd[so + b]
+        d = da * (wd[so + b] * np.float32(8.0) if iq1 else wd[so + b])
         dmin = -(da * wm[so + b])
-        ilane[:] = 0
+        ilane[:] = 0            # [0:8] the integer lanes, [8:16] IQ1's delta8 lanes
         for c in range(sub * nsub // 32):
             for h in range(32 // sub):              # the chunk's sub-blocks
                 sc = np.int64(isc[io + k0 + (32 * c) // sub + h])
                 e0 = b * sub * nsub + 32 * c + h * sub
                 for i in range(h * sub, (h + 1) * sub, 4):
                     q = np.int64(0)
+                    dq = np.int64(0)
                     for u in range(4):
-                        q += np.int64(wq[wo + e0 + i - h * sub + u]) * np.int64(aq[ao + e0 + i - h * sub + u])
+                        w = np.int64(wq[wo + e0 + i - h * sub + u])
+                        a = np.int64(aq[ao + e0 + i - h * sub + u])
+                        if iq1:
+                            g = (w + 4) >> 3
+                            q += g * a
+                            dq += (w - 8 * g) * a
+                        else:
+                            q += w * a
                     ilane[i >> 2] += sc * q
+                    ilane[8 + (i >> 2)] += sc * dq
             if offset:
                 kk = io + k0 + 2 * c
                 corr = offset * (np.int64(bsum[bo + k0 + 2 * c]) * isc[kk] +
@@ -144,7 +154,7 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
                 ilane[c % 8 if mode == LANES else 0] -= corr
             if mode == GROUPS and (c + 1) * 32 % grp == 0:
                 g = (c + 1) * 32 // grp - 1
-                sacc = _fma(np.float32(ilane.sum()), d, sacc)
+                sacc = _fma(np.float32(ilane[:8].sum()), d, sacc)
                 ilane[:] = 0
                 if mins == K_MINS:
                     gs = grp // sub
@@ -156,13 +166,13 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
         for j in range(k0, k0 + nsub):
             msum += np.int64(imn[io + j]) * np.int64(bsum[bo + j])
         if mode == TILED:
-            r = np.float32(ilane.sum()) * wd[so + b]
+            r = np.float32(ilane[:8].sum()) * wd[so + b]
             if mins == K_MINS:
                 r = _fma(-wm[so + b], np.float32(msum), r)
             sacc = _fma(r, da, sacc)
         elif mode == LANES2:
             if (b | 1) == n_sb:         # an odd count's last block: a scalar fma after the hsum
-                sacc = np.float32(ilane.sum())
+                sacc = np.float32(ilane[:8].sum())
                 lanes[16] = d
             else:
                 for k in range(8):
@@ -186,6 +196,11 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
                     ml = np.int64(imn[io + k0 + 2 * k]) * bsum[bo + k0 + 2 * k] + \
                         np.int64(imn[io + k0 + 2 * k + 1]) * bsum[bo + k0 + 2 * k + 1]
                     lanes[16 + k] = _fma(dmin, np.float32(ml), lanes[16 + k])
+            elif mins == IQ1_DELTA:
+                lanes[16] = _fma(d, np.float32(ilane[8:16].sum()), lanes[16])
+            elif mins == IQ1_DLANES:
+                for k in range(8):
+                    lanes[16 + k] = _fma(d, np.float32(ilane[8 + k]), lanes[16 + k])
     if mode == GROUPS:
         return sacc - lanes[16] if mins == K_MINS else sacc
     if mode == TILED:
@@ -200,5 +215,9 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
         r += lanes[16]
     elif mins == K_MIN4:
         r += (lanes[16] + lanes[18]) + (lanes[17] + lanes[19])
+    elif mins == IQ1_DELTA or mins == IQ1_DLANES:
+        acc1 = lanes[16] if mins == IQ1_DELTA else \
+            ((lanes[16] + lanes[20]) + (lanes[18] + lanes[22])) + ((lanes[17] + lanes[21]) + (lanes[19] + lanes[23]))
+        r = _fma(np.float32(0.125), acc1, r) if SCALAR_FMA else r + np.float32(0.125) * acc1
     return r
 

@@ -15,9 +15,11 @@ from numba.extending import intrinsic
 
 from ramforge.gguf.constants import QK_K
 
-from .blocks import (CHUNKS, IQ4_KV, IQ4_KV_I8, IQ4_NL, IQ4_XS, LAYOUTS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1,
-                     Q5_K, Q6_K, Q8_0, Q8_K, _high_bit, _nibble, _row_scales)
+from .blocks import (CHUNKS, IQ1_M, IQ1_S, IQ4_KV, IQ4_KV_I8, IQ4_NL, IQ4_XS, LAYOUTS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1,
+                     Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q8_K, TQ1_0, TQ2_0, _high_bit, _nibble, _row_scales)
 from .llvmir import I8, I32, dtypes_are, ptr, splat
+from .lowbit import _unpack_iq1_m, _unpack_iq1_s, _unpack_tq1_0
+from .lowbit_tables import E8M0_HALF, KVALUES_MXFP4, KVALUES_MXFP4_I8
 from .scalars import _f16_at, _u32
 
 # ---------------------------------------------------------------- vector primitives
@@ -34,11 +36,11 @@ def _lookup16(builder, table, idx):
     return out
 
 
-def _make_nib(mode):
+def _make_nib(mode, kv=IQ4_KV):
     @intrinsic
     def _vnib(typingctx, dst, do, src, so, c, qh):
         """16 bytes at src[so] -> dst[do:do+32]: low nibbles then high nibbles, in one 32-byte store;
-        mode "qh": + ((qh >> i) & 1) << 4 (Q5_0/Q5_1); then + c; mode "kv": dst = KV[nibble]."""
+        mode "qh": + ((qh >> i) & 1) << 4 (Q5_0/Q5_1); then + c; mode "kv": dst = kv[nibble]."""
         def codegen(context, builder, sig, args):
             v16, v32, w32 = ir.VectorType(I8, 16), ir.VectorType(I8, 32), ir.VectorType(I32, 32)
             v = builder.load(ptr(context, builder, sig.args[2], args[2], args[3], v16), align=1)
@@ -47,7 +49,7 @@ def _make_nib(mode):
             if mode == "kv":
                 # two 16-byte lookups, each one variable shuffle (pshufb / tbl), stored apart: joined
                 # into one vector, LLVM sees a 32-lane gather from two index vectors and scalarizes it
-                table = ir.Constant(v16, [ir.Constant(I8, x & 0xFF) for x in IQ4_KV])
+                table = ir.Constant(v16, [ir.Constant(I8, x & 0xFF) for x in kv])
                 p = ptr(context, builder, sig.args[0], args[0], args[1], v16)
                 builder.store(_lookup16(builder, table, lo), p, align=1)
                 builder.store(_lookup16(builder, table, hi), builder.gep(p, [ir.Constant(I32, 1)]), align=1)
@@ -67,6 +69,7 @@ def _make_nib(mode):
 
 
 _vnib, _vnib_qh, _vnib_kv = _make_nib("plain"), _make_nib("qh"), _make_nib("kv")
+_vnib_mx = _make_nib("kv", KVALUES_MXFP4)
 
 
 @intrinsic
@@ -131,24 +134,37 @@ def _nib32_kv(vec, wq, y, raw, o):
         wq[y + j] = IQ4_KV_I8[_nibble(raw, o, j)]
 
 
+@njit(cache=True, inline="always")
+def _nib32_mx(vec, wq, y, raw, o):
+    # as _nib32, through MXFP4's doubled e2m1 values
+    if vec:
+        _vnib_mx(wq, y, raw, o, 0, 0)
+        return
+    for j in range(32):
+        wq[y + j] = KVALUES_MXFP4_I8[_nibble(raw, o, j)]
+
+
 # ---------------------------------------------------------------- rows, by type
 
 def _unpack_32(t):
     """The unpacker of a 32-element type (a block is a "super-block"): wd = d, wm = m (Q4_1, Q5_1),
     isc = 1; quants with the bias applied (Q4_0: q - 8, Q5_0: q - 16), int8 (Q8_0) or codebook
-    values (IQ4_NL)."""
+    values (IQ4_NL; MXFP4, whose wd is its E8M0 scale halved)."""
     L, kv, q8, has_m, has_qh = LAYOUTS[t], t == IQ4_NL, t == Q8_0, LAYOUTS[t].m >= 0, LAYOUTS[t].qh >= 0
+    mx = t == MXFP4
 
     @njit(cache=True)
     def unpack(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
         for b in range(n_sb):
             p = o + b * L.nbytes
-            wd[b] = _f16_at(raw, p + L.d)
+            wd[b] = E8M0_HALF[raw[p + L.d]] if mx else _f16_at(raw, p + L.d)
             if has_m:
                 wm[b] = _f16_at(raw, p + L.m)
             isc[b] = 1
             if kv:
                 _nib32_kv(vec, wq, b * 32, raw, p + L.qs)
+            elif mx:
+                _nib32_mx(vec, wq, b * 32, raw, p + L.qs)
             elif q8:
                 _bits(vec, wq, b * 32, raw, p + L.qs, 0, 255, raw, p, 0, 0, 0, 0)
             elif has_qh:
@@ -182,7 +198,7 @@ _unpack_q4_0, _unpack_q4_1, _unpack_q5_0 = _unpack_32(Q4_0), _unpack_32(Q4_1), _
 _unpack_q5_1, _unpack_q8_0, _unpack_iq4_nl = _unpack_32(Q5_1), _unpack_32(Q8_0), _unpack_32(IQ4_NL)
 _unpack_q2_k, _unpack_q3_k, _unpack_q4_k = _unpack_k(Q2_K), _unpack_k(Q3_K), _unpack_k(Q4_K)
 _unpack_q5_k, _unpack_q6_k, _unpack_q8_k = _unpack_k(Q5_K), _unpack_k(Q6_K), _unpack_k(Q8_K)
-_unpack_iq4_xs = _unpack_k(IQ4_XS)
+_unpack_iq4_xs, _unpack_mxfp4, _unpack_tq2_0 = _unpack_k(IQ4_XS), _unpack_32(MXFP4), _unpack_k(TQ2_0)
 
 
 @njit(cache=True, inline="always")
@@ -215,5 +231,15 @@ def _unpack_row(t, vec, raw, o, n_sb, wq, isc, imn, wd, wm):
         _unpack_q8_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
     elif t == IQ4_XS:
         _unpack_iq4_xs(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == MXFP4:
+        _unpack_mxfp4(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == TQ2_0:
+        _unpack_tq2_0(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == TQ1_0:
+        _unpack_tq1_0(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ1_S:
+        _unpack_iq1_s(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ1_M:
+        _unpack_iq1_m(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
     else:
         raise ValueError("no row unpacker for this ggml type")

@@ -37,10 +37,14 @@ class Mins(IntEnum):
     K_MIN4 = 3        # Q4_K: 4 f32 lanes of min pairs, fma'd, summed, added
     K_LANES = 4       # Q2_K: 8 lanes of min pairs fma'd into the main lanes before the dot
     K_MINS = 5        # GROUPS / TILED modes: the type has mins
+    IQ1_DELTA = 6     # IQ1_S: unpacked quants are 8*grid + delta8; the grid lanes as LANES with d = d_a * 8*wd,
+    #                   the delta8 sums (an integer per super-block) fma'd with d into a scalar, + 1/8 of it
+    IQ1_DLANES = 7    # IQ1_M: as IQ1_DELTA, the delta8 sums in 8 lanes of their own, + 1/8 of their hsum
 
 
 LANES, LANES2, GROUPS, TILED = Mode
-NO_MIN, Q8_1_SUM, K_SUM, K_MIN4, K_LANES, K_MINS = Mins
+NO_MIN, Q8_1_SUM, K_SUM, K_MIN4, K_LANES, K_MINS, IQ1_DELTA, IQ1_DLANES = Mins
+IQ1_MINS = (IQ1_DELTA, IQ1_DLANES)           # signed quants, split into grid and delta in registers
 SCALAR_FMA = True    # llama.cpp's scalar `summs += a * b` is contracted to an fma (GCC, -march=native)
 TILED_FROM = 8       # llama.cpp's tiled K-quant matmul takes batches of at least this many tokens
 
@@ -80,6 +84,9 @@ class Variant(IntEnum):
     K16_TILED_MINS = 16     # Q2_K 8+ tokens
     K16_GROUPS128 = 17      # Q2_K repacked gemm
     K16_GROUPS256 = 18      # Q2_K repacked gemv
+    K16_LANES_OFF1 = 19     # TQ1_0, TQ2_0
+    K32_LANES_IQ1S = 20     # IQ1_S (8+ tokens: K32_TILED)
+    K16_LANES_IQ1M = 21     # IQ1_M (8+ tokens: K16_TILED)
 
 
 V = Variant
@@ -103,6 +110,9 @@ SPECS: dict[Variant, Spec] = {
     V.K16_TILED_MINS: Spec(16, 16, K_MINS, TILED, 0, 0),
     V.K16_GROUPS128: Spec(16, 16, K_MINS, GROUPS, 0, 128),
     V.K16_GROUPS256: Spec(16, 16, K_MINS, GROUPS, 0, 256),
+    V.K16_LANES_OFF1: Spec(16, 16, NO_MIN, LANES, 1, 0),
+    V.K32_LANES_IQ1S: Spec(32, 8, IQ1_DELTA, LANES, 0, 0),
+    V.K16_LANES_IQ1M: Spec(16, 16, IQ1_DLANES, LANES, 0, 0),
 }
 _VARIANTS: tuple[Spec, ...] = tuple(SPECS[v] for v in Variant)       # by Variant value
 _VARIANT_ID: dict[tuple, Variant] = {s: v for v, s in SPECS.items()}
@@ -133,6 +143,7 @@ class RawRow(IntEnum):
     Q5_K_LANES = 11
     Q6_K_LANES = 12
     Q8_K_LANES = 13
+    TQ2_0_LANES = 14
 
 
 _G, R = GGMLType, RawRow
@@ -144,6 +155,7 @@ RAW_ROWS: dict[RawRow, tuple[GGMLType, Variant]] = {
     R.Q3_K_LANES: (_G.Q3_K, V.K16_LANES), R.Q4_K_LANES: (_G.Q4_K, V.K32_LANES_KMIN4),
     R.Q4_K_GROUPS256: (_G.Q4_K, V.K32_GROUPS256), R.Q5_K_LANES: (_G.Q5_K, V.K32_LANES_KSUM),
     R.Q6_K_LANES: (_G.Q6_K, V.K16_LANES_OFF32), R.Q8_K_LANES: (_G.Q8_K, V.K32_LANES),
+    R.TQ2_0_LANES: (_G.TQ2_0, V.K16_LANES_OFF1),
 }
 del _G, R
 _RAW_ROWS: tuple[tuple[GGMLType, Variant], ...] = tuple(RAW_ROWS[r] for r in RawRow)
@@ -164,8 +176,10 @@ class QDot:
     float scales wd and wm; weight = wd*isc*(wq - offset) [- wm*imn]. The rest says which
     arithmetic llama.cpp's x86 backend uses: `mins` in its vec_dot; `repack`: the (gemm, gemv)
     group sizes when it repacks the type (rows a multiple of 8; gemm for whole groups of 4
-    tokens); `tiled`: batches of TILED_FROM+ tokens go to its tiled matmul. `raw`: the block
-    layout (a type) that one-token matmuls read packed, or None to unpack first."""
+    tokens); `tiled`: batches of TILED_FROM+ tokens go to its tiled matmul; `lanes2`: one token
+    takes the LANES2 vec_dot (more take tinyBLAS's LANES), every batch size where `vec_dot_only`
+    (no tinyBLAS for the type). `raw`: the block layout (a type) that one-token matmuls read
+    packed, or None to unpack first."""
 
     unpack: object
     sub: int
@@ -175,12 +189,13 @@ class QDot:
     offset: int = 0
     lanes2: bool = False
     raw: GGMLType | None = None
+    vec_dot_only: bool = False
 
     def variants(self, sb: int, n_out: int, n_tok: int) -> tuple[Variant, Variant, int]:
         """(variant for tokens < split, variant for the rest, split) for super-blocks of sb elements,
         n_out rows and n_tok tokens."""
         nsub = sb // self.sub
-        has_min = self.mins not in (NO_MIN, Q8_1_SUM)
+        has_min = self.mins in (K_SUM, K_MIN4, K_LANES)
         if self.repack and n_out % 8 == 0:
             gemm, gemv = self.repack
             m = K_MINS if has_min else NO_MIN
@@ -188,7 +203,7 @@ class QDot:
                     _VARIANT_ID[(self.sub, nsub, m, GROUPS, self.offset, gemv)], n_tok - n_tok % 4)
         if self.tiled and n_tok >= TILED_FROM:
             v = _VARIANT_ID[(self.sub, nsub, K_MINS if has_min else NO_MIN, TILED, self.offset, 0)]
-        elif self.lanes2 and n_tok == 1:
+        elif self.lanes2 and (n_tok == 1 or self.vec_dot_only):
             v = _VARIANT_ID[(self.sub, nsub, self.mins, LANES2, self.offset, 0)]
         else:
             v = _VARIANT_ID[(self.sub, nsub, self.mins, LANES, self.offset, 0)]
