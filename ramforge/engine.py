@@ -18,12 +18,12 @@ from .gguf.constants import Keys
 from .gguf.reader import GGUFFile
 from .jit import Stopwatch
 from .kernels.matmul import batch_view
-from .kernels.ops import rms_norm
+from .kernels.ops import rms_norm, softcap
 from .memory import MemoryBudget
 from .memory.kv_cache import KVCache
 from .models import ALIASES, ARCHITECTURES
 from .models.config import HParams
-from .models.config import MOE_ARCHS
+from .models.config import MOE_ARCHS, SOFTCAPS
 from .models.weights import ModelError, gguf_name, layer_tensors
 from .plan import UBATCH, Plan, n_vocab_of, plan_for_budget, state_shapes
 from .profiling import PROFILE, PassRecord
@@ -31,28 +31,30 @@ from .stream.io import IOMode
 from .stream.weights import Weights
 
 
+# architectures whose llama.cpp graph reads {arch}.attention.sliding_window (phi3's turns it off again:
+# models/phi3.py attends to the whole context, as llama.cpp does)
+SLIDING_WINDOW_ARCHS = frozenset({"gemma3", "gemma2", "phi3", "gpt-oss"})
+
+
 def _refuse_unsupported_keys(md: dict, arch: str) -> dict:
     """Metadata that would change the math but that ramforge does not implement, refused by name."""
     def get(t):
         return md.get(Keys.of(t, arch))
 
-    scaling = get(Keys.ROPE_SCALING_TYPE)
-    if scaling not in (None, "none"):
-        raise UnsupportedArch(f"{Keys.of(Keys.ROPE_SCALING_TYPE, arch)} = {scaling!r}: RoPE scaling is not supported")
-    factor = get(Keys.ROPE_SCALING_FACTOR)
-    if factor not in (None, 0.0, 1.0):
-        raise UnsupportedArch(f"{Keys.of(Keys.ROPE_SCALING_FACTOR, arch)} = {factor}: RoPE scaling is not supported")
     group = get(Keys.EXPERT_GROUP_COUNT)
     if group is not None and np.isscalar(group) and group > 1:
         raise UnsupportedArch(f"{Keys.of(Keys.EXPERT_GROUP_COUNT, arch)} = {group}: grouped expert routing is "
                               f"not supported")
     moe = () if arch in MOE_ARCHS else (Keys.EXPERT_COUNT,)     # experts run only where the forward pass has them
-    for t in (*moe, "{arch}.attn_logit_softcapping", "{arch}.final_logit_softcapping",
+    caps = SOFTCAPS.get(arch)                                   # soft-caps only where the graph applies them
+    capped = () if caps is None else tuple(t for t, d in ((Keys.ATTN_LOGIT_SOFTCAPPING, caps.attn),
+                                                          (Keys.FINAL_LOGIT_SOFTCAPPING, caps.final)) if d is not None)
+    for t in (*moe, *(t for t in (Keys.ATTN_LOGIT_SOFTCAPPING, Keys.FINAL_LOGIT_SOFTCAPPING) if t not in capped),
               "{arch}.rope.dimension_sections", "{arch}.attention.sliding_window_pattern"):
         v = md.get(Keys.of(t, arch))
         if v is not None and not (np.isscalar(v) and v == 0):
             raise UnsupportedArch(f"{Keys.of(t, arch)} = {v!r} is not supported by ramforge's {arch} forward pass")
-    if arch not in ("gemma3", "gpt-oss") and get(Keys.SLIDING_WINDOW):
+    if arch not in SLIDING_WINDOW_ARCHS and get(Keys.SLIDING_WINDOW):
         raise UnsupportedArch(f"{Keys.of(Keys.SLIDING_WINDOW, arch)} is not supported for {arch}")
     extra = {}
     base_swa = md.get(f"{arch}.rope.freq_base_swa")
@@ -304,7 +306,8 @@ class Engine:
         s = self.state
         n = rows.stop - rows.start
         rms_norm(s.hn[:n], s.x[rows], self.weights.output_norm.data, self.hp.rms_eps)
-        return self.weights.output_rows(np.empty((n, self.hp.n_vocab), np.float32), s.hn[:n])
+        logits = self.weights.output_rows(np.empty((n, self.hp.n_vocab), np.float32), s.hn[:n])
+        return softcap(logits, self.hp.final_softcap) if self.hp.final_softcap else logits
 
     def generate(self, prompt: list[int], max_tokens: int, sampler=None, stop_on_eog: bool = True,
                  reuse_prefix: bool = False) -> Iterator[int]:

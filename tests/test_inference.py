@@ -15,6 +15,7 @@ import pytest
 
 from ramforge.engine import Engine
 from ramforge.errors import ContextLengthExceeded, RamforgeError, UnsupportedArch
+from ramforge.models.config import ConfigError
 from ramforge.models.weights import ModelError
 from tools.oracle_report import compare, model_path, records
 
@@ -118,7 +119,7 @@ def tiny(request):
 def test_unsupported_architecture_is_named(tmp_path, tiny):
     gguf = pytest.importorskip("gguf")
     p = _edit(tmp_path, tiny, kv={"general.architecture": ("bert", gguf.GGUFValueType.STRING)})
-    with pytest.raises(UnsupportedArch, match=r"'bert'.*executable: gemma3, llama, qwen2, qwen2moe, qwen3, qwen3moe"):
+    with pytest.raises(UnsupportedArch, match=r"'bert'.*executable: gemma2, gemma3, llama, qwen2, qwen2moe, qwen3, qwen3moe"):
         Engine.load(p)
 
 
@@ -138,14 +139,49 @@ def test_unknown_tensor_is_refused(tmp_path, tiny):
     ("llama.attention.head_count", 0, "head_count is 0"),
     ("llama.attention.head_count_kv", 3, "must be positive and divide"),
     ("llama.embedding_length", 128, "expected"),
-    ("llama.rope.scaling.type", "linear", "RoPE scaling"),
+    ("llama.rope.scaling.type", "ntk", r"'ntk' is not a RoPE scaling ramforge reproduces; reproduced: none, "
+                                       r"linear, yarn, longrope"),
+    ("llama.rope.scaling.type", "longrope", "reproduced only for phi3, not llama"),
+    ("llama.rope.scaling.factor", -2.0, r"llama.rope.scaling.factor = -2.0: .* must be positive"),
+    ("llama.rope.scale_linear", -1.0, r"llama.rope.scale_linear = -1.0: .* must be positive"),
+    ("llama.rope.scaling.attn_factor", 0.0, r"llama.rope.scaling.attn_factor = 0.0: must be positive"),
+    ("llama.rope.scaling.original_context_length", 0, "original_context_length = 0.0: must be a positive"),
+    ("llama.rope.scaling.yarn_beta_fast", 0.5, r"yarn_beta_fast = 0.5 is below llama.rope.scaling.yarn_beta_slow"),
+    ("llama.rope.scaling.yarn_beta_slow", -1.0, r"yarn_beta_slow = -1.0: must be positive"),
+    ("llama.rope.scaling.yarn_ext_factor", 2.0, r"yarn_ext_factor = 2.0: must be in \[0, 1\]"),
 ])
 def test_bad_hyperparameters(tmp_path, tiny, key, value, needle):
     gguf = pytest.importorskip("gguf")
-    vt = gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.UINT32
+    vt = {str: gguf.GGUFValueType.STRING, float: gguf.GGUFValueType.FLOAT32}.get(type(value), gguf.GGUFValueType.UINT32)
     p = _edit(tmp_path, tiny, kv={key: (value, vt)})
     with pytest.raises(RamforgeError, match=needle):
         Engine.load(p)
+
+
+def test_yarn_without_a_factor_is_refused(tmp_path, tiny):
+    gguf = pytest.importorskip("gguf")
+    p = _edit(tmp_path, tiny, kv={"llama.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING)})
+    with pytest.raises(ConfigError, match=r"llama.rope.scaling.factor = 0.0: a RoPE scaling factor must be positive"):
+        Engine.load(p)
+
+
+def test_rope_scaling_resolves_as_llama_cpp():
+    # llama-context.cpp's arguments to ggml_rope_ext, float32 steps: YaRN factor 4 gives attn_factor
+    # mscale(4) / (1 + 0.1 ln 4) rounded twice (the mscale and its inverse), not exactly 1
+    from ramforge.models.config import RopeScaling, rope_scaling
+
+    kind, s, orig = rope_scaling({"a.rope.scaling.type": "yarn", "a.rope.scaling.factor": 4.0,
+                                  "a.rope.scaling.original_context_length": 128}, "a", 512)
+    f = np.float32
+    m = f(f(0.1) * np.log(f(4.0))) + f(1.0)
+    assert kind == RopeScaling.YARN and orig == 128 and s.n_ctx_orig == 128
+    assert (s.freq_scale, s.ext_factor, s.beta_fast, s.beta_slow) == (0.25, 1.0, 32.0, 1.0)
+    assert s.attn_factor == f(m * f(f(1.0) / m))
+    kind, s, orig = rope_scaling({"a.rope.scaling.factor": 8.0}, "a", 512)        # no type: linear
+    assert kind == RopeScaling.LINEAR and (s.freq_scale, s.ext_factor, s.attn_factor) == (0.125, 0.0, 1.0)
+    assert orig == 512
+    kind, s, _ = rope_scaling({"a.rope.scaling.type": "none", "a.rope.scaling.factor": 8.0}, "a", 512)
+    assert kind == RopeScaling.NONE and s.freq_scale == 1.0
 
 
 def test_prompt_longer_than_context(tiny):
@@ -167,3 +203,24 @@ def test_budget_is_released_on_close(tiny):
     assert b.current == 0 and b.charges() == []
     with pytest.raises(RamforgeError, match="below this model's minimum"):
         Engine.load(tiny, n_ctx=64, budget=MemoryBudget("1M"))
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("gemma2.attn_logit_softcapping", 0.0, r"gemma2.attn_logit_softcapping = 0.0: a soft-cap must be positive"),
+    ("gemma2.final_logit_softcapping", -30.0, r"gemma2.final_logit_softcapping = -30.0: a soft-cap must be positive"),
+])
+def test_gemma2_bad_softcaps(tmp_path, key, value, needle):
+    gguf = pytest.importorskip("gguf")
+    from tools.make_models import ensure_model
+
+    p = _edit(tmp_path, ensure_model("gemma2", "F16"), kv={key: (value, gguf.GGUFValueType.FLOAT32)})
+    with pytest.raises(ConfigError, match=needle):
+        Engine.load(p)
+
+
+def test_softcaps_only_where_llama_cpp_applies_them(tmp_path, tiny):
+    # llama's graph has no soft-cap: a file asking for one is refused, not silently uncapped
+    gguf = pytest.importorskip("gguf")
+    p = _edit(tmp_path, tiny, kv={"llama.attn_logit_softcapping": (50.0, gguf.GGUFValueType.FLOAT32)})
+    with pytest.raises(UnsupportedArch, match="llama.attn_logit_softcapping = 50.0 is not supported"):
+        Engine.load(p)

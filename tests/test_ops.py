@@ -25,8 +25,9 @@ def test_f16_widening_intrinsic_is_exact_for_every_bit_pattern(widen):
     assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32)) and np.isnan(got[nan]).all()
 
 
-def attention_reference(q, k16, v16, pos0, scale, window):
-    """float64 causal attention with llama.cpp's roundings: q and the probabilities to f16."""
+def attention_reference(q, k16, v16, pos0, scale, window, softcap=0.0):
+    """float64 causal attention with llama.cpp's roundings: q and the probabilities to f16; softcap > 0
+    caps the logits q.k at +-softcap (softcap tanh(q.k / softcap)) before the scale."""
     n_tok, n_head, _ = q.shape
     gqa = n_head // k16.shape[1]
     k, v = k16.astype(np.float64), v16.astype(np.float64)
@@ -36,7 +37,8 @@ def attention_reference(q, k16, v16, pos0, scale, window):
         p = pos0 + t
         j0 = max(0, p - window + 1) if window > 0 else 0
         for h in range(n_head):
-            s = k[j0:p + 1, h // gqa] @ qr[t, h] * scale
+            s = k[j0:p + 1, h // gqa] @ qr[t, h]
+            s = (softcap * np.tanh(s / softcap) if softcap else s) * scale
             e = np.exp(s - s.max())
             pr = (e / e.sum()).astype(np.float16).astype(np.float64)
             out[t, h] = pr @ v[j0:p + 1, h // gqa]
@@ -56,6 +58,30 @@ def test_attention_matches_reference(hd, pos0, n_tok, window):
     ops.attention(out, q, k16.view(np.uint16), v16.view(np.uint16), pos0, scale, window)
     want = attention_reference(q, k16, v16, pos0, scale, window)
     np.testing.assert_allclose(out, want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("n_tok,softcap", [(1, 5.0), (9, 5.0), (9, 50.0)])
+def test_softcapped_attention_matches_reference(n_tok, softcap):
+    rng = np.random.default_rng(n_tok)
+    hd, n_ctx = 64, 32
+    k16 = (rng.standard_normal((n_ctx, 2, hd)) * 1.5).astype(np.float16)
+    v16 = rng.standard_normal((n_ctx, 2, hd)).astype(np.float16)
+    q = (rng.standard_normal((n_tok, 4, hd)) * 1.5).astype(np.float32)       # |q.k| up to ~50: capped
+    out = np.full((n_tok, 4, hd), np.nan, np.float32)
+    ops.attention(out, q, k16.view(np.uint16), v16.view(np.uint16), 10, 0.5, 0, softcap)
+    np.testing.assert_allclose(out, attention_reference(q, k16, v16, 10, 0.5, 0, softcap), rtol=2e-3, atol=2e-3)
+    plain = np.empty_like(out)
+    ops.attention(plain, q, k16.view(np.uint16), v16.view(np.uint16), 10, 0.5, 0)
+    assert np.abs(plain - out).max() > 0.05                              # the cap changed the attention
+
+
+def test_softcap_is_cap_tanh_x_over_cap():
+    x = np.linspace(-100, 100, 4001, dtype=np.float32).reshape(1, -1)
+    got = ops.softcap(x.copy(), 30.0)
+    np.testing.assert_allclose(got, 30 * np.tanh(x.astype(np.float64) / 30), rtol=2e-7, atol=1e-6)
+    assert np.abs(got).max() <= 30.0
+    with pytest.raises(ops.RamforgeError):
+        ops.softcap(x, 0.0)
 
 
 def test_attention_refuses_bad_shapes():
@@ -90,3 +116,108 @@ def test_ggml_vector_exp_is_within_its_stated_error():
     nan = np.empty(1, np.float32)
     all_exp(np.array([np.nan], np.float32), nan)
     assert np.isnan(nan[0])
+
+
+# ---------------------------------------------------------------- RoPE against ggml_rope_ext, live
+
+class _GGMLRope:
+    """ggml_rope_ext from llama-cpp-python's libggml (ctypes), computed on ggml's CPU backend."""
+
+    def __init__(self):
+        import ctypes as c
+        import os
+
+        llama_cpp = pytest.importorskip("llama_cpp")
+        d = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+        try:
+            base = c.CDLL(os.path.join(d, "libggml-base.so"), mode=c.RTLD_GLOBAL)
+            cpu = c.CDLL(os.path.join(d, "libggml-cpu.so"), mode=c.RTLD_GLOBAL)
+        except OSError as e:
+            pytest.skip(f"ggml libraries not loadable: {e}")
+        if not (cpu.ggml_cpu_has_fma() and cpu.ggml_cpu_has_avx512()):
+            pytest.skip("llama.cpp build without FMA / AVX-512: not the arithmetic ops.rope reproduces")
+        P = c.c_void_p
+
+        class Params(c.Structure):
+            _fields_ = [("mem_size", c.c_size_t), ("mem_buffer", c.c_void_p), ("no_alloc", c.c_bool)]
+
+        def fn(lib, name, res, args):
+            f = getattr(lib, name)
+            f.restype, f.argtypes = res, args
+            return f
+
+        self.c, self.Params = c, Params
+        self.init = fn(base, "ggml_init", P, [Params])
+        self.new1 = fn(base, "ggml_new_tensor_1d", P, [P, c.c_int, c.c_int64])
+        self.new3 = fn(base, "ggml_new_tensor_3d", P, [P, c.c_int, c.c_int64, c.c_int64, c.c_int64])
+        self.rope_ext = fn(base, "ggml_rope_ext", P, [P, P, P, P, c.c_int, c.c_int, c.c_int] + [c.c_float] * 6)
+        self.new_graph = fn(base, "ggml_new_graph", P, [P])
+        self.build = fn(base, "ggml_build_forward_expand", None, [P, P])
+        self.data = fn(base, "ggml_get_data", P, [P])
+        self.free = fn(base, "ggml_free", None, [P])
+        self.compute = fn(cpu, "ggml_graph_compute_with_ctx", c.c_int, [P, P, c.c_int])
+
+    def _put(self, t, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a)
+        self.c.memmove(self.data(t), a.ctypes.data, a.nbytes)
+
+    def rope(self, x, pos, n_rot, base, neox, ff, s: ops.RopeScale) -> np.ndarray:
+        n_tok, n_head, hd = x.shape
+        ctx = self.init(self.Params(64 << 20, None, False))
+        try:
+            a, p = self.new3(ctx, 0, hd, n_head, n_tok), self.new1(ctx, 26, n_tok)       # F32, I32
+            self._put(a, x.astype(np.float32))
+            self._put(p, pos.astype(np.int32))
+            f = None
+            if ff is not None:
+                f = self.new1(ctx, 0, ff.size)
+                self._put(f, ff.astype(np.float32))
+            y = self.rope_ext(ctx, a, p, f, n_rot, 2 if neox else 0, s.n_ctx_orig, base, s.freq_scale,
+                              s.ext_factor, s.attn_factor, s.beta_fast, s.beta_slow)
+            g = self.new_graph(ctx)
+            self.build(g, y)
+            assert self.compute(ctx, g, 2) == 0
+            out = np.empty(x.shape, np.float32)
+            self.c.memmove(out.ctypes.data, self.data(y), out.nbytes)
+            return out
+        finally:
+            self.free(ctx)
+
+
+ROPE_SCALES = {
+    "none": ops.UNSCALED,
+    "linear-4": ops.RopeScale(freq_scale=0.25),
+    "linear-8-attn": ops.RopeScale(freq_scale=0.125, attn_factor=1.25),
+    # Qwen3 / Qwen2.5 long context: factor 4 over 32768; attn_factor as llama.cpp's context derives it
+    "yarn-4": ops.RopeScale(0.25, 1.0, 0.878126, 32.0, 1.0, 32768),
+    # gpt-oss: factor 32 over 4096
+    "yarn-32": ops.RopeScale(1 / 32, 1.0, 0.7425, 32.0, 1.0, 4096),
+    "yarn-partial-mix": ops.RopeScale(0.5, 0.7, 1.1, 16.0, 2.0, 2048),
+    "yarn-unit-scale": ops.RopeScale(1.0, 1.0, 1.0, 32.0, 1.0, 512),
+}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", list(ROPE_SCALES))
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+def test_rope_is_bit_identical_to_ggml(name, neox):
+    g = _GGMLRope()
+    s = ROPE_SCALES[name]
+    rng = np.random.default_rng(len(name) + neox)
+    pos = np.array([0, 1, 2, 7, 100, 511, 2047, 4096, 40000, 131071], np.int32)
+    for hd, n_rot in ((64, 64), (128, 128), (128, 64)):
+        x = (rng.standard_normal((pos.size, 3, hd)) * 2).astype(np.float32)
+        for base in (10000.0, 1e6, 150000.0):
+            for ff in (None, (1 + 7 * rng.random(n_rot // 2)).astype(np.float32)):
+                want = g.rope(x, pos, n_rot, base, neox, ff, s)
+                got = ops.rope(x.copy(), pos, n_rot, base, neox, ff, s)
+                same = got.view(np.uint32) == want.view(np.uint32)
+                assert same.all(), (f"{name} hd {hd} n_rot {n_rot} base {base} ff {ff is not None}: "
+                                    f"{np.count_nonzero(~same)} of {same.size} differ")
+
+
+def test_rope_refuses_bad_yarn_arguments():
+    x = np.zeros((1, 1, 8), np.float32)
+    for s in (ops.RopeScale(0.0, 1.0), ops.RopeScale(0.5, 1.0, n_ctx_orig=0), ops.RopeScale(0.5, 1.0, 1.0, 0.0, 1.0, 64)):
+        with pytest.raises(ops.RamforgeError, match="YaRN"):
+            ops.rope(x, np.zeros(1, np.int32), 8, 10000.0, True, None, s)

@@ -40,6 +40,32 @@ def rope_ref(x, pos, n_rot, base, neox, freq_factors=None):
     return out
 
 
+def rope_scaled_ref(x, pos, n_rot, base, neox, s):
+    """RoPE with ggml's scaling (s: ops.RopeScale): linear divides every angle by 1/freq_scale; YaRN
+    (ext_factor != 0) keeps the unscaled angle for the fast pairs (i below the dim turning beta_fast times
+    over n_ctx_orig), the scaled one for the slow (past beta_slow's dim), a linear ramp between, mixed by
+    ext_factor, and scales cos and sin by attn_factor (1 + 0.1 ln(1/freq_scale))."""
+    half = n_rot // 2
+    i = np.arange(half)
+    extrap = base ** (-2.0 * i / n_rot)
+    mscale = s.attn_factor
+    mix = np.zeros(half)
+    if s.ext_factor:
+        dim = lambda beta: n_rot * math.log(s.n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))  # noqa: E731
+        lo, hi = max(0.0, math.floor(dim(s.beta_fast))), min(n_rot - 1.0, math.ceil(dim(s.beta_slow)))
+        mix = (1 - np.clip((i - lo) / max(0.001, hi - lo), 0, 1)) * s.ext_factor
+        mscale *= 1 + 0.1 * math.log(1 / s.freq_scale)
+    inv = s.freq_scale * extrap * (1 - mix) + extrap * mix
+    out = x.astype(np.float64).copy()
+    a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+    for t, p in enumerate(pos):
+        c, sn = np.cos(p * inv) * mscale, np.sin(p * inv) * mscale
+        row = out[t]
+        x0, x1 = row[:, a].copy(), row[:, b].copy()
+        row[:, a], row[:, b] = x0 * c - x1 * sn, x0 * sn + x1 * c
+    return out
+
+
 def softmax_ref(z):
     """exp(z - max z) / sum exp(z - max z), with z - max z as float32 computes it (as ggml does)."""
     e = np.exp((z - z.max()).astype(np.float64))
@@ -82,6 +108,24 @@ def test_rope_is_a_rotation_by_the_position_angle(neox, n_rot, hd):
         np.testing.assert_allclose(got, rope_ref(x, pos, n_rot, 10000.0, neox, factors), atol=5e-4 * 4, rtol=0)
         np.testing.assert_array_equal(got[..., n_rot:], x[..., n_rot:])      # the rest is untouched
         np.testing.assert_allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [ops.RopeScale(freq_scale=0.25), ops.RopeScale(freq_scale=0.125, attn_factor=1.25),
+                                   ops.RopeScale(0.25, 1.0, 0.878126, 32.0, 1.0, 32768),
+                                   ops.RopeScale(1 / 32, 1.0, 0.7425, 32.0, 1.0, 4096),
+                                   ops.RopeScale(0.5, 0.7, 1.1, 16.0, 2.0, 2048)],
+                         ids=["linear-4", "linear-8-attn", "yarn-4", "yarn-32", "yarn-partial-mix"])
+@pytest.mark.parametrize("neox", [False, True])
+def test_scaled_rope_is_the_yarn_formula(scale, neox):
+    pos = np.array([0, 1, 7, 100, 511, 4000], np.int32)
+    x = RNG.standard_normal((len(pos), 3, 128)).astype(np.float32)
+    got = ops.rope(x.copy(), pos, 128, 1e6, neox, None, scale)
+    ref = rope_scaled_ref(x, pos, 128, 1e6, neox, scale)
+    # as the unscaled test: float32 angles stepped by repeated products, an error growing with pos
+    # (here up to 4000: ~4e-4 rad), times the magnitude (|x| ~ 4 at most, mscale <= 1.25)
+    np.testing.assert_allclose(got, ref, atol=2.5e-3, rtol=0)
+    plain = ops.rope(x.copy(), pos, 128, 1e6, neox)
+    assert np.abs(got - plain).max() > 0.1                     # the scaling changed the rotation
 
 
 @pytest.mark.parametrize("n", [1, 15, 16, 33, 300])

@@ -77,8 +77,11 @@ class Spec:
     n_ff_exp: int = 0         # an expert's FFN width (qwen*moe: expert_feed_forward_length; llama: n_ff)
     n_ff_shexp: int = 0       # the shared expert's FFN width (qwen2moe), 0: none
     router_gain: float = 1.0  # ffn_gate_inp std = gain / sqrt(n_embd)
-    sliding_window: int = 0   # {arch}.attention.sliding_window (gpt-oss: on even layers)
-    kv: tuple = ()            # further (key suffix, value) metadata, written as {arch}.<suffix>
+    # RoPE scaling: (key under {arch}.rope.scaling., value) pairs written as they are (str, float32, uint32)
+    rope_scaling: tuple = ()
+    # other metadata: (key under {arch}., value) pairs, written likewise (soft-caps, sliding window)
+    extra_kv: tuple = ()
+    post_norms: bool = False  # gemma's post_attention_norm and post_ffw_norm
 
 
 SPECS = {
@@ -92,13 +95,29 @@ SPECS = {
     "qwen2moe": Spec("qwen2moe", "qwen2", rope_base=1e6, eps=1e-6, qkv_bias=True, n_expert=8, n_expert_used=2,
                      n_ff_exp=256, n_ff_shexp=512, router_gain=2.0),
     # gpt-oss: biases everywhere, one sink per head, sliding window on even layers (short here, so the
-    # records cross it), 16 experts (4 used) with the clamped SwiGLU; a qwen2 vocab (the harmony
-    # tokenizer is not among llama.cpp's vocab files)
+    # records cross it), YaRN as the released models (factor 32 over 4096), 16 experts (4 used) with the
+    # clamped SwiGLU; a qwen2 vocab (the harmony tokenizer is not among llama.cpp's vocab files)
     "gpt-oss": Spec("gpt-oss", "qwen2", rope_base=150000.0, qkv_bias=True, n_ff=256, n_expert=16,
-                    n_expert_used=4, n_ff_exp=256, router_gain=2.0, sliding_window=16),
+                    n_expert_used=4, n_ff_exp=256, router_gain=2.0, extra_kv=(("attention.sliding_window", 16),),
+                    rope_scaling=(("type", "yarn"), ("factor", 32.0), ("original_context_length", 4096))),
     # Mixtral: GGUF architecture llama with experts, expert FFN width = feed_forward_length
     "llama-moe": Spec("llama", "llama-spm", name="moe", n_ff=256, n_expert=8, n_expert_used=2, n_ff_exp=256,
                       router_gain=2.0),
+    # RoPE scaling: YaRN as Qwen3's long-context files (factor 4 over an original context of 128, so the
+    # ramp between YaRN's correction dims falls inside the 32 pairs), and linear (freq_scale 1/4)
+    "qwen3-yarn": Spec("qwen3", "qwen2", name="yarn", rope_base=1e6, eps=1e-6, qk_norm=True, tied=True,
+                       resid_gain=4.0, rope_scaling=(("type", "yarn"), ("factor", 4.0),
+                                                     ("original_context_length", 128))),
+    "llama-linear": Spec("llama", "llama-spm", name="linear", rope_scaling=(("type", "linear"), ("factor", 4.0))),
+    # gemma2 (llama-spm: gemma's vocab is SPM too): caps low enough to bend the logits (attention ~ +-5,
+    # final ~ +-17), a window of 8 on layers 0 and 2
+    "gemma2": Spec("gemma2", "llama-spm", tied=True, post_norms=True, eps=1e-6,
+                   extra_kv=(("attn_logit_softcapping", 5.0), ("final_logit_softcapping", 15.0),
+                             ("attention.sliding_window", 8))),
+    # gemma3 with Gemma 3 4B's linear RoPE scaling (factor 8) on its global layer (il 5) only; window 8
+    "gemma3-linear": Spec("gemma3", "llama-spm", name="linear", n_layer=6, tied=True, post_norms=True, qk_norm=True,
+                          eps=1e-6, rope_base=1e6, rope_scaling=(("type", "linear"), ("factor", 8.0)),
+                          extra_kv=(("attention.sliding_window", 8), ("rope.freq_base_swa", 10000.0))),
 }
 def _big(name: str, base: str = "llama", **shape) -> Spec:
     """A preset on SPECS[base] (its vocab, norms, biases, router gain); embd/out std scale as
@@ -150,7 +169,10 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
         plan.append((b + "attn_output.weight", (e, nq), "proj"))
         if oss:
             plan += [(b + "attn_output.bias", (e,), "bias"), (b + "attn_sinks.weight", (spec.n_head,), "sink")]
-        plan.append((b + ("post_attention_norm" if oss else "ffn_norm") + ".weight", (e,), "norm"))
+        if spec.post_norms or oss:        # gpt-oss: its FFN's input norm has this name
+            plan.append((b + "post_attention_norm.weight", (e,), "norm"))
+        if not oss:
+            plan.append((b + "ffn_norm.weight", (e,), "norm"))
         if spec.n_expert:                     # numpy [experts, rows, cols] = GGUF [cols, rows, experts]
             x, f = spec.n_expert, spec.n_ff_exp
             plan.append((b + "ffn_gate_inp.weight", (x, e), "router"))
@@ -170,6 +192,8 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
             plan += [(b + "ffn_gate.weight", (spec.n_ff, e), "proj"),
                      (b + "ffn_up.weight", (spec.n_ff, e), "proj"),
                      (b + "ffn_down.weight", (e, spec.n_ff), "proj")]
+        if spec.post_norms:
+            plan.append((b + "post_ffw_norm.weight", (e,), "norm"))
     plan.append(("output_norm.weight", (e,), "norm"))
     if not spec.tied:
         plan.append(("output.weight", (n_vocab, e), "out"))
@@ -257,6 +281,9 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
     w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", spec.eps)
     w.add_float32(f"{A}.rope.freq_base", spec.rope_base)
     w.add_uint32(f"{A}.rope.dimension_count", spec.head_dim)
+    for key, value in [(f"rope.scaling.{k}", v) for k, v in spec.rope_scaling] + list(spec.extra_kv):
+        add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
+        add(f"{A}.{key}", value)
     if spec.n_expert:
         w.add_uint32(f"{A}.expert_count", spec.n_expert)
         w.add_uint32(f"{A}.expert_used_count", spec.n_expert_used)
@@ -264,10 +291,6 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
             w.add_uint32(f"{A}.expert_feed_forward_length", spec.n_ff_exp)
         if spec.n_ff_shexp:
             w.add_uint32(f"{A}.expert_shared_feed_forward_length", spec.n_ff_shexp)
-    if spec.sliding_window:
-        w.add_uint32(f"{A}.attention.sliding_window", spec.sliding_window)
-    for key, value in spec.kv:
-        {str: w.add_string, int: w.add_uint32, float: w.add_float32}[type(value)](f"{A}.{key}", value)
     w.add_file_type(FILE_TYPE[ftype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     n_vocab = _copy_vocab(w, vocab_path(spec.vocab, vocab_dir))

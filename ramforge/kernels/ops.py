@@ -8,6 +8,7 @@ table.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -100,16 +101,69 @@ def _softmax_exp(scores, j0, p, mx):
 # ---------------------------------------------------------------- RoPE
 
 
+class RopeScale(NamedTuple):
+    """ggml_rope_ext's scaling arguments; the defaults rotate unscaled (models.rope resolves a file's).
+
+    freq_scale: angles times this (linear: 1/factor); ext_factor != 0 is YaRN, which mixes each pair's
+    scaled and unscaled angle by a ramp between the correction dims for beta_fast and beta_slow
+    (n_ctx_orig: the context trained on) and scales cos and sin by attn_factor * (1 + 0.1 ln(1/freq_scale));
+    without YaRN, by attn_factor alone.
+    """
+
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    n_ctx_orig: int = 0
+
+
+UNSCALED = RopeScale()
+
+
 @njit(cache=True)
-def _rope(x, pos, n_rot, base, neox, freq_factors):
-    # x f32[n_tok, n_head, head_dim], rotated in place; pos i32[n_tok]; freq_factors f32[n_rot/2] or empty
+def _yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow):
+    # ggml_rope_yarn_corr_dims (libggml-base: float32 steps, no fma; logf as libm's):
+    # the dims where a pair turns beta times over n_ctx_orig, floored / ceiled into [0, n_rot - 1]
+    f = np.float32
+    two_log_base = f(2.0) * f(math.log(f(base)))
+    lo = f(n_rot) * f(math.log(f(n_ctx_orig) / ((f(beta_fast) * f(2.0)) * f(math.pi)))) / two_log_base
+    hi = f(n_rot) * f(math.log(f(n_ctx_orig) / ((f(beta_slow) * f(2.0)) * f(math.pi)))) / two_log_base
+    return max(f(0.0), f(math.floor(lo))), min(f(n_rot - 1), f(math.ceil(hi)))
+
+
+@njit(cache=True)
+def _rope_cache(n_rot, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi):
+    # per pair i: YaRN's ramp mix (ext_factor times 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)), and
+    # the magnitude of cos and sin, as ggml-cpu's rope_yarn (GCC contracts 1 + 0.1 * logf(1/freq_scale))
+    f = np.float32
+    one = f(1.0)
+    mix = np.zeros(n_rot // 2, np.float32)
+    mscale = attn_factor
+    if ext_factor != 0:
+        span = max(f(0.001), corr_hi - corr_lo)
+        for i in range(n_rot // 2):
+            y = (f(i) - corr_lo) / span
+            mix[i] = (one - min(one, max(f(0.0), y))) * ext_factor
+        mscale = _fma(f(0.1), f(math.log(one / freq_scale)), one) * attn_factor
+    return mix, mscale
+
+
+@njit(cache=True)
+def _rope(x, pos, n_rot, base, neox, freq_factors, freq_scale, ext_factor, mix, mscale):
+    # x f32[n_tok, n_head, head_dim], rotated in place; pos i32[n_tok]; freq_factors f32[n_rot/2] or empty;
+    # mix f32[n_rot/2] (YaRN's, with ext_factor != 0), mscale f32: ggml-cpu's rope cache and rotate_pairs
     theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
     half = n_rot // 2
+    one = np.float32(1.0)
     for t in range(x.shape[0]):
         theta = np.float32(pos[t])
         for i in range(half):
-            th = theta / freq_factors[i] if freq_factors.size else theta
-            c, s = np.float32(math.cos(th)), np.float32(math.sin(th))
+            extrap = theta / freq_factors[i] if freq_factors.size else theta
+            th = extrap * freq_scale
+            if ext_factor != 0:
+                th = _fma(th, one - mix[i], extrap * mix[i])       # as GCC contracts rope_yarn's mix
+            c, s = np.float32(math.cos(th)) * mscale, np.float32(math.sin(th)) * mscale
             for h in range(x.shape[1]):
                 if neox:
                     a, b = i, i + half
@@ -123,17 +177,26 @@ def _rope(x, pos, n_rot, base, neox, freq_factors):
 
 @timed("rope")
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
-         freq_factors: np.ndarray | None = None) -> np.ndarray:
+         freq_factors: np.ndarray | None = None, scale: RopeScale = UNSCALED) -> np.ndarray:
     """Rotate the first n_rot dims of each head of x (f32[n_tok, n_head, head_dim]) in place.
 
     neox=False pairs (2i, 2i+1) as llama; neox=True pairs (i, i + n_rot/2) as qwen2/qwen3/gemma3.
+    freq_factors divide pair i's angle (Llama 3's rope_freqs, LongRoPE's factors); scale: ggml_rope_ext's
+    scaling (linear, YaRN).
     """
     if x.ndim != 3 or n_rot > x.shape[2] or n_rot % 2 or pos.shape != (x.shape[0],):
         raise RamforgeError(f"rope: x {x.shape}, pos {pos.shape}, n_rot {n_rot}")
     ff = np.empty(0, np.float32) if freq_factors is None else np.ascontiguousarray(freq_factors, np.float32)
     if ff.size not in (0, n_rot // 2):
         raise RamforgeError(f"rope: {ff.size} frequency factors for n_rot {n_rot} (expected {n_rot // 2})")
-    _rope(x, pos.astype(np.int32), n_rot, base, neox, ff)
+    f = np.float32
+    if scale.ext_factor != 0 and not (scale.freq_scale > 0 and scale.n_ctx_orig > 0
+                                      and scale.beta_fast > 0 and scale.beta_slow > 0):
+        raise RamforgeError(f"rope: YaRN needs a positive freq_scale, betas and n_ctx_orig: {scale}")
+    lo, hi = (_yarn_corr_dims(n_rot, scale.n_ctx_orig, f(base), f(scale.beta_fast), f(scale.beta_slow))
+              if scale.ext_factor != 0 else (0.0, 0.0))
+    mix, mscale = _rope_cache(n_rot, f(scale.freq_scale), f(scale.ext_factor), f(scale.attn_factor), f(lo), f(hi))
+    _rope(x, pos.astype(np.int32), n_rot, base, neox, ff, f(scale.freq_scale), f(scale.ext_factor), mix, f(mscale))
     return x
 
 
@@ -200,7 +263,7 @@ def _sum_lanes16(a, o, stride):
 
 
 @njit(cache=True, parallel=True)
-def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single, sinks):
+def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single, softcap, sinks):
     # out f32[n_tok, n_head, hd_v]; q f32[n_tok, n_head, hd_k] (already f16-rounded)
     # k_cache u16[n_ctx, n_head_kv, hd_k], v_cache u16[n_ctx, n_head_kv, hd_v]: f16 bits
     # f16 f32[65536]: the value of each f16 bit pattern (for head-dim tails)
@@ -232,6 +295,8 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
                 for d in range(vk, hd_k):
                     sd += np.float64(qf[qo + d] * f16[kf[ko + d]])
                 s = np.float32(sd)
+            if softcap > 0:                              # gemma2: cap * tanhf(s * (1/cap)), three ggml ops
+                s = np.float32(math.tanh(s * (np.float32(1.0) / softcap))) * softcap
             s *= kq_scale
             scores[j] = s
             if s > mx:
@@ -259,11 +324,13 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
 
 @timed("attention")
 def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
-              kq_scale: float, window: int = 0, sinks: np.ndarray | None = None) -> np.ndarray:
+              kq_scale: float, window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal attention of n_tok queries at positions pos0.. over the cache rows 0..pos0+n_tok-1.
 
-    window > 0 masks keys at distance >= window (llama.cpp's standard sliding window); sinks f32[n_head]
-    adds one logit per head to each softmax that no value follows (ggml_soft_max_add_sinks).
+    window > 0 masks keys at distance >= window (llama.cpp's standard sliding window); softcap > 0
+    caps the logits q.k at +-softcap (softcap * tanh(q.k / softcap), before kq_scale), as gemma2;
+    sinks f32[n_head] adds one logit per head to each softmax that no value follows
+    (ggml_soft_max_add_sinks), as gpt-oss.
     """
     n_tok, n_head, hd_k = q.shape
     n_kv = k_cache.shape[1]
@@ -277,8 +344,26 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     view = current_view()                                # llama.cpp's batch, when the engine sets one
     single = (view[0] if view is not None else n_tok) == 1
     _attention(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32,
-               single, sk)
+               single, np.float32(softcap), sk)
     return out
+
+
+@njit(cache=True, parallel=True)
+def _softcap(x, cap):
+    # x f32[n, m] <- cap * tanhf(x * (1/cap)): ggml_scale, ggml_tanh (libm's tanhf), ggml_scale
+    inv = np.float32(1.0) / cap
+    for t in prange(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] = np.float32(math.tanh(x[t, i] * inv)) * cap
+
+
+@timed("softcap")
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """Soft-cap x (f32[n, m]) in place at +-cap: cap * tanh(x / cap) (gemma2's final logits)."""
+    if x.ndim != 2 or x.dtype != np.float32 or not cap > 0:
+        raise RamforgeError(f"softcap: x {x.shape} {x.dtype}, cap {cap}")
+    _softcap(x, np.float32(cap))
+    return x
 
 
 # ---------------------------------------------------------------- gated FFN activations

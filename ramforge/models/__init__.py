@@ -11,6 +11,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gemma3": "gemma3",
+    "gemma2": "gemma2",
     "qwen3moe": "qwen3moe",
     "qwen2moe": "qwen2moe",
     "gpt-oss": "gpt_oss",

@@ -1,9 +1,10 @@
 """gemma3, as llama.cpp's src/models/gemma3.cpp.
 
-Embeddings scaled by sqrt(n_embd); per-head Q/K RMSNorm; q scaled by 1/sqrt(head_dim) before
-attention; post-attention and post-FFN RMSNorms; GELU-gated FFN; sliding-window attention on every
+Embeddings scaled by sqrt(n_embd); per-head Q/K RMSNorm; q scaled by 1/sqrt(head_dim) (the 27B:
+1/sqrt(n_embd / n_head)) before attention; post-attention and post-FFN RMSNorms; GELU-gated FFN; sliding-window attention on every
 layer but each sixth (il % 6 == 5), which attends globally. Sliding layers use rope base
-{arch}.rope.freq_base_swa (default 10000), global layers {arch}.rope.freq_base. NEOX-style RoPE.
+{arch}.rope.freq_base_swa (default 10000) unscaled, global layers {arch}.rope.freq_base and the file's
+RoPE scaling (Gemma 3 4B and larger: linear, factor 8). NEOX-style RoPE.
 """
 from __future__ import annotations
 
@@ -17,10 +18,20 @@ from .weights import output_rows
 ROPE_NEOX = True
 SWA_PATTERN = 6                 # layers with il % 6 < 5 use the sliding window
 ROPE_BASE_SWA = 10000.0         # llama.cpp's default for rope_freq_base_train_swa
+ROPE_FREQ_SCALE_SWA = 1.0       # rope_freq_scale_train_swa: sliding layers are never scaled (Gemma 3 4B+'s
+                                # linear scaling applies to its global layers alone)
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
                  "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"]
+GEMMA3_27B_LAYERS = 62          # llama.cpp's LLM_TYPE_27B, whose q scale is by n_embd / n_head
 OPTIONAL: set[str] = set()
 ALSO_READ: set[str] = set()
+
+
+def attention_scale(hp) -> np.float32:
+    """llama.cpp's f_attention_scale for gemma3, float32 steps: 1/sqrt(head_dim), but 1/sqrt(n_embd / n_head)
+    for the 27B (62 layers, head_dim 128, n_embd / n_head 168)."""
+    d = hp.n_embd // hp.n_head if hp.n_layer == GEMMA3_27B_LAYERS else hp.head_dim_k
+    return np.float32(1.0) / np.sqrt(np.float32(d))
 
 
 def is_swa(hp, il: int) -> bool:
@@ -41,8 +52,9 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
     q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
     att, gate, up = s.att[:n], s.gate[:n], s.up[:n]
-    q_scale = np.float32(1.0 / math.sqrt(hp.head_dim_k))
+    q_scale = attention_scale(hp)
     base_swa = m.extra.get("rope_base_swa", ROPE_BASE_SWA)
+    scale_swa = hp.rope_scale._replace(freq_scale=ROPE_FREQ_SCALE_SWA)
     for il in range(*m.layers):
         swa = is_swa(hp, il)
         with w.layer(il) as L:
@@ -52,9 +64,9 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             L.attn_v.rows(v.reshape(n, -1), xb)
             rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
             rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
-            base = base_swa if swa else hp.rope_base
-            rope(q, pos, hp.rope_dim, base, ROPE_NEOX)
-            rope(k, pos, hp.rope_dim, base, ROPE_NEOX)
+            base, scale = (base_swa, scale_swa) if swa else (hp.rope_base, hp.rope_scale)
+            rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, scale)
+            rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, scale)
             q *= q_scale
             kv.store(il, pos0, k, v)
             attention(att, q, *kv.layer(il), pos0, 1.0, hp.sliding_window if swa else 0)

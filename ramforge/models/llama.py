@@ -60,8 +60,8 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
             if L.attn_q_norm is not None:                       # qwen3: per-head RMSNorm of q and k
                 rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
                 rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
-            rope(q, pos, hp.rope_dim, hp.rope_base, neox, ff)
-            rope(k, pos, hp.rope_dim, hp.rope_base, neox, ff)
+            rope(q, pos, hp.rope_dim, hp.rope_base, neox, ff, hp.rope_scale)
+            rope(k, pos, hp.rope_dim, hp.rope_base, neox, ff, hp.rope_scale)
             kv.store(il, pos0, k, v)
             attention(att, q, *kv.layer(il), pos0, kq_scale)
             L.attn_output.rows(xb, att.reshape(n, -1))

@@ -1,0 +1,75 @@
+"""gemma2, as llama.cpp's src/models/gemma2.cpp.
+
+gemma3 without the per-head Q/K norms, with soft-capped logits: embeddings scaled by sqrt(n_embd);
+q scaled by 1/sqrt(head_dim) (the 27B, 46 layers: 1/sqrt(n_embd / n_head)); attention logits capped
+at +-{arch}.attn_logit_softcapping (default 50) before the softmax, the final logits at
++-{arch}.final_logit_softcapping (default 30, applied by the engine from HParams.final_softcap);
+post-attention and post-FFN RMSNorms; GELU-gated FFN; a sliding window
+({arch}.attention.sliding_window, default 4096) on the even layers (il % 2 == 0), the odd ones
+global. Every layer uses the file's RoPE base and scaling (a {arch}.rope.freq_base_swa, when given,
+for the sliding layers). NEOX-style RoPE.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.ops import attention, geglu, rms_norm, rope
+from . import gemma3
+from .weights import output_rows
+
+ROPE_NEOX = True
+SWA_PATTERN = 2                 # layers with il % 2 < 1 use the sliding window
+GEMMA2_27B_LAYERS = 46          # llama.cpp's LLM_TYPE_27B, whose q scale is by n_embd / n_head
+LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "post_attention_norm",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"]
+OPTIONAL: set[str] = set()
+ALSO_READ: set[str] = set()
+
+embed = gemma3.embed
+
+
+def is_swa(hp, il: int) -> bool:
+    return hp.sliding_window > 0 and il % SWA_PATTERN < SWA_PATTERN - 1
+
+
+def attention_scale(hp) -> np.float32:
+    """llama.cpp's f_attention_scale for gemma2 (float32 steps)."""
+    d = hp.n_embd // hp.n_head if hp.n_layer == GEMMA2_27B_LAYERS else hp.head_dim_k
+    return np.float32(1.0) / np.sqrt(np.float32(d))
+
+
+def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+    """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
+    (out: as llama.forward)."""
+    hp, w, kv = m.hp, m.weights, m.kv
+    pos = np.arange(pos0, pos0 + n, dtype=np.int32)
+    x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
+    q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
+    att, gate, up = s.att[:n], s.gate[:n], s.up[:n]
+    q_scale = attention_scale(hp)
+    base_swa = m.extra.get("rope_base_swa", hp.rope_base)      # rope_freq_base_train_swa: the base unless given
+    for il in range(*m.layers):
+        swa = is_swa(hp, il)
+        with w.layer(il) as L:
+            rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
+            L.attn_q.rows(q.reshape(n, -1), xb)
+            L.attn_k.rows(k.reshape(n, -1), xb)
+            L.attn_v.rows(v.reshape(n, -1), xb)
+            base = base_swa if swa else hp.rope_base
+            rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
+            rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
+            q *= q_scale
+            kv.store(il, pos0, k, v)
+            attention(att, q, *kv.layer(il), pos0, 1.0, hp.sliding_window if swa else 0, hp.attn_softcap)
+            L.attn_output.rows(xb, att.reshape(n, -1))
+            x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
+            with rows:
+                rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
+                x += xb                                         # sa_out
+                rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
+                L.ffn_gate.rows(gate, xb)
+                L.ffn_up.rows(up, xb)
+                geglu(gate, gate, up)
+                L.ffn_down.rows(xb, gate)
+                rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
+                x += xb
