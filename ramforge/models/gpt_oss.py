@@ -56,7 +56,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)    # both kinds of layer scaled
             rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
             kv.store(il, pos0, k, v)
-            attention(att, q, *kv.layer(il), pos0, kq_scale, hp.sliding_window if swa else 0, L.attn_sinks.data)
+            attention(att, q, *kv.layer(il), pos0, kq_scale, hp.sliding_window if swa else 0, sinks=L.attn_sinks.data)
             L.attn_output.rows(xb, att.reshape(n, -1))
             xb += L.attn_output_bias.data
             x, xb, rows = output_rows(hp, il, out, x, xb)
