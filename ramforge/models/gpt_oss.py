@@ -19,7 +19,8 @@ ROPE_NEOX = True
 SWA_PATTERN = 2                 # llama.cpp's load_swa_pattern(ml, 2): layers with il % 2 < 1 slide
 FFN_NORM = "post_attention_norm"
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
-                 "attn_output", "attn_output_bias", "attn_sinks", FFN_NORM, "ffn_gate_inp", *EXPERT_TENSORS, *moe.BIASES]
+                 "attn_output", "attn_output_bias", "attn_sinks", FFN_NORM, "ffn_gate_inp", *EXPERT_TENSORS,
+                 *moe.BIASES]
 OPTIONAL = {"attn_q_bias", "attn_k_bias", "attn_v_bias"}
 ALSO_READ: set[str] = set()
 
