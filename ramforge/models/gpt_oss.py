@@ -17,9 +17,8 @@ from .weights import EXPERT_TENSORS, output_rows
 
 ROPE_NEOX = True
 SWA_PATTERN = 2                 # llama.cpp's load_swa_pattern(ml, 2): layers with il % 2 < 1 slide
-FFN_NORM = "post_attention_norm"
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
-                 "attn_output", "attn_output_bias", "attn_sinks", FFN_NORM, "ffn_gate_inp", *EXPERT_TENSORS,
+                 "attn_output", "attn_output_bias", "attn_sinks", "post_attention_norm", "ffn_gate_inp", *EXPERT_TENSORS,
                  *moe.BIASES]
 OPTIONAL = {"attn_q_bias", "attn_k_bias", "attn_v_bias"}
 ALSO_READ: set[str] = set()
