@@ -17,6 +17,7 @@ from typing import Iterator
 from .errors import InvalidArgument, RamforgeError
 from .memory import MemoryBudget, parse_memory_size
 from .params import sampler_params, stop_strings
+from .reasoning import parser_for
 from .resolve import resolve_model
 from .sampling import Sampler
 
@@ -29,7 +30,7 @@ _DEFAULT_MODEL_TEMPLATE = Path(__file__).parent / "templates" / "gemma3.jinja"
 class Response:
     """One step of `Model.stream()`: the new text, and on the last step the totals."""
 
-    text: str
+    text: str                             # the answer (in a chat, without the reasoning)
     token: int | None
     done: bool = False
     finish_reason: str | None = None      # "stop" (EOG or a stop string) or "length"
@@ -41,6 +42,7 @@ class Response:
     load_s: float = 0.0
     tokens: list[int] = field(default_factory=list)
     compile_s: float = 0.0                # compiling kernels (a first run), not in prompt_s or gen_s
+    thinking: str = ""                    # a chat's reasoning, split out (Model.split_reasoning)
 
     @property
     def prompt_tps(self) -> float:
@@ -164,7 +166,7 @@ class Model:
         """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts."""
         prompt = self.render_chat(messages, **(chat_template_kwargs or {}))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        chunks = self.stream(prompt, max_tokens if max_tokens is not None else -1, **kwargs)
+        chunks = self.split_reasoning(self.stream(prompt, max_tokens if max_tokens is not None else -1, **kwargs))
 
         def chunk(delta, finish):
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.name,
@@ -174,18 +176,41 @@ class Model:
             def gen():
                 yield chunk({"role": "assistant"}, None)
                 for r in chunks:
+                    if r.thinking:
+                        yield chunk({"reasoning_content": r.thinking}, None)
                     if r.text:
                         yield chunk({"content": r.text}, None)
                     if r.done:
                         yield chunk({}, r.finish_reason)
             return gen()
         r = self._collect(chunks)
+        message = {"role": "assistant", "content": r.text}
+        if r.thinking:
+            message["reasoning_content"] = r.thinking       # as llama-server reports it
         return {"id": cid, "object": "chat.completion", "created": created, "model": self.name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
-                             "logprobs": None, "finish_reason": r.finish_reason}], "usage": _usage(r)}
+                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": r.finish_reason}],
+                "usage": _usage(r)}
+
+    def split_reasoning(self, responses):
+        """The Responses of a chat with the model's reasoning moved from `text` to `thinking` (gpt-oss's
+        harmony channels, ramforge.reasoning); unchanged for a model without a reasoning format."""
+        parser = parser_for(self.chat_template().text)
+        for r in responses:
+            if parser is not None:
+                r.thinking, r.text = parser.feed(r.text)
+                if r.done:
+                    a, b = parser.flush()
+                    r.thinking, r.text = r.thinking + a, r.text + b
+            yield r
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         """The prompt text the model's chat template makes of messages."""
+        chat = self.chat_template()
+        text = chat.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+        return chat.strip_special(text)      # llama.cpp's rule: the tokenizer adds BOS itself
+
+    def chat_template(self):
+        """The model's chat.ChatTemplate (loaded once)."""
         if self._chat is None:
             from .chat import ChatTemplate
             from .gguf.reader import GGUFFile
@@ -196,8 +221,7 @@ class Model:
             if override is None and "tokenizer.chat_template" not in md and self._is_default():
                 override = _DEFAULT_MODEL_TEMPLATE.read_text()   # the embedded gemma-3 GGUF ships none
             self._chat = ChatTemplate.from_metadata(md, override)
-        text = self._chat.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
-        return self._chat.strip_special(text)      # llama.cpp's rule: the tokenizer adds BOS itself
+        return self._chat
 
     def _is_default(self) -> bool:
         from .resolve import DEFAULT_NAMES, default_model_path
@@ -209,10 +233,11 @@ class Model:
 
     @staticmethod
     def _collect(chunks) -> Response:
-        parts = []
+        parts, thoughts = [], []
         for r in chunks:
             parts.append(r.text)
-        r.text = "".join(parts)
+            thoughts.append(r.thinking)
+        r.text, r.thinking = "".join(parts), "".join(thoughts)
         return r
 
     # ---- lifetime ----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from .stream.weights import Weights
 
 # architectures whose llama.cpp graph reads {arch}.attention.sliding_window (phi3's turns it off again:
 # models/phi3.py attends to the whole context, as llama.cpp does)
-SLIDING_WINDOW_ARCHS = frozenset({"gemma3", "gemma2", "phi3"})
+SLIDING_WINDOW_ARCHS = frozenset({"gemma3", "gemma2", "phi3", "gpt-oss"})
 
 
 def _refuse_unsupported_keys(md: dict, arch: str) -> dict:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from .errors import InvalidArgument, ModelFileError
 from .gguf.constants import GGML_BLOCK, Keys
 from .gguf.reader import GGUFFile, TensorInfo
-from .models import is_executable
+from .models import ffn_norm, is_executable
 from .models.config import FUSED_PROJECTIONS, HParams
 
 DEFAULT_CTX = 4096          # as llama-cli: the default context, capped by the model's own
@@ -234,7 +234,7 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
         slot = max(expert_span(experts[i], e).nbytes for i in range(a, b) for e in range(hp.n_expert))
         min_slots = k
         # layer i's router and ffn_norm (as f32), resident to guess its experts during layer i-1
-        predictors = sum(4 * f.tensors[f"blk.{i}.ffn_norm.weight"].n_elements
+        predictors = sum(4 * f.tensors[f"blk.{i}.{ffn_norm(hp.arch)}.weight"].n_elements
                          + f.tensors[f"blk.{i}.ffn_gate_inp.weight"].nbytes for i in range(a + 1, b))
     else:
         spans_s, slot, min_slots, predictors = spans, 0, 0, 0

@@ -34,7 +34,7 @@ from tools._fixtures import (  # noqa: E402
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
-               "Q6_K", "IQ4_NL", "IQ4_XS")
+               "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE")
 # low-bit types llama_model_quantize cannot make without an imatrix: written by write_lowbit_model
 # (ggml_quantize_chunk with a synthetic importance vector, tools/ggml_quant.py)
 LOWBIT_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0", "MXFP4")
@@ -98,6 +98,12 @@ SPECS = {
                      n_expert=16, n_expert_used=4, n_ff_exp=256, router_gain=2.0),
     "qwen2moe": Spec("qwen2moe", "qwen2", rope_base=1e6, eps=1e-6, qkv_bias=True, n_expert=8, n_expert_used=2,
                      n_ff_exp=256, n_ff_shexp=512, router_gain=2.0),
+    # gpt-oss: biases everywhere, one sink per head, sliding window on even layers (short here, so the
+    # records cross it), YaRN as the released models (factor 32 over 4096), 16 experts (4 used) with the
+    # clamped SwiGLU; a qwen2 vocab (the harmony tokenizer is not among llama.cpp's vocab files)
+    "gpt-oss": Spec("gpt-oss", "qwen2", rope_base=150000.0, qkv_bias=True, n_ff=256, n_expert=16,
+                    n_expert_used=4, n_ff_exp=256, router_gain=2.0, extra_kv=(("attention.sliding_window", 16),),
+                    rope_scaling=(("type", "yarn"), ("factor", 32.0), ("original_context_length", 4096))),
     # Mixtral: GGUF architecture llama with experts, expert FFN width = feed_forward_length
     "llama-moe": Spec("llama", "llama-spm", name="moe", n_ff=256, n_expert=8, n_expert_used=2, n_ff_exp=256,
                       router_gain=2.0),
@@ -183,16 +189,23 @@ def tensor_plan(spec: Spec, n_vocab: int) -> list[tuple[str, tuple[int, ...], st
                 plan.append((b + f"attn_{t}.bias", (rows,), "bias"))
         if spec.qk_norm:
             plan += [(b + "attn_q_norm.weight", (hd,), "norm"), (b + "attn_k_norm.weight", (hd,), "norm")]
+        oss = spec.arch == "gpt-oss"
         plan.append((b + "attn_output.weight", (e, nq), "proj"))
-        if spec.post_norms:
+        if oss:
+            plan += [(b + "attn_output.bias", (e,), "bias"), (b + "attn_sinks.weight", (spec.n_head,), "sink")]
+        if spec.post_norms or oss:        # gpt-oss: its FFN's input norm has this name
             plan.append((b + "post_attention_norm.weight", (e,), "norm"))
-        plan.append((b + "ffn_norm.weight", (e,), "norm"))
+        if not oss:
+            plan.append((b + "ffn_norm.weight", (e,), "norm"))
         if spec.n_expert:                     # numpy [experts, rows, cols] = GGUF [cols, rows, experts]
             x, f = spec.n_expert, spec.n_ff_exp
-            plan += [(b + "ffn_gate_inp.weight", (x, e), "router"),
-                     (b + "ffn_gate_exps.weight", (x, f, e), "proj"),
-                     (b + "ffn_up_exps.weight", (x, f, e), "proj"),
-                     (b + "ffn_down_exps.weight", (x, e, f), "proj")]
+            plan.append((b + "ffn_gate_inp.weight", (x, e), "router"))
+            if oss:
+                plan.append((b + "ffn_gate_inp.bias", (x,), "bias"))
+            for t, shape in (("gate", (x, f, e)), ("up", (x, f, e)), ("down", (x, e, f))):
+                plan.append((b + f"ffn_{t}_exps.weight", shape, "proj"))
+                if oss:
+                    plan.append((b + f"ffn_{t}_exps.bias", shape[:2], "bias"))
             if spec.n_ff_shexp:
                 f = spec.n_ff_shexp
                 plan += [(b + "ffn_gate_inp_shexp.weight", (e,), "proj"),
@@ -225,7 +238,7 @@ def tensor_values(spec: Spec, name: str, shape: tuple[int, ...], kind: str) -> n
         grow = {"factor_long": np.float32(40.0) ** i, "factor_short": np.float32(1.0) + np.float32(0.1) * i,
                 "factor_llama3": np.minimum(np.float32(8.0), np.float32(1.0) + np.float32(12.0) * i * i)}[kind]
         return (grow * (np.float32(1.0) + np.float32(0.05) * np.abs(x))).astype(np.float32)
-    scale = {"embd": spec.embd_std, "out": spec.out_std, "bias": spec.bias_std,
+    scale = {"embd": spec.embd_std, "out": spec.out_std, "bias": spec.bias_std, "sink": 1.0,
              "proj": spec.proj_gain / np.sqrt(shape[-1]), "router": spec.router_gain / np.sqrt(shape[-1])}[kind]
     if name.endswith(("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")):
         scale *= spec.resid_gain
@@ -240,8 +253,9 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def stays_f32(name: str, shape: tuple[int, ...], ftype: str) -> bool:
-    """1-D tensors and the expert router stay F32 in every variant, as llama.cpp's converter writes them."""
-    return len(shape) == 1 or ftype == "F32" or name.endswith("ffn_gate_inp.weight")
+    """1-D tensors, biases (gpt-oss's experts' are 2-D) and the expert router stay F32 in every variant, as
+    llama.cpp's converter writes them."""
+    return len(shape) == 1 or ftype == "F32" or name.endswith(("ffn_gate_inp.weight", ".bias"))
 
 
 def encode(x: np.ndarray, ftype: str, name: str = "") -> tuple[np.ndarray, object]:
@@ -456,6 +470,9 @@ def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
     LOWBIT_TYPES follow write_lowbit_model's own rule (lowbit_type)."""
     if qtype in LOWBIT_TYPES:
         return {name: lowbit_type(name, shape, qtype) for name, shape, _ in tensor_plan(spec, n_vocab)}
+    if qtype == "MXFP4_MOE":             # gpt-oss's release layout: experts MXFP4, every other matrix Q8_0
+        return {name: "F32" if stays_f32(name, shape, "F16") else "MXFP4" if len(shape) == 3 else "Q8_0"
+                for name, shape, _ in tensor_plan(spec, n_vocab)}
     base = _BASE.get(qtype, qtype)
     n = spec.n_layer
     more = lambda i: i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # use_more_bits

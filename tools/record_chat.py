@@ -17,6 +17,7 @@ import argparse
 import hashlib
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +78,14 @@ QWEN3 = [case("thinking_default", [SYS, U1]), case("thinking_off", [SYS, U1], en
          case("thinking_on", [SYS, U1], enable_thinking=True),
          case("reasoning_history", [U1, A_THINK, U2], enable_thinking=True)]
 DATE = {"date_string": "26 Jul 2024"}
+# gpt-oss's harmony template: the reasoning effort, earlier turns' reasoning (dropped unless the turn
+# calls a tool), a developer message; its date comes from strftime_now, pinned to NOW while recording
+A_HARMONY = {"role": "assistant", "content": "Rayleigh scattering.", "thinking": "Short wavelengths scatter."}
+HARMONY = [case("reasoning_high", [SYS, U1], reasoning_effort="high"),
+           case("reasoning_history", [U1, A_HARMONY, U2], reasoning_effort="low"),
+           case("developer", [{"role": "developer", "content": "Answer in French."}, U1]),
+           case("identity", [U1], model_identity="You are a test model.")]
+NOW = "2025-08-05"       # strftime_now("%Y-%m-%d") for records that store "now"
 
 # record name -> (template file or special source, bos, eos, cases)
 SPECS = {
@@ -96,7 +105,9 @@ SPECS = {
                                      BASIC + [case("reasoning_history", [U1, A_THINK, U2])]),
     "gemma-2-2b-it": ("google-gemma-2-2b-it.jinja", "<bos>", "<eos>", BASIC),  # system role -> raise_exception
     "phi-3.5-mini-instruct": ("microsoft-Phi-3.5-mini-instruct.jinja", "<s>", "<|endoftext|>", BASIC),
+    "gpt-oss": ("openai-gpt-oss-120b.jinja", "<|startoftext|>", "<|return|>", BASIC + HARMONY + WITH_TOOLS),
 }
+PINNED_NOW = {"gpt-oss"}
 
 
 def template_text(src: str, templates: Path) -> tuple[str, str]:
@@ -110,10 +121,12 @@ def template_text(src: str, templates: Path) -> tuple[str, str]:
     return (templates / src).read_text(encoding="utf-8"), origin
 
 
-def reference(text, bos, eos, c) -> dict:
+def reference(text, bos, eos, c, now: str | None = None) -> dict:
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
     fmt = Jinja2ChatFormatter(template=text, eos_token=eos, bos_token=bos,
                               add_generation_prompt=c["add_generation_prompt"])
+    if now is not None:        # the template's date, pinned
+        fmt.strftime_now = lambda f: datetime.strptime(now, "%Y-%m-%d").strftime(f)
     try:
         return {"prompt": fmt(messages=json.loads(json.dumps(c["messages"])), tools=c["tools"], **c["kwargs"]).prompt}
     except Exception as e:  # noqa: BLE001 - the template's own raise_exception
@@ -130,7 +143,8 @@ def record(name: str, templates: Path) -> dict:
             "bos_token": bos, "eos_token": eos,
             "reference": f"llama_cpp.llama_chat_format.Jinja2ChatFormatter (llama-cpp-python {llama_cpp.__version__}, "
                          f"jinja2 {jinja2.__version__})",
-            "cases": [dict(c, **reference(text, bos, eos, c)) for c in cases]}
+            **({"now": NOW} if name in PINNED_NOW else {}),
+            "cases": [dict(c, **reference(text, bos, eos, c, NOW if name in PINNED_NOW else None)) for c in cases]}
 
 
 def main(argv=None) -> int:

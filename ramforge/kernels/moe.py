@@ -16,6 +16,7 @@ tinyBLAS, which mul_mat_id does not call).
 from __future__ import annotations
 
 import math
+from enum import IntEnum
 
 import numpy as np
 from numba import njit, prange
@@ -212,37 +213,58 @@ def _argsort_desc(o, v):
 
 # ---------------------------------------------------------------- routing
 
+class Gating(IntEnum):
+    """How router logits become expert choices and weights (llama.cpp's llama_expert_gating_func_type)."""
+
+    SOFTMAX = 0          # probs = softmax(logits); the top k probs are the weights
+    SOFTMAX_WEIGHT = 1   # the top k logits chosen; their softmax is the weights (gpt-oss)
+
+
 @njit(cache=True, parallel=True)
-def _route(ids, wts, logits, norm_w):
-    # per token: probs = softmax(logits[t]); ids[t] = the k first of argsort(probs, desc); wts[t] =
-    # probs[ids[t]], divided by max(sum, 2^-14) (sum in float64, rounded to float) when norm_w
+def _route(ids, wts, logits, norm_w, gating):
+    # per token: SOFTMAX: probs = softmax(logits[t]), ids[t] = the k first of argsort(probs, desc),
+    # wts[t] = probs[ids[t]]; SOFTMAX_WEIGHT: ids[t] = the k first of argsort(logits[t], desc), wts[t] =
+    # softmax(logits[t, ids[t]]) (a k-wide ggml_soft_max). Then divided by max(sum, 2^-14) (sum in
+    # float64, rounded to float) when norm_w
     n, n_exp = logits.shape
     k = ids.shape[1]
     for t in prange(n):
         p = np.empty(n_exp, np.float32)
         o = np.empty(n_exp, np.int32)
-        _softmax(p, logits[t])
-        _argsort_desc(o, p)
-        s = 0.0
-        for j in range(k):
-            ids[t, j] = o[j]
-            wts[t, j] = p[o[j]]
-            s += np.float64(wts[t, j])
+        if gating == 1:
+            _argsort_desc(o, logits[t])
+            sel = np.empty(k, np.float32)
+            for j in range(k):
+                sel[j] = logits[t, o[j]]
+            _softmax(p[:k], sel)
+            for j in range(k):
+                ids[t, j] = o[j]
+                wts[t, j] = p[j]
+        else:
+            _softmax(p, logits[t])
+            _argsort_desc(o, p)
+            for j in range(k):
+                ids[t, j] = o[j]
+                wts[t, j] = p[o[j]]
         if norm_w:
+            s = 0.0
+            for j in range(k):
+                s += np.float64(wts[t, j])
             d = max(min(np.float32(s), np.float32(np.inf)), _SUM_CLAMP)
             for j in range(k):
                 wts[t, j] = wts[t, j] / d
 
 
-def route(ids: np.ndarray, wts: np.ndarray, logits: np.ndarray, norm_w: bool) -> None:
-    """Softmax gating: ids i32[n, k], wts f32[n, k] (slot j: the j-th most probable expert) from router
-    logits f32[n, n_expert]; norm_w divides the k weights by their sum (qwen3moe, Mixtral)."""
+def route(ids: np.ndarray, wts: np.ndarray, logits: np.ndarray, norm_w: bool,
+          gating: Gating = Gating.SOFTMAX) -> None:
+    """Gating: ids i32[n, k], wts f32[n, k] (slot j: the j-th ranked expert) from router logits
+    f32[n, n_expert]; norm_w divides the k weights by their sum (qwen3moe, Mixtral)."""
     n, n_exp = logits.shape
     if ids.shape != wts.shape or ids.shape[0] != n or not 1 <= ids.shape[1] <= n_exp:
         raise RamforgeError(f"route: logits {logits.shape}, ids {ids.shape}, weights {wts.shape}")
     if ids.dtype != np.int32 or wts.dtype != np.float32 or logits.dtype != np.float32:
         raise RamforgeError(f"route: dtypes {ids.dtype}, {wts.dtype}, {logits.dtype}; want int32, float32, float32")
-    _route(ids, wts, logits, bool(norm_w))
+    _route(ids, wts, logits, bool(norm_w), int(Gating(gating)))
 
 
 def argsort_desc(v: np.ndarray) -> np.ndarray:

@@ -216,6 +216,7 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
 
 
 _W = 16                      # lanes of the f16 vector intrinsics below
+_NO_SINKS = np.empty(0, np.float32)
 
 
 def _vec_at(context, builder, sig, args, k, o, elem):
@@ -273,10 +274,11 @@ def _sum_lanes16(a, o, stride):
 
 
 @njit(cache=True, parallel=True)
-def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single, softcap):
+def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single, softcap, sinks):
     # out f32[n_tok, n_head, hd_v]; q f32[n_tok, n_head, hd_k] (already f16-rounded)
     # k_cache u16[n_ctx, n_head_kv, hd_k], v_cache u16[n_ctx, n_head_kv, hd_v]: f16 bits
     # f16 f32[65536]: the value of each f16 bit pattern (for head-dim tails)
+    # sinks f32[n_head] or empty: a per-head logit in the softmax's max and sum only (gpt-oss; expf)
     # KQ and KQV round as llama.cpp's matmuls of them (without flash attention): a batch of 2+
     # tokens through tinyBLAS's F16 gemm (16 lanes, lane = index % 16), a single token (`single`)
     # through ggml_vec_dot_f16 (4 x 16 lanes, by index % 64); the lanes summed as _sum_lanes16
@@ -310,7 +312,12 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
             scores[j] = s
             if s > mx:
                 mx = s
-        inv = np.float32(1.0 / _softmax_exp(scores, j0, p, mx))
+        if sinks.size:
+            mx = max(mx, sinks[h])
+        total = _softmax_exp(scores, j0, p, mx)
+        if sinks.size:
+            total += np.float64(math.exp(sinks[h] - mx))   # a float32 argument: libm's expf, as ggml
+        inv = np.float32(1.0 / total)
         for j in range(j0, p + 1):
             pj = f16[_f32_to_half_bits(scores[j] * inv)]    # probabilities meet V as f16
             vo = (j * n_kv + kvh) * hd_v
@@ -328,22 +335,27 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
 
 @timed("attention")
 def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
-              kq_scale: float, window: int = 0, softcap: float = 0.0) -> np.ndarray:
+              kq_scale: float, window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal attention of n_tok queries at positions pos0.. over the cache rows 0..pos0+n_tok-1.
 
     window > 0 masks keys at distance >= window (llama.cpp's standard sliding window); softcap > 0
-    caps the logits q.k at +-softcap (softcap * tanh(q.k / softcap), before kq_scale), as gemma2.
+    caps the logits q.k at +-softcap (softcap * tanh(q.k / softcap), before kq_scale), as gemma2;
+    sinks f32[n_head] adds one logit per head to each softmax that no value follows
+    (ggml_soft_max_add_sinks), as gpt-oss.
     """
     n_tok, n_head, hd_k = q.shape
     n_kv = k_cache.shape[1]
     if (n_kv == 0 or n_head % n_kv or k_cache.shape[2] != hd_k or pos0 + n_tok > k_cache.shape[0]
             or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous)):
         raise RamforgeError(f"attention: q {q.shape}, k cache {k_cache.shape}, pos0 {pos0}")
+    sk = _NO_SINKS if sinks is None else np.ascontiguousarray(sinks, np.float32)
+    if sk.size not in (0, n_head):
+        raise RamforgeError(f"attention: {sk.size} sinks for {n_head} heads")
     qr = q.astype(np.float16).astype(np.float32)          # q meets an F16 cache as f16
     view = current_view()                                # llama.cpp's batch, when the engine sets one
     single = (view[0] if view is not None else n_tok) == 1
     _attention(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32,
-               single, np.float32(softcap))
+               single, np.float32(softcap), sk)
     return out
 
 
@@ -410,6 +422,27 @@ def _swiglu(out, gate, up):
             g = gate[t, i]
             e = _expf(-g) if i < n16 else np.float32(math.exp(-g))
             out[t, i] = (g / (np.float32(1.0) + e)) * up[t, i]
+
+
+@njit(cache=True, parallel=True)
+def _swiglu_oai(out, gate, up, alpha, limit):
+    # as ggml_compute_forward_swiglu_oai_f32 (scalar, libm's expf): x = min(g, limit),
+    # y = clamp(u, -limit, limit), out = x / (1 + expf(alpha * -x)) * (y + 1)
+    one = np.float32(1.0)
+    for t in prange(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            x = min(gate[t, i], limit)
+            y = min(max(up[t, i], -limit), limit)
+            out[t, i] = (x / (one + math.exp(alpha * -x))) * (y + one)
+
+
+@timed("glu")
+def swiglu_oai(out: np.ndarray, gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """out = gpt-oss's clamped SwiGLU of gate and up, f32[n_tok, n_ff] (ggml_swiglu_oai)."""
+    if not (gate.shape == up.shape == out.shape) or gate.ndim != 2 or not limit > 0:
+        raise RamforgeError(f"swiglu_oai: gate {gate.shape}, up {up.shape}, out {out.shape}, limit {limit}")
+    _swiglu_oai(out, gate, up, np.float32(alpha), np.float32(limit))
+    return out
 
 
 @timed("glu")

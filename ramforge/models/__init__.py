@@ -15,7 +15,11 @@ ARCHITECTURES: dict[str, str] = {
     "phi3": "phi3",
     "qwen3moe": "qwen3moe",
     "qwen2moe": "qwen2moe",
+    "gpt-oss": "gpt_oss",
 }
+
+# The norm before a layer's FFN, where it is not `ffn_norm` (the expert guess norms with it).
+FFN_NORM: dict[str, str] = {"gpt-oss": "post_attention_norm"}
 
 # Aliases that share another architecture's forward pass. None yet: llama.cpp builds the phi3, gemma2 and
 # gemma3 graphs for those architectures alone (phimoe, gemma, gemma3n have graphs of their own).
@@ -24,3 +28,8 @@ ALIASES: dict[str, str] = {}
 
 def is_executable(arch: str) -> bool:
     return ALIASES.get(arch, arch) in ARCHITECTURES
+
+
+def ffn_norm(arch: str) -> str:
+    """The tensor suffix of the norm before a layer's FFN in architecture `arch`."""
+    return FFN_NORM.get(ALIASES.get(arch, arch), "ffn_norm")

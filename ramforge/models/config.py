@@ -53,6 +53,7 @@ MOE_ARCHS: dict[str, MoEArch] = {
     "qwen3moe": MoEArch(required=True, ff_key=True, shared=False),
     "qwen2moe": MoEArch(required=True, ff_key=True, shared=True),
     "llama": MoEArch(required=False, ff_key=False, shared=False),
+    "gpt-oss": MoEArch(required=True, ff_key=True, shared=False),
 }
 
 

@@ -24,7 +24,7 @@ MOE_FFN = ["ffn_gate_inp", *EXPERT_TENSORS]
 SHARED_EXPERT = ["ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"]   # qwen2moe's
 # forward() serves qwen2/qwen3 and the MoE models too: what one has and another lacks reads as None
 # (a router and a shared expert for llama; the dense FFN, unreached, for a model with experts)
-ALSO_READ = {"attn_q_norm", "attn_k_norm", "ffn_gate_inp", *DENSE_FFN, *SHARED_EXPERT}
+ALSO_READ = {"attn_q_norm", "attn_k_norm", "ffn_gate_inp", *DENSE_FFN, *SHARED_EXPERT, *moe.BIASES}
 
 
 def layer_tensors(hp) -> list[str]:

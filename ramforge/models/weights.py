@@ -132,6 +132,10 @@ def layer_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
         "ffn_gate_inp_shexp": (hp.n_embd,),
         "ffn_gate_shexp": (hp.n_embd, hp.n_ff_shexp), "ffn_up_shexp": (hp.n_embd, hp.n_ff_shexp),
         "ffn_down_shexp": (hp.n_ff_shexp, hp.n_embd),
+        # gpt-oss: biases of the output projection, router and experts; one attention sink per head
+        "attn_output_bias": (hp.n_embd,), "attn_sinks": (hp.n_head,), "ffn_gate_inp_bias": (hp.n_expert,),
+        "ffn_gate_exps_bias": (hp.n_ff_exp, hp.n_expert), "ffn_up_exps_bias": (hp.n_ff_exp, hp.n_expert),
+        "ffn_down_exps_bias": (hp.n_embd, hp.n_expert),
     }
 
 

@@ -235,11 +235,12 @@ class Job:
     @classmethod
     async def start(cls, manager: ModelManager, *, model: str | None, num_ctx: int | None,
                     keep_alive: float | None, build: Callable, max_tokens: int | None, clamp: bool,
-                    sampling: dict, stop: list[str]) -> "Job":
+                    sampling: dict, stop: list[str], chat: bool = False) -> "Job":
         """Take the lock, load, build the prompt ids (`build(model)` on the worker), and evaluate the
         prompt. max_tokens None or < 0: until the context is full or an end-of-generation token;
         clamp: cut max_tokens to the room left (Ollama), else a prompt + max_tokens over the
-        context is a ContextLengthExceeded (OpenAI)."""
+        context is a ContextLengthExceeded (OpenAI). chat: the model's reasoning goes to each Response's
+        `thinking` (Model.split_reasoning)."""
         job = cls(manager, keep_alive)
         # A bad or unknown name is refused (400 / 404) before the request queues for the model: it must
         # not wait behind generations, take a queue place, or be answered 503 when the queue is full.
@@ -261,6 +262,8 @@ class Job:
             elif clamp:
                 max_tokens = min(max_tokens, room)
             job.it = mdl.stream(ids, max_tokens, stop=stop or None, **sampling)
+            if chat:
+                job.it = mdl.split_reasoning(job.it)
             job.first = await manager.call(next, job.it, None)
         except BaseException:
             await job.close()
@@ -288,11 +291,12 @@ class Job:
     async def collect(self, request: Request | None = None):
         """The final Response with the whole text (non-streaming requests); closes the job."""
         try:
-            parts, last = [], None
+            parts, thoughts, last = [], [], None
             async for r in self.responses(request):
                 parts.append(r.text)
+                thoughts.append(r.thinking)
                 last = r
-            last.text = "".join(parts)
+            last.text, last.thinking = "".join(parts), "".join(thoughts)
             return last
         finally:
             await self.close()

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .._version import __version__
 from ..errors import InvalidArgument, Unsupported, UnsupportedField
+from ..reasoning import parser_for
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, details_of, iso, now_iso, parse_keep_alive,
                      read_info, request_sampling, sampler_fields, stop_list)
 from .manager import Job, ModelManager, list_models, manager_of, stream_job
@@ -84,6 +85,9 @@ class Options(_SamplerOptions):
         return request_sampling(self, DEFAULTS, seed)
 
 
+THINK_LEVELS = ("low", "medium", "high")     # Ollama's think levels (gpt-oss's reasoning effort)
+
+
 class _Generating(Strict):
     model: str = Field("", max_length=MAX_NAME)
     stream: bool | None = True
@@ -99,12 +103,17 @@ class _Generating(Strict):
             raise UnsupportedField("format (JSON mode / structured outputs) is not supported")
         if self.logprobs or self.top_logprobs:
             raise UnsupportedField("logprobs are not supported")
-        if isinstance(self.think, str):
-            raise UnsupportedField("think levels are not supported: use true or false")
+        if isinstance(self.think, str) and self.think not in THINK_LEVELS:
+            raise UnsupportedField(f"think = {self.think!r}: use true, false or one of {', '.join(THINK_LEVELS)}")
         return (self.options or Options()).check()
 
     def template_kwargs(self) -> dict:
-        return {} if self.think is None else {"enable_thinking": bool(self.think)}
+        """think: true/false as enable_thinking (qwen3's templates), a level as reasoning_effort (gpt-oss's)."""
+        if self.think is None:
+            return {}
+        if isinstance(self.think, str):
+            return {"reasoning_effort": self.think}
+        return {"enable_thinking": bool(self.think)}
 
 
 class GenerateRequest(_Generating):
@@ -202,21 +211,29 @@ async def generate(req: GenerateRequest, request: Request):
         return model.tokenize(text, add_bos=True, special=True)
 
     job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
-                          max_tokens=opts.num_predict, clamp=True, sampling=opts.sampling(), stop=stop_list(opts.stop))
+                          max_tokens=opts.num_predict, clamp=True, sampling=opts.sampling(), stop=stop_list(opts.stop),
+                          chat=not req.raw)
     name = req.model or job.loaded.name
+    show_thinking = req.think is not False
 
     def final(r) -> dict:
-        return {"model": name, "created_at": now_iso(), "response": r.text if not req.stream else "",
-                "done": True, "done_reason": r.finish_reason, "context": job.ids + list(r.tokens),
-                **job.durations(r)}
+        d = {"model": name, "created_at": now_iso(), "response": r.text if not req.stream else "",
+             "done": True, "done_reason": r.finish_reason, "context": job.ids + list(r.tokens),
+             **job.durations(r)}
+        if r.thinking and show_thinking and not req.stream:
+            d["thinking"] = r.thinking
+        return d
 
     if req.stream is False:
         return final(await job.collect(request))
 
     def lines(r):
         out = []
-        if r.text:
-            out.append(_line({"model": name, "created_at": now_iso(), "response": r.text, "done": False}))
+        if r.text or (r.thinking and show_thinking):
+            d = {"model": name, "created_at": now_iso(), "response": r.text, "done": False}
+            if r.thinking and show_thinking:
+                d["thinking"] = r.thinking
+            out.append(_line(d))
         if r.done:
             out.append(_line(final(r)))
         return out
@@ -242,24 +259,31 @@ async def chat(req: ChatRequest, request: Request):
         return model.tokenize(model.render_chat(messages, **kwargs), add_bos=True, special=True)
 
     job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
-                          max_tokens=opts.num_predict, clamp=True, sampling=opts.sampling(), stop=stop_list(opts.stop))
+                          max_tokens=opts.num_predict, clamp=True, sampling=opts.sampling(), stop=stop_list(opts.stop),
+                          chat=True)
     name = req.model or job.loaded.name
 
-    def final(r, content: str) -> dict:
-        return {"model": name, "created_at": now_iso(), "message": {"role": "assistant", "content": content},
+    def message(content: str, thinking: str) -> dict:
+        m = {"role": "assistant", "content": content}
+        if thinking and req.think is not False:       # the reasoning, as Ollama reports it
+            m["thinking"] = thinking
+        return m
+
+    def final(r, content: str, thinking: str) -> dict:
+        return {"model": name, "created_at": now_iso(), "message": message(content, thinking),
                 "done": True, "done_reason": r.finish_reason, **job.durations(r)}
 
     if req.stream is False:
         r = await job.collect(request)
-        return final(r, r.text)
+        return final(r, r.text, r.thinking)
 
     def lines(r):
         out = []
-        if r.text:
-            out.append(_line({"model": name, "created_at": now_iso(),
-                              "message": {"role": "assistant", "content": r.text}, "done": False}))
+        if r.text or (r.thinking and req.think is not False):
+            out.append(_line({"model": name, "created_at": now_iso(), "message": message(r.text, r.thinking),
+                              "done": False}))
         if r.done:
-            out.append(_line(final(r, "")))
+            out.append(_line(final(r, "", "")))
         return out
 
     return stream_job(job, lines, lambda e: _line({"error": str(e)}), NDJSON)
@@ -292,7 +316,8 @@ async def show(req: ShowRequest, request: Request):
     info = await anyio.to_thread.run_sync(read_info, path, bool(req.verbose))
     return {"license": info["license"] or "", "modelfile": f"# Modelfile generated by ramforge\nFROM {path}\n",
             "parameters": "", "template": info["template"] or "", "details": info["details"],
-            "model_info": info["model_info"], "capabilities": ["completion"],
+            "model_info": info["model_info"],
+            "capabilities": ["completion"] + (["thinking"] if parser_for(info["template"]) else []),
             "modified_at": iso(Path(path).stat().st_mtime)}
 
 

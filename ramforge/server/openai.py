@@ -2,7 +2,8 @@
 
 Request models forbid unknown fields but declare every field the official `openai` client can
 send: those that change nothing here (user, metadata, store, service_tier, prompt_cache_key,
-reasoning_effort, ...) are accepted and ignored; those asking for something ramforge cannot do
+...) are accepted and ignored; reasoning_effort goes to the chat template (gpt-oss's harmony reads it), and
+a reasoning model's thinking comes back as `reasoning_content`, as llama-server reports it; those asking for something ramforge cannot do
 (n > 1, logprobs, logit_bias, response_format other than text, forced tool calls, audio) are a
 400. Messages also accept the fields a client echoes back from an earlier response (refusal,
 annotations, audio: null). Extensions, as llama.cpp's server takes them (the client's
@@ -118,7 +119,7 @@ class ChatRequest(_Common):
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict | None = None
     safety_identifier: str | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     verbosity: str | None = None
     modalities: list[str] | None = None
     # asking for what ramforge cannot do: only null
@@ -197,6 +198,8 @@ async def chat_completions(req: ChatRequest, request: Request):
     req.check()
     messages = [m.for_template() for m in req.messages]
     kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
     if req.tools and req.tool_choice != "none":
         kwargs["tools"] = req.tools
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -205,13 +208,16 @@ async def chat_completions(req: ChatRequest, request: Request):
         return model.tokenize(model.render_chat(messages, **kwargs), add_bos=True, special=True)
 
     job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
-                          max_tokens=max_tokens, clamp=False, sampling=req.sampling(), stop=stop_list(req.stop))
+                          max_tokens=max_tokens, clamp=False, sampling=req.sampling(), stop=stop_list(req.stop),
+                          chat=True)
     cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
     if not req.stream:
         r = await job.collect(request)
+        message = {"role": "assistant", "content": r.text}
+        if r.thinking:
+            message["reasoning_content"] = r.thinking          # as llama-server reports it
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
-                             "logprobs": None, "finish_reason": r.finish_reason}],
+                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": r.finish_reason}],
                 "usage": _usage(r)}
 
     def chunk(delta: dict, finish=None) -> str:
@@ -226,6 +232,8 @@ async def chat_completions(req: ChatRequest, request: Request):
         if not started:
             started = True
             out.append(chunk({"role": "assistant", "content": ""}))
+        if r.thinking:
+            out.append(chunk({"reasoning_content": r.thinking}))
         if r.text:
             out.append(chunk({"content": r.text}))
         if r.done:

@@ -18,6 +18,7 @@ from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile
 from ..kernels.dequant import dequantize
 from ..memory import MemoryBudget
+from ..models import ffn_norm
 from ..models.weights import (EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_name, layer_names, layer_tensors,
                               validate_tensors)
 from ..plan import ALIGN, SMALL, Plan, block_row_bytes, is_expert_tensor, span_of
@@ -133,7 +134,7 @@ class Weights:
             self.expert_cache = ExpertCache(f, self.file, range(a, b), p.expert_slots, p.expert_slot_bytes,
                                             self.expert_policy, self.expert_prefetch)
             for il in range(a + 1, b):       # what predicts layer il's experts from layer il-1 (plan.predictor_bytes)
-                self.predictors[il] = (self._vector(gguf_name("ffn_norm", il)),
+                self.predictors[il] = (self._vector(gguf_name(ffn_norm(self.hp.arch), il)),
                                        self._matrix(gguf_name("ffn_gate_inp", il)))
         self.pinned = {}
         for il in (range(a, b) if self.mmap else p.pinned):

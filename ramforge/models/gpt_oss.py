@@ -1,0 +1,67 @@
+"""gpt-oss, as llama.cpp's src/models/openai-moe.cpp (GGUF architecture `gpt-oss`).
+
+Per layer: RMSNorm -> Q, K, V with biases -> NEOX RoPE (YaRN-scaled in the released models) ->
+attention with one learned sink logit per head, over a sliding window on even layers (il % 2 == 0)
+and globally on odd ones, kq scale 1/sqrt(n_rot) -> output projection + bias -> residual ->
+RMSNorm (`post_attention_norm`, the FFN's input norm) -> a mixture of experts (models.moe): router
+with a bias, the top k logits' softmax as weights, experts with biases and the clamped SwiGLU
+(swiglu_oai, alpha 1.702, limit 7) -> residual.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.ops import attention, rms_norm, rope
+from . import moe
+from .weights import EXPERT_TENSORS, output_rows
+
+ROPE_NEOX = True
+SWA_PATTERN = 2                 # llama.cpp's load_swa_pattern(ml, 2): layers with il % 2 < 1 slide
+LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
+                 "attn_output", "attn_output_bias", "attn_sinks", "post_attention_norm", "ffn_gate_inp", *EXPERT_TENSORS,
+                 *moe.BIASES]
+OPTIONAL = {"attn_q_bias", "attn_k_bias", "attn_v_bias"}
+ALSO_READ: set[str] = set()
+
+
+def is_swa(hp, il: int) -> bool:
+    return hp.sliding_window > 0 and il % SWA_PATTERN < SWA_PATTERN - 1
+
+
+def embed(m, x: np.ndarray, tokens) -> None:
+    """x f32[n, n_embd] = token embeddings."""
+    m.weights.embed(tokens, x)
+
+
+def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+    """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
+    (out: as llama.forward)."""
+    hp, w, kv = m.hp, m.weights, m.kv
+    pos = np.arange(pos0, pos0 + n, dtype=np.int32)
+    x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
+    q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
+    att = s.att[:n]                                             # f32[n, n_head, hd_v]
+    kq_scale = np.float32(1.0) / np.sqrt(np.float32(hp.rope_dim))     # 1.0f/sqrtf(n_rot)
+    for il in range(*m.layers):
+        swa = is_swa(hp, il)
+        base = m.extra.get("rope_base_swa", hp.rope_base) if swa else hp.rope_base
+        with w.layer(il) as L:
+            rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
+            for proj, bias, dst in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k),
+                                    (L.attn_v, L.attn_v_bias, v)):
+                flat = dst.reshape(n, -1)
+                proj.rows(flat, xb)
+                if bias is not None:
+                    flat += bias.data
+            rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)    # both kinds of layer scaled
+            rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
+            kv.store(il, pos0, k, v)
+            attention(att, q, *kv.layer(il), pos0, kq_scale, hp.sliding_window if swa else 0, sinks=L.attn_sinks.data)
+            L.attn_output.rows(xb, att.reshape(n, -1))
+            xb += L.attn_output_bias.data
+            x, xb, rows = output_rows(hp, il, out, x, xb)
+            with rows:
+                x += xb                                         # residual
+                rms_norm(xb, x, L.post_attention_norm.data, hp.rms_eps)
+                moe.ffn(m, s, il, L, xb, x)
+                x += xb                                         # residual
