@@ -38,7 +38,8 @@ def test_support_lists_types():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert {"Q4_K", "IQ4_XS", "BF16", "Q8_K"} <= set(d["quant_types"]["executable"])
-    assert {"IQ2_XXS", "TQ1_0", "MXFP4", "IQ1_S"} <= set(d["quant_types"]["refused"])
+    assert {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"} <= set(d["quant_types"]["executable"])
+    assert {"TQ1_0", "MXFP4", "IQ1_S"} <= set(d["quant_types"]["refused"])
     assert ramforge("support").returncode == 0
 
 

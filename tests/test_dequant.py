@@ -81,6 +81,8 @@ _SCALES = {
     GGMLType.Q4_K: ("f16", (0, 2)), GGMLType.Q5_K: ("f16", (0, 2)),
     GGMLType.Q6_K: ("f16", (208,)), GGMLType.IQ4_XS: ("f16", (0,)),
     GGMLType.Q8_K: ("f32", (0,)),
+    GGMLType.IQ2_XXS: ("f16", (0,)), GGMLType.IQ2_XS: ("f16", (0,)), GGMLType.IQ2_S: ("f16", (0,)),
+    GGMLType.IQ3_XXS: ("f16", (0,)), GGMLType.IQ3_S: ("f16", (0,)),
 }
 
 
@@ -114,7 +116,8 @@ def random_blocks(t: GGMLType, n_blocks: int, seed: int) -> np.ndarray:
 # ---------------------------------------------------------------- registry
 
 def test_registry_is_the_executable_set():
-    want = "F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K IQ4_NL IQ4_XS".split()
+    want = ("F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K IQ4_NL IQ4_XS "
+            "IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S").split()
     assert [t.name for t in REGISTRY] == want
     for t, k in REGISTRY.items():
         assert isinstance(k, QuantKernels) and k.ggml_type == t

@@ -12,6 +12,7 @@ from typing import Callable
 from ramforge.errors import UnsupportedType
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 from ramforge.kernels import decode as _dq
+from ramforge.kernels import iquants as _iq
 from ramforge.kernels import unpack as _up
 from ramforge.kernels.variants import K_LANES, K_MIN4, K_SUM, Q8_1_SUM, QDot
 
@@ -78,6 +79,10 @@ REGISTRY: dict[GGMLType, QuantKernels] = _table(
     QuantKernels(T.Q8_K, _dq._dequant_q8_k, A.Q8_K, Q(_up._unpack_q8_k, 32, raw=T.Q8_K)),
     QuantKernels(T.IQ4_NL, _dq._dequant_iq4_nl, A.Q8_0, Q(_up._unpack_iq4_nl, 32, repack=(32, 32), lanes2=True)),
     QuantKernels(T.IQ4_XS, _dq._dequant_iq4_xs, A.Q8_K, Q(_up._unpack_iq4_xs, 32, tiled=True)),
+    # the codebook types (iquants.py): vec_dot below 8 tokens, the tiled matmul from 8; no repack,
+    # no tinyBLAS; their sub-block size and 2^-post from the type's layout
+    *(QuantKernels(t, _iq.DEQUANT[t], A.Q8_K, Q(_iq.UNPACK[t], L.sub, tiled=True, post=L.post))
+      for t, L in _iq.LAYOUTS.items()),
 )
 del T, A, Q
 

@@ -20,7 +20,7 @@ from .scalars import _fma
 from .variants import (_ROWS8, GROUPS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, Q8_1_SUM, RAW_ROWS, SCALAR_FMA,
                        SPECS, TILED, RawRow, Variant)
 
-_SPEC_ARR = np.array([SPECS[v] for v in Variant], dtype=np.int64)     # i64[n_variants, 6], by Variant
+_SPEC_ARR = np.array([SPECS[v] for v in Variant], dtype=np.int64)     # i64[n_variants, 7], by Variant
 _F32_ARGS = (types.int8, types.int8, types.int32, types.int32, types.float32, types.float32, types.float32,
              types.float32, types.int32)
 
@@ -119,7 +119,8 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
     # the plain-loop twin of _vrow for variant vid, op for op (scratch: lanes f32[24], ilane i64[8])
     if vid < 0 or vid >= len(_SPEC_ARR):
         raise ValueError("unknown arithmetic variant")
-    sub, nsub, mins, mode, offset, grp = _SPEC_ARR[vid]
+    sub, nsub, mins, mode, offset, grp, post = _SPEC_ARR[vid]
+    pf = np.float32(1.0) / np.float32(1 << post)        # the codebook types' 2^-post (exact)
     lanes[:] = 0                # [0:8] the dot lanes, [8:16] odd blocks (LANES2), [16:24] mins
     sacc = np.float32(0.0)
     for b in range(n_sb):
@@ -156,7 +157,7 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
         for j in range(k0, k0 + nsub):
             msum += np.int64(imn[io + j]) * np.int64(bsum[bo + j])
         if mode == TILED:
-            r = np.float32(ilane.sum()) * wd[so + b]
+            r = np.float32(ilane.sum()) * (wd[so + b] * pf)
             if mins == K_MINS:
                 r = _fma(-wm[so + b], np.float32(msum), r)
             sacc = _fma(r, da, sacc)
@@ -196,6 +197,7 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
         r = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
         return r + lanes[16] * sacc if n_sb & 1 else r
     r = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+    r = r * pf
     if mins == Q8_1_SUM or mins == K_SUM:
         r += lanes[16]
     elif mins == K_MIN4:

@@ -17,6 +17,8 @@ from ramforge.gguf.constants import QK_K
 
 from .blocks import (CHUNKS, IQ4_KV, IQ4_KV_I8, IQ4_NL, IQ4_XS, LAYOUTS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1,
                      Q5_K, Q6_K, Q8_0, Q8_K, _high_bit, _nibble, _row_scales)
+from .iquants import (IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, _unpack_iq2_s, _unpack_iq2_xs, _unpack_iq2_xxs,
+                      _unpack_iq3_s, _unpack_iq3_xxs)
 from .llvmir import I8, I32, dtypes_are, ptr, splat
 from .scalars import _f16_at, _u32
 
@@ -215,5 +217,15 @@ def _unpack_row(t, vec, raw, o, n_sb, wq, isc, imn, wd, wm):
         _unpack_q8_k(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
     elif t == IQ4_XS:
         _unpack_iq4_xs(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ2_XXS:                  # the codebook types (iquants.py)
+        _unpack_iq2_xxs(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ2_XS:
+        _unpack_iq2_xs(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ2_S:
+        _unpack_iq2_s(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ3_XXS:
+        _unpack_iq3_xxs(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ3_S:
+        _unpack_iq3_s(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
     else:
         raise ValueError("no row unpacker for this ggml type")

@@ -3,7 +3,7 @@ finishes a row dot for a type, row count and batch size (the build that recorded
 AVX2, FMA, AVX512-VNNI; REPACK, LLAMAFILE and its tiled K-quant matmul), which codegen.py and
 rows.py reproduce op for op so that our results round as its results do.
 
-A `Variant` names one (sub, nsub, mins, mode, offset, grp) of `SPECS`; `QDot.variants` picks them
+A `Variant` names one (sub, nsub, mins, mode, offset, grp, post) of `SPECS`; `QDot.variants` picks them
 for a call's shape; `RawRow` names the (type, variant) pairs that also have a packed-row intrinsic;
 `ROWS8` the variants with an 8-row kernel. All are IntEnums: numba code takes them as ints.
 """
@@ -47,7 +47,9 @@ TILED_FROM = 8       # llama.cpp's tiled K-quant matmul takes batches of at leas
 
 class Spec(NamedTuple):
     """One arithmetic: sub-blocks of `sub` elements, `nsub` per super-block, the `mins` terms, the
-    `mode`, the quant `offset` (w = q - offset) and the GROUPS group size `grp`."""
+    `mode`, the quant `offset` (w = q - offset), the GROUPS group size `grp` and `post`: the
+    codebook types' power of two (IQ2: 0.125f, IQ3_XXS: 0.25f = 2^-post) that LANES multiplies the
+    hsum by and TILED the weight scale by (d_w * 2^-post, as ggml's tiled unpack stores it)."""
 
     sub: int
     nsub: int
@@ -55,6 +57,7 @@ class Spec(NamedTuple):
     mode: Mode
     offset: int
     grp: int
+    post: int = 0
 
 
 class Variant(IntEnum):
@@ -80,6 +83,12 @@ class Variant(IntEnum):
     K16_TILED_MINS = 16     # Q2_K 8+ tokens
     K16_GROUPS128 = 17      # Q2_K repacked gemm
     K16_GROUPS256 = 18      # Q2_K repacked gemv
+    K32_LANES_P3 = 19       # IQ2_XXS: 0.125f * hsum
+    K16_LANES_P3 = 20       # IQ2_XS, IQ2_S
+    K32_LANES_P2 = 21       # IQ3_XXS: 0.25f * hsum
+    K32_TILED_P3 = 22       # IQ2_XXS 8+ tokens: d_w * 0.125f
+    K16_TILED_P3 = 23       # IQ2_XS, IQ2_S 8+ tokens
+    K32_TILED_P2 = 24       # IQ3_XXS 8+ tokens: d_w * 0.25f
 
 
 V = Variant
@@ -103,6 +112,12 @@ SPECS: dict[Variant, Spec] = {
     V.K16_TILED_MINS: Spec(16, 16, K_MINS, TILED, 0, 0),
     V.K16_GROUPS128: Spec(16, 16, K_MINS, GROUPS, 0, 128),
     V.K16_GROUPS256: Spec(16, 16, K_MINS, GROUPS, 0, 256),
+    V.K32_LANES_P3: Spec(32, 8, NO_MIN, LANES, 0, 0, 3),
+    V.K16_LANES_P3: Spec(16, 16, NO_MIN, LANES, 0, 0, 3),
+    V.K32_LANES_P2: Spec(32, 8, NO_MIN, LANES, 0, 0, 2),
+    V.K32_TILED_P3: Spec(32, 8, NO_MIN, TILED, 0, 0, 3),
+    V.K16_TILED_P3: Spec(16, 16, NO_MIN, TILED, 0, 0, 3),
+    V.K32_TILED_P2: Spec(32, 8, NO_MIN, TILED, 0, 0, 2),
 }
 _VARIANTS: tuple[Spec, ...] = tuple(SPECS[v] for v in Variant)       # by Variant value
 _VARIANT_ID: dict[tuple, Variant] = {s: v for v, s in SPECS.items()}
@@ -165,7 +180,7 @@ class QDot:
     arithmetic llama.cpp's x86 backend uses: `mins` in its vec_dot; `repack`: the (gemm, gemv)
     group sizes when it repacks the type (rows a multiple of 8; gemm for whole groups of 4
     tokens); `tiled`: batches of TILED_FROM+ tokens go to its tiled matmul. `raw`: the block
-    layout (a type) that one-token matmuls read packed, or None to unpack first."""
+    layout (a type) that one-token matmuls read packed, or None to unpack first. `post`: see Spec."""
 
     unpack: object
     sub: int
@@ -175,6 +190,7 @@ class QDot:
     offset: int = 0
     lanes2: bool = False
     raw: GGMLType | None = None
+    post: int = 0
 
     def variants(self, sb: int, n_out: int, n_tok: int) -> tuple[Variant, Variant, int]:
         """(variant for tokens < split, variant for the rest, split) for super-blocks of sb elements,
@@ -184,12 +200,12 @@ class QDot:
         if self.repack and n_out % 8 == 0:
             gemm, gemv = self.repack
             m = K_MINS if has_min else NO_MIN
-            return (_VARIANT_ID[(self.sub, nsub, m, GROUPS, self.offset, gemm)],
-                    _VARIANT_ID[(self.sub, nsub, m, GROUPS, self.offset, gemv)], n_tok - n_tok % 4)
+            return (_VARIANT_ID[Spec(self.sub, nsub, m, GROUPS, self.offset, gemm, self.post)],
+                    _VARIANT_ID[Spec(self.sub, nsub, m, GROUPS, self.offset, gemv, self.post)], n_tok - n_tok % 4)
         if self.tiled and n_tok >= TILED_FROM:
-            v = _VARIANT_ID[(self.sub, nsub, K_MINS if has_min else NO_MIN, TILED, self.offset, 0)]
+            v = _VARIANT_ID[Spec(self.sub, nsub, K_MINS if has_min else NO_MIN, TILED, self.offset, 0, self.post)]
         elif self.lanes2 and n_tok == 1:
-            v = _VARIANT_ID[(self.sub, nsub, self.mins, LANES2, self.offset, 0)]
+            v = _VARIANT_ID[Spec(self.sub, nsub, self.mins, LANES2, self.offset, 0, self.post)]
         else:
-            v = _VARIANT_ID[(self.sub, nsub, self.mins, LANES, self.offset, 0)]
+            v = _VARIANT_ID[Spec(self.sub, nsub, self.mins, LANES, self.offset, 0, self.post)]
         return v, v, n_tok

@@ -1,0 +1,213 @@
+"""The codebook quant types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: block layouts, dequantization
+kernels and row unpackers for the integer dots, in one copy.
+
+A super-block of 256 weights is 8 chunks of 32; each chunk is 4 groups of 8 (IQ2: one u64 grid
+entry of 8 magnitudes) or 8 groups of 4 (IQ3: one u32 entry of 4), each magnitude signed by one bit
+(IQ2_XXS / IQ2_XS / IQ3_XXS: 7 stored bits, the 8th their parity, kernels.grids.KSIGNS_IQ2XS;
+IQ2_S / IQ3_S: 8 stored bits). `_chunk_<type>` decodes chunk c to 32 signed int8 values
+(grid magnitude * sign, |v| <= 62) and returns the chunk's 4-bit scales ls (two for the 16-element
+sub-blocks of IQ2_XS / IQ2_S, else the same one twice):
+
+    dequantize (gguf-py's float ops):  w = db * v,  db = (d * (0.5 + ls)) * 0.25   (IQ2_*)
+                                                    db = (d * (0.5 + ls)) * 0.5    (IQ3_XXS)
+                                                    db = d * (1 + 2*ls)            (IQ3_S)
+    integer dots (ggml's vec_dot):     isc = 2*ls + 1, wd = d, and the result times 2^-post
+                                       (IQ2_*: 1/8, IQ3_XXS: 1/4, IQ3_S: 1), which is the same
+                                       weight exactly (a power of two scales without rounding).
+
+Signs are applied 8 bytes at a time in a u64: (g ^ m) + (m & 0x01..01) negates the bytes of g where
+the mask m is 0xFF (no carry between bytes: no magnitude is 0).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+from ramforge.gguf.constants import GGML_BLOCK, QK_K, GGMLType
+
+from .grids import IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
+from .llvmir import I64, dtypes_are, ptr
+from .scalars import _f16_at, _f16_at_int, _u16, _u32
+
+T = GGMLType
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S = T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S
+IQ_TYPES = (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S)
+
+
+class IQLayout(NamedTuple):
+    """Byte offsets in one block (-1: none; d, the f16 scale, is at 0), the sub-block size and
+    `post`: the integer dot's result is times 2^-post (variants.Spec)."""
+
+    nbytes: int
+    qs: int             # grid indices (IQ2_XXS / IQ2_XS: u16 with signs and scales packed in)
+    qh: int = -1        # high index bits, a byte per chunk
+    signs: int = -1     # sign bytes (IQ2_S, IQ3_S); IQ3_XXS: u32 scale-and-signs per chunk
+    scales: int = -1    # 4-bit scales, two per byte
+    sub: int = 32
+    post: int = 0
+
+
+LAYOUTS: dict[GGMLType, IQLayout] = {
+    IQ2_XXS: IQLayout(66, qs=2, post=3),
+    IQ2_XS: IQLayout(74, qs=2, scales=66, sub=16, post=3),
+    IQ2_S: IQLayout(82, qs=2, signs=2 + QK_K // 8, qh=66, scales=74, sub=16, post=3),
+    IQ3_XXS: IQLayout(98, qs=2, signs=66, post=2),
+    IQ3_S: IQLayout(110, qs=2, qh=66, signs=74, scales=106),
+}
+for _t, _l in LAYOUTS.items():
+    assert _l.nbytes == GGML_BLOCK[_t][1], _t
+
+# sign masks: byte j of SIGN_MASK[s] is 0xFF where bit j of s is set; KSIGN_MASK by the 7 stored bits
+SIGN_MASK = np.array([sum(0xFF << (8 * j) for j in range(8) if s >> j & 1) for s in range(256)], dtype=np.uint64)
+KSIGN_MASK = SIGN_MASK[KSIGNS_IQ2XS]
+ONES = np.uint64(0x0101010101010101)
+G2XXS, G2XS, G2S = IQ2XXS_GRID, IQ2XS_GRID, IQ2S_GRID
+G3XXS, G3S = IQ3XXS_GRID.astype(np.uint64), IQ3S_GRID.astype(np.uint64)      # (shifted by 32)
+B2XXS, B2XS, B2S, B3XXS, B3S = (LAYOUTS[t] for t in IQ_TYPES)
+
+
+@intrinsic
+def _st64(typingctx, dst, o, v):
+    """Store the u64 v as 8 little-endian bytes at dst[o] (an int8 array, unaligned)."""
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], ptr(context, builder, sig.args[0], args[0], args[1], I64), align=1)
+        return context.get_dummy_value()
+    if not dtypes_are((dst,), (types.int8,)) or v != types.uint64:
+        return None
+    return types.void(dst, o, v), codegen
+
+
+@njit(cache=True, inline="always")
+def _put(wq, y, g, m):
+    # 8 magnitudes g (u64), negated where the mask m has 0xFF, to wq[y:y+8]
+    _st64(wq, y, (g ^ m) + (m & ONES))
+
+
+# ---------------------------------------------------------------- chunks: 32 signed values, scales
+
+@njit(cache=True, inline="always")
+def _chunk_iq2_xxs(raw, p, c, wq, y):
+    # u16 qs[32]: per chunk 4 grid bytes, then a u32 of 4 x 7 sign bits and the 4-bit scale
+    q = p + B2XXS.qs + 8 * c
+    a = _u32(raw, q + 4)
+    for l in range(4):
+        _put(wq, y + 8 * l, G2XXS[raw[q + l]], KSIGN_MASK[(a >> (7 * l)) & 127])
+    return a >> 28, a >> 28
+
+
+@njit(cache=True, inline="always")
+def _chunk_iq2_xs(raw, p, c, wq, y):
+    # u16 qs[32]: 9-bit grid index | 7 sign bits << 9; a scale byte per chunk (low nibble first)
+    for l in range(4):
+        v = _u16(raw, p + B2XS.qs + 2 * (4 * c + l))
+        _put(wq, y + 8 * l, G2XS[v & 511], KSIGN_MASK[v >> 9])
+    s = np.int64(raw[p + B2XS.scales + c])
+    return s & 15, s >> 4
+
+
+@njit(cache=True, inline="always")
+def _chunk_iq2_s(raw, p, c, wq, y):
+    # 8 low index bits per group, 2 high bits per group in qh[c], a sign byte per group
+    h = np.int64(raw[p + B2S.qh + c])
+    for l in range(4):
+        i = np.int64(raw[p + B2S.qs + 4 * c + l]) | ((h << (8 - 2 * l)) & 0x300)
+        _put(wq, y + 8 * l, G2S[i], SIGN_MASK[raw[p + B2S.signs + 4 * c + l]])
+    s = np.int64(raw[p + B2S.scales + c])
+    return s & 15, s >> 4
+
+
+@njit(cache=True, inline="always")
+def _chunk_iq3_xxs(raw, p, c, wq, y):
+    # 8 grid bytes per chunk (u32 entries of 4); a u32 per chunk of 4 x 7 sign bits and the scale
+    q = p + B3XXS.qs + 8 * c
+    a = _u32(raw, p + B3XXS.signs + 4 * c)
+    for l in range(4):
+        g = G3XXS[raw[q + 2 * l]] | (G3XXS[raw[q + 2 * l + 1]] << np.uint64(32))
+        _put(wq, y + 8 * l, g, KSIGN_MASK[(a >> (7 * l)) & 127])
+    return a >> 28, a >> 28
+
+
+@njit(cache=True, inline="always")
+def _chunk_iq3_s(raw, p, c, wq, y):
+    # 8 low index bits per group of 4, the 9th bit k of qh[c] for group k, a sign byte per 8
+    q = p + B3S.qs + 8 * c
+    h = np.int64(raw[p + B3S.qh + c])
+    for l in range(4):
+        i0 = np.int64(raw[q + 2 * l]) | (((h >> (2 * l)) & 1) << 8)
+        i1 = np.int64(raw[q + 2 * l + 1]) | (((h >> (2 * l + 1)) & 1) << 8)
+        _put(wq, y + 8 * l, G3S[i0] | (G3S[i1] << np.uint64(32)), SIGN_MASK[raw[p + B3S.signs + 4 * c + l]])
+    s = (np.int64(raw[p + B3S.scales + c // 2]) >> (4 * (c & 1))) & 15
+    return s, s
+
+
+_CHUNK = {IQ2_XXS: _chunk_iq2_xxs, IQ2_XS: _chunk_iq2_xs, IQ2_S: _chunk_iq2_s, IQ3_XXS: _chunk_iq3_xxs,
+          IQ3_S: _chunk_iq3_s}
+
+
+# ---------------------------------------------------------------- dequantization
+
+def _dequant_iq(t):
+    """The dequant kernel of codebook type t (decode.py's form): w = db * v, db per sub-block in
+    gguf-py's float ops (module docstring)."""
+    L, chunk, kind = LAYOUTS[t], _CHUNK[t], (0 if t == IQ3_S else 1 if t == IQ3_XXS else 2)
+    half = L.sub == 16
+
+    @njit(cache=True)
+    def dequant(out, raw, first_block, n_blocks):
+        v = np.empty(32, dtype=np.int8)
+        for b in range(n_blocks):
+            p = (first_block + b) * L.nbytes
+            d = _f16_at_int(raw, p)
+            for c in range(QK_K // 32):
+                ls0, ls1 = chunk(raw, p, c, v, 0)
+                for h in range(2):
+                    ls = np.float32(ls1 if half and h else ls0)
+                    if kind == 0:
+                        db = d * (np.float32(1.0) + np.float32(2.0) * ls)
+                    elif kind == 1:
+                        db = (d * (np.float32(0.5) + ls)) * np.float32(0.5)
+                    else:
+                        db = (d * (np.float32(0.5) + ls)) * np.float32(0.25)
+                    for j in range(16 * h, 16 * h + 16):
+                        out[b * QK_K + 32 * c + j] = db * np.float32(v[j])
+    return dequant
+
+
+_dequant_iq2_xxs, _dequant_iq2_xs, _dequant_iq2_s = _dequant_iq(IQ2_XXS), _dequant_iq(IQ2_XS), _dequant_iq(IQ2_S)
+_dequant_iq3_xxs, _dequant_iq3_s = _dequant_iq(IQ3_XXS), _dequant_iq(IQ3_S)
+DEQUANT = dict(zip(IQ_TYPES, (_dequant_iq2_xxs, _dequant_iq2_xs, _dequant_iq2_s, _dequant_iq3_xxs, _dequant_iq3_s)))
+
+
+# ---------------------------------------------------------------- row unpackers (unpack.py's form)
+
+def _unpack_iq(t):
+    """The row unpacker of codebook type t: wq = the signed values, isc = 2*ls + 1 per sub-block,
+    wd = d (f16), no mins. `vec` is unused: the same u64 code serves both paths."""
+    L, chunk = LAYOUTS[t], _CHUNK[t]
+    nsub = QK_K // L.sub
+
+    @njit(cache=True)
+    def unpack(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
+        for b in range(n_sb):
+            p = o + b * L.nbytes
+            wd[b] = _f16_at(raw, p)
+            wm[b] = 0
+            for c in range(QK_K // 32):
+                ls0, ls1 = chunk(raw, p, c, wq, b * QK_K + 32 * c)
+                if nsub == 16:
+                    isc[b * 16 + 2 * c] = 2 * ls0 + 1
+                    isc[b * 16 + 2 * c + 1] = 2 * ls1 + 1
+                    imn[b * 16 + 2 * c] = 0
+                    imn[b * 16 + 2 * c + 1] = 0
+                else:
+                    isc[b * 8 + c] = 2 * ls0 + 1
+                    imn[b * 8 + c] = 0
+    return unpack
+
+
+_unpack_iq2_xxs, _unpack_iq2_xs, _unpack_iq2_s = _unpack_iq(IQ2_XXS), _unpack_iq(IQ2_XS), _unpack_iq(IQ2_S)
+_unpack_iq3_xxs, _unpack_iq3_s = _unpack_iq(IQ3_XXS), _unpack_iq(IQ3_S)
+UNPACK = dict(zip(IQ_TYPES, (_unpack_iq2_xxs, _unpack_iq2_xs, _unpack_iq2_s, _unpack_iq3_xxs, _unpack_iq3_s)))
