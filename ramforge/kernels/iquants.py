@@ -23,13 +23,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ramforge.gguf.constants import GGML_BLOCK, QK_K, GGMLType
 
 from .grids import IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
-from .llvmir import I64, dtypes_are, ptr
+from .llvmir import I8, I32, I64, dtypes_are, ptr
 from .scalars import _f16_at, _f16_at_int, _u16, _u32
 
 T = GGMLType
@@ -80,66 +82,167 @@ def _st64(typingctx, dst, o, v):
     return types.void(dst, o, v), codegen
 
 
+def _make_load(ty):
+    @intrinsic
+    def _load(typingctx, raw, o):
+        """The little-endian unsigned integer at byte o of a uint8 array, as int64 (no index checks)."""
+        def codegen(context, builder, sig, args):
+            return builder.zext(builder.load(ptr(context, builder, sig.args[0], args[0], args[1], ty), align=1), I64)
+        if not dtypes_are((raw,), (types.uint8,)):
+            return None
+        return types.int64(raw, o), codegen
+    return _load
+
+
+_b8, _b16, _b32 = _make_load(I8), _make_load(ir.IntType(16)), _make_load(I32)
+
+
+@intrinsic
+def _tab(typingctx, table, i):
+    """table[i] of a 1-D u64 / i64 table, i known in range (no index checks)."""
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.load(builder.gep(data, [args[1]]))
+    if not (isinstance(table, types.Array) and table.ndim == 1 and table.dtype in (types.uint64, types.int64)):
+        return None
+    return table.dtype(table, i), codegen
+
+
 @njit(cache=True, inline="always")
 def _put(wq, y, g, m):
     # 8 magnitudes g (u64), negated where the mask m has 0xFF, to wq[y:y+8]
     _st64(wq, y, (g ^ m) + (m & ONES))
 
 
-# ---------------------------------------------------------------- chunks: 32 signed values, scales
+def _signed32(builder, g, s, ksigns):
+    """<32 x i8> magnitudes g, negated where bit j of sign byte j // 8 of the i32 s is set:
+    (g ^ m) - m with m = 0xFF there (0 elsewhere). ksigns: s holds 4 x 7 sign bits (bits 0-27), each
+    byte's 8th sign their parity (KSIGNS_IQ2XS)."""
+    v4, v32, w32 = ir.VectorType(I8, 4), ir.VectorType(I8, 32), ir.VectorType(I32, 32)
+    if ksigns:
+        s = builder.or_(builder.or_(builder.and_(s, ir.Constant(I32, 0x7F)),
+                                    builder.and_(builder.shl(s, ir.Constant(I32, 1)), ir.Constant(I32, 0x7F00))),
+                        builder.or_(builder.and_(builder.shl(s, ir.Constant(I32, 2)), ir.Constant(I32, 0x7F0000)),
+                                    builder.and_(builder.shl(s, ir.Constant(I32, 3)), ir.Constant(I32, 0x7F000000))))
+    sb = builder.bitcast(s, v4)
+    if ksigns:
+        ctpop = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v4, [v4]), "llvm.ctpop.v4i8")
+        par = builder.and_(builder.call(ctpop, [sb]), ir.Constant(v4, [1] * 4))
+        sb = builder.or_(sb, builder.shl(par, ir.Constant(v4, [7] * 4)))
+    sb = builder.shuffle_vector(sb, sb, ir.Constant(w32, [j // 8 for j in range(32)]))
+    bit = ir.Constant(v32, [1 << (j % 8) for j in range(32)])
+    m = builder.sext(builder.icmp_unsigned("!=", builder.and_(sb, bit), ir.Constant(v32, [0] * 32)), v32)
+    return builder.sub(builder.xor(g, m), m)
+
+
+def _make_put(n, ksigns):
+    @intrinsic
+    def _vput(typingctx, wq, y, g, s):
+        """wq[y:y+32] = the n entries of the UniTuple g (u64: 8 magnitudes each if n = 4, u32
+        entries of 4 if n = 8), signed by the sign bytes of s (an int64; see _signed32), in one
+        32-byte store."""
+        def codegen(context, builder, sig, args):
+            et = I64 if n == 4 else I32
+            v = ir.Constant(ir.VectorType(et, n), ir.Undefined)
+            for i in range(n):
+                e = builder.extract_value(args[2], i)
+                v = builder.insert_element(v, e if n == 4 else builder.trunc(e, I32), ir.Constant(I32, i))
+            r = _signed32(builder, builder.bitcast(v, ir.VectorType(I8, 32)), builder.trunc(args[3], I32), ksigns)
+            builder.store(r, ptr(context, builder, sig.args[0], args[0], args[1], ir.VectorType(I8, 32)), align=1)
+            return context.get_dummy_value()
+        if (not dtypes_are((wq,), (types.int8,)) or not isinstance(g, types.UniTuple) or g.count != n
+                or g.dtype != types.uint64):
+            return None
+        return types.void(wq, y, g, s), codegen
+    return _vput
+
+
+_vput4, _vput4k, _vput8, _vput8k = _make_put(4, False), _make_put(4, True), _make_put(8, False), _make_put(8, True)
+
 
 @njit(cache=True, inline="always")
-def _chunk_iq2_xxs(raw, p, c, wq, y):
+def _chunk_iq2_xxs(vec, raw, p, c, wq, y):
     # u16 qs[32]: per chunk 4 grid bytes, then a u32 of 4 x 7 sign bits and the 4-bit scale
     q = p + B2XXS.qs + 8 * c
-    a = _u32(raw, q + 4)
-    for l in range(4):
-        _put(wq, y + 8 * l, G2XXS[raw[q + l]], KSIGN_MASK[(a >> (7 * l)) & 127])
+    a = _b32(raw, q + 4)
+    if vec:
+        g = (_tab(G2XXS, _b8(raw, q)), _tab(G2XXS, _b8(raw, q + 1)), _tab(G2XXS, _b8(raw, q + 2)),
+             _tab(G2XXS, _b8(raw, q + 3)))
+        _vput4k(wq, y, g, a)
+    else:
+        for l in range(4):
+            _put(wq, y + 8 * l, _tab(G2XXS, _b8(raw, q + l)), _tab(KSIGN_MASK, (a >> (7 * l)) & 127))
     return a >> 28, a >> 28
 
 
 @njit(cache=True, inline="always")
-def _chunk_iq2_xs(raw, p, c, wq, y):
+def _chunk_iq2_xs(vec, raw, p, c, wq, y):
     # u16 qs[32]: 9-bit grid index | 7 sign bits << 9; a scale byte per chunk (low nibble first)
-    for l in range(4):
-        v = _u16(raw, p + B2XS.qs + 2 * (4 * c + l))
-        _put(wq, y + 8 * l, G2XS[v & 511], KSIGN_MASK[v >> 9])
-    s = np.int64(raw[p + B2XS.scales + c])
+    q = p + B2XS.qs + 8 * c
+    if vec:
+        v0, v1, v2, v3 = _b16(raw, q), _b16(raw, q + 2), _b16(raw, q + 4), _b16(raw, q + 6)
+        g = (_tab(G2XS, v0 & 511), _tab(G2XS, v1 & 511), _tab(G2XS, v2 & 511), _tab(G2XS, v3 & 511))
+        _vput4k(wq, y, g, (v0 >> 9) | ((v1 >> 9) << 7) | ((v2 >> 9) << 14) | ((v3 >> 9) << 21))
+    else:
+        for l in range(4):
+            v = _b16(raw, q + 2 * l)
+            _put(wq, y + 8 * l, _tab(G2XS, v & 511), _tab(KSIGN_MASK, v >> 9))
+    s = _b8(raw, p + B2XS.scales + c)
     return s & 15, s >> 4
 
 
 @njit(cache=True, inline="always")
-def _chunk_iq2_s(raw, p, c, wq, y):
+def _chunk_iq2_s(vec, raw, p, c, wq, y):
     # 8 low index bits per group, 2 high bits per group in qh[c], a sign byte per group
-    h = np.int64(raw[p + B2S.qh + c])
-    for l in range(4):
-        i = np.int64(raw[p + B2S.qs + 4 * c + l]) | ((h << (8 - 2 * l)) & 0x300)
-        _put(wq, y + 8 * l, G2S[i], SIGN_MASK[raw[p + B2S.signs + 4 * c + l]])
-    s = np.int64(raw[p + B2S.scales + c])
+    q = p + B2S.qs + 4 * c
+    h = _b8(raw, p + B2S.qh + c)
+    if vec:
+        g = (_tab(G2S, _b8(raw, q) | ((h << 8) & 0x300)), _tab(G2S, _b8(raw, q + 1) | ((h << 6) & 0x300)),
+             _tab(G2S, _b8(raw, q + 2) | ((h << 4) & 0x300)), _tab(G2S, _b8(raw, q + 3) | ((h << 2) & 0x300)))
+        _vput4(wq, y, g, _b32(raw, p + B2S.signs + 4 * c))
+    else:
+        for l in range(4):
+            i = _b8(raw, q + l) | ((h << (8 - 2 * l)) & 0x300)
+            _put(wq, y + 8 * l, _tab(G2S, i), _tab(SIGN_MASK, _b8(raw, p + B2S.signs + 4 * c + l)))
+    s = _b8(raw, p + B2S.scales + c)
     return s & 15, s >> 4
 
 
 @njit(cache=True, inline="always")
-def _chunk_iq3_xxs(raw, p, c, wq, y):
+def _chunk_iq3_xxs(vec, raw, p, c, wq, y):
     # 8 grid bytes per chunk (u32 entries of 4); a u32 per chunk of 4 x 7 sign bits and the scale
     q = p + B3XXS.qs + 8 * c
-    a = _u32(raw, p + B3XXS.signs + 4 * c)
-    for l in range(4):
-        g = G3XXS[raw[q + 2 * l]] | (G3XXS[raw[q + 2 * l + 1]] << np.uint64(32))
-        _put(wq, y + 8 * l, g, KSIGN_MASK[(a >> (7 * l)) & 127])
+    a = _b32(raw, p + B3XXS.signs + 4 * c)
+    if vec:
+        g = (_tab(G3XXS, _b8(raw, q)), _tab(G3XXS, _b8(raw, q + 1)), _tab(G3XXS, _b8(raw, q + 2)),
+             _tab(G3XXS, _b8(raw, q + 3)), _tab(G3XXS, _b8(raw, q + 4)), _tab(G3XXS, _b8(raw, q + 5)),
+             _tab(G3XXS, _b8(raw, q + 6)), _tab(G3XXS, _b8(raw, q + 7)))
+        _vput8k(wq, y, g, a)
+    else:
+        for l in range(4):
+            g2 = _tab(G3XXS, _b8(raw, q + 2 * l)) | (_tab(G3XXS, _b8(raw, q + 2 * l + 1)) << np.uint64(32))
+            _put(wq, y + 8 * l, g2, _tab(KSIGN_MASK, (a >> (7 * l)) & 127))
     return a >> 28, a >> 28
 
 
 @njit(cache=True, inline="always")
-def _chunk_iq3_s(raw, p, c, wq, y):
+def _chunk_iq3_s(vec, raw, p, c, wq, y):
     # 8 low index bits per group of 4, the 9th bit k of qh[c] for group k, a sign byte per 8
     q = p + B3S.qs + 8 * c
-    h = np.int64(raw[p + B3S.qh + c])
-    for l in range(4):
-        i0 = np.int64(raw[q + 2 * l]) | (((h >> (2 * l)) & 1) << 8)
-        i1 = np.int64(raw[q + 2 * l + 1]) | (((h >> (2 * l + 1)) & 1) << 8)
-        _put(wq, y + 8 * l, G3S[i0] | (G3S[i1] << np.uint64(32)), SIGN_MASK[raw[p + B3S.signs + 4 * c + l]])
-    s = (np.int64(raw[p + B3S.scales + c // 2]) >> (4 * (c & 1))) & 15
+    h = _b8(raw, p + B3S.qh + c)
+    if vec:
+        g = (_tab(G3S, _b8(raw, q) | ((h << 8) & 256)), _tab(G3S, _b8(raw, q + 1) | ((h << 7) & 256)),
+             _tab(G3S, _b8(raw, q + 2) | ((h << 6) & 256)), _tab(G3S, _b8(raw, q + 3) | ((h << 5) & 256)),
+             _tab(G3S, _b8(raw, q + 4) | ((h << 4) & 256)), _tab(G3S, _b8(raw, q + 5) | ((h << 3) & 256)),
+             _tab(G3S, _b8(raw, q + 6) | ((h << 2) & 256)), _tab(G3S, _b8(raw, q + 7) | ((h << 1) & 256)))
+        _vput8(wq, y, g, _b32(raw, p + B3S.signs + 4 * c))
+    else:
+        for l in range(4):
+            i0 = _b8(raw, q + 2 * l) | (((h >> (2 * l)) & 1) << 8)
+            i1 = _b8(raw, q + 2 * l + 1) | (((h >> (2 * l + 1)) & 1) << 8)
+            _put(wq, y + 8 * l, _tab(G3S, i0) | (_tab(G3S, i1) << np.uint64(32)),
+                 _tab(SIGN_MASK, _b8(raw, p + B3S.signs + 4 * c + l)))
+    s = (_b8(raw, p + B3S.scales + c // 2) >> (4 * (c & 1))) & 15
     return s, s
 
 
@@ -162,7 +265,7 @@ def _dequant_iq(t):
             p = (first_block + b) * L.nbytes
             d = _f16_at_int(raw, p)
             for c in range(QK_K // 32):
-                ls0, ls1 = chunk(raw, p, c, v, 0)
+                ls0, ls1 = chunk(False, raw, p, c, v, 0)
                 for h in range(2):
                     ls = np.float32(ls1 if half and h else ls0)
                     if kind == 0:
@@ -185,7 +288,8 @@ DEQUANT = dict(zip(IQ_TYPES, (_dequant_iq2_xxs, _dequant_iq2_xs, _dequant_iq2_s,
 
 def _unpack_iq(t):
     """The row unpacker of codebook type t: wq = the signed values, isc = 2*ls + 1 per sub-block,
-    wd = d (f16), no mins. `vec` is unused: the same u64 code serves both paths."""
+    wd = d (f16), no mins. `vec`: a chunk's 32 bytes built in one vector (_vput4 / _vput8), else 8
+    at a time in u64s."""
     L, chunk = LAYOUTS[t], _CHUNK[t]
     nsub = QK_K // L.sub
 
@@ -196,7 +300,7 @@ def _unpack_iq(t):
             wd[b] = _f16_at(raw, p)
             wm[b] = 0
             for c in range(QK_K // 32):
-                ls0, ls1 = chunk(raw, p, c, wq, b * QK_K + 32 * c)
+                ls0, ls1 = chunk(vec, raw, p, c, wq, b * QK_K + 32 * c)
                 if nsub == 16:
                     isc[b * 16 + 2 * c] = 2 * ls0 + 1
                     isc[b * 16 + 2 * c + 1] = 2 * ls1 + 1
