@@ -430,6 +430,9 @@ def test_shapes_and_errors_are_validated():
         qm.qmatmul(y, x[0], t, raw, 4, 64)
     with pytest.raises(RamforgeError, match="not supported"):
         qm.qmatmul(y, x, GGMLType.Q8_1, raw, 4, 64)
+    for iq in (GGMLType.IQ2_XXS, GGMLType.IQ3_S):              # the codebook types: rows of whole 256s
+        with pytest.raises(RamforgeError, match=f"multiple of {iq.name}'s block size 256"):
+            qm.qmatmul(np.zeros((1, 4), np.float32), np.zeros((1, 128), np.float32), iq, raw, 4, 128)
     empty = qm.qmatmul(np.ones((0, 4), np.float32), np.zeros((0, 64), np.float32), t, raw, 4, 64)
     assert empty.shape == (0, 4)
 
