@@ -363,12 +363,11 @@ def test_batched_variants_have_8_row_kernels():
 
 def test_every_few_token_matmul_reads_packed_rows():
     # matmuls of fewer than _GROUP_FROM_TOKENS tokens dot the packed rows directly (no unpacking):
-    # every type but the codebook ones has a packed-row intrinsic for each such variant, and the
+    # every type but the 4-bit codebook ones has a packed-row intrinsic for each such variant, and the
     # shapes of test_vector_path_equals_portable_bit_for_bit reach each intrinsic
     used = set()
     for t in INT_TYPES:
-        if t in (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
-                 GGMLType.IQ3_XXS, GGMLType.IQ3_S):
+        if t in (GGMLType.IQ4_NL, GGMLType.IQ4_XS):
             assert REGISTRY[t].qdot.raw is None
             continue
         k = REGISTRY[t]

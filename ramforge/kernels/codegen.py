@@ -14,6 +14,8 @@ from numba.core import cgutils
 from ramforge.gguf.constants import GGMLType
 
 from .blocks import CHUNKS, LAYOUTS
+from .iquants import LAYOUTS as IQ_LAYOUTS
+from .iquants import raw_source as iq_raw_source
 from .llvmir import (I8, I16, I32, I64, dot_lanes, fma_fn, half_to_float, has_vnni, hsum8, native_half, pair_lanes,
                      reduce_add, splat)
 from .variants import GROUPS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN, Q8_1_SUM, SCALAR_FMA, TILED
@@ -177,6 +179,8 @@ def _raw_source(context, builder, t, rp, p):
     weights built in registers exactly as the unpackers build them in memory. The super-block types
     take their float scales from the row's scratch p["wd"], p["wm"] (unpacked per row by the kernel);
     the 32-element types read theirs, f16, from the blocks."""
+    if t in IQ_LAYOUTS:                        # the codebook types: grid lookups in registers
+        return iq_raw_source(builder, t, rp, p)
     v16, v32, w32 = ir.VectorType(I8, 16), ir.VectorType(I8, 32), ir.VectorType(I32, 32)
     L = LAYOUTS[t]
 

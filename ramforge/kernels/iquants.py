@@ -161,6 +161,33 @@ _vput4, _vput4k, _vput8, _vput8k = _make_put(4, False), _make_put(4, True), _mak
 
 
 @njit(cache=True, inline="always")
+def _ls_iq2_xxs(raw, p, c):
+    # the 4-bit scale: top of the chunk's second u32
+    return _b32(raw, p + B2XXS.qs + 8 * c + 4) >> 28
+
+
+@njit(cache=True, inline="always")
+def _ls_iq3_xxs(raw, p, c):
+    return _b32(raw, p + B3XXS.signs + 4 * c) >> 28
+
+
+@njit(cache=True, inline="always")
+def _ls_iq3_s(raw, p, c):
+    return (_b8(raw, p + B3S.scales + c // 2) >> (4 * (c & 1))) & 15
+
+
+@njit(cache=True, inline="always")
+def _ls_iq2_xs(raw, p, s):
+    # 16-element sub-block s: a scale byte per chunk, low nibble first
+    return (_b8(raw, p + B2XS.scales + s // 2) >> (4 * (s & 1))) & 15
+
+
+@njit(cache=True, inline="always")
+def _ls_iq2_s(raw, p, s):
+    return (_b8(raw, p + B2S.scales + s // 2) >> (4 * (s & 1))) & 15
+
+
+@njit(cache=True, inline="always")
 def _chunk_iq2_xxs(vec, raw, p, c, wq, y):
     # u16 qs[32]: per chunk 4 grid bytes, then a u32 of 4 x 7 sign bits and the 4-bit scale
     q = p + B2XXS.qs + 8 * c
@@ -172,7 +199,6 @@ def _chunk_iq2_xxs(vec, raw, p, c, wq, y):
     else:
         for l in range(4):
             _put(wq, y + 8 * l, _tab(G2XXS, _b8(raw, q + l)), _tab(KSIGN_MASK, (a >> (7 * l)) & 127))
-    return a >> 28, a >> 28
 
 
 @njit(cache=True, inline="always")
@@ -187,8 +213,6 @@ def _chunk_iq2_xs(vec, raw, p, c, wq, y):
         for l in range(4):
             v = _b16(raw, q + 2 * l)
             _put(wq, y + 8 * l, _tab(G2XS, v & 511), _tab(KSIGN_MASK, v >> 9))
-    s = _b8(raw, p + B2XS.scales + c)
-    return s & 15, s >> 4
 
 
 @njit(cache=True, inline="always")
@@ -204,8 +228,6 @@ def _chunk_iq2_s(vec, raw, p, c, wq, y):
         for l in range(4):
             i = _b8(raw, q + l) | ((h << (8 - 2 * l)) & 0x300)
             _put(wq, y + 8 * l, _tab(G2S, i), _tab(SIGN_MASK, _b8(raw, p + B2S.signs + 4 * c + l)))
-    s = _b8(raw, p + B2S.scales + c)
-    return s & 15, s >> 4
 
 
 @njit(cache=True, inline="always")
@@ -222,7 +244,6 @@ def _chunk_iq3_xxs(vec, raw, p, c, wq, y):
         for l in range(4):
             g2 = _tab(G3XXS, _b8(raw, q + 2 * l)) | (_tab(G3XXS, _b8(raw, q + 2 * l + 1)) << np.uint64(32))
             _put(wq, y + 8 * l, g2, _tab(KSIGN_MASK, (a >> (7 * l)) & 127))
-    return a >> 28, a >> 28
 
 
 @njit(cache=True, inline="always")
@@ -242,12 +263,12 @@ def _chunk_iq3_s(vec, raw, p, c, wq, y):
             i1 = _b8(raw, q + 2 * l + 1) | (((h >> (2 * l + 1)) & 1) << 8)
             _put(wq, y + 8 * l, _tab(G3S, i0) | (_tab(G3S, i1) << np.uint64(32)),
                  _tab(SIGN_MASK, _b8(raw, p + B3S.signs + 4 * c + l)))
-    s = (_b8(raw, p + B3S.scales + c // 2) >> (4 * (c & 1))) & 15
-    return s, s
 
 
 _CHUNK = {IQ2_XXS: _chunk_iq2_xxs, IQ2_XS: _chunk_iq2_xs, IQ2_S: _chunk_iq2_s, IQ3_XXS: _chunk_iq3_xxs,
           IQ3_S: _chunk_iq3_s}
+# the 4-bit scale of sub-block s (of 8 or 16) of the super-block at p
+_LS = {IQ2_XXS: _ls_iq2_xxs, IQ2_XS: _ls_iq2_xs, IQ2_S: _ls_iq2_s, IQ3_XXS: _ls_iq3_xxs, IQ3_S: _ls_iq3_s}
 
 
 # ---------------------------------------------------------------- dequantization
@@ -255,8 +276,8 @@ _CHUNK = {IQ2_XXS: _chunk_iq2_xxs, IQ2_XS: _chunk_iq2_xs, IQ2_S: _chunk_iq2_s, I
 def _dequant_iq(t):
     """The dequant kernel of codebook type t (decode.py's form): w = db * v, db per sub-block in
     gguf-py's float ops (module docstring)."""
-    L, chunk, kind = LAYOUTS[t], _CHUNK[t], (0 if t == IQ3_S else 1 if t == IQ3_XXS else 2)
-    half = L.sub == 16
+    L, chunk, ls_of, kind = LAYOUTS[t], _CHUNK[t], _LS[t], (0 if t == IQ3_S else 1 if t == IQ3_XXS else 2)
+    per = 32 // L.sub                      # sub-blocks per chunk
 
     @njit(cache=True)
     def dequant(out, raw, first_block, n_blocks):
@@ -265,16 +286,16 @@ def _dequant_iq(t):
             p = (first_block + b) * L.nbytes
             d = _f16_at_int(raw, p)
             for c in range(QK_K // 32):
-                ls0, ls1 = chunk(False, raw, p, c, v, 0)
-                for h in range(2):
-                    ls = np.float32(ls1 if half and h else ls0)
+                chunk(False, raw, p, c, v, 0)
+                for h in range(per):
+                    ls = np.float32(ls_of(raw, p, c * per + h))
                     if kind == 0:
                         db = d * (np.float32(1.0) + np.float32(2.0) * ls)
                     elif kind == 1:
                         db = (d * (np.float32(0.5) + ls)) * np.float32(0.5)
                     else:
                         db = (d * (np.float32(0.5) + ls)) * np.float32(0.25)
-                    for j in range(16 * h, 16 * h + 16):
+                    for j in range(h * L.sub, (h + 1) * L.sub):
                         out[b * QK_K + 32 * c + j] = db * np.float32(v[j])
     return dequant
 
@@ -284,34 +305,113 @@ _dequant_iq3_xxs, _dequant_iq3_s = _dequant_iq(IQ3_XXS), _dequant_iq(IQ3_S)
 DEQUANT = dict(zip(IQ_TYPES, (_dequant_iq2_xxs, _dequant_iq2_xs, _dequant_iq2_s, _dequant_iq3_xxs, _dequant_iq3_s)))
 
 
-# ---------------------------------------------------------------- row unpackers (unpack.py's form)
+# ---------------------------------------------------------------- scales and row unpackers
+
+def _scales_iq(t):
+    """blocks._scales_fn's form for codebook type t: super-block b at byte p -> wd[b] = d (f16),
+    wm[b] = 0, isc = 2*ls + 1 and imn = 0 for its sub-blocks."""
+    L, ls_of = LAYOUTS[t], _LS[t]
+    n = QK_K // L.sub
+
+    @njit(cache=True, inline="always")
+    def scales(raw, p, b, isc, imn, wd, wm):
+        wd[b] = _f16_at(raw, p)
+        wm[b] = 0
+        for s in range(n):
+            isc[b * n + s] = 2 * ls_of(raw, p, s) + 1
+            imn[b * n + s] = 0
+    return scales
+
+
+_scales_iq2_xxs, _scales_iq2_xs, _scales_iq2_s = _scales_iq(IQ2_XXS), _scales_iq(IQ2_XS), _scales_iq(IQ2_S)
+_scales_iq3_xxs, _scales_iq3_s = _scales_iq(IQ3_XXS), _scales_iq(IQ3_S)
+
 
 def _unpack_iq(t):
-    """The row unpacker of codebook type t: wq = the signed values, isc = 2*ls + 1 per sub-block,
-    wd = d (f16), no mins. `vec`: a chunk's 32 bytes built in one vector (_vput4 / _vput8), else 8
-    at a time in u64s."""
-    L, chunk = LAYOUTS[t], _CHUNK[t]
-    nsub = QK_K // L.sub
+    """The row unpacker of codebook type t: wq = the signed values, scales as _scales_iq. `vec`: a
+    chunk's 32 bytes built in one vector (_vput4 / _vput8), else 8 at a time in u64s."""
+    L, chunk, scales = LAYOUTS[t], _CHUNK[t], _scales_iq(t)
 
     @njit(cache=True)
     def unpack(vec, raw, o, n_sb, wq, isc, imn, wd, wm):
         for b in range(n_sb):
             p = o + b * L.nbytes
-            wd[b] = _f16_at(raw, p)
-            wm[b] = 0
+            scales(raw, p, b, isc, imn, wd, wm)
             for c in range(QK_K // 32):
-                ls0, ls1 = chunk(vec, raw, p, c, wq, b * QK_K + 32 * c)
-                if nsub == 16:
-                    isc[b * 16 + 2 * c] = 2 * ls0 + 1
-                    isc[b * 16 + 2 * c + 1] = 2 * ls1 + 1
-                    imn[b * 16 + 2 * c] = 0
-                    imn[b * 16 + 2 * c + 1] = 0
-                else:
-                    isc[b * 8 + c] = 2 * ls0 + 1
-                    imn[b * 8 + c] = 0
+                chunk(vec, raw, p, c, wq, b * QK_K + 32 * c)
     return unpack
 
 
 _unpack_iq2_xxs, _unpack_iq2_xs, _unpack_iq2_s = _unpack_iq(IQ2_XXS), _unpack_iq(IQ2_XS), _unpack_iq(IQ2_S)
 _unpack_iq3_xxs, _unpack_iq3_s = _unpack_iq(IQ3_XXS), _unpack_iq(IQ3_S)
 UNPACK = dict(zip(IQ_TYPES, (_unpack_iq2_xxs, _unpack_iq2_xs, _unpack_iq2_s, _unpack_iq3_xxs, _unpack_iq3_s)))
+
+
+# ---------------------------------------------------------------- packed rows, in registers
+
+def _ir_table(builder, name, table):
+    """The numpy table as an internal LLVM constant of this module (made once per module)."""
+    mod = builder.module
+    gv = mod.globals.get(name)
+    if gv is None:
+        et = ir.IntType(table.dtype.itemsize * 8)
+        ty = ir.ArrayType(et, len(table))
+        gv = ir.GlobalVariable(mod, ty, name=name)
+        gv.initializer = ir.Constant(ty, [int(v) for v in table])
+        gv.global_constant = True
+        gv.linkage = "internal"
+    return gv
+
+
+def raw_source(builder, t, rp, p):
+    """codegen._row_codegen's wsrc over a packed row at rp (i8*) of codebook type t: chunk c of
+    super-block b built in registers as _chunk_<t> builds it in memory (the same grid entries and
+    signs); the float scale from the row's scratch p["wd"] (the kernel unpacks the scales per row,
+    blocks._row_scales)."""
+    L = LAYOUTS[t]
+    grid, ksigns, n = {IQ2_XXS: (G2XXS, True, 4), IQ2_XS: (G2XS, True, 4), IQ2_S: (G2S, False, 4),
+                       IQ3_XXS: (IQ3XXS_GRID, True, 8), IQ3_S: (IQ3S_GRID, False, 8)}[t]
+    gv = _ir_table(builder, f"ramforge_{t.name.lower()}_grid", grid)
+    et = gv.type.pointee.element
+    i16 = ir.IntType(16)
+
+    def c32(v):
+        return ir.Constant(I32, v)
+
+    def at(b, off, ty):                        # the little-endian ty at byte off of super-block b, as i32
+        q = builder.gep(rp, [builder.add(builder.mul(b, ir.Constant(I64, L.nbytes)), ir.Constant(I64, off))])
+        v = builder.load(builder.bitcast(q, ty.as_pointer()), align=1)
+        return v if ty == I32 else builder.zext(v, I32)
+
+    def entry(i):                              # grid[i] (i32 index)
+        return builder.load(builder.gep(gv, [ir.Constant(I32, 0), i]))
+
+    def w_vec(b, e, c):
+        if t == IQ2_XXS:
+            q = L.qs + 8 * c
+            idx, s = [at(b, q + l, I8) for l in range(4)], at(b, q + 4, I32)
+        elif t == IQ2_XS:
+            vs = [at(b, L.qs + 8 * c + 2 * l, i16) for l in range(4)]
+            idx = [builder.and_(v, c32(511)) for v in vs]
+            s = c32(0)
+            for l, v in enumerate(vs):
+                s = builder.or_(s, builder.shl(builder.lshr(v, c32(9)), c32(7 * l)))
+        elif t == IQ2_S:
+            h = at(b, L.qh + c, I8)
+            idx = [builder.or_(at(b, L.qs + 4 * c + l, I8), builder.and_(builder.shl(h, c32(8 - 2 * l)), c32(0x300)))
+                   for l in range(4)]
+            s = at(b, L.signs + 4 * c, I32)
+        elif t == IQ3_XXS:
+            idx, s = [at(b, L.qs + 8 * c + k, I8) for k in range(8)], at(b, L.signs + 4 * c, I32)
+        else:
+            h = at(b, L.qh + c, I8)
+            idx = [builder.or_(at(b, L.qs + 8 * c + k, I8), builder.and_(builder.shl(h, c32(8 - k)), c32(256)))
+                   for k in range(8)]
+            s = at(b, L.signs + 4 * c, I32)
+        v = ir.Constant(ir.VectorType(et, n), ir.Undefined)
+        for i, ix in enumerate(idx):
+            v = builder.insert_element(v, entry(ix), c32(i))
+        return _signed32(builder, builder.bitcast(v, ir.VectorType(I8, 32)), s, ksigns)
+
+    return (lambda b: builder.load(builder.gep(p["wd"], [b])), lambda b: builder.load(builder.gep(p["wm"], [b])),
+            w_vec)

@@ -81,7 +81,7 @@ REGISTRY: dict[GGMLType, QuantKernels] = _table(
     QuantKernels(T.IQ4_XS, _dq._dequant_iq4_xs, A.Q8_K, Q(_up._unpack_iq4_xs, 32, tiled=True)),
     # the codebook types (iquants.py): vec_dot below 8 tokens, the tiled matmul from 8; no repack,
     # no tinyBLAS; their sub-block size and 2^-post from the type's layout
-    *(QuantKernels(t, _iq.DEQUANT[t], A.Q8_K, Q(_iq.UNPACK[t], L.sub, tiled=True, post=L.post))
+    *(QuantKernels(t, _iq.DEQUANT[t], A.Q8_K, Q(_iq.UNPACK[t], L.sub, tiled=True, raw=t, post=L.post))
       for t, L in _iq.LAYOUTS.items()),
 )
 del T, A, Q

@@ -130,9 +130,10 @@ _ROWS8: frozenset[Variant] = frozenset(
 
 class RawRow(IntEnum):
     """The packed-row intrinsics: each (type, variant) of a one-token matmul that reads its rows
-    straight from their packed blocks. The codebook types (IQ4_NL, IQ4_XS) are left to the
+    straight from their packed blocks. The 4-bit codebook types (IQ4_NL, IQ4_XS) are left to the
     unpacking path: built in registers, their two 16-byte lookups joined into one vector become a
-    scalarized gather (3.9 GB/s against 11.8 unpacked)."""
+    scalarized gather (3.9 GB/s against 11.8 unpacked). The IQ2 / IQ3 grids are scalar table loads
+    either way (4 or 8 entries per 32 weights), which the packed rows keep in registers."""
 
     Q4_0_LANES = 0
     Q4_0_GROUPS32 = 1
@@ -148,6 +149,11 @@ class RawRow(IntEnum):
     Q5_K_LANES = 11
     Q6_K_LANES = 12
     Q8_K_LANES = 13
+    IQ2_XXS_LANES = 14      # the codebook types: grid entries gathered into registers (iquants.raw_source)
+    IQ2_XS_LANES = 15
+    IQ2_S_LANES = 16
+    IQ3_XXS_LANES = 17
+    IQ3_S_LANES = 18
 
 
 _G, R = GGMLType, RawRow
@@ -159,6 +165,9 @@ RAW_ROWS: dict[RawRow, tuple[GGMLType, Variant]] = {
     R.Q3_K_LANES: (_G.Q3_K, V.K16_LANES), R.Q4_K_LANES: (_G.Q4_K, V.K32_LANES_KMIN4),
     R.Q4_K_GROUPS256: (_G.Q4_K, V.K32_GROUPS256), R.Q5_K_LANES: (_G.Q5_K, V.K32_LANES_KSUM),
     R.Q6_K_LANES: (_G.Q6_K, V.K16_LANES_OFF32), R.Q8_K_LANES: (_G.Q8_K, V.K32_LANES),
+    R.IQ2_XXS_LANES: (_G.IQ2_XXS, V.K32_LANES_P3), R.IQ2_XS_LANES: (_G.IQ2_XS, V.K16_LANES_P3),
+    R.IQ2_S_LANES: (_G.IQ2_S, V.K16_LANES_P3), R.IQ3_XXS_LANES: (_G.IQ3_XXS, V.K32_LANES_P2),
+    R.IQ3_S_LANES: (_G.IQ3_S, V.K32_LANES),
 }
 del _G, R
 _RAW_ROWS: tuple[tuple[GGMLType, Variant], ...] = tuple(RAW_ROWS[r] for r in RawRow)
