@@ -114,21 +114,28 @@ def _put(wq, y, g, m):
     _st64(wq, y, (g ^ m) + (m & ONES))
 
 
-def _signed32(builder, g, s, ksigns):
-    """<32 x i8> magnitudes g, negated where bit j of sign byte j // 8 of the i32 s is set:
-    (g ^ m) - m with m = 0xFF there (0 elsewhere). ksigns: s holds 4 x 7 sign bits (bits 0-27), each
-    byte's 8th sign their parity (KSIGNS_IQ2XS)."""
-    v4, v32, w32 = ir.VectorType(I8, 4), ir.VectorType(I8, 32), ir.VectorType(I32, 32)
-    if ksigns:
-        s = builder.or_(builder.or_(builder.and_(s, ir.Constant(I32, 0x7F)),
-                                    builder.and_(builder.shl(s, ir.Constant(I32, 1)), ir.Constant(I32, 0x7F00))),
-                        builder.or_(builder.and_(builder.shl(s, ir.Constant(I32, 2)), ir.Constant(I32, 0x7F0000)),
-                                    builder.and_(builder.shl(s, ir.Constant(I32, 3)), ir.Constant(I32, 0x7F000000))))
-    sb = builder.bitcast(s, v4)
-    if ksigns:
-        ctpop = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v4, [v4]), "llvm.ctpop.v4i8")
-        par = builder.and_(builder.call(ctpop, [sb]), ir.Constant(v4, [1] * 4))
-        sb = builder.or_(sb, builder.shl(par, ir.Constant(v4, [7] * 4)))
+def _parity7(builder, sb):
+    """<4 x i8> of 7 sign bits each -> with bit 7 = their parity (KSIGNS_IQ2XS)."""
+    v4 = sb.type
+    ctpop = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v4, [v4]), "llvm.ctpop.v4i8")
+    par = builder.and_(builder.call(ctpop, [sb]), ir.Constant(v4, [1] * 4))
+    return builder.or_(sb, builder.shl(par, ir.Constant(v4, [7] * 4)))
+
+
+def _sign_bytes(builder, s, ksigns):
+    """The 4 sign bytes <4 x i8> of the i32 s: its bytes, or (ksigns) its 4 x 7 bits (bits 0-27) with
+    their parities."""
+    v4 = ir.VectorType(I8, 4)
+    if not ksigns:
+        return builder.bitcast(s, v4)
+    b = [builder.and_(builder.shl(s, ir.Constant(I32, k)), ir.Constant(I32, 0x7F << (8 * k))) for k in range(4)]
+    return _parity7(builder, builder.bitcast(builder.or_(builder.or_(b[0], b[1]), builder.or_(b[2], b[3])), v4))
+
+
+def _signed32(builder, g, sb):
+    """<32 x i8> magnitudes g, negated where bit j of sign byte j // 8 of sb (<4 x i8>) is set:
+    (g ^ m) - m with m = 0xFF there (0 elsewhere)."""
+    v32, w32 = ir.VectorType(I8, 32), ir.VectorType(I32, 32)
     sb = builder.shuffle_vector(sb, sb, ir.Constant(w32, [j // 8 for j in range(32)]))
     bit = ir.Constant(v32, [1 << (j % 8) for j in range(32)])
     m = builder.sext(builder.icmp_unsigned("!=", builder.and_(sb, bit), ir.Constant(v32, [0] * 32)), v32)
@@ -139,7 +146,7 @@ def _make_put(n, ksigns):
     @intrinsic
     def _vput(typingctx, wq, y, g, s):
         """wq[y:y+32] = the n entries of the UniTuple g (u64: 8 magnitudes each if n = 4, u32
-        entries of 4 if n = 8), signed by the sign bytes of s (an int64; see _signed32), in one
+        entries of 4 if n = 8), signed by the sign bytes of s (an int64; see _sign_bytes), in one
         32-byte store."""
         def codegen(context, builder, sig, args):
             et = I64 if n == 4 else I32
@@ -147,7 +154,8 @@ def _make_put(n, ksigns):
             for i in range(n):
                 e = builder.extract_value(args[2], i)
                 v = builder.insert_element(v, e if n == 4 else builder.trunc(e, I32), ir.Constant(I32, i))
-            r = _signed32(builder, builder.bitcast(v, ir.VectorType(I8, 32)), builder.trunc(args[3], I32), ksigns)
+            sb = _sign_bytes(builder, builder.trunc(args[3], I32), ksigns)
+            r = _signed32(builder, builder.bitcast(v, ir.VectorType(I8, 32)), sb)
             builder.store(r, ptr(context, builder, sig.args[0], args[0], args[1], ir.VectorType(I8, 32)), align=1)
             return context.get_dummy_value()
         if (not dtypes_are((wq,), (types.int8,)) or not isinstance(g, types.UniTuple) or g.count != n
@@ -381,7 +389,7 @@ def raw_source(builder, t, rp, p):
     def at(b, off, ty):                        # the little-endian ty at byte off of super-block b, as i32
         q = builder.gep(rp, [builder.add(builder.mul(b, ir.Constant(I64, L.nbytes)), ir.Constant(I64, off))])
         v = builder.load(builder.bitcast(q, ty.as_pointer()), align=1)
-        return v if ty == I32 else builder.zext(v, I32)
+        return v if ty == I32 or isinstance(ty, ir.VectorType) else builder.zext(v, I32)
 
     def entry(i):                              # grid[i] (i32 index)
         return builder.load(builder.gep(gv, [ir.Constant(I32, 0), i]))
@@ -390,12 +398,11 @@ def raw_source(builder, t, rp, p):
         if t == IQ2_XXS:
             q = L.qs + 8 * c
             idx, s = [at(b, q + l, I8) for l in range(4)], at(b, q + 4, I32)
-        elif t == IQ2_XS:
-            vs = [at(b, L.qs + 8 * c + 2 * l, i16) for l in range(4)]
-            idx = [builder.and_(v, c32(511)) for v in vs]
-            s = c32(0)
-            for l, v in enumerate(vs):
-                s = builder.or_(s, builder.shl(builder.lshr(v, c32(9)), c32(7 * l)))
+        elif t == IQ2_XS:                      # the 4 u16 at once for the signs: 7 bits each
+            idx = [builder.and_(at(b, L.qs + 8 * c + 2 * l, i16), c32(511)) for l in range(4)]
+            l16 = ir.VectorType(i16, 4)
+            v = at(b, L.qs + 8 * c, l16)
+            sb = _parity7(builder, builder.trunc(builder.lshr(v, ir.Constant(l16, [9] * 4)), ir.VectorType(I8, 4)))
         elif t == IQ2_S:
             h = at(b, L.qh + c, I8)
             idx = [builder.or_(at(b, L.qs + 4 * c + l, I8), builder.and_(builder.shl(h, c32(8 - 2 * l)), c32(0x300)))
@@ -411,7 +418,9 @@ def raw_source(builder, t, rp, p):
         v = ir.Constant(ir.VectorType(et, n), ir.Undefined)
         for i, ix in enumerate(idx):
             v = builder.insert_element(v, entry(ix), c32(i))
-        return _signed32(builder, builder.bitcast(v, ir.VectorType(I8, 32)), s, ksigns)
+        if t != IQ2_XS:
+            sb = _sign_bytes(builder, s, ksigns)
+        return _signed32(builder, builder.bitcast(v, ir.VectorType(I8, 32)), sb)
 
     return (lambda b: builder.load(builder.gep(p["wd"], [b])), lambda b: builder.load(builder.gep(p["wm"], [b])),
             w_vec)
