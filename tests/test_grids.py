@@ -53,3 +53,12 @@ def test_grids_equal_gguf_py(qtype, grid):
     cls.init_grid()
     want = np.asarray(cls.grid).reshape(cls.grid_shape)
     assert np.array_equal(getattr(grids, grid).astype(np.float32), want)
+
+
+def test_no_int16_saturation_in_the_vec_dots():
+    # ggml's AVX2 vec_dots sum pairs of |grid| * |q8| in int16 (maddubs): with |q8| <= 127 (Q8_K) and
+    # the largest grid magnitude, a pair stays below 2^15, so ggml never saturates and the exact
+    # integer sums here are its sums
+    for name in ("IQ2XXS_GRID_I8", "IQ2XS_GRID_I8", "IQ2S_GRID_I8", "IQ3XXS_GRID_I8", "IQ3S_GRID_I8"):
+        g = getattr(grids, name)
+        assert g.min() > 0 and 2 * int(g.max()) * 127 < 2**15, name
