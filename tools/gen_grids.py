@@ -87,7 +87,8 @@ def render(tables: dict[str, list[int]]) -> str:
               "    return grid.astype(grid.dtype.newbyteorder(\"<\")).view(np.int8).reshape(len(grid), -1)",
               "",
               "",
-              "IQ2XXS_GRID_I8, IQ2XS_GRID_I8, IQ2S_GRID_I8 = _bytes(IQ2XXS_GRID), _bytes(IQ2XS_GRID), _bytes(IQ2S_GRID)",
+              "IQ2XXS_GRID_I8, IQ2XS_GRID_I8 = _bytes(IQ2XXS_GRID), _bytes(IQ2XS_GRID)",
+              "IQ2S_GRID_I8 = _bytes(IQ2S_GRID)",
               "IQ3XXS_GRID_I8, IQ3S_GRID_I8 = _bytes(IQ3XXS_GRID), _bytes(IQ3S_GRID)",
               ""]
     return "\n".join(lines)

@@ -5,8 +5,8 @@ A super-block of 256 weights is 8 chunks of 32; each chunk is 4 groups of 8 (IQ2
 entry of 8 magnitudes) or 8 groups of 4 (IQ3: one u32 entry of 4), each magnitude signed by one bit
 (IQ2_XXS / IQ2_XS / IQ3_XXS: 7 stored bits, the 8th their parity, kernels.grids.KSIGNS_IQ2XS;
 IQ2_S / IQ3_S: 8 stored bits). `_chunk_<type>` decodes chunk c to 32 signed int8 values
-(grid magnitude * sign, |v| <= 62) and returns the chunk's 4-bit scales ls (two for the 16-element
-sub-blocks of IQ2_XS / IQ2_S, else the same one twice):
+(grid magnitude * sign, |v| <= 62), `_ls_<type>` reads sub-block s's 4-bit scale ls (16-element
+sub-blocks for IQ2_XS / IQ2_S, else 32); `raw_source` builds the same chunk in registers:
 
     dequantize (gguf-py's float ops):  w = db * v,  db = (d * (0.5 + ls)) * 0.25   (IQ2_*)
                                                     db = (d * (0.5 + ls)) * 0.5    (IQ3_XXS)
@@ -15,8 +15,8 @@ sub-blocks of IQ2_XS / IQ2_S, else the same one twice):
                                        (IQ2_*: 1/8, IQ3_XXS: 1/4, IQ3_S: 1), which is the same
                                        weight exactly (a power of two scales without rounding).
 
-Signs are applied 8 bytes at a time in a u64: (g ^ m) + (m & 0x01..01) negates the bytes of g where
-the mask m is 0xFF (no carry between bytes: no magnitude is 0).
+Signs: in vector IR (m = 0xFF where the bit is set, (g ^ m) - m), or in the plain loops 8 bytes at
+a time in a u64: (g ^ m) + (m & 0x01..01) (no carry between bytes: no magnitude is 0).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from ramforge.gguf.constants import GGML_BLOCK, QK_K, GGMLType
 
 from .grids import IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 from .llvmir import I8, I32, I64, dtypes_are, ptr
-from .scalars import _f16_at, _f16_at_int, _u16, _u32
+from .scalars import _f16_at, _f16_at_int
 
 T = GGMLType
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S = T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S
