@@ -1,12 +1,13 @@
 """Weight throughput of the matmul kernels per quant type: float path vs integer-dot path.
 
-    python benchmarks/matvec.py [--n 4096] [--threads 2] [--batch 32] [--types Q4_0,Q4_K] [--asm]
+    python benchmarks/matvec.py [--n 4096] [--threads 2] [--batch 32] [--types Q4_0,Q4_K] [--llama] [--asm]
 
 For an n x n weight of each executable quantized type (random blocks with finite, normal scales):
 GB/s of packed weight bytes per second for one token (a matvec) and, for a batch of `batch`
 tokens, the weight bytes times tokens per second (what a sequence of matvecs would have to
 stream to do the same work). "float" is kernels.matmul.matmul_reference (dequantize + f32 dot),
-"int" is kernels.qmatmul (int8 dots; "int-portable" its plain-loop twin with --portable).
+"int" is kernels.qmatmul (int8 dots; "int-portable" its plain-loop twin with --portable);
+--llama adds llama.cpp's own mul_mat on the same weight (ggml's CPU backend, through ctypes).
 --asm compiles the kernel afresh and counts its vector integer multiply-add instructions.
 """
 from __future__ import annotations
@@ -77,6 +78,53 @@ def asm_report() -> str:
     return "\n".join(out)
 
 
+class _GgmlMatvec:
+    """llama.cpp's own mul_mat (ggml's CPU backend from llama-cpp-python, through ctypes) on the same
+    weight, for a side-by-side column: the graph is built once, then computed repeatedly."""
+
+    def __init__(self, threads: int):
+        import ctypes
+
+        import llama_cpp
+
+        d = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+        base = ctypes.CDLL(os.path.join(d, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+        cpu = ctypes.CDLL(os.path.join(d, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+        P, c = ctypes.c_void_p, ctypes
+
+        class Params(c.Structure):
+            _fields_ = [("mem_size", c.c_size_t), ("mem_buffer", c.c_void_p), ("no_alloc", c.c_bool)]
+
+        def fn(lib, name, res, args):
+            f = getattr(lib, name)
+            f.restype, f.argtypes = res, args
+            return f
+        self.Params, self.init = Params, fn(base, "ggml_init", P, [Params])
+        self.new2d = fn(base, "ggml_new_tensor_2d", P, [P, c.c_int, c.c_int64, c.c_int64])
+        self.mul_mat = fn(base, "ggml_mul_mat", P, [P, P, P])
+        self.new_graph = fn(base, "ggml_new_graph", P, [P])
+        self.build = fn(base, "ggml_build_forward_expand", None, [P, P])
+        self.alloc = fn(base, "ggml_backend_alloc_ctx_tensors_from_buft", P, [P, P])
+        self.tset = fn(base, "ggml_backend_tensor_set", None, [P, P, c.c_size_t, c.c_size_t])
+        self.compute = fn(base, "ggml_backend_graph_compute", c.c_int, [P, P])
+        self.buft = fn(base, "ggml_backend_cpu_buffer_type", P, [])()
+        self.backend = fn(cpu, "ggml_backend_cpu_init", P, [])()
+        fn(cpu, "ggml_backend_cpu_set_n_threads", None, [P, c.c_int])(self.backend, threads)
+
+    def timer(self, t, raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int):
+        """A function computing y = x @ W.T once (plain CPU buffer: no repacking)."""
+        cw, cg = self.init(self.Params(1 << 16, None, True)), self.init(self.Params(1 << 20, None, True))
+        w, xt = self.new2d(cw, int(t), n_in, n_out), self.new2d(cw, 0, n_in, x.shape[0])
+        y = self.mul_mat(cw, w, xt)
+        self.alloc(cw, self.buft)
+        x = np.ascontiguousarray(x, np.float32)
+        self.tset(w, raw.ctypes.data, 0, raw.nbytes)
+        self.tset(xt, x.ctypes.data, 0, x.nbytes)
+        g = self.new_graph(cg)
+        self.build(g, y)
+        return lambda: self.compute(self.backend, g)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=4096)
@@ -85,6 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--types", default="")
     ap.add_argument("--no-float", action="store_true", help="skip the (slow) float path")
     ap.add_argument("--portable", action="store_true", help="also time the plain-loop integer path")
+    ap.add_argument("--llama", action="store_true", help="also time llama.cpp's mul_mat (llama-cpp-python)")
     ap.add_argument("--asm", action="store_true")
     a = ap.parse_args(argv)
     if a.asm:
@@ -109,8 +158,10 @@ def main(argv=None) -> int:
         paths.append(("int-portable", lambda *p: qmatmul(*p, vector=False)))
     if not a.no_float:
         paths.insert(0, ("float", matmul_reference))
+    ggml = _GgmlMatvec(a.threads) if a.llama else None
     print(f"{n} x {n} weight, {a.threads} threads; GB/s of packed weight bytes (x tokens for the batch)")
     head = "".join(f"{p + ' 1 tok':>20}{p + f' {nb} tok':>20}" for p, _ in paths)
+    head += f"{'llama.cpp 1 tok':>20}{f'llama.cpp {nb} tok':>20}" if ggml else ""
     print(f"{'type':8}{'MB':>7}{head}")
     for t in types:
         raw = random_weight(t, n, n)
@@ -120,6 +171,10 @@ def main(argv=None) -> int:
             y1, yb = np.empty((1, n), np.float32), np.empty((nb, n), np.float32)
             t1 = best_time(lambda: fn(y1, x1, t, raw, n, n))
             tb = best_time(lambda: fn(yb, xb, t, raw, n, n), min_time=0.5, max_reps=40)
+            row += f"{gb / t1:20.2f}{gb * nb / tb:20.2f}"
+        if ggml:
+            t1 = best_time(ggml.timer(t, raw, x1, n, n))
+            tb = best_time(ggml.timer(t, raw, xb, n, n), min_time=0.5, max_reps=40)
             row += f"{gb / t1:20.2f}{gb * nb / tb:20.2f}"
         print(row, flush=True)
     return 0

@@ -39,7 +39,8 @@ def test_support_lists_types():
     d = json.loads(r.stdout)
     assert {"Q4_K", "IQ4_XS", "BF16", "Q8_K", "MXFP4", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M"} <= set(
         d["quant_types"]["executable"])
-    assert {"IQ2_XXS", "Q8_1"} <= set(d["quant_types"]["refused"])
+    assert {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"} <= set(d["quant_types"]["executable"])
+    assert {"Q8_1", "I8", "F64"} <= set(d["quant_types"]["refused"])
     assert ramforge("support").returncode == 0
 
 

@@ -83,6 +83,8 @@ _SCALES = {
     GGMLType.Q8_K: ("f32", (0,)),
     GGMLType.MXFP4: ("e8m0", (0,)), GGMLType.TQ2_0: ("f16", (64,)), GGMLType.TQ1_0: ("f16", (52,)),
     GGMLType.IQ1_S: ("f16", (0,)), GGMLType.IQ1_M: ("f16-nibbles", (48,)),
+    GGMLType.IQ2_XXS: ("f16", (0,)), GGMLType.IQ2_XS: ("f16", (0,)), GGMLType.IQ2_S: ("f16", (0,)),
+    GGMLType.IQ3_XXS: ("f16", (0,)), GGMLType.IQ3_S: ("f16", (0,)),
 }
 
 
@@ -129,6 +131,7 @@ def random_blocks(t: GGMLType, n_blocks: int, seed: int) -> np.ndarray:
 def test_registry_is_the_executable_set():
     want = "F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K IQ4_NL IQ4_XS".split()
     want += "MXFP4 TQ2_0 TQ1_0 IQ1_S IQ1_M".split()
+    want += "IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S".split()
     assert [t.name for t in REGISTRY] == want
     for t, k in REGISTRY.items():
         assert isinstance(k, QuantKernels) and k.ggml_type == t

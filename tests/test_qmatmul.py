@@ -122,7 +122,9 @@ def test_unpack_rebuilds_dequantize_exactly(t):
     q = (wq.astype(np.float32) - k.qdot.offset).reshape(n_rows, -1, sb // sub, sub)
     d = wd[:, :, None, None]
     sc = isc.astype(np.float32).reshape(n_rows, -1, sb // sub)[..., None]
-    if k.qdot.mins == kv.Q8_1_SUM:                           # d*q + m
+    if k.qdot.post:                                          # codebook types: ((d*sc)*2^-post)*q
+        w = ((d * sc) * np.float32(2.0 ** -k.qdot.post)) * q
+    elif k.qdot.mins == kv.Q8_1_SUM:                           # d*q + m
         w = d * q + wm[:, :, None, None]
     elif k.qdot.mins in (kv.K_SUM, kv.K_MIN4, kv.K_LANES):   # (d*sc)*q - (dmin*m)
         mn = imn.astype(np.float32).reshape(n_rows, -1, sb // sub)[..., None]
@@ -257,7 +259,7 @@ def exact_reference(t: GGMLType, raw: np.ndarray, x: np.ndarray, n_out: int, n_i
     isum = (prod.reshape(n_tok, n_out, -1, sub).sum(axis=3) * isc[None].astype(np.int64))      # per sub-block
     isum = isum.reshape(n_tok, n_out, -1, sb // sub).sum(axis=3)              # per super-block
     ad = a.d.reshape(n_tok, 1, -1).astype(np.float64)
-    y = (wd[None].astype(np.float64) * ad * isum).sum(axis=2)
+    y = (wd[None].astype(np.float64) * ad * isum).sum(axis=2) * 2.0 ** -k.qdot.post
     if k.qdot.mins in (kv.K_SUM, kv.K_MIN4, kv.K_LANES):
         bs = a.bsum.reshape(n_tok, 1, -1, sb // sub).astype(np.int64)
         msum = (imn.reshape(1, n_out, -1, sb // sub) * bs).sum(axis=3)
@@ -361,7 +363,7 @@ def test_batched_variants_have_8_row_kernels():
     # 32-element types (LANES) run 8 rows at a time (the rows' float steps lane by lane, or each row
     # its own lanes); the 40-row shapes above (N_OUT + 3) reach them in the vector-vs-portable and
     # oracle comparisons
-    lanes = kv._VARIANT_ID[(32, 1, kv.NO_MIN, kv.LANES, 0, 0)]
+    lanes = kv._VARIANT_ID[kv.Spec(32, 1, kv.NO_MIN, kv.LANES, 0, 0)]
     assert set(kv._ROWS8) == {i for i, v in enumerate(kv._VARIANTS) if v[3] in (kv.GROUPS, kv.TILED)} | {lanes}
     assert (N_OUT + 3) % 8 == 0
 
@@ -372,7 +374,7 @@ CODEBOOK_TYPES = (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
 
 def test_every_few_token_matmul_reads_packed_rows():
     # matmuls of fewer than _GROUP_FROM_TOKENS tokens dot the packed rows directly (no unpacking):
-    # every type but the codebook ones has a packed-row intrinsic for each such variant, and the
+    # every type but the 4-bit codebook ones has a packed-row intrinsic for each such variant, and the
     # shapes of test_vector_path_equals_portable_bit_for_bit reach each intrinsic
     used = set()
     for t in INT_TYPES:
@@ -437,13 +439,16 @@ def test_shapes_and_errors_are_validated():
     with pytest.raises(RamforgeError, match="matmul shapes"):
         qm.qmatmul(y, x[0], t, raw, 4, 64)
     with pytest.raises(RamforgeError, match="not supported"):
-        qm.qmatmul(y, x, GGMLType.IQ2_XXS, raw, 4, 64)
+        qm.qmatmul(y, x, GGMLType.Q8_1, raw, 4, 64)
     # an MXFP4 weight whose row is not a whole number of its 32-element blocks
     with pytest.raises(RamforgeError, match="row length 48 is not a multiple of MXFP4's block size 32"):
         qm.qmatmul(np.zeros((2, 4), np.float32), np.zeros((2, 48), np.float32), GGMLType.MXFP4,
                    np.zeros(4 * 17, np.uint8), 4, 48)
     with pytest.raises(RamforgeError, match="MXFP4 n_elements = 48 is not a whole number of blocks of 32"):
         dequantize(GGMLType.MXFP4, np.zeros(2 * 17, np.uint8), n_elements=48)
+    for iq in (GGMLType.IQ2_XXS, GGMLType.IQ3_S):              # the codebook types: rows of whole 256s
+        with pytest.raises(RamforgeError, match=f"multiple of {iq.name}'s block size 256"):
+            qm.qmatmul(np.zeros((1, 4), np.float32), np.zeros((1, 128), np.float32), iq, raw, 4, 128)
     empty = qm.qmatmul(np.ones((0, 4), np.float32), np.zeros((0, 64), np.float32), t, raw, 4, 64)
     assert empty.shape == (0, 4)
 
@@ -540,7 +545,7 @@ def test_bit_identical_to_llama_cpp_cpu_backend(ggml, t):
             continue
         for n_out in (33, 40):
             raw = weight(t, n_out, n_in, seed=n_in + n_out)
-            for n_tok in (1, 2, 3, 4, 5, 8, 21):
+            for n_tok in (1, 2, 3, 4, 5, 8, 17, 21):
                 x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
                 want = ggml.matmul(t, raw, x, n_out, n_in)
                 got = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in)

@@ -20,6 +20,8 @@ from numba import njit
 
 from ramforge.gguf.constants import GGML_BLOCK, QK_K, GGMLType
 
+from .iquants import (IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, _scales_iq2_s, _scales_iq2_xs, _scales_iq2_xxs,
+                      _scales_iq3_s, _scales_iq3_xxs)
 from .naming import made_for
 from .scalars import _f16_at, _f32_at, _half_bits_to_f32, _u16
 
@@ -293,6 +295,16 @@ def _row_scales(t, raw, p, b, isc, imn, wd, wm):
         _scales_iq1_s(raw, p, b, isc, imn, wd, wm)
     elif t == IQ1_M:
         _scales_iq1_m(raw, p, b, isc, imn, wd, wm)
+    elif t == IQ2_XXS:                  # the codebook types (iquants.py)
+        _scales_iq2_xxs(raw, p, b, isc, imn, wd, wm)
+    elif t == IQ2_XS:
+        _scales_iq2_xs(raw, p, b, isc, imn, wd, wm)
+    elif t == IQ2_S:
+        _scales_iq2_s(raw, p, b, isc, imn, wd, wm)
+    elif t == IQ3_XXS:
+        _scales_iq3_xxs(raw, p, b, isc, imn, wd, wm)
+    elif t == IQ3_S:
+        _scales_iq3_s(raw, p, b, isc, imn, wd, wm)
     else:
         raise ValueError("no sub-block scales for this ggml type")
 

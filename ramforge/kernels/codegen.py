@@ -15,6 +15,8 @@ from ramforge.gguf.constants import GGMLType
 
 from .blocks import CHUNKS, LAYOUTS
 from .lowbit_ir import RAW_SOURCES
+from .iquants import LAYOUTS as IQ_LAYOUTS
+from .iquants import raw_source as iq_raw_source
 from .llvmir import (I8, I16, I32, I64, dot_lanes, fma_fn, half_to_float, has_vnni, hsum8, native_half, pair_lanes,
                      reduce_add, splat)
 from .variants import (GROUPS, IQ1_DELTA, IQ1_DLANES, IQ1_MINS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN,
@@ -26,7 +28,8 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     offset, grp): p maps "aq" "isc" "imn" "ad" "am" "bsum" to element pointers at their offsets;
     wsrc = (w_d(b), w_m(b), w_vec(b, e, c)): super-block b's float scale and min, and the 32 int8
     weights of its chunk c (element e of the row)."""
-    sub, nsub, mins, mode, offset, grp = variant
+    sub, nsub, mins, mode, offset, grp, post = variant
+    assert not post or (mins, mode) in ((NO_MIN, LANES), (NO_MIN, TILED))
     scaled = nsub > 1 and offset != TERNARY_OFFSET        # (the ternary types' scales are all 1)
     unsigned = mins not in (NO_MIN,) + IQ1_MINS or offset != 0      # types with mins or an offset store quants >= 0
     iq1 = mins in IQ1_MINS                        # quants 8*grid + delta8, split per chunk (LANES only)
@@ -123,7 +126,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                               builder.mul(ivec(bp, k0, 16), ivec(sp, k0, 16)))
             iacc = builder.sub(iacc, builder.mul(corr, ir.Constant(l8, [offset] * 8)))
         if mode == TILED:
-            r = builder.fmul(builder.sitofp(reduce_add(builder, iacc), f32), w_d(b))
+            r = builder.fmul(builder.sitofp(reduce_add(builder, iacc), f32), _post_scaled(builder, w_d(b), post))
             if mins == K_MINS:
                 msum = reduce_add(builder, builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
                 r = fmaf(builder.fneg(w_m(b)), builder.sitofp(msum, f32), r)
@@ -185,6 +188,8 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
         tail = fmaf(lane(m, 0), ld(sacc), r)      # + the tail's d * isum (sumf += d * sumi: an fma)
         return builder.select(odd_n, tail, r)
     r = hsum8(builder, ld(facc))
+    if post:                                       # the codebook types' 2^-post * hsum
+        r = _post_scaled(builder, r, post)
     if mins in (Q8_1_SUM, K_SUM):
         r = builder.fadd(r, lane(m, 0))
     elif mins == K_MIN4:                           # (m0 + m2) + (m1 + m3)
@@ -197,6 +202,14 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     return r
 
 
+def _post_scaled(builder, v, post):
+    """v * 2^-post (float or <n x float>; exact: a power of two), v itself when post is 0."""
+    if not post:
+        return v
+    f = ir.Constant(ir.FloatType(), 2.0 ** -post)
+    return builder.fmul(v, splat(builder, f, v.type) if isinstance(v.type, ir.VectorType) else f)
+
+
 def _raw_source(context, builder, t, rp, p):
     """wsrc for _row_codegen over a packed row at rp (i8*) of type t's blocks (blocks.LAYOUTS):
     weights built in registers exactly as the unpackers build them in memory. The super-block types
@@ -204,6 +217,8 @@ def _raw_source(context, builder, t, rp, p):
     the 32-element types read theirs, f16, from the blocks."""
     if t in RAW_SOURCES:                       # TQ1_0, IQ1_S, IQ1_M (lowbit_ir.py)
         return RAW_SOURCES[t](context, builder, rp, p)
+    if t in IQ_LAYOUTS:                        # the codebook types: grid lookups in registers
+        return iq_raw_source(builder, t, rp, p)
     v16, v32, w32 = ir.VectorType(I8, 16), ir.VectorType(I8, 32), ir.VectorType(I32, 32)
     L = LAYOUTS[t]
 
@@ -271,7 +286,8 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
     tiled matmul): per super-block r = float(isum_r)*d_w [r = fma(-dmin_w, float(msum_r), r)],
     sacc_r = fma(r, d_a, sacc_r). wsrcs: each row's (w_d, w_m, w_vec) as in _row_codegen; iscs, imns:
     each row's sub-block scale / min pointers."""
-    sub, nsub, mins, mode, offset, grp = variant
+    sub, nsub, mins, mode, offset, grp, post = variant
+    assert not post or mode == TILED
     assert mode in (GROUPS, TILED) and (not offset or mode == TILED) or (mode, nsub, mins) == (LANES, 1, NO_MIN)
     unsigned = mins != NO_MIN or offset != 0
     l8, f8 = ir.VectorType(I32, 8), ir.VectorType(ir.FloatType(), 8)
@@ -300,7 +316,7 @@ def _rows8_codegen(context, builder, variant, p, wsrcs, iscs, imns, n_sb):
         e0, k0 = builder.mul(b, c64(sub * nsub)), builder.mul(b, c64(nsub))
         da = builder.load(builder.gep(dap, [b]))
         da8 = splat(builder, da, f8)
-        wd8 = lanes8([w_d(b) for w_d, _, _ in wsrcs], f8)
+        wd8 = _post_scaled(builder, lanes8([w_d(b) for w_d, _, _ in wsrcs], f8), post)
         d8 = builder.fmul(da8, wd8)
         iacc = [ir.Constant(l8, [0] * 8)] * 8
         for c in range(sub * nsub // 32):

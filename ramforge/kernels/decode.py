@@ -22,8 +22,10 @@ from ramforge.gguf.constants import GGML_BLOCK, QK_K
 from .blocks import (B_IQ4_XS, BF16, CHUNKS, F16, F32, IQ1_M, IQ1_S, IQ4_KV_F32, IQ4_NL, IQ4_XS, LAYOUTS, MXFP4, Q2_K,
                      Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q8_K, TQ1_0, TQ2_0, _chunk_quant, _high_bit,
                      _iq4_xs_scale, _nibble, _row_scales)
-from .naming import made_for
+from .iquants import (IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, _dequant_iq2_s, _dequant_iq2_xs, _dequant_iq2_xxs,
+                      _dequant_iq3_s, _dequant_iq3_xxs)
 from .lowbit import _dequant_iq1_m, _dequant_iq1_s, _dequant_mxfp4, _dequant_tq1_0
+from .naming import made_for
 from .scalars import _bits_to_f32, _f16_at_int, _f32_at, _u16, _u32
 
 _f16 = _f16_at_int      # f16 -> f32 with NaN payloads kept, as numpy (gguf-py's oracle) widens
@@ -182,5 +184,15 @@ def _dequant_any(t, out, raw, first_block, n_blocks):
         _dequant_iq1_s(out, raw, first_block, n_blocks)
     elif t == IQ1_M:
         _dequant_iq1_m(out, raw, first_block, n_blocks)
+    elif t == IQ2_XXS:                  # the codebook types (iquants.py)
+        _dequant_iq2_xxs(out, raw, first_block, n_blocks)
+    elif t == IQ2_XS:
+        _dequant_iq2_xs(out, raw, first_block, n_blocks)
+    elif t == IQ2_S:
+        _dequant_iq2_s(out, raw, first_block, n_blocks)
+    elif t == IQ3_XXS:
+        _dequant_iq3_xxs(out, raw, first_block, n_blocks)
+    elif t == IQ3_S:
+        _dequant_iq3_s(out, raw, first_block, n_blocks)
     else:
         raise ValueError("no dequantization kernel for this ggml type")

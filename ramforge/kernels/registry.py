@@ -12,6 +12,7 @@ from typing import Callable
 from ramforge.errors import UnsupportedType
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 from ramforge.kernels import decode as _dq
+from ramforge.kernels import iquants as _iq
 from ramforge.kernels import lowbit as _lb
 from ramforge.kernels import unpack as _up
 from ramforge.kernels.variants import IQ1_DELTA, IQ1_DLANES, K_LANES, K_MIN4, K_SUM, Q8_1_SUM, QDot
@@ -85,6 +86,10 @@ REGISTRY: dict[GGMLType, QuantKernels] = _table(
     QuantKernels(T.TQ1_0, _lb._dequant_tq1_0, A.Q8_K, Q(_lb._unpack_tq1_0, 16, offset=1, raw=T.TQ1_0)),
     QuantKernels(T.IQ1_S, _lb._dequant_iq1_s, A.Q8_K, Q(_lb._unpack_iq1_s, 32, IQ1_DELTA, tiled=True, raw=T.IQ1_S)),
     QuantKernels(T.IQ1_M, _lb._dequant_iq1_m, A.Q8_K, Q(_lb._unpack_iq1_m, 16, IQ1_DLANES, tiled=True, raw=T.IQ1_M)),
+    # the codebook types (iquants.py): vec_dot below 8 tokens, the tiled matmul from 8; no repack,
+    # no tinyBLAS; their sub-block size and 2^-post from the type's layout
+    *(QuantKernels(t, _iq.DEQUANT[t], A.Q8_K, Q(_iq.UNPACK[t], L.sub, tiled=True, raw=t, post=L.post))
+      for t, L in _iq.LAYOUTS.items()),
 )
 del T, A, Q
 

@@ -20,7 +20,7 @@ from .scalars import _fma
 from .variants import (_ROWS8, GROUPS, IQ1_DELTA, IQ1_DLANES, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, Q8_1_SUM,
                        RAW_ROWS, SCALAR_FMA, SPECS, TILED, RawRow, Variant)
 
-_SPEC_ARR = np.array([SPECS[v] for v in Variant], dtype=np.int64)     # i64[n_variants, 6], by Variant
+_SPEC_ARR = np.array([SPECS[v] for v in Variant], dtype=np.int64)     # i64[n_variants, 7], by Variant
 _F32_ARGS = (types.int8, types.int8, types.int32, types.int32, types.float32, types.float32, types.float32,
              types.float32, types.int32)
 
@@ -119,8 +119,9 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
     # the plain-loop twin of _vrow for variant vid, op for op (scratch: lanes f32[24], ilane i64[16])
     if vid < 0 or vid >= len(_SPEC_ARR):
         raise ValueError("unknown arithmetic variant")
-    sub, nsub, mins, mode, offset, grp = _SPEC_ARR[vid]
+    sub, nsub, mins, mode, offset, grp, post = _SPEC_ARR[vid]
     iq1 = mins == IQ1_DELTA or mins == IQ1_DLANES   # quants 8*grid + delta8: split (LANES)
+    pf = np.float32(1.0) / np.float32(1 << post)    # the codebook types' 2^-post (exact)
     lanes[:] = 0                # [0:8] the dot lanes, [8:16] odd blocks (LANES2), [16:24] mins (IQ1: delta)
     sacc = np.float32(0.0)
     for b in range(n_sb):
@@ -166,7 +167,7 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
         for j in range(k0, k0 + nsub):
             msum += np.int64(imn[io + j]) * np.int64(bsum[bo + j])
         if mode == TILED:
-            r = np.float32(ilane[:8].sum()) * wd[so + b]
+            r = np.float32(ilane[:8].sum()) * (wd[so + b] * pf)
             if mins == K_MINS:
                 r = _fma(-wm[so + b], np.float32(msum), r)
             sacc = _fma(r, da, sacc)
@@ -211,6 +212,7 @@ def _prow(wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo, 
         r = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
         return _fma(lanes[16], sacc, r) if n_sb & 1 else r
     r = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+    r = r * pf
     if mins == Q8_1_SUM or mins == K_SUM:
         r += lanes[16]
     elif mins == K_MIN4:

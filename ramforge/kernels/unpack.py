@@ -17,6 +17,8 @@ from ramforge.gguf.constants import QK_K
 
 from .blocks import (CHUNKS, IQ1_M, IQ1_S, IQ4_KV, IQ4_KV_I8, IQ4_NL, IQ4_XS, LAYOUTS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1,
                      Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q8_K, TQ1_0, TQ2_0, _high_bit, _nibble, _row_scales)
+from .iquants import (IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, _unpack_iq2_s, _unpack_iq2_xs, _unpack_iq2_xxs,
+                      _unpack_iq3_s, _unpack_iq3_xxs)
 from .llvmir import I8, I32, dtypes_are, ptr, splat
 from .lowbit import _unpack_iq1_m, _unpack_iq1_s, _unpack_tq1_0
 from .naming import made_for
@@ -242,5 +244,15 @@ def _unpack_row(t, vec, raw, o, n_sb, wq, isc, imn, wd, wm):
         _unpack_iq1_s(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
     elif t == IQ1_M:
         _unpack_iq1_m(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ2_XXS:                  # the codebook types (iquants.py)
+        _unpack_iq2_xxs(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ2_XS:
+        _unpack_iq2_xs(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ2_S:
+        _unpack_iq2_s(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ3_XXS:
+        _unpack_iq3_xxs(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
+    elif t == IQ3_S:
+        _unpack_iq3_s(vec, raw, o, n_sb, wq, isc, imn, wd, wm)
     else:
         raise ValueError("no row unpacker for this ggml type")

@@ -3,7 +3,7 @@ finishes a row dot for a type, row count and batch size (the build that recorded
 AVX2, FMA, AVX512-VNNI; REPACK, LLAMAFILE and its tiled K-quant matmul), which codegen.py and
 rows.py reproduce op for op so that our results round as its results do.
 
-A `Variant` names one (sub, nsub, mins, mode, offset, grp) of `SPECS`; `QDot.variants` picks them
+A `Variant` names one (sub, nsub, mins, mode, offset, grp, post) of `SPECS`; `QDot.variants` picks them
 for a call's shape; `RawRow` names the (type, variant) pairs that also have a packed-row intrinsic;
 `ROWS8` the variants with an 8-row kernel. All are IntEnums: numba code takes them as ints.
 """
@@ -53,7 +53,9 @@ TILED_FROM = 8       # llama.cpp's tiled K-quant matmul takes batches of at leas
 
 class Spec(NamedTuple):
     """One arithmetic: sub-blocks of `sub` elements, `nsub` per super-block, the `mins` terms, the
-    `mode`, the quant `offset` (w = q - offset) and the GROUPS group size `grp`."""
+    `mode`, the quant `offset` (w = q - offset), the GROUPS group size `grp` and `post`: the
+    codebook types' power of two (IQ2: 0.125f, IQ3_XXS: 0.25f = 2^-post) that LANES multiplies the
+    hsum by and TILED the weight scale by (d_w * 2^-post, as ggml's tiled unpack stores it)."""
 
     sub: int
     nsub: int
@@ -61,6 +63,7 @@ class Spec(NamedTuple):
     mode: Mode
     offset: int
     grp: int
+    post: int = 0
 
 
 class Variant(IntEnum):
@@ -89,6 +92,12 @@ class Variant(IntEnum):
     K16_LANES_OFF1 = 19     # TQ1_0, TQ2_0
     K32_LANES_IQ1S = 20     # IQ1_S (8+ tokens: K32_TILED)
     K16_LANES_IQ1M = 21     # IQ1_M (8+ tokens: K16_TILED)
+    K32_LANES_P3 = 22       # IQ2_XXS: 0.125f * hsum
+    K16_LANES_P3 = 23       # IQ2_XS, IQ2_S
+    K32_LANES_P2 = 24       # IQ3_XXS: 0.25f * hsum
+    K32_TILED_P3 = 25       # IQ2_XXS 8+ tokens: d_w * 0.125f
+    K16_TILED_P3 = 26       # IQ2_XS, IQ2_S 8+ tokens
+    K32_TILED_P2 = 27       # IQ3_XXS 8+ tokens: d_w * 0.25f
 
 
 V = Variant
@@ -115,6 +124,12 @@ SPECS: dict[Variant, Spec] = {
     V.K16_LANES_OFF1: Spec(16, 16, NO_MIN, LANES, 1, 0),
     V.K32_LANES_IQ1S: Spec(32, 8, IQ1_DELTA, LANES, 0, 0),
     V.K16_LANES_IQ1M: Spec(16, 16, IQ1_DLANES, LANES, 0, 0),
+    V.K32_LANES_P3: Spec(32, 8, NO_MIN, LANES, 0, 0, 3),
+    V.K16_LANES_P3: Spec(16, 16, NO_MIN, LANES, 0, 0, 3),
+    V.K32_LANES_P2: Spec(32, 8, NO_MIN, LANES, 0, 0, 2),
+    V.K32_TILED_P3: Spec(32, 8, NO_MIN, TILED, 0, 0, 3),
+    V.K16_TILED_P3: Spec(16, 16, NO_MIN, TILED, 0, 0, 3),
+    V.K32_TILED_P2: Spec(32, 8, NO_MIN, TILED, 0, 0, 2),
 }
 _VARIANTS: tuple[Spec, ...] = tuple(SPECS[v] for v in Variant)       # by Variant value
 _VARIANT_ID: dict[tuple, Variant] = {s: v for v, s in SPECS.items()}
@@ -130,7 +145,8 @@ class RawRow(IntEnum):
     straight from their packed blocks. The 16-value codebook types (IQ4_NL, IQ4_XS, MXFP4) are left
     to the unpacking path: built in registers, their two 16-byte lookups joined into one vector
     become a scalarized gather (3.9 GB/s against 11.8 unpacked). IQ1_S / IQ1_M gather four 8-byte
-    rows of a table per 32 quants (lowbit_ir.py)."""
+    rows of a table per 32 quants (lowbit_ir.py); the IQ2 / IQ3 grids are scalar table loads either
+    way (4 or 8 entries per 32 weights), which the packed rows keep in registers (iquants.raw_source)."""
 
     Q4_0_LANES = 0
     Q4_0_GROUPS32 = 1
@@ -150,6 +166,11 @@ class RawRow(IntEnum):
     TQ1_0_LANES = 15
     IQ1_S_LANES = 16
     IQ1_M_LANES = 17
+    IQ2_XXS_LANES = 18      # the codebook types: grid entries gathered into registers (iquants.raw_source)
+    IQ2_XS_LANES = 19
+    IQ2_S_LANES = 20
+    IQ3_XXS_LANES = 21
+    IQ3_S_LANES = 22
 
 
 _G, R = GGMLType, RawRow
@@ -163,6 +184,9 @@ RAW_ROWS: dict[RawRow, tuple[GGMLType, Variant]] = {
     R.Q6_K_LANES: (_G.Q6_K, V.K16_LANES_OFF32), R.Q8_K_LANES: (_G.Q8_K, V.K32_LANES),
     R.TQ2_0_LANES: (_G.TQ2_0, V.K16_LANES_OFF1), R.TQ1_0_LANES: (_G.TQ1_0, V.K16_LANES_OFF1),
     R.IQ1_S_LANES: (_G.IQ1_S, V.K32_LANES_IQ1S), R.IQ1_M_LANES: (_G.IQ1_M, V.K16_LANES_IQ1M),
+    R.IQ2_XXS_LANES: (_G.IQ2_XXS, V.K32_LANES_P3), R.IQ2_XS_LANES: (_G.IQ2_XS, V.K16_LANES_P3),
+    R.IQ2_S_LANES: (_G.IQ2_S, V.K16_LANES_P3), R.IQ3_XXS_LANES: (_G.IQ3_XXS, V.K32_LANES_P2),
+    R.IQ3_S_LANES: (_G.IQ3_S, V.K32_LANES),
 }
 del _G, R
 _RAW_ROWS: tuple[tuple[GGMLType, Variant], ...] = tuple(RAW_ROWS[r] for r in RawRow)
@@ -186,7 +210,7 @@ class QDot:
     tokens); `tiled`: batches of TILED_FROM+ tokens go to its tiled matmul; `lanes2`: one token
     takes the LANES2 vec_dot (more take tinyBLAS's LANES), every batch size where `vec_dot_only`
     (no tinyBLAS for the type). `raw`: the block layout (a type) that one-token matmuls read
-    packed, or None to unpack first."""
+    packed, or None to unpack first. `post`: see Spec."""
 
     unpack: object
     sub: int
@@ -197,6 +221,7 @@ class QDot:
     lanes2: bool = False
     raw: GGMLType | None = None
     vec_dot_only: bool = False
+    post: int = 0
 
     def variants(self, sb: int, n_out: int, n_tok: int) -> tuple[Variant, Variant, int]:
         """(variant for tokens < split, variant for the rest, split) for super-blocks of sb elements,
@@ -206,12 +231,12 @@ class QDot:
         if self.repack and n_out % 8 == 0:
             gemm, gemv = self.repack
             m = K_MINS if has_min else NO_MIN
-            return (_VARIANT_ID[(self.sub, nsub, m, GROUPS, self.offset, gemm)],
-                    _VARIANT_ID[(self.sub, nsub, m, GROUPS, self.offset, gemv)], n_tok - n_tok % 4)
+            return (_VARIANT_ID[Spec(self.sub, nsub, m, GROUPS, self.offset, gemm, self.post)],
+                    _VARIANT_ID[Spec(self.sub, nsub, m, GROUPS, self.offset, gemv, self.post)], n_tok - n_tok % 4)
         if self.tiled and n_tok >= TILED_FROM:
-            v = _VARIANT_ID[(self.sub, nsub, K_MINS if has_min else NO_MIN, TILED, self.offset, 0)]
+            v = _VARIANT_ID[Spec(self.sub, nsub, K_MINS if has_min else NO_MIN, TILED, self.offset, 0, self.post)]
         elif self.lanes2 and (n_tok == 1 or self.vec_dot_only):
-            v = _VARIANT_ID[(self.sub, nsub, self.mins, LANES2, self.offset, 0)]
+            v = _VARIANT_ID[Spec(self.sub, nsub, self.mins, LANES2, self.offset, 0, self.post)]
         else:
-            v = _VARIANT_ID[(self.sub, nsub, self.mins, LANES, self.offset, 0)]
+            v = _VARIANT_ID[Spec(self.sub, nsub, self.mins, LANES, self.offset, 0, self.post)]
         return v, v, n_tok
