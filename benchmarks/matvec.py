@@ -83,22 +83,11 @@ class _GgmlMatvec:
     weight, for a side-by-side column: the graph is built once, then computed repeatedly."""
 
     def __init__(self, threads: int):
-        import ctypes
+        import ctypes as c
 
-        import llama_cpp
+        from tools.ggml_ctypes import P, Params, fn, libraries
 
-        d = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-        base = ctypes.CDLL(os.path.join(d, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-        cpu = ctypes.CDLL(os.path.join(d, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
-        P, c = ctypes.c_void_p, ctypes
-
-        class Params(c.Structure):
-            _fields_ = [("mem_size", c.c_size_t), ("mem_buffer", c.c_void_p), ("no_alloc", c.c_bool)]
-
-        def fn(lib, name, res, args):
-            f = getattr(lib, name)
-            f.restype, f.argtypes = res, args
-            return f
+        base, cpu = libraries()
         self.Params, self.init = Params, fn(base, "ggml_init", P, [Params])
         self.new2d = fn(base, "ggml_new_tensor_2d", P, [P, c.c_int, c.c_int64, c.c_int64])
         self.mul_mat = fn(base, "ggml_mul_mat", P, [P, P, P])

@@ -125,27 +125,15 @@ class _GGMLRope:
 
     def __init__(self):
         import ctypes as c
-        import os
 
-        llama_cpp = pytest.importorskip("llama_cpp")
-        d = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+        from tools.ggml_ctypes import P, Params, fn, libraries
+        pytest.importorskip("llama_cpp")
         try:
-            base = c.CDLL(os.path.join(d, "libggml-base.so"), mode=c.RTLD_GLOBAL)
-            cpu = c.CDLL(os.path.join(d, "libggml-cpu.so"), mode=c.RTLD_GLOBAL)
+            base, cpu = libraries()
         except OSError as e:
             pytest.skip(f"ggml libraries not loadable: {e}")
         if not (cpu.ggml_cpu_has_fma() and cpu.ggml_cpu_has_avx512()):
             pytest.skip("llama.cpp build without FMA / AVX-512: not the arithmetic ops.rope reproduces")
-        P = c.c_void_p
-
-        class Params(c.Structure):
-            _fields_ = [("mem_size", c.c_size_t), ("mem_buffer", c.c_void_p), ("no_alloc", c.c_bool)]
-
-        def fn(lib, name, res, args):
-            f = getattr(lib, name)
-            f.restype, f.argtypes = res, args
-            return f
-
         self.c, self.Params = c, Params
         self.init = fn(base, "ggml_init", P, [Params])
         self.new1 = fn(base, "ggml_new_tensor_1d", P, [P, c.c_int, c.c_int64])

@@ -460,30 +460,18 @@ class _GGML:
     in a repack buffer where llama.cpp would repack it, else a plain CPU buffer."""
 
     def __init__(self):
-        import ctypes
-        import os
+        import ctypes as c
 
-        llama_cpp = pytest.importorskip("llama_cpp")
-        d = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+        from tools.ggml_ctypes import P, Params, fn, libraries
+        pytest.importorskip("llama_cpp")
         try:
-            base = ctypes.CDLL(os.path.join(d, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-            cpu = ctypes.CDLL(os.path.join(d, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+            base, cpu = libraries()
         except OSError as e:
             pytest.skip(f"ggml libraries not loadable: {e}")
         # qmatmul reproduces the x86 build that recorded the oracle (AVX2, FMA, AVX512-VNNI)
         for f in ("avx2", "fma", "f16c", "avx512", "avx512_vnni", "llamafile"):
             if not getattr(cpu, f"ggml_cpu_has_{f}")():
                 pytest.skip(f"llama.cpp build without {f}: not the arithmetic qmatmul reproduces")
-        P, c = ctypes.c_void_p, ctypes
-
-        class Params(c.Structure):
-            _fields_ = [("mem_size", c.c_size_t), ("mem_buffer", c.c_void_p), ("no_alloc", c.c_bool)]
-
-        def fn(lib, name, res, args):
-            f = getattr(lib, name)
-            f.restype, f.argtypes = res, args
-            return f
-
         try:
             self.init = fn(base, "ggml_init", P, [Params])
             self.new2d = fn(base, "ggml_new_tensor_2d", P, [P, c.c_int, c.c_int64, c.c_int64])

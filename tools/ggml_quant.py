@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 import numpy as np
 
 
 @functools.lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL:
-    """libggml-base from llama-cpp-python (as tests/test_qmatmul.py finds it)."""
-    import llama_cpp  # noqa: PLC0415
+    """libggml-base from llama-cpp-python (tools.ggml_ctypes), its quantizer's functions typed."""
+    from tools.ggml_ctypes import libraries
 
-    d = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-    base = ctypes.CDLL(os.path.join(d, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    base = libraries()[0]
     P, c = ctypes.c_void_p, ctypes
     base.ggml_quantize_chunk.restype = c.c_size_t
     base.ggml_quantize_chunk.argtypes = [c.c_int, P, P, c.c_int64, c.c_int64, c.c_int64, P]

@@ -33,7 +33,7 @@ from ramforge.gguf.constants import GGML_BLOCK, QK_K, GGMLType
 from .grids import IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 from .llvmir import I8, I32, I64, dtypes_are, ptr
 from .naming import made_for
-from .scalars import _f16_at, _f16_at_int
+from .scalars import _f16_at, _f16_at_int, _store_u64
 
 T = GGMLType
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S = T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S
@@ -72,17 +72,6 @@ G3XXS, G3S = IQ3XXS_GRID.astype(np.uint64), IQ3S_GRID.astype(np.uint64)      # (
 B2XXS, B2XS, B2S, B3XXS, B3S = (LAYOUTS[t] for t in IQ_TYPES)
 
 
-@intrinsic
-def _st64(typingctx, dst, o, v):
-    """Store the u64 v as 8 little-endian bytes at dst[o] (an int8 array, unaligned)."""
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], ptr(context, builder, sig.args[0], args[0], args[1], I64), align=1)
-        return context.get_dummy_value()
-    if not dtypes_are((dst,), (types.int8,)) or v != types.uint64:
-        return None
-    return types.void(dst, o, v), codegen
-
-
 def _make_load(ty):
     @intrinsic
     def _load(typingctx, raw, o):
@@ -112,7 +101,7 @@ def _tab(typingctx, table, i):
 @njit(cache=True, inline="always")
 def _put(wq, y, g, m):
     # 8 magnitudes g (u64), negated where the mask m has 0xFF, to wq[y:y+8]
-    _st64(wq, y, (g ^ m) + (m & ONES))
+    _store_u64(wq, y, (g ^ m) + (m & ONES))
 
 
 def _parity7(builder, sb):

@@ -28,22 +28,11 @@ from .llvmir import I8, I64, dtypes_are, ptr
 from .lowbit_ir import tq1_0_chunks
 from .naming import made_for
 from .lowbit_tables import E8M0_HALF, IQ1_W64, IQ1S_DELTA, IQ1S_GRID, KVALUES_MXFP4_F32, POW3
-from .scalars import _f16_at_int, _half_bits_to_f32, _u16
+from .scalars import _f16_at_int, _half_bits_to_f32, _store_u64, _u16
 
 _POW3 = np.array(POW3, dtype=np.int64)
 _GRID_F32 = IQ1S_GRID.astype(np.float32)                                   # f32[2048, 8]
 _DELTA = np.float32(IQ1S_DELTA)
-
-
-@intrinsic
-def _store8(typingctx, dst, o, v):
-    """dst[o:o+8] = the 8 little-endian bytes of u64 v (dst: i8)."""
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], ptr(context, builder, sig.args[0], args[0], args[1], I64), align=1)
-        return context.get_dummy_value()
-    if not dtypes_are((dst,), (types.int8,)) or v != types.uint64:
-        return None
-    return types.void(dst, o, v), codegen
 
 
 @intrinsic
@@ -163,7 +152,7 @@ def _unpack_iq1(t):
             p = o + b * L.nbytes
             _row_scales(t, raw, p, b, isc, imn, wd, wm)
             for g in range(QK_K // 8):
-                _store8(wq, b * QK_K + 8 * g, IQ1_W64[_iq1_group(m_type, raw, p, g)])
+                _store_u64(wq, b * QK_K + 8 * g, IQ1_W64[_iq1_group(m_type, raw, p, g)])
     return made_for(unpack, t)
 
 

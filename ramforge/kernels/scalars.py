@@ -7,11 +7,10 @@ ops), the f16 rounding is `_f32_to_half_bits` (quantize, ops).
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .llvmir import F32, I16, I32, dtypes_are, fma_fn, half_to_float, ptr
+from .llvmir import F32, I16, I32, I64, dtypes_are, fma_fn, half_to_float, ptr
 
 F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)   # f32[65536]
 
@@ -134,3 +133,14 @@ def _f32_to_half_bits(f):
     if rem > 0x1000 or (rem == 0x1000 and (h & 1)):
         h += 1                               # may carry into the exponent: still correct
     return h
+
+
+@intrinsic
+def _store_u64(typingctx, dst, o, v):
+    """dst[o:o+8] = the 8 little-endian bytes of the u64 v (dst: an int8 array, unaligned)."""
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], ptr(context, builder, sig.args[0], args[0], args[1], I64), align=1)
+        return context.get_dummy_value()
+    if not dtypes_are((dst,), (types.int8,)) or v != types.uint64:
+        return None
+    return types.void(dst, o, v), codegen
