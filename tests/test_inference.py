@@ -120,7 +120,7 @@ def test_unsupported_architecture_is_named(tmp_path, tiny):
     gguf = pytest.importorskip("gguf")
     p = _edit(tmp_path, tiny, kv={"general.architecture": ("bert", gguf.GGUFValueType.STRING)})
     with pytest.raises(UnsupportedArch,
-                       match=r"'bert'.*executable: gemma2, gemma3, llama, phi3, qwen2, qwen2moe, qwen3, qwen3moe"):
+                       match=r"'bert'.*executable: gemma2, gemma3, gpt-oss, llama, phi3, qwen2, qwen2moe, qwen3, qwen3moe"):
         Engine.load(p)
 
 

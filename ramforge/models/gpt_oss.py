@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.ops import attention, rms_norm, rope
-from . import moe
+from . import llama, moe
 from .weights import EXPERT_TENSORS, output_rows
 
 ROPE_NEOX = True
@@ -21,7 +21,7 @@ LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn
                  "attn_output", "attn_output_bias", "attn_sinks", "post_attention_norm", "ffn_gate_inp", *EXPERT_TENSORS,
                  *moe.BIASES]
 OPTIONAL = {"attn_q_bias", "attn_k_bias", "attn_v_bias"}
-ALSO_READ: set[str] = set()
+ALSO_READ = set(llama.SHARED_EXPERT)          # models.moe looks for qwen2moe's shared expert: None here
 
 
 def is_swa(hp, il: int) -> bool:
