@@ -161,7 +161,9 @@ def main(argv=None) -> int:
             t1 = best_time(lambda: fn(y1, x1, t, raw, n, n))
             tb = best_time(lambda: fn(yb, xb, t, raw, n, n), min_time=0.5, max_reps=40)
             row += f"{gb / t1:20.2f}{gb * nb / tb:20.2f}"
-        if ggml:
+        if ggml and t.name == "Q8_K":         # an activation type: ggml has no mul_mat with it as the weight
+            row += f"{'-':>20}{'-':>20}"
+        elif ggml:
             t1 = best_time(ggml.timer(t, raw, x1, n, n))
             tb = best_time(ggml.timer(t, raw, xb, n, n), min_time=0.5, max_reps=40)
             row += f"{gb / t1:20.2f}{gb * nb / tb:20.2f}"
