@@ -78,41 +78,19 @@ def asm_report() -> str:
     return "\n".join(out)
 
 
-class _GgmlMatvec:
-    """llama.cpp's own mul_mat (ggml's CPU backend from llama-cpp-python, through ctypes) on the same
-    weight, for a side-by-side column: the graph is built once, then computed repeatedly."""
-
-    def __init__(self, threads: int):
-        import ctypes as c
-
-        from tools.ggml_ctypes import P, Params, fn, libraries
-
-        base, cpu = libraries()
-        self.Params, self.init = Params, fn(base, "ggml_init", P, [Params])
-        self.new2d = fn(base, "ggml_new_tensor_2d", P, [P, c.c_int, c.c_int64, c.c_int64])
-        self.mul_mat = fn(base, "ggml_mul_mat", P, [P, P, P])
-        self.new_graph = fn(base, "ggml_new_graph", P, [P])
-        self.build = fn(base, "ggml_build_forward_expand", None, [P, P])
-        self.alloc = fn(base, "ggml_backend_alloc_ctx_tensors_from_buft", P, [P, P])
-        self.tset = fn(base, "ggml_backend_tensor_set", None, [P, P, c.c_size_t, c.c_size_t])
-        self.compute = fn(base, "ggml_backend_graph_compute", c.c_int, [P, P])
-        self.buft = fn(base, "ggml_backend_cpu_buffer_type", P, [])()
-        self.backend = fn(cpu, "ggml_backend_cpu_init", P, [])()
-        fn(cpu, "ggml_backend_cpu_set_n_threads", None, [P, c.c_int])(self.backend, threads)
-
-    def timer(self, t, raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int):
-        """A function computing y = x @ W.T once (plain CPU buffer: no repacking)."""
-        cw, cg = self.init(self.Params(1 << 16, None, True)), self.init(self.Params(1 << 20, None, True))
-        w, xt = self.new2d(cw, int(t), n_in, n_out), self.new2d(cw, 0, n_in, x.shape[0])
-        y = self.mul_mat(cw, w, xt)
-        self.alloc(cw, self.buft)
-        x = np.ascontiguousarray(x, np.float32)
-        self.tset(w, raw.ctypes.data, 0, raw.nbytes)
-        self.tset(xt, x.ctypes.data, 0, x.nbytes)
-        g = self.new_graph(cg)
-        self.build(g, y)
-        return lambda: self.compute(self.backend, g)
-
+def _ggml_timer(api, t, raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int):
+    """A function computing y = x @ W.T once with llama.cpp's own mul_mat (api: tools.ggml_ctypes.CpuBackend;
+    a plain CPU buffer, no repacking), for a side-by-side column: the graph is built once."""
+    cw, cg = api.init(api.Params(1 << 16, None, True)), api.init(api.Params(1 << 20, None, True))
+    w, xt = api.new2d(cw, int(t), n_in, n_out), api.new2d(cw, 0, n_in, x.shape[0])
+    y = api.mul_mat(cw, w, xt)
+    api.alloc(cw, api.cpu_buft())
+    x = np.ascontiguousarray(x, np.float32)
+    api.tset(w, raw.ctypes.data, 0, raw.nbytes)
+    api.tset(xt, x.ctypes.data, 0, x.nbytes)
+    g = api.new_graph(cg)
+    api.build(g, y)
+    return lambda: api.compute(api.backend, g)
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -134,6 +112,7 @@ def main(argv=None) -> int:
     from ramforge.kernels.matmul import matmul_reference
     from ramforge.kernels.qmatmul import qmatmul
     from ramforge.kernels.registry import REGISTRY
+    from tools.ggml_ctypes import CpuBackend
 
     numba.set_num_threads(a.threads)
     want = {s.strip().upper() for s in a.types.split(",") if s.strip()}
@@ -147,7 +126,7 @@ def main(argv=None) -> int:
         paths.append(("int-portable", lambda *p: qmatmul(*p, vector=False)))
     if not a.no_float:
         paths.insert(0, ("float", matmul_reference))
-    ggml = _GgmlMatvec(a.threads) if a.llama else None
+    ggml = CpuBackend(a.threads) if a.llama else None
     print(f"{n} x {n} weight, {a.threads} threads; GB/s of packed weight bytes (x tokens for the batch)")
     head = "".join(f"{p + ' 1 tok':>20}{p + f' {nb} tok':>20}" for p, _ in paths)
     head += f"{'llama.cpp 1 tok':>20}{f'llama.cpp {nb} tok':>20}" if ggml else ""
@@ -164,8 +143,8 @@ def main(argv=None) -> int:
         if ggml and t.name == "Q8_K":         # an activation type: ggml has no mul_mat with it as the weight
             row += f"{'-':>20}{'-':>20}"
         elif ggml:
-            t1 = best_time(ggml.timer(t, raw, x1, n, n))
-            tb = best_time(ggml.timer(t, raw, xb, n, n), min_time=0.5, max_reps=40)
+            t1 = best_time(_ggml_timer(ggml, t, raw, x1, n, n))
+            tb = best_time(_ggml_timer(ggml, t, raw, xb, n, n), min_time=0.5, max_reps=40)
             row += f"{gb / t1:20.2f}{gb * nb / tb:20.2f}"
         print(row, flush=True)
     return 0

@@ -23,7 +23,7 @@ from .memory import MemoryBudget
 from .memory.kv_cache import KVCache
 from .models import ALIASES, ARCHITECTURES
 from .models.config import HParams
-from .models.config import MOE_ARCHS, SOFTCAPS
+from .models.config import MOE_ARCHS, NO_CAPS, SOFTCAPS
 from .models.weights import ModelError, gguf_name, layer_tensors
 from .plan import UBATCH, Plan, n_vocab_of, plan_for_budget, state_shapes
 from .profiling import PROFILE, PassRecord
@@ -46,11 +46,10 @@ def _refuse_unsupported_keys(md: dict, arch: str) -> dict:
         raise UnsupportedArch(f"{Keys.of(Keys.EXPERT_GROUP_COUNT, arch)} = {group}: grouped expert routing is "
                               f"not supported")
     moe = () if arch in MOE_ARCHS else (Keys.EXPERT_COUNT,)     # experts run only where the forward pass has them
-    caps = SOFTCAPS.get(arch)                                   # soft-caps only where the graph applies them
-    capped = () if caps is None else tuple(t for t, d in ((Keys.ATTN_LOGIT_SOFTCAPPING, caps.attn),
-                                                          (Keys.FINAL_LOGIT_SOFTCAPPING, caps.final)) if d is not None)
-    for t in (*moe, *(t for t in (Keys.ATTN_LOGIT_SOFTCAPPING, Keys.FINAL_LOGIT_SOFTCAPPING) if t not in capped),
-              "{arch}.rope.dimension_sections", "{arch}.attention.sliding_window_pattern"):
+    caps = SOFTCAPS.get(arch, NO_CAPS)             # soft-caps only where the graph applies them
+    uncapped = [t for t, d in ((Keys.ATTN_LOGIT_SOFTCAPPING, caps.attn), (Keys.FINAL_LOGIT_SOFTCAPPING, caps.final))
+                if d is None]
+    for t in (*moe, *uncapped, "{arch}.rope.dimension_sections", "{arch}.attention.sliding_window_pattern"):
         v = md.get(Keys.of(t, arch))
         if v is not None and not (np.isscalar(v) and v == 0):
             raise UnsupportedArch(f"{Keys.of(t, arch)} = {v!r} is not supported by ramforge's {arch} forward pass")

@@ -171,17 +171,17 @@ def test_rope_scaling_resolves_as_llama_cpp():
     # mscale(4) / (1 + 0.1 ln 4) rounded twice (the mscale and its inverse), not exactly 1
     from ramforge.models.config import RopeScaling, rope_scaling
 
-    kind, s, orig = rope_scaling({"a.rope.scaling.type": "yarn", "a.rope.scaling.factor": 4.0,
-                                  "a.rope.scaling.original_context_length": 128}, "a", 512)
+    kind, s = rope_scaling({"a.rope.scaling.type": "yarn", "a.rope.scaling.factor": 4.0,
+                            "a.rope.scaling.original_context_length": 128}, "a", 512)
     f = np.float32
     m = f(f(0.1) * np.log(f(4.0))) + f(1.0)
-    assert kind == RopeScaling.YARN and orig == 128 and s.n_ctx_orig == 128
+    assert kind == RopeScaling.YARN and s.n_ctx_orig == 128
     assert (s.freq_scale, s.ext_factor, s.beta_fast, s.beta_slow) == (0.25, 1.0, 32.0, 1.0)
     assert s.attn_factor == f(m * f(f(1.0) / m))
-    kind, s, orig = rope_scaling({"a.rope.scaling.factor": 8.0}, "a", 512)        # no type: linear
+    kind, s = rope_scaling({"a.rope.scaling.factor": 8.0}, "a", 512)        # no type: linear
     assert kind == RopeScaling.LINEAR and (s.freq_scale, s.ext_factor, s.attn_factor) == (0.125, 0.0, 1.0)
-    assert orig == 512
-    kind, s, _ = rope_scaling({"a.rope.scaling.type": "none", "a.rope.scaling.factor": 8.0}, "a", 512)
+    assert s.n_ctx_orig == 512
+    kind, s = rope_scaling({"a.rope.scaling.type": "none", "a.rope.scaling.factor": 8.0}, "a", 512)
     assert kind == RopeScaling.NONE and s.freq_scale == 1.0
 
 

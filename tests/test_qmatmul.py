@@ -35,6 +35,7 @@ from ramforge.kernels.dequant import dequantize  # noqa: E402
 from ramforge.kernels.matmul import matmul, matmul_reference, round_activation  # noqa: E402
 from ramforge.kernels.registry import REGISTRY, ActType  # noqa: E402
 from tests.test_dequant import _SCALES, random_blocks  # noqa: E402
+from tools.ggml_ctypes import CpuBackend, libraries  # noqa: E402
 
 INT_TYPES = [t for t, k in REGISTRY.items() if k.qdot is not None]
 N_IN, N_OUT = 512, 37          # 2 super-blocks / 16 small blocks per row; 37 rows: a partial task
@@ -455,17 +456,14 @@ def test_shapes_and_errors_are_validated():
 
 # ---------------------------------------------------------------- llama.cpp's own CPU backend, live
 
-class _GGML:
+class _GGML(CpuBackend):
     """ggml's CPU backend from llama-cpp-python's shared libraries (ctypes): mul_mat with the weight
     in a repack buffer where llama.cpp would repack it, else a plain CPU buffer."""
 
     def __init__(self):
-        import ctypes as c
-
-        from tools.ggml_ctypes import P, Params, fn, libraries
         pytest.importorskip("llama_cpp")
         try:
-            base, cpu = libraries()
+            _, cpu = libraries()
         except OSError as e:
             pytest.skip(f"ggml libraries not loadable: {e}")
         # qmatmul reproduces the x86 build that recorded the oracle (AVX2, FMA, AVX512-VNNI)
@@ -473,24 +471,9 @@ class _GGML:
             if not getattr(cpu, f"ggml_cpu_has_{f}")():
                 pytest.skip(f"llama.cpp build without {f}: not the arithmetic qmatmul reproduces")
         try:
-            self.init = fn(base, "ggml_init", P, [Params])
-            self.new2d = fn(base, "ggml_new_tensor_2d", P, [P, c.c_int, c.c_int64, c.c_int64])
-            self.mul_mat = fn(base, "ggml_mul_mat", P, [P, P, P])
-            self.new_graph = fn(base, "ggml_new_graph", P, [P])
-            self.build = fn(base, "ggml_build_forward_expand", None, [P, P])
-            self.alloc = fn(base, "ggml_backend_alloc_ctx_tensors_from_buft", P, [P, P])
-            self.tset = fn(base, "ggml_backend_tensor_set", None, [P, P, c.c_size_t, c.c_size_t])
-            self.tget = fn(base, "ggml_backend_tensor_get", None, [P, P, c.c_size_t, c.c_size_t])
-            self.compute = fn(base, "ggml_backend_graph_compute", c.c_int, [P, P])
-            self.buf_free = fn(base, "ggml_backend_buffer_free", None, [P])
-            self.free = fn(base, "ggml_free", None, [P])
-            self.cpu_buft = fn(base, "ggml_backend_cpu_buffer_type", P, [])
-            self.repack_buft = fn(cpu, "_Z35ggml_backend_cpu_repack_buffer_typev", P, [])
-            self.backend = fn(cpu, "ggml_backend_cpu_init", P, [])()
-            fn(cpu, "ggml_backend_cpu_set_n_threads", None, [P, c.c_int])(self.backend, 2)
+            super().__init__(2)
         except AttributeError as e:
             pytest.skip(f"ggml symbol missing: {e}")
-        self.Params = Params
 
     def matmul(self, t: GGMLType, raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
         qd = REGISTRY[t].qdot

@@ -35,3 +35,28 @@ def fn(lib: ctypes.CDLL, name: str, res, args: list):
     f = getattr(lib, name)
     f.restype, f.argtypes = res, args
     return f
+
+
+class CpuBackend:
+    """ggml's graph API as a mul_mat on its CPU backend needs it, typed, and one CPU backend of `threads`
+    threads (AttributeError where a symbol is missing)."""
+
+    def __init__(self, threads: int):
+        base, cpu = libraries()
+        c = ctypes
+        self.Params = Params
+        self.init = fn(base, "ggml_init", P, [Params])
+        self.new2d = fn(base, "ggml_new_tensor_2d", P, [P, c.c_int, c.c_int64, c.c_int64])
+        self.mul_mat = fn(base, "ggml_mul_mat", P, [P, P, P])
+        self.new_graph = fn(base, "ggml_new_graph", P, [P])
+        self.build = fn(base, "ggml_build_forward_expand", None, [P, P])
+        self.alloc = fn(base, "ggml_backend_alloc_ctx_tensors_from_buft", P, [P, P])
+        self.tset = fn(base, "ggml_backend_tensor_set", None, [P, P, c.c_size_t, c.c_size_t])
+        self.tget = fn(base, "ggml_backend_tensor_get", None, [P, P, c.c_size_t, c.c_size_t])
+        self.compute = fn(base, "ggml_backend_graph_compute", c.c_int, [P, P])
+        self.buf_free = fn(base, "ggml_backend_buffer_free", None, [P])
+        self.free = fn(base, "ggml_free", None, [P])
+        self.cpu_buft = fn(base, "ggml_backend_cpu_buffer_type", P, [])
+        self.repack_buft = fn(cpu, "_Z35ggml_backend_cpu_repack_buffer_typev", P, [])
+        self.backend = fn(cpu, "ggml_backend_cpu_init", P, [])()
+        fn(cpu, "ggml_backend_cpu_set_n_threads", None, [P, c.c_int])(self.backend, threads)

@@ -277,16 +277,20 @@ def _vocab_kv(vocab_file: Path) -> tuple:
     return tuple((k, v) for k, v in kv.items() if k.startswith("tokenizer."))
 
 
-def _copy_vocab(writer, vocab_file: Path) -> int:
-    """Copy every tokenizer.* key (raw bytes for strings, same value types) from a vocab GGUF;
-    returns n_vocab."""
+def _add_kv(writer, key: str, vt: int, val, st) -> None:
+    """Write one key as read_gguf_header gives it (raw bytes for strings, the same value types)."""
     import gguf
     VT = gguf.GGUFValueType
+    if vt == VT.ARRAY:
+        writer.add_key_value(key, val if st == VT.STRING else val.tolist(), VT.ARRAY, sub_type=VT(st))
+    else:
+        writer.add_key_value(key, val, VT(vt))
+
+
+def _copy_vocab(writer, vocab_file: Path) -> int:
+    """Copy every tokenizer.* key from a vocab GGUF; returns n_vocab."""
     for key, (vt, val, st) in _vocab_kv(vocab_file):
-        if vt == VT.ARRAY:
-            writer.add_key_value(key, val if st == VT.STRING else val.tolist(), VT.ARRAY, sub_type=VT(st))
-        else:
-            writer.add_key_value(key, val, VT(vt))
+        _add_kv(writer, key, vt, val, st)
     tokens = dict(_vocab_kv(vocab_file)).get("tokenizer.ggml.tokens")
     if not tokens:
         raise ValueError(f"{vocab_file} has no tokenizer.ggml.tokens")
@@ -422,7 +426,7 @@ def write_lowbit_model(src: Path, out: Path, qtype: str) -> Path:
 
     from tools.ggml_quant import importance, quantize_rows
     require_llama_cpp(f"writing {out.name}")
-    VT, QT = gguf.GGUFValueType, gguf.GGMLQuantizationType
+    QT = gguf.GGMLQuantizationType
     kv, _ = read_gguf_header(src)
     reader = gguf.GGUFReader(src)
     arch = kv["general.architecture"][1].decode()
@@ -431,12 +435,7 @@ def write_lowbit_model(src: Path, out: Path, qtype: str) -> Path:
     for key, (vt, val, st) in kv.items():
         if key == "general.architecture":            # the writer's first key already
             continue
-        if key == "general.file_type":
-            val = LOWBIT_FILE_TYPE[qtype]
-        if vt == VT.ARRAY:
-            w.add_key_value(key, val if st == VT.STRING else val.tolist(), VT.ARRAY, sub_type=VT(st))
-        else:
-            w.add_key_value(key, val, VT(vt))
+        _add_kv(w, key, vt, LOWBIT_FILE_TYPE[qtype] if key == "general.file_type" else val, st)
     try:
         for t in reader.tensors:
             shape = tuple(int(n) for n in reversed(t.shape.tolist()))   # numpy order [.., rows, cols]

@@ -7,6 +7,7 @@ table.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -186,6 +187,23 @@ def _rope(x, pos, n_rot, base, neox, freq_factors, freq_scale, ext_factor, mix, 
             theta = theta * theta_scale
 
 
+_NO_FACTORS = np.empty(0, np.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_params(n_rot: int, base: float, scale: RopeScale) -> tuple[np.ndarray, np.float32]:
+    """(YaRN's mix f32[n_rot/2], the magnitude of cos and sin) of a scaling: the same for every layer and
+    token of a model, so made once (callers only read the array)."""
+    f = np.float32
+    if scale.ext_factor != 0 and not (scale.freq_scale > 0 and scale.n_ctx_orig > 0
+                                      and scale.beta_fast > 0 and scale.beta_slow > 0):
+        raise RamforgeError(f"rope: YaRN needs a positive freq_scale, betas and n_ctx_orig: {scale}")
+    lo, hi = (_yarn_corr_dims(n_rot, scale.n_ctx_orig, f(base), f(scale.beta_fast), f(scale.beta_slow))
+              if scale.ext_factor != 0 else (0.0, 0.0))
+    mix, mscale = _rope_cache(n_rot, f(scale.freq_scale), f(scale.ext_factor), f(scale.attn_factor), f(lo), f(hi))
+    return mix, f(mscale)
+
+
 @timed("rope")
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
          freq_factors: np.ndarray | None = None, scale: RopeScale = UNSCALED) -> np.ndarray:
@@ -197,17 +215,12 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
     """
     if x.ndim != 3 or n_rot > x.shape[2] or n_rot % 2 or pos.shape != (x.shape[0],):
         raise RamforgeError(f"rope: x {x.shape}, pos {pos.shape}, n_rot {n_rot}")
-    ff = np.empty(0, np.float32) if freq_factors is None else np.ascontiguousarray(freq_factors, np.float32)
+    ff = _NO_FACTORS if freq_factors is None else np.ascontiguousarray(freq_factors, np.float32)
     if ff.size not in (0, n_rot // 2):
         raise RamforgeError(f"rope: {ff.size} frequency factors for n_rot {n_rot} (expected {n_rot // 2})")
+    mix, mscale = _rope_params(n_rot, float(base), scale)
     f = np.float32
-    if scale.ext_factor != 0 and not (scale.freq_scale > 0 and scale.n_ctx_orig > 0
-                                      and scale.beta_fast > 0 and scale.beta_slow > 0):
-        raise RamforgeError(f"rope: YaRN needs a positive freq_scale, betas and n_ctx_orig: {scale}")
-    lo, hi = (_yarn_corr_dims(n_rot, scale.n_ctx_orig, f(base), f(scale.beta_fast), f(scale.beta_slow))
-              if scale.ext_factor != 0 else (0.0, 0.0))
-    mix, mscale = _rope_cache(n_rot, f(scale.freq_scale), f(scale.ext_factor), f(scale.attn_factor), f(lo), f(hi))
-    _rope(x, pos.astype(np.int32), n_rot, base, neox, ff, f(scale.freq_scale), f(scale.ext_factor), mix, f(mscale))
+    _rope(x, pos.astype(np.int32), n_rot, base, neox, ff, f(scale.freq_scale), f(scale.ext_factor), mix, mscale)
     return x
 
 

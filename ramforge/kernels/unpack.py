@@ -128,23 +128,17 @@ def _nib32_qh(vec, wq, y, raw, o, qh, c):
 
 
 @njit(cache=True, inline="always")
-def _nib32_kv(vec, wq, y, raw, o):
-    # as _nib32, through the IQ4 codebook
+def _nib32_kv(vec, wq, y, raw, o, mx):
+    # as _nib32, through a 16-value codebook: IQ4_NL's, or (mx) MXFP4's doubled e2m1 values
     if vec:
-        _vnib_kv(wq, y, raw, o, 0, 0)
+        if mx:
+            _vnib_mx(wq, y, raw, o, 0, 0)
+        else:
+            _vnib_kv(wq, y, raw, o, 0, 0)
         return
+    table = KVALUES_MXFP4_I8 if mx else IQ4_KV_I8
     for j in range(32):
-        wq[y + j] = IQ4_KV_I8[_nibble(raw, o, j)]
-
-
-@njit(cache=True, inline="always")
-def _nib32_mx(vec, wq, y, raw, o):
-    # as _nib32, through MXFP4's doubled e2m1 values
-    if vec:
-        _vnib_mx(wq, y, raw, o, 0, 0)
-        return
-    for j in range(32):
-        wq[y + j] = KVALUES_MXFP4_I8[_nibble(raw, o, j)]
+        wq[y + j] = table[_nibble(raw, o, j)]
 
 
 # ---------------------------------------------------------------- rows, by type
@@ -164,10 +158,8 @@ def _unpack_32(t):
             if has_m:
                 wm[b] = _f16_at(raw, p + L.m)
             isc[b] = 1
-            if kv:
-                _nib32_kv(vec, wq, b * 32, raw, p + L.qs)
-            elif mx:
-                _nib32_mx(vec, wq, b * 32, raw, p + L.qs)
+            if kv or mx:
+                _nib32_kv(vec, wq, b * 32, raw, p + L.qs, mx)
             elif q8:
                 _bits(vec, wq, b * 32, raw, p + L.qs, 0, 255, raw, p, 0, 0, 0, 0)
             elif has_qh:
@@ -190,7 +182,7 @@ def _unpack_k(t):
             _row_scales(tid, raw, p, b, isc, imn, wd, wm)
             for c in range(QK_K // 32):
                 if kv:
-                    _nib32_kv(vec, wq, b * QK_K + c * 32, raw, p + L.qs + c * 16)
+                    _nib32_kv(vec, wq, b * QK_K + c * 32, raw, p + L.qs + c * 16, False)
                 else:
                     ao, sa, ma, bo, sb, mb, lb, c0 = chunks[c]
                     _bits(vec, wq, b * QK_K + c * 32, raw, p + ao, sa, ma, raw, p + bo, sb, mb, lb, c0)

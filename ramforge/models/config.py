@@ -120,10 +120,6 @@ _YARN_TUNING = (Keys.ROPE_SCALING_YARN_EXT_FACTOR, Keys.ROPE_SCALING_YARN_ATTN_F
                 Keys.ROPE_SCALING_YARN_LOG_MUL)
 
 
-def _f32_log(x: np.float32) -> np.float32:
-    return logf(np.float32(x))
-
-
 def _number(md: dict[str, Any], template: str, arch: str) -> float | None:
     key = Keys.of(template, arch)
     v = md.get(key)
@@ -139,12 +135,12 @@ def _yarn_attn_factor(freq_scale: np.float32) -> np.float32:
     1 / (1 + 0.1 ln factor), factor = 1 / freq_scale, in float32 steps."""
     f = np.float32
     factor = f(1.0) / freq_scale
-    mscale = f(1.0) if factor <= f(1.0) else f(f(f(0.1) * f(1.0)) * _f32_log(factor)) + f(1.0)
-    return f(mscale * f(f(1.0) / f(f(1.0) + f(f(0.1) * _f32_log(factor)))))
+    mscale = f(1.0) if factor <= f(1.0) else f(f(f(0.1) * f(1.0)) * logf(factor)) + f(1.0)
+    return f(mscale * f(f(1.0) / f(f(1.0) + f(f(0.1) * logf(factor)))))
 
 
-def rope_scaling(md: dict[str, Any], arch: str, n_ctx_train: int) -> tuple[RopeScaling, RopeScale, int]:
-    """(scaling type, ggml_rope_ext's scaling arguments, original context) for a file's metadata.
+def rope_scaling(md: dict[str, Any], arch: str, n_ctx_train: int) -> tuple[RopeScaling, RopeScale]:
+    """(scaling type, ggml_rope_ext's scaling arguments, the original context among them) for a file's metadata.
 
     Raises ConfigError naming the key of a value out of range, UnsupportedRopeScaling for a type
     ramforge does not reproduce."""
@@ -178,7 +174,7 @@ def rope_scaling(md: dict[str, Any], arch: str, n_ctx_train: int) -> tuple[RopeS
     attn_factor = f(attn_factor * f(1.0 if attn is None else attn))
     n_ctx_orig = int(orig) if orig else n_ctx_train
     return kind, RopeScale(float(freq_scale), float(ext_factor), float(attn_factor), BETA_FAST, BETA_SLOW,
-                           n_ctx_orig), n_ctx_orig
+                           n_ctx_orig)
 
 
 def _check_yarn_tuning(md: dict[str, Any], arch: str) -> None:
@@ -214,6 +210,7 @@ SOFTCAPS: dict[str, SoftCaps] = {
     "gemma2": SoftCaps(attn=50.0, final=30.0),
     "gemma3": SoftCaps(attn=None, final=0.0),
 }
+NO_CAPS = SoftCaps(None, None)          # every other architecture: neither key is read
 
 # architectures whose QKV and gate-up projections are single fused matmuls (plan.state_shapes gives
 # their outputs a buffer)
@@ -225,7 +222,7 @@ SLIDING_WINDOW_DEFAULT: dict[str, int] = {"gemma2": 4096}
 
 def _softcaps(md: dict[str, Any], arch: str) -> tuple[float, float]:
     """(attention, final) logit soft-caps, 0: none."""
-    caps = SOFTCAPS.get(arch, SoftCaps(None, None))
+    caps = SOFTCAPS.get(arch, NO_CAPS)
     out = []
     for template, default in ((Keys.ATTN_LOGIT_SOFTCAPPING, caps.attn), (Keys.FINAL_LOGIT_SOFTCAPPING, caps.final)):
         if default is None:
@@ -261,7 +258,6 @@ class HParams:
     n_ff_shexp: int = 0     # the shared expert's FFN width (qwen2moe), 0: none
     rope_scaling: RopeScaling = RopeScaling.LINEAR   # {arch}.rope.scaling.type
     rope_scale: RopeScale = UNSCALED                 # ggml_rope_ext's scaling arguments (rope_scaling())
-    n_ctx_orig: int = 0     # {arch}.rope.scaling.original_context_length (default n_ctx_train)
     attn_softcap: float = 0.0   # {arch}.attn_logit_softcapping where the graph caps (SOFTCAPS), 0: none
     final_softcap: float = 0.0  # {arch}.final_logit_softcapping, likewise
 
@@ -289,7 +285,7 @@ class HParams:
         head_dim_k = _positive_int(md, Keys.KEY_LENGTH, arch, default=n_embd // n_head)
         n_ff = _positive_int(md, Keys.FEED_FORWARD_LENGTH, arch)
         n_ctx_train = _positive_int(md, Keys.CONTEXT_LENGTH, arch, default=2048)
-        scaling, scale, n_ctx_orig = rope_scaling(md, arch, n_ctx_train)
+        scaling, scale = rope_scaling(md, arch, n_ctx_train)
         return cls(
             arch=arch,
             n_layer=_positive_int(md, Keys.BLOCK_COUNT, arch),
@@ -309,6 +305,5 @@ class HParams:
             **dict(zip(("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp"), _experts(md, arch, n_ff))),
             rope_scaling=scaling,
             rope_scale=scale,
-            n_ctx_orig=n_ctx_orig,
             **dict(zip(("attn_softcap", "final_softcap"), _softcaps(md, arch))),
         )

@@ -32,12 +32,6 @@ def is_swa(hp, il: int) -> bool:
     return hp.sliding_window > 0 and il % SWA_PATTERN < SWA_PATTERN - 1
 
 
-def attention_scale(hp) -> np.float32:
-    """llama.cpp's f_attention_scale for gemma2 (float32 steps)."""
-    d = hp.n_embd // hp.n_head if hp.n_layer == GEMMA2_27B_LAYERS else hp.head_dim_k
-    return np.float32(1.0) / np.sqrt(np.float32(d))
-
-
 def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
     (out: as llama.forward)."""
@@ -46,7 +40,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
     q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
     att, gate, up = s.att[:n], s.gate[:n], s.up[:n]
-    q_scale = attention_scale(hp)
+    q_scale = gemma3.attention_scale(hp, GEMMA2_27B_LAYERS)
     base_swa = m.extra.get("rope_base_swa", hp.rope_base)      # rope_freq_base_train_swa: the base unless given
     for il in range(*m.layers):
         swa = is_swa(hp, il)

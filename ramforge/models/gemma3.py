@@ -28,10 +28,11 @@ OPTIONAL: set[str] = set()
 ALSO_READ: set[str] = set()
 
 
-def attention_scale(hp) -> np.float32:
-    """llama.cpp's f_attention_scale for gemma3, float32 steps: 1/sqrt(head_dim), but 1/sqrt(n_embd / n_head)
-    for the 27B (62 layers, head_dim 128, n_embd / n_head 168)."""
-    d = hp.n_embd // hp.n_head if hp.n_layer == GEMMA3_27B_LAYERS else hp.head_dim_k
+def attention_scale(hp, layers_27b: int = GEMMA3_27B_LAYERS) -> np.float32:
+    """llama.cpp's f_attention_scale for gemma3 (and gemma2, with its 27B's layer count), float32 steps:
+    1/sqrt(head_dim), but 1/sqrt(n_embd / n_head) for the 27B (gemma3: 62 layers, head_dim 128, n_embd /
+    n_head 168)."""
+    d = hp.n_embd // hp.n_head if hp.n_layer == layers_27b else hp.head_dim_k
     return np.float32(1.0) / np.sqrt(np.float32(d))
 
 

@@ -5,7 +5,7 @@ whose first n_ff rows are the SwiGLU gate and the next n_ff its up (ggml_swiglu 
 NEOX-style RoPE with the file's scaling, and LongRoPE's frequency factors where the file has them:
 rope_factors_long when the context llama.cpp allocates (n_ctx padded to 256) exceeds
 {arch}.rope.scaling.original_context_length, else rope_factors_short; their magnitude
-{arch}.rope.scaling.attn_factor is in HParams.rope_scale. q scaled by 1/sqrt(head_dim) before
+{arch}.rope.scaling.attn_factor is in HParams.rope_scale (with the original context). q scaled by 1/sqrt(head_dim) before
 attention. llama.cpp turns phi3's sliding window off ({arch}.attention.sliding_window is read, then
 set to 0): every layer attends to the whole context, here too.
 """
@@ -39,7 +39,7 @@ def rope_factors(m) -> np.ndarray | None:
     one, else the short ones (f32[n_rot/2]); None without LongRoPE tensors."""
     w = m.weights
     n_ctx_seq = -(-m.n_ctx // N_CTX_PAD) * N_CTX_PAD
-    t = w.rope_factors_long if n_ctx_seq > m.hp.n_ctx_orig else w.rope_factors_short
+    t = w.rope_factors_long if n_ctx_seq > m.hp.rope_scale.n_ctx_orig else w.rope_factors_short
     return None if t is None else t.data
 
 
