@@ -225,7 +225,7 @@ def _scales_fn(t):
     L, tid = LAYOUTS[t], int(t)
     n, f32_d, has_m = QK_K // L.sub, t == Q8_K, L.m >= 0
 
-    @njit(cache=True)
+    @njit(cache=True, inline="always")
     def scales(raw, p, b, isc, imn, wd, wm):
         if tid == IQ1_M:
             wd[b] = _half_bits_to_f32(_iq1_m_d_bits(raw, p)) * np.float32(0.125)

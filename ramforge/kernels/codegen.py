@@ -15,10 +15,11 @@ from ramforge.gguf.constants import GGMLType
 
 from .blocks import CHUNKS, LAYOUTS
 from .lowbit_ir import RAW_SOURCES
+from .scales_ir import block_scales, has_block_scales
 from .iquants import LAYOUTS as IQ_LAYOUTS
 from .iquants import raw_source as iq_raw_source
-from .llvmir import (I8, I16, I32, I64, dot_lanes, fma_fn, half_to_float, has_vnni, hsum8, native_half, pair_lanes,
-                     reduce_add, splat)
+from .llvmir import (I8, I16, I32, I64, dot_lanes, dot_lanes_scaled, fma_fn, half_to_float, has_vnni, hsum8,
+                     native_half, pair_lanes, pick, reduce_add, scale16, splat)
 from .variants import (GROUPS, IQ1_DELTA, IQ1_DLANES, IQ1_MINS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN,
                        Q8_1_SUM, SCALAR_FMA, TERNARY_OFFSET, TILED)
 
@@ -33,6 +34,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     scaled = nsub > 1 and offset != TERNARY_OFFSET        # (the ternary types' scales are all 1)
     unsigned = mins not in (NO_MIN,) + IQ1_MINS or offset != 0      # types with mins or an offset store quants >= 0
     iq1 = mins in IQ1_MINS                        # quants 8*grid + delta8, split per chunk (LANES only)
+    fused = scaled and not iq1                    # scaled dots as dot_lanes_scaled
     vt = ir.VectorType(I8, 32)
     l8, f8, f32 = ir.VectorType(I32, 8), ir.VectorType(ir.FloatType(), 8), ir.FloatType()
     ap, sp, mp, dap, map_, bp = (p[k] for k in ("aq", "isc", "imn", "ad", "am", "bsum"))
@@ -42,6 +44,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     shifted = wsrc[3] if len(wsrc) > 3 and mode in (GROUPS, LANES) and nsub == 1 and has_vnni(context) else None
     # IQ1 read packed (lowbit_ir.py): w_vec gives grid + 1 (0..2); IQ1_M's delta8 lanes from wsrc[4](b, c, ones)
     iq1raw = wsrc[4] if iq1 and len(wsrc) > 4 else None
+    in_regs = wsrc[5] if len(wsrc) > 5 else None            # a packed K-quant's scales, decoded in registers
     fma8, fma1 = fma_fn(builder, f8), fma_fn(builder, f32)
     zero8, zero = ir.Constant(f8, [0.0] * 8), ir.Constant(f32, 0.0)
     facc = cgutils.alloca_once_value(builder, zero8)        # the 8 f32 lanes
@@ -74,6 +77,15 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
         wdb = builder.fmul(w_d(b), ir.Constant(f32, 8.0)) if iq1 else w_d(b)     # IQ1: wd = d / 8
         d = builder.fmul(da, wdb)
         dmin = builder.fneg(builder.fmul(da, w_m(b)))
+        regs = in_regs(b) if in_regs is not None else None      # (isc, imn) <nsub x i32>, or None: scratch
+
+        def sc_at(j):                              # sub-block j's scale (i32)
+            return lane_of(regs[0], j) if regs else at(sp, builder.add(k0, c64(j)))
+
+        def blk_vec(which, j0, n):                 # <n x i32>: scales (0) or mins (1) of sub-blocks j0..j0+n-1
+            if regs:
+                return pick(builder, regs[which], list(range(j0, j0 + n)))
+            return ivec((sp, mp)[which], builder.add(k0, c64(j0)), n)
         iacc = ir.Constant(l8, [0] * 8)
         dacc = ir.Constant(l8, [0] * 8)            # IQ1: the delta8 lanes
         chunks = sub * nsub // 32
@@ -82,7 +94,11 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
             va = w_vec(b, e, c) if shifted is None else shifted[0](b, e, c)
             vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)
             dpart = None
-            if iq1raw is not None:                 # grid = (grid + 1) - 1 per lane of 4; delta8 lanes of
+            if fused:                              # sc * dot, lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
+                sc = [sc_at(c * 32 // sub + h) for h in range(32 // sub)]
+                iacc = dot_lanes_scaled(context, builder, iacc, va, vb, unsigned, scale16(builder, *sc),
+                                        _scale8(builder, sc))
+            elif iq1raw is not None:                 # grid = (grid + 1) - 1 per lane of 4; delta8 lanes of
                 ones = dot_lanes(context, builder, ir.Constant(vt, [1] * 32), vb, True)     # IQ1_M from ones
                 part = builder.sub(dot_lanes(context, builder, va, vb, True), ones)
                 if mins == IQ1_DLANES:
@@ -97,15 +113,13 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
             if shifted is not None and mode == LANES:        # + c * (a's sums per lane of 4)
                 ones = dot_lanes(context, builder, ir.Constant(vt, [1] * 32), vb, True)
                 part = builder.add(part, builder.mul(ones, ir.Constant(l8, [shifted[1]] * 8)))
-            if scaled:                             # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
-                ks = [builder.add(k0, c64(c * 32 // sub + h)) for h in range(32 // sub)]
-                sv = [splat(builder, at(sp, k), l8) for k in ks]
-                scale = sv[0] if sub == 32 else builder.shuffle_vector(
-                    sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
+            if scaled and not fused:               # IQ1: grid and delta8 lanes times the scales
+                scale = _scale8(builder, [sc_at(c * 32 // sub + h) for h in range(32 // sub)])
                 part = builder.mul(part, scale)
                 if dpart is not None:
                     dacc = builder.add(dacc, builder.mul(dpart, scale))
-            iacc = builder.add(iacc, part)
+            if not fused:
+                iacc = builder.add(iacc, part)
             if mode == GROUPS and (c + 1) * 32 % grp == 0:    # one fma per group
                 g = (c + 1) * 32 // grp - 1
                 isum = reduce_add(builder, iacc)
@@ -115,7 +129,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                 iacc = ir.Constant(l8, [0] * 8)
                 if mins == K_MINS:
                     gs = grp // sub
-                    msum = reduce_add(builder, builder.mul(ivec(mp, builder.add(k0, c64(g * gs)), gs),
+                    msum = reduce_add(builder, builder.mul(blk_vec(1, g * gs, gs),
                                               ivec(bp, builder.add(k0, c64(g * gs)), gs)))
                     m0 = builder.extract_element(ld(macc), ir.Constant(I32, 0))
                     m0 = fmaf(builder.sitofp(msum, f32), builder.fmul(w_m(b), da), m0)
@@ -123,12 +137,12 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
         if offset:          # Q6_K: lane c less 32 * (bsum*sc) of sub-blocks 2c, 2c+1 (a madd of the
             assert nsub == 16 and mode in (LANES, TILED)            # 16 bsums; TILED sums the lanes)
             corr = pair_lanes(builder, ivec(bp, k0, 16) if offset == TERNARY_OFFSET else
-                              builder.mul(ivec(bp, k0, 16), ivec(sp, k0, 16)))
+                              builder.mul(ivec(bp, k0, 16), blk_vec(0, 0, 16)))
             iacc = builder.sub(iacc, builder.mul(corr, ir.Constant(l8, [offset] * 8)))
         if mode == TILED:
             r = builder.fmul(builder.sitofp(reduce_add(builder, iacc), f32), _post_scaled(builder, w_d(b), post))
             if mins == K_MINS:
-                msum = reduce_add(builder, builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
+                msum = reduce_add(builder, builder.mul(blk_vec(1, 0, nsub), ivec(bp, k0, nsub)))
                 r = fmaf(builder.fneg(w_m(b)), builder.sitofp(msum, f32), r)
             builder.store(fmaf(r, da, ld(sacc)), sacc)          # (GCC contracts add(mul))
         elif mode == LANES2:                       # even blocks in facc, odd in facc2, an
@@ -148,7 +162,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                                                               ld(facc)]), facc)
         elif mode == LANES:
             if mins == K_LANES:                    # Q2_K: min pairs into the lanes first
-                ml = pair_lanes(builder, builder.mul(ivec(mp, k0, 16), ivec(bp, k0, 16)))
+                ml = pair_lanes(builder, builder.mul(blk_vec(1, 0, 16), ivec(bp, k0, 16)))
                 builder.store(builder.call(fma8, [splat(builder, dmin, f8), builder.sitofp(ml, f8),
                                                   ld(facc)]), facc)
             builder.store(builder.call(fma8, [splat(builder, d, f8), builder.sitofp(iacc, f8),
@@ -158,18 +172,18 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                 if mins == Q8_1_SUM:
                     x, y = w_m(b), at(map_, b)
                 else:
-                    msum = reduce_add(builder, builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
+                    msum = reduce_add(builder, builder.mul(blk_vec(1, 0, nsub), ivec(bp, k0, nsub)))
                     x, y = dmin, builder.sitofp(msum, f32)
                 m0 = builder.extract_element(m, ir.Constant(I32, 0))
                 m0 = fmaf(x, y, m0) if SCALAR_FMA else builder.fadd(m0, builder.fmul(x, y))
                 builder.store(builder.insert_element(m, m0, ir.Constant(I32, 0)), macc)
             elif mins == K_MIN4:                   # Q4_K: 4 lanes of min pairs (lanes 0-3)
-                ml = pair_lanes(builder, builder.mul(ivec(mp, k0, 8), ivec(bp, k0, 8)))
+                ml = pair_lanes(builder, builder.mul(blk_vec(1, 0, 8), ivec(bp, k0, 8)))
                 ml = builder.shuffle_vector(ml, ml, ir.Constant(l8, [0, 1, 2, 3, 0, 1, 2, 3]))
                 builder.store(builder.call(fma8, [splat(builder, dmin, f8), builder.sitofp(ml, f8), m]), macc)
             elif mins == IQ1_DELTA:                # IQ1_S: accum1 += d * sumi1 (lane 0); packed: sumi1 =
                 sumi1 = reduce_add(builder, dacc if iq1raw is None else   # sum of imn (+-scale) * bsum per 32
-                                   builder.mul(ivec(mp, k0, nsub), ivec(bp, k0, nsub)))
+                                   builder.mul(blk_vec(1, 0, nsub), ivec(bp, k0, nsub)))
                 m0 = fmaf(d, builder.sitofp(sumi1, f32), lane_of(m, 0))
                 builder.store(builder.insert_element(m, m0, ir.Constant(I32, 0)), macc)
             elif mins == IQ1_DLANES:               # IQ1_M: accum2 = fma(d, sumi2, accum2), 8 lanes
@@ -202,12 +216,25 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     return r
 
 
+def _scale8(builder, sc):
+    """<8 x i32> lanes of a chunk's sub-block scales: sc[0] in every lane, or sc[0] in lanes 0-3 and
+    sc[1] in 4-7 (16-element sub-blocks)."""
+    l8 = ir.VectorType(I32, 8)
+    sv = [splat(builder, s, l8) for s in sc]
+    return sv[0] if len(sv) == 1 else builder.shuffle_vector(sv[0], sv[1], ir.Constant(l8, [0, 1, 2, 3, 12, 13, 14, 15]))
+
+
 def _post_scaled(builder, v, post):
     """v * 2^-post (float or <n x float>; exact: a power of two), v itself when post is 0."""
     if not post:
         return v
     f = ir.Constant(ir.FloatType(), 2.0 ** -post)
     return builder.fmul(v, splat(builder, f, v.type) if isinstance(v.type, ir.VectorType) else f)
+
+
+def scales_in_registers(t) -> bool:
+    """Whether _raw_source decodes type t's sub-block scales itself (no scratch to unpack them into)."""
+    return t in CHUNKS and has_block_scales(t)
 
 
 def _raw_source(context, builder, t, rp, p):
@@ -229,6 +256,7 @@ def _raw_source(context, builder, t, rp, p):
     def k(v):
         return ir.Constant(v32, [v] * 32)
 
+    native = native_half(context)
     if t in CHUNKS:
         def w_vec(b, e, c):                    # chunk c as unpack._bits builds it (blocks.CHUNKS)
             ao, sa, ma, bo, sb, mb, lb, c0 = CHUNKS[t][c]
@@ -237,10 +265,18 @@ def _raw_source(context, builder, t, rp, p):
                 h = builder.and_(builder.lshr(blk(b, bo, v32), k(sb)), k(mb))
                 r = builder.add(r, builder.shl(h, k(lb)))
             return builder.add(r, k(c0)) if c0 else r
-        return (lambda b: builder.load(builder.gep(p["wd"], [b])),
-                lambda b: builder.load(builder.gep(p["wm"], [b])), w_vec)
+        if not has_block_scales(t):            # the row's scales unpacked into scratch by the kernel
+            return (lambda b: builder.load(builder.gep(p["wd"], [b])),
+                    lambda b: builder.load(builder.gep(p["wm"], [b])), w_vec)
 
-    native = native_half(context)
+        def w_d(b):                            # f16 (Q8_K: f32) as blocks._scales_fn reads it
+            if t == GGMLType.Q8_K:
+                return blk(b, L.d, ir.FloatType())
+            return half_to_float(context, builder, blk(b, L.d, I16), native)
+
+        def w_m(b):
+            return half_to_float(context, builder, blk(b, L.m, I16), native) if L.m >= 0 else w_d(b)
+        return w_d, w_m, w_vec, None, None, lambda b: block_scales(builder, t, lambda o, ty: blk(b, o, ty))
 
     def w_unsigned(b, e, chunk):               # the quants before the bias (0..15 or 0..31): blocks._nibble
         v = blk(b, L.qs, v16)                  # order, low nibbles then high, | the qh bits << 4

@@ -114,6 +114,42 @@ def dot_lanes(context, builder, w, a, unsigned=False):
     return builder.call(fn, [ir.Constant(l8, [0] * 8), aw, sa])
 
 
+def scale16(builder, s0, s1=None):
+    """<16 x i16> sub-block scales for dot_lanes_scaled: scalar s0 in every lane, or s0 in lanes 0-7
+    and s1 in 8-15 (two 16-element sub-blocks of a 32-element chunk: its lanes 0-3 / 4-7)."""
+    v16 = ir.VectorType(I16, 16)
+    a = splat(builder, s0, v16)
+    if s1 is None:
+        return a
+    return builder.shuffle_vector(a, splat(builder, s1, v16), ir.Constant(ir.VectorType(I32, 16),
+                                                                          list(range(8)) + list(range(24, 32))))
+
+
+def dot_lanes_scaled(context, builder, acc, w, a, unsigned, sc16, sc32):
+    """acc + dot_lanes(w, a) * scale, lane by lane (exact integers): on x86 with AVX2 as llama.cpp's
+    K-quant dots, pmaddubsw (pairs of |w| u8 * a i8 as i16: |w| <= 128, |a| <= 127, no saturation)
+    then the pairs times the i16 scales sc16 summed into i32 lanes (vpdpwssd into acc with VNNI,
+    else pmaddwd and an add); elsewhere dot_lanes times sc32 (<8 x i32>)."""
+    if not has_avx2(context):
+        return builder.add(acc, builder.mul(dot_lanes(context, builder, w, a, unsigned), sc32))
+    v32, v16, l8 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8)
+    if unsigned:
+        aw, sa = w, a
+    else:
+        zero = ir.Constant(v32, [0] * 32)
+        neg = builder.icmp_signed("<", w, zero)
+        aw = builder.select(neg, builder.sub(zero, w), w)
+        sa = builder.select(neg, builder.sub(zero, a), a)
+    ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v32, v32]), "llvm.x86.avx2.pmadd.ub.sw")
+    p16 = builder.call(ub, [aw, sa])
+    if has_vnni(context):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(l8, [l8, v16, v16]),
+                                            "llvm.x86.avx512.vpdpwssd.256")
+        return builder.call(fn, [acc, p16, sc16])
+    wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(l8, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
+    return builder.add(acc, builder.call(wd, [p16, sc16]))
+
+
 def hsum8(builder, v):
     """llama.cpp's hsum_float_8 of <8 x float>: ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))."""
     t = builder.fadd(pick(builder, v, [4, 5, 6, 7]), pick(builder, v, [0, 1, 2, 3]))

@@ -42,6 +42,8 @@ from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 
 from .blocks import _row_scales
+from .codegen import scales_in_registers
+from .gemv8 import _vgemv8, gemv8_ok
 from .naming import made_for
 from .quantize import quantize_activation
 from .registry import kernels_for
@@ -89,7 +91,8 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
     tid, (sb, nbytes), sub, one = int(gt), GGML_BLOCK[gt], qd.sub, lo == hi
     vlo, vhi, r8lo, r8hi = int(lo), int(hi), vec and lo in _ROWS8, vec and hi in _ROWS8
     rlo, rhi = (int(raw_row_id(qd.raw, lo)), int(raw_row_id(qd.raw, hi))) if packed else (-1, -1)
-    k_scales = sb > 32                   # super-block types: a packed row's scales are unpacked first
+    k_scales = sb > 32 and not (packed and scales_in_registers(qd.raw))   # else a packed row's scales: unpacked first
+    g8 = packed and one and gemv8_ok(rhi)     # 8 packed rows at once (the repacked gemv's lanes)
 
     @njit(parallel=True, cache=True)
     def _qmatmul(y, aq, ad, am, bsum, raw, n_out, n_in, row_bytes, split, n_chunks, group):
@@ -105,7 +108,15 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
             wd = np.empty(group * n_sb, dtype=np.float32)       # super-block scales and mins
             wm = np.zeros(group * n_sb, dtype=np.float32)
             r_end = _bound(c + 1, n_out, n_chunks)
-            if packed:                                          # (group 1)
+            if g8:                                              # 8 rows a call, all tokens
+                yrow = np.empty(8, dtype=np.float32)
+                for r0 in range(_bound(c, n_out, n_chunks), r_end, 8):
+                    for t in range(n_tok):
+                        _vgemv8(rhi, raw, r0 * row_bytes, row_bytes, aq, t * n_in, ad, t * n_sb, n_sb, bsum,
+                                t * n_sub, yrow, 0)
+                        for i in range(8):
+                            y[t, r0 + i] = yrow[i]
+            elif packed:                                        # (group 1)
                 for r in range(_bound(c, n_out, n_chunks), r_end):
                     if k_scales:
                         for b in range(n_sb):
