@@ -27,6 +27,7 @@ from .models.config import MOE_ARCHS, NO_CAPS, SOFTCAPS
 from .models.weights import ModelError, gguf_name, layer_tensors
 from .plan import UBATCH, Plan, n_vocab_of, plan_for_budget, state_shapes
 from .profiling import PROFILE, PassRecord
+from .runtime import bind
 from .stream.io import IOMode
 from .stream.weights import Weights
 
@@ -148,6 +149,7 @@ class Engine:
     ubatch: int = UBATCH                            # llama.cpp's n_ubatch, whose arithmetic aligned evals take
     _warned: bool = False                           # InexactWarning issued
     _load_compile_s: float = 0.0                    # compile seconds of the load, reported by the first generate
+    n_threads: int = 0                              # kernel threads (runtime.bind in the thread of each pass)
 
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
@@ -160,7 +162,7 @@ class Engine:
         from .tokenizer import load_tokenizer
 
         clock = Stopwatch().start()
-        set_threads(n_threads)
+        n_threads = set_threads(n_threads)
         budget = budget or MemoryBudget()
         with GGUFFile(path) as f:
             md = f.metadata
@@ -185,7 +187,8 @@ class Engine:
                 c.release()
             weights.close()
             raise
-        eng = cls(str(path), hp, module, plan, weights, kv, state, tokenizer, budget, extra, _charges=charges)
+        eng = cls(str(path), hp, module, plan, weights, kv, state, tokenizer, budget, extra, _charges=charges,
+                  n_threads=n_threads)
         clock.stop()
         eng.timings.load_s = clock.seconds
         eng.timings.compile_s = eng._load_compile_s = clock.compile_s
@@ -279,6 +282,7 @@ class Engine:
         """One forward pass over n tokens: fill s.x, run the layers (their matmuls in batch `view`,
         see kernels.matmul.batch_view; the last layer past attention `only` for those rows), logits
         for `rows` if asked."""
+        bind(self.n_threads)                        # numba's thread settings, in this thread
         rec = PassRecord(n, "prefill" if n > 1 else "decode") if PROFILE.enabled else None
         self.weights.record = rec
         sw = Stopwatch().start()

@@ -1,7 +1,17 @@
-"""Process-wide settings: numba's thread count."""
+"""Numba's thread settings: the kernel thread count, and dynamic scheduling of parallel loops.
+
+numba keeps both per calling thread (a server's worker thread starts from numba's defaults), so
+the engine applies them (`bind`) in the thread that runs a forward pass.
+
+Dynamic scheduling (numba's parallel chunk size 1): a parallel loop's iterations are handed out one
+at a time, so a thread whose core is busy with another process does less of the work instead of
+holding up the others at the loop's end (numba's default splits the loop into one static share per
+thread); and a loop of one iteration (a one-token op) runs on the calling thread alone.
+"""
 from __future__ import annotations
 
 import os
+import threading
 
 import psutil
 
@@ -28,4 +38,15 @@ def set_threads(n: int | None = None) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= top:
         raise InvalidArgument(f"threads = {n!r}: expected an integer from 1 to {top} (NUMBA_NUM_THREADS)")
     numba.set_num_threads(n)
+    numba.set_parallel_chunksize(1)
+    _bound.n = n
     return n
+
+
+_bound = threading.local()          # .n: the thread count this thread's numba settings were made for
+
+
+def bind(n: int) -> None:
+    """Apply set_threads(n) in the calling thread, unless already done there (cheap to repeat)."""
+    if getattr(_bound, "n", None) != n:
+        set_threads(n)
