@@ -22,21 +22,31 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def child_ramforge(model: str, ram: str, tokens: int, ctx: int, io: str) -> dict:
+PROMPT = [1, 450, 4996, 17354, 1701, 29916]      # llama-spm ids
+
+
+def child_ramforge(model: str, ram: str, tokens: int, ctx: int, io: str, threads: int | None = None,
+                   prompt: list[int] | None = None, warm: bool = False) -> dict:
+    """One budgeted run: seconds per decode token (the first decode pass left out), bytes read per
+    token, and the prompt's tok/s. warm: first run the prompt and 2 decode steps, so the first kernel
+    calls of the process are not timed (vs_llamacpp.py --ram; out_of_core.py times it cold)."""
     from ramforge.engine import Engine
     from ramforge.memory import MemoryBudget, parse_memory_size
     from ramforge.profiling import PROFILE
 
+    prompt = prompt or PROMPT
     budget = MemoryBudget(parse_memory_size(ram))
     t0 = time.perf_counter()
-    with Engine.load(model, n_ctx=ctx, budget=budget, io=io) as e:
+    with Engine.load(model, n_ctx=ctx, budget=budget, io=io, n_threads=threads) as e:
         load = time.perf_counter() - t0
-        prompt = [1, 450, 4996, 17354, 1701, 29916]
+        if warm:
+            list(e.generate(prompt, 2, stop_on_eog=False))
         PROFILE.enabled = True
         PROFILE.reset()
-        out = list(e.generate(prompt, tokens + 1))
+        out = list(e.generate(prompt, tokens + 1, stop_on_eog=False))
         PROFILE.enabled = False
         s = PROFILE.summary()
+        prefill_s = sum(p["seconds"] for p in s["passes"] if p["kind"] == "prefill")
         decode = [p for p in s["passes"] if p["kind"] == "decode"][1:]      # the first decode pass warms up
         per_tok = sum(p["seconds"] for p in decode) / len(decode)
         bytes_tok = sum(p["bytes_read"] for p in decode) / len(decode)
@@ -44,6 +54,7 @@ def child_ramforge(model: str, ram: str, tokens: int, ctx: int, io: str) -> dict
         return {"ram": ram, "budget": budget.limit, "managed_peak": budget.peak, "planned_peak": e.plan.planned_peak,
                 "pinned": len(e.plan.pinned), "n_layer": e.hp.n_layer, "load_s": load, "s_per_token": per_tok,
                 "bytes_per_token": bytes_tok, "wait_per_token": wait_tok, "tokens": out,
+                "n_prompt": len(prompt), "prefill_tok_s": len(prompt) / prefill_s if prefill_s > 0 else 0.0,
                 "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
@@ -57,8 +68,7 @@ def child_llama(model: str, tokens: int, ctx: int) -> dict:
     def argmax() -> int:          # llm.scores is filled only with logits_all: read the last output's logits
         logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
         return int(np.argmax(np.ctypeslib.as_array(logits, shape=(n_vocab,))))
-    prompt = [1, 450, 4996, 17354, 1701, 29916]
-    llm.eval(prompt)
+    llm.eval(PROMPT)
     times = []
     tok = argmax()
     for _ in range(tokens):
@@ -77,6 +87,21 @@ def run_child(args: list[str]) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def run_budgeted(model: str, ram: str, tokens: int, ctx: int, io: str, bw: float, threads: int = 0,
+                 prompt: list[int] | None = None, warm: bool = False) -> dict:
+    """child_ramforge in a fresh process, the file evicted from the page cache before; adds the
+    storage bound (bytes streamed per token / bw, bw from probe_read_speed) and the file's page-cache
+    residency after (fincore)."""
+    from ramforge.stream.io import evict, page_cache_residency
+
+    evict(model)
+    r = run_child(["ramforge", model, ram, str(tokens), str(ctx), io, str(threads),
+                   ",".join(map(str, prompt or PROMPT)), str(int(warm))])
+    r["bound_s"] = r["bytes_per_token"] / bw
+    r["cache_after"], _ = page_cache_residency(model)
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
@@ -88,8 +113,11 @@ def main() -> int:
     a = ap.parse_args()
     if a.child:
         kind, *rest = a.child
-        res = child_ramforge(*rest[:2], int(rest[2]), int(rest[3]), rest[4]) if kind == "ramforge" else \
-            child_llama(rest[0], int(rest[1]), int(rest[2]))
+        if kind == "ramforge":      # model ram tokens ctx io threads (0: default) prompt-ids warm
+            res = child_ramforge(*rest[:2], int(rest[2]), int(rest[3]), rest[4], int(rest[5]) or None,
+                                 [int(t) for t in rest[6].split(",")], rest[7] == "1")
+        else:
+            res = child_llama(rest[0], int(rest[1]), int(rest[2]))
         print(json.dumps(res))
         return 0
     from ramforge.stream.io import evict, page_cache_residency, probe_read_speed
@@ -105,10 +133,8 @@ def main() -> int:
     bw = probe_read_speed(model, nbytes=1 << 30)
     print(f"O_DIRECT read bandwidth on this file: {bw / 1e9:.2f} GB/s")
     for ram in a.rams:
-        evict(model)
-        r = run_child(["ramforge", model, ram, str(a.tokens), str(a.ctx), a.io])
-        bound = r["bytes_per_token"] / bw
-        res, _ = page_cache_residency(model)
+        r = run_budgeted(model, ram, a.tokens, a.ctx, a.io, bw)
+        bound, res = r["bound_s"], r["cache_after"]
         print(f"ramforge --ram {ram}: {r['s_per_token']:.3f} s/token, bound {bound:.3f} s "
               f"({r['bytes_per_token'] / 1e6:.0f} MB/token at {bw / 1e9:.2f} GB/s) -> {r['s_per_token'] / bound:.2f}x the "
               f"bound; I/O wait {r['wait_per_token']:.3f} s/token; pinned {r['pinned']}/{r['n_layer']} layers; "

@@ -4,6 +4,7 @@ and quantize them with llama.cpp (via llama-cpp-python) to the types ramforge su
     python tools/make_models.py                                 # all archs x all types
     python tools/make_models.py --arch qwen3 --types F16 Q4_K_M
     python tools/make_models.py --preset llama-3b --types Q4_K_M --out /big/disk
+    python tools/make_models.py --preset llama-1b --types Q4_0 Q4_K_M Q5_K_M Q6_K Q8_0 IQ4_XS
 
 From tests:  from tools.make_models import ensure_model
              path = ensure_model("llama", "Q4_K_M")       # built on demand, cached
@@ -143,7 +144,12 @@ def _big(name: str, base: str = "llama", **shape) -> Spec:
 
 
 PRESETS = {
-    # ~3.0B params with the llama-spm vocab; Q4_K_M ~1.8 GB (benchmarks)
+    # Llama-3.2-1B's layer shape (GQA 32/8 heads of 64, 8192-wide FFN), untied, with the llama-spm
+    # vocab: ~1.1B params; Q4_K_M ~0.7 GB (benchmarks/vs_llamacpp.py --preset 1b)
+    "llama-1b": _big("1b", n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, head_dim=64,
+                     n_ff=8192, n_ctx=4096),
+    # Llama-3.2-3B's layer shape (24/8 heads of 128), likewise: ~3.0B params; Q4_K_M ~1.8 GB
+    # (benchmarks/out_of_core.py, vs_llamacpp.py --preset 3b)
     "llama-3b": _big("3b", n_embd=3072, n_layer=28, n_head=24, n_head_kv=8, head_dim=128,
                      n_ff=8192, n_ctx=4096),
     # ~250M params: big enough that a forward pass is weight-bound, small enough to build in a minute
@@ -463,7 +469,8 @@ _BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 
 
 def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
     """Per-tensor ggml types llama.cpp's quantizer (llama-quant.cpp, 0.3.36) picks for our specs:
-    no imatrix, n_gqa < 4, not a 70B, no tensor-type overrides. The expert router stays as written
+    no imatrix, not a 70B, no tensor-type overrides; n_gqa >= 4 (llama-1b) lifts attn_v in Q2_K and
+    IQ4_NL / IQ4_XS. The expert router stays as written
     (F32); expert and shared-expert tensors take their role's rule (ffn_down*: the down rules, by the
     layer in the name); 8 experts (Mixtral's count) lift attn_k / attn_v to Q8_0 and attn_output to Q5_K.
     LOWBIT_TYPES follow write_lowbit_model's own rule (lowbit_type)."""
@@ -476,6 +483,7 @@ def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
     n = spec.n_layer
     more = lambda i: i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # use_more_bits
     eight = spec.n_expert == 8
+    gqa4 = spec.n_head >= 4 * spec.n_head_kv               # llama.cpp's n_gqa() >= 4
     out = {}
     for name, shape, kind in tensor_plan(spec, n_vocab):
         if stays_f32(name, shape, "F16"):
@@ -487,7 +495,9 @@ def expected_types(spec: Spec, qtype: str, n_vocab: int) -> dict[str, str]:
         if kind == "out" or (kind == "embd" and spec.tied):
             t = "Q8_0" if shape[-1] % _BLOCK.get(base, 256) else ("Q6_K" if base != "Q8_0" else "Q8_0")
         elif role in ("attn_v", "attn_qkv"):         # llama-quant.cpp's attn-v-like tensors
-            t = {"Q2_K": "Q3_K", "Q3_K_M": "Q5_K" if i < 2 else "Q4_K"}.get(qtype, base)
+            t = {"Q2_K": "Q4_K" if gqa4 else "Q3_K", "Q3_K_M": "Q5_K" if i < 2 else "Q4_K"}.get(qtype, base)
+            if qtype in ("IQ4_NL", "IQ4_XS") and gqa4:
+                t = "Q5_K"
             if qtype in ("Q4_K_M", "Q5_K_M") and more(i):
                 t = "Q6_K"
             t = "Q8_0" if eight else t
@@ -614,14 +624,20 @@ def main(argv: list[str] | None = None) -> int:
     specs = [PRESETS[a.preset]] if a.preset else [SPECS[x] for x in a.arch]
     out_dir = a.out or models_dir()
     for spec in specs:
+        f16 = out_dir / f"{model_id(spec, 'F16')}.gguf"
+        # a preset's F16 (GBs) is made once for all its types, then deleted unless asked for or already there
+        drop = a.preset and not (a.keep_f16 or "F16" in a.types or f16.is_file())
         if a.force:
             for t in a.types + ["F16"]:
                 (out_dir / f"{model_id(spec, t)}.gguf").unlink(missing_ok=True)
-        keep = a.keep_f16 or not a.preset or "F16" in a.types
-        for t in a.types:
-            p = build(spec, t, out_dir, a.vocab_dir, a.threads, keep_f16=keep)
-            print(f"{p.name:32s} {p.stat().st_size / 2**20:9.2f} MiB  sha256 {sha256_file(p)}")
-            print(f"    {type_summary(file_tensor_types(p))}")
+        try:
+            for t in a.types:
+                p = build(spec, t, out_dir, a.vocab_dir, a.threads)
+                print(f"{p.name:32s} {p.stat().st_size / 2**20:9.2f} MiB  sha256 {sha256_file(p)}", flush=True)
+                print(f"    {type_summary(file_tensor_types(p))}", flush=True)
+        finally:
+            if drop:
+                f16.unlink(missing_ok=True)
     return 0
 
 
