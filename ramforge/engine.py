@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -16,7 +17,7 @@ from .errors import (BudgetTooSmall, ContextLengthExceeded, EmptyPrompt, Inexact
                      UnsupportedArch, check_token_ids)
 from .gguf.constants import Keys
 from .gguf.reader import GGUFFile
-from .jit import Stopwatch
+from .jit import Stopwatch, prepare_in_background
 from .kernels.matmul import batch_view
 from .kernels.ops import rms_norm, softcap
 from .memory import MemoryBudget
@@ -26,7 +27,7 @@ from .models.config import HParams
 from .models.config import MOE_ARCHS, NO_CAPS, SOFTCAPS
 from .models.weights import ModelError, gguf_name, layer_tensors
 from .plan import UBATCH, Plan, n_vocab_of, plan_for_budget, state_shapes
-from .profiling import PROFILE, PassRecord
+from .profiling import KERNELS, PROFILE, PassRecord
 from .runtime import bind
 from .stream.io import IOMode
 from .stream.weights import Weights
@@ -69,6 +70,27 @@ def arch_module(arch: str):
         raise UnsupportedArch(f"architecture {arch!r} cannot be executed; executable: "
                               f"{', '.join(sorted(ARCHITECTURES))} (any architecture can be inspected)")
     return importlib.import_module(f"ramforge.models.{name}")
+
+
+class _InThread(threading.Thread):
+    """fn(*args) in a daemon thread; result() waits, then returns its value or raises its exception."""
+
+    def __init__(self, fn, *args):
+        super().__init__(name=f"ramforge-{fn.__name__}", daemon=True)
+        self._fn, self._args, self._value, self._error = fn, args, None, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn(*self._args)
+        except BaseException as e:       # re-raised in the caller's thread
+            self._error = e
+
+    def result(self):
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 @dataclass
@@ -173,8 +195,16 @@ class Engine:
             plan = plan_for_budget(f, budget.available, n_ctx, layers, batch)
             if plan.verdict == "insufficient":
                 raise BudgetTooSmall(budget.available, plan.min_budget, plan.n_ctx)
-            tokenizer = load_tokenizer(md)
+            # reading the weights releases the GIL: meanwhile build the tokenizer (~0.15 s for a 262k
+            # vocabulary) and set numba up (~0.2 s) in threads
+            tok = _InThread(load_tokenizer, md)
+            prepare_in_background()
             weights = Weights(f, plan, hp, module, budget, io, expert_policy, expert_prefetch)
+            try:
+                tokenizer = tok.result()
+            except BaseException:
+                weights.close()
+                raise
         charges = []
         try:
             a, b = plan.layers
@@ -285,6 +315,7 @@ class Engine:
         bind(self.n_threads)                        # numba's thread settings, in this thread
         rec = PassRecord(n, "prefill" if n > 1 else "decode") if PROFILE.enabled else None
         self.weights.record = rec
+        k0 = (KERNELS.seconds, KERNELS.calls)
         sw = Stopwatch().start()
         try:
             self.weights.begin_pass(logits=rows is not None)
@@ -302,6 +333,7 @@ class Engine:
             raise
         if rec:
             rec.seconds = sw.stop().seconds            # compiling kernels left out
+            rec.kernel_s, rec.kernel_calls = KERNELS.seconds - k0[0], KERNELS.calls - k0[1]
             PROFILE.passes.append(rec)
         return res
 

@@ -83,3 +83,48 @@ class Stopwatch:
 
 COMPILE = CompileClock()
 event.register("numba:compile", COMPILE)
+
+
+# ---------------------------------------------------------------- numba's first-use set-up
+# The first kernel a process runs (even one loaded from the disk cache) makes numba set up its CPU
+# target: import its implementation registries and install them, 0.15-0.2 s. One of them,
+# numba.np.arraymath, probes for a BLAS by importing scipy.linalg when scipy is installed (another
+# 0.2-0.3 s: scipy.linalg pulls in numpy.f2py, numpy.testing, ...). ramforge's kernels call no BLAS, so
+# prepare() imports that module with scipy hidden: numba then takes its plain-loop inner product for
+# np.correlate / np.convolve in this process; np.dot and np.linalg still import scipy when compiled.
+_prepared = threading.Event()
+_prepare_lock = threading.Lock()
+
+
+def prepare() -> None:
+    """Set up numba's CPU target now (idempotent, thread-safe; see above)."""
+    if _prepared.is_set():
+        return
+    import sys
+
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.registry import cpu_target
+
+    with _prepare_lock, global_compiler_lock:
+        if _prepared.is_set():
+            return
+        hide = "scipy.linalg" not in sys.modules and "numba.np.arraymath" not in sys.modules
+        if hide:
+            sys.modules["scipy.linalg"] = None   # `import scipy.linalg...` raises ImportError meanwhile
+        try:
+            import numba.np.arraymath  # noqa: F401
+        finally:
+            if hide and sys.modules.get("scipy.linalg", 0) is None:
+                del sys.modules["scipy.linalg"]
+        cpu_target.target_context.refresh()      # the registries (typing context included)
+        _prepared.set()
+
+
+def prepare_in_background() -> threading.Thread | None:
+    """prepare() in a daemon thread, for a caller about to block on I/O (reads release the GIL);
+    a kernel called meanwhile waits for it on numba's compiler lock. None when already done."""
+    if _prepared.is_set():
+        return None
+    t = threading.Thread(target=prepare, name="ramforge-numba-prepare", daemon=True)
+    t.start()
+    return t

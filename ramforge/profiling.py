@@ -4,10 +4,16 @@ When `PROFILE.enabled`, the public ops time themselves by op class (matvec per q
 attention, norms, rope, glu) and the weight store records each layer's read and wait. Seconds
 spent compiling kernels (a first run, ramforge.jit) are left out of every op and pass time and
 reported once, as compile_s.
+
+While enabled, every call from Python into a compiled (numba) kernel is also timed and counted
+(`KERNELS`: numba's Dispatcher gets a Python __call__, removed again when disabled, so a run without
+--profile pays nothing); a pass's time minus its kernel time is its Python (orchestration) time.
 """
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -57,7 +63,14 @@ class PassRecord:
     kind: str                 # "prefill" or "decode"
     layers: list[LayerRecord] = field(default_factory=list)
     experts: list[ExpertRecord] = field(default_factory=list)     # streamed experts, per layer
-    seconds: float = 0.0
+    seconds: float = 0.0      # wall time, compiling left out
+    kernel_s: float = 0.0     # of which inside compiled kernels called from Python (KERNELS)
+    kernel_calls: int = 0     # those calls (a kernel's calls of other kernels are inlined or native)
+
+    @property
+    def python_s(self) -> float:
+        """Orchestration: the pass's time outside compiled kernels (incl. waiting for I/O, see wait_s)."""
+        return max(0.0, self.seconds - self.kernel_s)
 
     @property
     def bytes_read(self) -> int:
@@ -68,13 +81,68 @@ class PassRecord:
         return sum(r.wait_s for r in self.layers) + sum(r.wait_s for r in self.experts)
 
 
+class KernelClock:
+    """Seconds inside compiled kernels and the number of calls, for calls made from Python on the
+    thread that enabled profiling (reader threads' kernels are not the token's). Compile time is left out."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.calls = 0
+        self.thread: int | None = None
+
+
+KERNELS = KernelClock()
+
+
+def _timed_call(self, *args, **kwargs):
+    """numba Dispatcher.__call__ while profiling: the C call, timed and counted."""
+    if threading.get_ident() != KERNELS.thread:
+        return _C_CALL(self, *args, **kwargs)
+    from .jit import COMPILE
+
+    c0, t0 = COMPILE.seconds, time.perf_counter()
+    try:
+        return _C_CALL(self, *args, **kwargs)
+    finally:
+        KERNELS.seconds += time.perf_counter() - t0 - (COMPILE.seconds - c0)
+        KERNELS.calls += 1
+
+
+_C_CALL = None          # numba's C-level Dispatcher call, set while the clock is installed
+
+
+def _install_kernel_clock(on: bool) -> None:
+    """Put _timed_call on numba's Dispatcher class (on) or take it off, back to the C slot (off)."""
+    global _C_CALL
+    from numba.core.dispatcher import Dispatcher
+
+    if on:
+        _C_CALL = Dispatcher.__call__          # the inherited C slot wrapper
+        KERNELS.thread = threading.get_ident()
+        Dispatcher.__call__ = _timed_call
+    elif "__call__" in vars(Dispatcher):
+        del Dispatcher.__call__                # tp_call is the C function again: no cost
+        KERNELS.thread = None
+
+
 @dataclass
 class Profile:
-    enabled: bool = False
+    _enabled: bool = False
     ops: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     passes: list[PassRecord] = field(default_factory=list)
     compile_s: float = 0.0        # compiling kernels inside timed ops since the last reset
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        on = bool(on)
+        if on != self._enabled:
+            _install_kernel_clock(on)
+            self._enabled = on
 
     def reset(self) -> None:
         self.ops.clear()
@@ -99,12 +167,25 @@ class Profile:
             "storage_gb_s": total_read / read_s / 1e9 if read_s > 0 else 0.0,
             "wait_s": sum(p.wait_s for p in self.passes),
             "bytes_per_decode_token": (sum(p.bytes_read for p in decode) / len(decode)) if decode else 0,
+            **per_decode_token(decode),
             "passes": [{"kind": p.kind, "n_tokens": p.n_tokens, "seconds": p.seconds, "bytes_read": p.bytes_read,
-                        "wait_s": p.wait_s,
+                        "wait_s": p.wait_s, "kernel_s": p.kernel_s, "kernel_calls": p.kernel_calls,
+                        "python_s": p.python_s,
                         "layers": [vars(r) for r in p.layers],
                         "experts": [r.as_dict() for r in p.experts]} for p in self.passes],
             "experts": experts.as_dict() if any(p.experts for p in self.passes) else None,
         }
+
+
+def per_decode_token(decode: list[PassRecord]) -> dict:
+    """Means over decode passes (one token each): seconds, kernel and Python seconds, kernel calls."""
+    n = len(decode)
+    mean = (lambda v: sum(v) / n) if n else (lambda v: 0.0)  # noqa: E731
+    token_s = mean([p.seconds for p in decode])
+    python_s = mean([p.python_s for p in decode])
+    return {"decode_token_s": token_s, "decode_kernel_s": mean([p.kernel_s for p in decode]),
+            "decode_python_s": python_s, "decode_python_fraction": python_s / token_s if token_s > 0 else 0.0,
+            "decode_kernel_calls": mean([p.kernel_calls for p in decode])}
 
 
 PROFILE = Profile()

@@ -91,10 +91,12 @@ def render_profile(p: dict, timings: dict) -> None:
     if last and last.get("experts"):
         render_experts(last, p["experts"], len([q for q in passes if q["experts"]]))
     t = Table(title="per token")
-    for c in ("pass", "kind", "tokens", "ms", "bytes read", "wait ms"):
+    # kernel ms: inside compiled kernels; python ms: the rest of the pass (orchestration, I/O wait)
+    for c in ("pass", "kind", "tokens", "ms", "kernel ms", "python ms", "kernel calls", "bytes read", "wait ms"):
         t.add_column(c, justify="right")
     for i, q in enumerate(passes):
-        t.add_row(str(i), q["kind"], str(q["n_tokens"]), f"{q['seconds'] * 1e3:.1f}", f"{q['bytes_read']:,}",
+        t.add_row(str(i), q["kind"], str(q["n_tokens"]), f"{q['seconds'] * 1e3:.1f}", f"{q['kernel_s'] * 1e3:.1f}",
+                  f"{q['python_s'] * 1e3:.1f}", str(q["kernel_calls"]), f"{q['bytes_read']:,}",
                   f"{q['wait_s'] * 1e3:.2f}")
     err.print(t)
     t = Table(title="compute by op class")
@@ -105,6 +107,11 @@ def render_profile(p: dict, timings: dict) -> None:
     err.print(f"layers: {p['hits']} hits (pinned), {p['misses']} misses (streamed); "
               f"{format_bytes(p['bytes_per_decode_token'])} streamed per decode token; storage "
               f"{p['storage_gb_s']:.2f} GB/s over {format_bytes(p['bytes_read'])}; I/O wait {p['wait_s']:.3f} s")
+    if any(q["kind"] == "decode" for q in passes):
+        err.print(f"python overhead per decode token: {p['decode_python_s'] * 1e3:.2f} ms "
+                  f"({100 * p['decode_python_fraction']:.1f}% of the token's {p['decode_token_s'] * 1e3:.2f} ms); "
+                  f"{p['decode_kernel_calls']:.0f} compiled kernel calls per token, "
+                  f"{p['decode_kernel_s'] * 1e3:.2f} ms inside them (profiling's own timers included)")
     err.print(f"time to first token: load {timings['load_s']:.2f} s + prefill {timings['prompt_s']:.2f} s"
               f"{compiled(timings)}; decode {timings['gen_tokens']} tokens in {timings['gen_s']:.2f} s")
 

@@ -77,8 +77,40 @@ def test_run_profile_and_memory_report_json():
     assert prof["misses"] > 0 and prof["bytes_read"] > 0 and any(k.startswith("matvec") for k in prof["ops_s"])
     assert mem["managed_peak"] <= mem["budget"] == 60 * 2**20 and mem["managed_peak"] == mem["planned_peak"]
     assert 0 <= mem["page_cache_fraction"] <= 1
+    # Python (orchestration) time and compiled calls per decode token; gemma-3-270m has 18 layers
+    decode = [p for p in prof["passes"] if p["kind"] == "decode"]
+    assert decode and all(p["kernel_s"] >= 0 and p["python_s"] >= 0 and p["kernel_calls"] >= 18 for p in decode)
+    assert all(abs(p["kernel_s"] + p["python_s"] - p["seconds"]) < 1e-9 for p in decode)
+    assert prof["decode_python_s"] >= 0 and prof["decode_kernel_s"] >= 0 and 0 <= prof["decode_python_fraction"] <= 1
+    assert 18 <= prof["decode_kernel_calls"] < 100 * 18           # ~24 per layer: norms, quantize, matmuls, ...
     r = ramforge("run", "-p", "Hello", "-n", "2", "--ram", "60M", "--ctx", "256", "--profile", "--memory-report")
     assert r.returncode == 0 and "per layer" in r.stderr and "page cache holds" in r.stderr
+    assert "python overhead per decode token" in r.stderr and "compiled kernel calls per token" in r.stderr
+
+
+def test_profile_kernel_clock_counts_only_while_enabled():
+    """--profile times calls into compiled kernels; off, numba's C call is back (nothing to pay)."""
+    import numpy as np
+    from numba.core.dispatcher import Dispatcher
+
+    from ramforge.kernels.ops import rms_norm
+    from ramforge.profiling import KERNELS, PROFILE
+
+    x, w = np.ones((1, 8), np.float32), np.ones(8, np.float32)
+    rms_norm(x, x, w, 1e-6)                                     # loaded or compiled before counting
+    PROFILE.enabled = True
+    try:
+        assert "__call__" in vars(Dispatcher)
+        c0, s0 = KERNELS.calls, KERNELS.seconds
+        for _ in range(3):
+            rms_norm(x, x, w, 1e-6)
+        assert KERNELS.calls - c0 == 3 and KERNELS.seconds >= s0
+    finally:
+        PROFILE.enabled = False
+    assert "__call__" not in vars(Dispatcher)
+    c0 = KERNELS.calls
+    rms_norm(x, x, w, 1e-6)
+    assert KERNELS.calls == c0
 
 
 def test_errors_are_one_line_without_traceback(tmp_path):

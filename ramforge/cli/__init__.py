@@ -38,8 +38,29 @@ for _module in (describe, generate, tokens, store, serve):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: typed errors become one line on stderr and a non-zero exit."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Console entry point: typed errors become one line on stderr and a non-zero exit.
+
+    Called without argv (the `ramforge` script, `python -m ramforge`), the process ends right after
+    the command with os._exit, streams flushed: the interpreter's teardown of numba and LLVM (0.3 s
+    once a kernel has run) is skipped. With argv (a caller's process) it returns or raises SystemExit."""
+    if argv is not None:
+        return _main(list(argv))
+    try:
+        _main(sys.argv[1:])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):      # a closed pipe: nothing more to say
+            pass
+    os._exit(code)
+
+
+def _main(argv: list[str]) -> None:
     debug = os.environ.get("RAMFORGE_DEBUG", "") not in ("", "0")
     if "--debug" in argv:
         argv.remove("--debug")

@@ -118,11 +118,11 @@ class Weights:
         p, f = self.plan, self.f
         a, b = p.layers
         last = b == self.hp.n_layer
-        self.output_norm = self._vector(SMALL[0]) if last else None
-        self.rope_freqs = self._vector(SMALL[1])
-        self.rope_factors_long, self.rope_factors_short = self._vector(SMALL[2]), self._vector(SMALL[3])  # LongRoPE
         self.out_name = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
-        self.resident = {n: self._matrix(n) for n in p.resident}
+        self.resident = {n: self._matrix(n) for n in p.resident}      # read first: the largest, no kernel
+        self.output_norm = self._vector(SMALL[0]) if last else None   # (dequantizing may wait for numba's
+        self.rope_freqs = self._vector(SMALL[1])                      # set-up, jit.prepare_in_background)
+        self.rope_factors_long, self.rope_factors_short = self._vector(SMALL[2]), self._vector(SMALL[3])  # LongRoPE
         self.token_embd = self.resident.get("token_embd.weight") if a == 0 else None
         self.output = self.resident.get(self.out_name) if last else None
         if p.embd_row_bytes:
