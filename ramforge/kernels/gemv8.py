@@ -17,12 +17,15 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .codegen import _raw_source, _scale8, _sum_rows8, scales_in_registers
-from .llvmir import I8, I32, I64, dot_lanes, dot_lanes_scaled, dtypes_are, fma_fn, pair_lanes, pick, scale16, splat
+from .llvmir import (I8, I16, I32, I64, dot64_scaled, dot_lanes, dot_lanes_scaled, dtypes_are, fma_fn, has_avx512_vnni,
+                     pair_lanes, pick, scale16, splat)
 from .rows import _literal
 from .variants import GROUPS, K_MINS, RAW_ROWS, SPECS, RawRow
 
 F8 = ir.VectorType(ir.FloatType(), 8)
 L8 = ir.VectorType(I32, 8)
+L16 = ir.VectorType(I32, 16)
+V64 = ir.VectorType(I8, 64)
 
 
 def gemv8_ok(ri: int) -> bool:
@@ -68,41 +71,63 @@ def _gemv8_codegen(context, builder, spec, t, rps, p, n_sb):
     def ivec(q, k, n):
         return builder.load(builder.bitcast(builder.gep(q, [k]), ir.VectorType(I32, n).as_pointer()), align=4)
 
+    wide = unsigned and nsub > 1 and has_avx512_vnni(context)
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
         e0, k0 = builder.mul(b, c64(sub * nsub)), builder.mul(b, c64(nsub))
         da8 = splat(builder, builder.load(builder.gep(p["ad"], [b])), F8)
         d8 = builder.fmul(da8, _lanes8(builder, [s[0](b) for s in srcs], F8))
         regs = [s[5](b) for s in srcs] if nsub > 1 else None        # (isc, imn) <nsub x i32> per row
-        iacc = [ir.Constant(L8, [0] * 8)] * 8
-        for c in range(sub * nsub // 32):
-            e = builder.add(e0, c64(32 * c))
-            vb = builder.load(builder.bitcast(builder.gep(p["aq"], [e]), vt.as_pointer()), align=1)
-            for r, s in enumerate(srcs):
-                if regs is None:
-                    w = s[2](b, e, c) if shifted is None else s[3][0](b, e, c)
-                    iacc[r] = builder.add(iacc[r], dot_lanes(context, builder, w, vb, unsigned))
-                else:                          # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
-                    sc = [builder.extract_element(regs[r][0], ir.Constant(I32, c * 32 // sub + h))
-                          for h in range(32 // sub)]
-                    iacc[r] = dot_lanes_scaled(context, builder, iacc[r], s[2](b, e, c), vb, unsigned,
-                                               scale16(builder, *sc), _scale8(builder, sc))
-            if (c + 1) * 32 % grp == 0:        # one fma per group, the 8 rows in lanes
-                g = (c + 1) * 32 // grp - 1
-                isum = _sum_rows8(builder, iacc)
-                if shifted is not None:        # + (-8) * the block's activation sum, every row
-                    bs = builder.load(builder.gep(p["bsum"], [b]))
-                    isum = builder.add(isum, splat(builder, builder.mul(bs, ir.Constant(I32, shifted[1])), L8))
-                builder.store(builder.call(fma8, [builder.sitofp(isum, F8), d8, builder.load(sacc)]), sacc)
-                iacc = [ir.Constant(L8, [0] * 8)] * 8
-                if mins == K_MINS:
-                    gs = grp // sub
-                    bs = ivec(p["bsum"], builder.add(k0, c64(g * gs)), gs)
-                    msum = _sum_rows8(builder, [_to8(builder, builder.mul(pick(builder, rg[1], list(range(g * gs,
-                                                                                                  (g + 1) * gs))), bs))
-                                                for rg in regs])
-                    wm8 = builder.fmul(_lanes8(builder, [s[1](b) for s in srcs], F8), da8)
-                    builder.store(builder.call(fma8, [builder.sitofp(msum, F8), wm8, builder.load(macc)]), macc)
+
+        def group_end(c, iacc):                # after chunk c: one fma per group, the 8 rows in lanes
+            g = (c + 1) * 32 // grp - 1
+            isum = _sum_rows8(builder, iacc)
+            if shifted is not None:            # + (-8) * the block's activation sum, every row
+                bs = builder.load(builder.gep(p["bsum"], [b]))
+                isum = builder.add(isum, splat(builder, builder.mul(bs, ir.Constant(I32, shifted[1])), L8))
+            builder.store(builder.call(fma8, [builder.sitofp(isum, F8), d8, builder.load(sacc)]), sacc)
+            if mins == K_MINS:
+                gs = grp // sub
+                bs = ivec(p["bsum"], builder.add(k0, c64(g * gs)), gs)
+                msum = _sum_rows8(builder, [_to8(builder, builder.mul(pick(builder, rg[1], list(range(g * gs,
+                                                                                              (g + 1) * gs))), bs))
+                                            for rg in regs])
+                wm8 = builder.fmul(_lanes8(builder, [s[1](b) for s in srcs], F8), da8)
+                builder.store(builder.call(fma8, [builder.sitofp(msum, F8), wm8, builder.load(macc)]), macc)
+
+        chunks = sub * nsub // 32
+        if wide:                               # two chunks a step on 512 bits (exact integers: any lanes)
+            iacc = [ir.Constant(L16, [0] * 16)] * 8
+            for c in range(0, chunks, 2):
+                e = builder.add(e0, c64(32 * c))
+                vb = builder.load(builder.bitcast(builder.gep(p["aq"], [e]), V64.as_pointer()), align=1)
+                for r, s in enumerate(srcs):
+                    w = builder.shuffle_vector(s[2](b, e, c), s[2](b, builder.add(e, c64(32)), c + 1),
+                                               ir.Constant(ir.VectorType(I32, 64), list(range(64))))
+                    sc = builder.trunc(regs[r][0], ir.VectorType(I16, nsub))       # pairs' scales by sub-block
+                    sc = pick(builder, sc, [(32 * c + 2 * i) // sub for i in range(32)])
+                    iacc[r] = dot64_scaled(builder, iacc[r], w, vb, sc)
+                if (c + 2) * 32 % grp == 0:
+                    group_end(c + 1, [builder.add(pick(builder, a, list(range(8))), pick(builder, a, list(range(8, 16))))
+                                      for a in iacc])
+                    iacc = [ir.Constant(L16, [0] * 16)] * 8
+        else:
+            iacc = [ir.Constant(L8, [0] * 8)] * 8
+            for c in range(chunks):
+                e = builder.add(e0, c64(32 * c))
+                vb = builder.load(builder.bitcast(builder.gep(p["aq"], [e]), vt.as_pointer()), align=1)
+                for r, s in enumerate(srcs):
+                    if regs is None:
+                        w = s[2](b, e, c) if shifted is None else s[3][0](b, e, c)
+                        iacc[r] = builder.add(iacc[r], dot_lanes(context, builder, w, vb, unsigned))
+                    else:                      # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
+                        sc = [builder.extract_element(regs[r][0], ir.Constant(I32, c * 32 // sub + h))
+                              for h in range(32 // sub)]
+                        iacc[r] = dot_lanes_scaled(context, builder, iacc[r], s[2](b, e, c), vb, unsigned,
+                                                   scale16(builder, *sc), _scale8(builder, sc))
+                if (c + 1) * 32 % grp == 0:
+                    group_end(c, iacc)
+                    iacc = [ir.Constant(L8, [0] * 8)] * 8
     r = builder.load(sacc)
     return builder.fsub(r, builder.load(macc)) if mins == K_MINS else r
 

@@ -83,6 +83,12 @@ def has_avx2(context) -> bool:
     return llvm.get_process_triple().startswith("x86_64") and "+avx2" in _features(context)
 
 
+def has_avx512_vnni(context) -> bool:
+    """Whether the compile target has 512-bit byte and VNNI ops (AVX512BW + AVX512-VNNI): vpmaddubsw
+    and vpdpwssd on 64 bytes. RAMFORGE_NO_VNNI=1 turns this off too."""
+    return has_vnni(context) and {"+avx512bw", "+avx512vnni"} <= _features(context)
+
+
 def native_half(context) -> bool:
     """Whether the compile target widens half natively (x86 F16C, AArch64): elsewhere `fpext half`
     becomes a libcall (__extendhfsf2) that numba's JIT does not resolve. Numba keys its cache on
@@ -148,6 +154,18 @@ def dot_lanes_scaled(context, builder, acc, w, a, unsigned, sc16, sc32):
         return builder.call(fn, [acc, p16, sc16])
     wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(l8, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
     return builder.add(acc, builder.call(wd, [p16, sc16]))
+
+
+def dot64_scaled(builder, acc, w, a, sc):
+    """<16 x i32> acc + per lane l the products 4l..4l+3 of <64 x i8> weights w (unsigned, <= 127) and
+    activations a, times the <32 x i16> scales sc (one per pair of products): vpmaddubsw then vpdpwssd,
+    on 512 bits (has_avx512_vnni)."""
+    v64, v32, l16 = ir.VectorType(I8, 64), ir.VectorType(I16, 32), ir.VectorType(I32, 16)
+    ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v64, v64]),
+                                        "llvm.x86.avx512.pmaddubs.w.512")
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(l16, [l16, v32, v32]),
+                                        "llvm.x86.avx512.vpdpwssd.512")
+    return builder.call(fn, [acc, builder.call(ub, [w, a]), sc])
 
 
 def hsum8(builder, v):
