@@ -18,8 +18,8 @@ from .lowbit_ir import RAW_SOURCES
 from .scales_ir import block_scales, has_block_scales
 from .iquants import LAYOUTS as IQ_LAYOUTS
 from .iquants import raw_source as iq_raw_source
-from .llvmir import (I8, I16, I32, I64, dot_lanes, dot_lanes_scaled, fma_fn, half_to_float, has_vnni, hsum8,
-                     native_half, pair_lanes, pick, reduce_add, scale16, splat)
+from .llvmir import (I8, I16, I32, I64, dot64_scaled, dot_lanes, dot_lanes_scaled, fma_fn, half_to_float,
+                     has_avx512_vnni, has_vnni, hsum8, native_half, pair_lanes, pick, reduce_add, scale16, splat)
 from .variants import (GROUPS, IQ1_DELTA, IQ1_DLANES, IQ1_MINS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN,
                        Q8_1_SUM, SCALAR_FMA, TERNARY_OFFSET, TILED)
 
@@ -44,6 +44,8 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
     shifted = wsrc[3] if len(wsrc) > 3 and mode in (GROUPS, LANES) and nsub == 1 and has_vnni(context) else None
     # IQ1 read packed (lowbit_ir.py): w_vec gives grid + 1 (0..2); IQ1_M's delta8 lanes from wsrc[4](b, c, ones)
     iq1raw = wsrc[4] if iq1 and len(wsrc) > 4 else None
+    wide = (fused and unsigned and mode == LANES and (sub * nsub // 32) % 2 == 0 and shifted is None
+            and has_avx512_vnni(context))       # scaled dots two chunks at once (dot64_scaled)
     in_regs = wsrc[5] if len(wsrc) > 5 else None            # a packed K-quant's scales, decoded in registers
     fma8, fma1 = fma_fn(builder, f8), fma_fn(builder, f32)
     zero8, zero = ir.Constant(f8, [0.0] * 8), ir.Constant(f32, 0.0)
@@ -89,7 +91,18 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
         iacc = ir.Constant(l8, [0] * 8)
         dacc = ir.Constant(l8, [0] * 8)            # IQ1: the delta8 lanes
         chunks = sub * nsub // 32
-        for c in range(chunks):                    # 32-element chunks
+        if wide:                                   # two chunks a step on 512 bits, lanes 8-15 the second's,
+            acc = ir.Constant(ir.VectorType(I32, 16), [0] * 16)     # folded onto 0-7 after (exact integers)
+            sc16 = builder.trunc(blk_vec(0, 0, nsub), ir.VectorType(I16, nsub))
+            for c in range(0, chunks, 2):
+                e = builder.add(e0, c64(32 * c))
+                w = builder.shuffle_vector(w_vec(b, e, c), w_vec(b, builder.add(e, c64(32)), c + 1),
+                                           ir.Constant(ir.VectorType(I32, 64), list(range(64))))
+                a = ld(builder.bitcast(builder.gep(ap, [e]), ir.VectorType(I8, 64).as_pointer()), align=1)
+                sc = pick(builder, sc16, [(32 * c + 2 * j) // sub for j in range(32)])
+                acc = dot64_scaled(builder, acc, w, a, sc)
+            iacc = builder.add(pick(builder, acc, list(range(8))), pick(builder, acc, list(range(8, 16))))
+        for c in range(0 if not wide else chunks, chunks):   # 32-element chunks
             e = builder.add(e0, c64(32 * c))
             va = w_vec(b, e, c) if shifted is None else shifted[0](b, e, c)
             vb = ld(builder.bitcast(builder.gep(ap, [e]), vt.as_pointer()), align=1)

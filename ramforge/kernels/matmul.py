@@ -24,11 +24,11 @@ from .blocks import LAYOUTS, Layout
 from .decode import _dequant_any
 from .fmatmul import BF16, F16, F32, fmatmul
 from .naming import made_for
-from .qmatmul import qmatmul
+from .qmatmul import qmatmul, shared_input
 from .registry import ActType, kernels_for
 from .scalars import F16_TO_F32
 
-__all__ = ["batch_view", "float_matmul", "matmul", "matmul_reference", "round_activation"]
+__all__ = ["batch_view", "float_matmul", "matmul", "matmul_reference", "round_activation", "shared_input"]
 
 _ROWS_PER_TASK = 16          # weight rows per parallel task
 

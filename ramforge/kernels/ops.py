@@ -411,10 +411,16 @@ def _gelu_table() -> np.ndarray:
 _GELU = _gelu_table()
 
 
+_GLU_BLOCK = 1024       # elements per parallel task of the GLUs (a one-token GLU spreads over the threads too)
+
+
 @njit(cache=True, parallel=True)
 def _geglu(out, gate, up, table):
-    for t in prange(gate.shape[0]):
-        for i in range(gate.shape[1]):
+    n = gate.shape[1]
+    nb = (n + _GLU_BLOCK - 1) // _GLU_BLOCK
+    for k in prange(gate.shape[0] * nb):
+        t, i0 = k // nb, k % nb * _GLU_BLOCK
+        for i in range(i0, min(n, i0 + _GLU_BLOCK)):
             g = gate[t, i]
             if g <= -10.0:
                 out[t, i] = 0.0
@@ -430,8 +436,10 @@ def _swiglu(out, gate, up):
     # 16, libm's for a tail; times up
     n = gate.shape[1]
     n16 = n - n % 16
-    for t in prange(gate.shape[0]):
-        for i in range(n):
+    nb = (n + _GLU_BLOCK - 1) // _GLU_BLOCK
+    for k in prange(gate.shape[0] * nb):
+        t, i0 = k // nb, k % nb * _GLU_BLOCK
+        for i in range(i0, min(n, i0 + _GLU_BLOCK)):
             g = gate[t, i]
             e = _expf(-g) if i < n16 else np.float32(math.exp(-g))
             out[t, i] = (g / (np.float32(1.0) + e)) * up[t, i]
@@ -442,8 +450,11 @@ def _swiglu_oai(out, gate, up, alpha, limit):
     # as ggml_compute_forward_swiglu_oai_f32 (scalar, libm's expf): x = min(g, limit),
     # y = clamp(u, -limit, limit), out = x / (1 + expf(alpha * -x)) * (y + 1)
     one = np.float32(1.0)
-    for t in prange(gate.shape[0]):
-        for i in range(gate.shape[1]):
+    n = gate.shape[1]
+    nb = (n + _GLU_BLOCK - 1) // _GLU_BLOCK
+    for k in prange(gate.shape[0] * nb):
+        t, i0 = k // nb, k % nb * _GLU_BLOCK
+        for i in range(i0, min(n, i0 + _GLU_BLOCK)):
             x = min(gate[t, i], limit)
             y = min(max(up[t, i], -limit), limit)
             out[t, i] = (x / (one + math.exp(alpha * -x))) * (y + one)

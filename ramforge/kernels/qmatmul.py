@@ -31,8 +31,10 @@ disk cache keeps them (keyed by the constants).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
 
 import numba
 import numpy as np
@@ -161,6 +163,33 @@ def _kernel(t: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool):
     return _KERNELS[key]
 
 
+# ---------------------------------------------------------------- one quantization for several matmuls
+
+_SHARED = threading.local()         # .x: the input being shared, .q: {(act, sub, pos_ties): QuantizedActivation}
+
+
+@contextlib.contextmanager
+def shared_input(x: np.ndarray):
+    """Within the block, matmuls of input x (this very array, left unchanged meanwhile: q, k and v of
+    one normed state; gate and up) quantize it once per activation type, as llama.cpp quantizes
+    src1 once per type for the matmuls that share it."""
+    prev = getattr(_SHARED, "x", None), getattr(_SHARED, "q", None)
+    _SHARED.x, _SHARED.q = x, {}
+    try:
+        yield x
+    finally:
+        _SHARED.x, _SHARED.q = prev
+
+
+def _quantized(x: np.ndarray, act, sub: int, pos_ties: int):
+    if getattr(_SHARED, "x", None) is not x:
+        return quantize_activation(x, act, sub, pos_ties=pos_ties)
+    key = (act, sub, pos_ties)
+    if key not in _SHARED.q:
+        _SHARED.q[key] = quantize_activation(x, act, sub, pos_ties=pos_ties)
+    return _SHARED.q[key]
+
+
 # ---------------------------------------------------------------- public entry point
 
 @functools.lru_cache(maxsize=4096)
@@ -207,7 +236,7 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
     if n_tok == 0 or n_out == 0 or n_in == 0:
         y[...] = 0
         return y
-    a = quantize_activation(x, act, sub, pos_ties=pos_ties)
+    a = _quantized(x, act, sub, pos_ties)
     ad = a.d.reshape(-1)
     am = a.s.reshape(-1) if q81 else ad
     out = y if y.flags.c_contiguous and y.flags.writeable else np.empty_like(y)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.matmul import shared_input
 from ..kernels.ops import attention, geglu, rms_norm, rope
 from . import gemma3
 from .weights import output_rows
@@ -46,9 +47,10 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
         swa = is_swa(hp, il)
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            L.attn_q.rows(q.reshape(n, -1), xb)
-            L.attn_k.rows(k.reshape(n, -1), xb)
-            L.attn_v.rows(v.reshape(n, -1), xb)
+            with shared_input(xb):                              # one quantization of xb for q, k, v
+                L.attn_q.rows(q.reshape(n, -1), xb)
+                L.attn_k.rows(k.reshape(n, -1), xb)
+                L.attn_v.rows(v.reshape(n, -1), xb)
             base = base_swa if swa else hp.rope_base
             rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
             rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
@@ -61,8 +63,9 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
                 rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
                 x += xb                                         # sa_out
                 rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-                L.ffn_gate.rows(gate, xb)
-                L.ffn_up.rows(up, xb)
+                with shared_input(xb):
+                    L.ffn_gate.rows(gate, xb)
+                    L.ffn_up.rows(up, xb)
                 geglu(gate, gate, up)
                 L.ffn_down.rows(xb, gate)
                 rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ..kernels.matmul import shared_input
 from ..kernels.ops import attention, geglu, rms_norm, rope
 from .weights import output_rows
 
@@ -61,9 +62,10 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
         swa = is_swa(hp, il)
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            L.attn_q.rows(q.reshape(n, -1), xb)
-            L.attn_k.rows(k.reshape(n, -1), xb)
-            L.attn_v.rows(v.reshape(n, -1), xb)
+            with shared_input(xb):                              # one quantization of xb for q, k, v
+                L.attn_q.rows(q.reshape(n, -1), xb)
+                L.attn_k.rows(k.reshape(n, -1), xb)
+                L.attn_v.rows(v.reshape(n, -1), xb)
             rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
             rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
             base, scale = (base_swa, scale_swa) if swa else (hp.rope_base, hp.rope_scale)
@@ -78,8 +80,9 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
                 rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
                 x += xb                                         # sa_out
                 rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-                L.ffn_gate.rows(gate, xb)
-                L.ffn_up.rows(up, xb)
+                with shared_input(xb):
+                    L.ffn_gate.rows(gate, xb)
+                    L.ffn_up.rows(up, xb)
                 geglu(gate, gate, up)
                 L.ffn_down.rows(xb, gate)
                 rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..kernels.matmul import shared_input
 from ..kernels.ops import attention, rms_norm, rope, swiglu
 from . import moe
 from .weights import EXPERT_TENSORS, output_rows
@@ -51,12 +52,13 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
     for il in range(*m.layers):
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            for proj, bias, dst in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k),
-                                    (L.attn_v, L.attn_v_bias, v)):
-                flat = dst.reshape(n, -1)
-                proj.rows(flat, xb)
-                if bias is not None:
-                    flat += bias.data
+            with shared_input(xb):                              # one quantization of xb for q, k, v
+                for proj, bias, dst in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k),
+                                        (L.attn_v, L.attn_v_bias, v)):
+                    flat = dst.reshape(n, -1)
+                    proj.rows(flat, xb)
+                    if bias is not None:
+                        flat += bias.data
             if L.attn_q_norm is not None:                       # qwen3: per-head RMSNorm of q and k
                 rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
                 rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
@@ -72,8 +74,9 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
                 if L.ffn_gate_inp is not None:                  # experts: xb <- their mixture
                     moe.ffn(m, s, il, L, xb, x)
                 else:
-                    L.ffn_gate.rows(gate, xb)
-                    L.ffn_up.rows(up, xb)
+                    with shared_input(xb):
+                        L.ffn_gate.rows(gate, xb)
+                        L.ffn_up.rows(up, xb)
                     swiglu(gate, gate, up)
                     L.ffn_down.rows(xb, gate)
                 x += xb                                         # residual
