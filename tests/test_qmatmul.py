@@ -370,12 +370,12 @@ def test_batched_variants_have_8_row_kernels():
 
 
 # the 16-value codebook types unpack first (see variants.RawRow)
-CODEBOOK_TYPES = (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
+CODEBOOK_TYPES = (GGMLType.IQ4_NL, GGMLType.MXFP4)     # unpacked first (IQ4_XS: one pshufb, read packed)
 
 
 def test_every_few_token_matmul_reads_packed_rows():
     # matmuls of fewer than _GROUP_FROM_TOKENS tokens dot the packed rows directly (no unpacking):
-    # every type but the 4-bit codebook ones has a packed-row intrinsic for each such variant, and the
+    # every type but IQ4_NL and MXFP4 has a packed-row intrinsic for each such variant, and the
     # shapes of test_vector_path_equals_portable_bit_for_bit reach each intrinsic
     used = set()
     for t in INT_TYPES:

@@ -13,12 +13,13 @@ from numba.core import cgutils
 
 from ramforge.gguf.constants import GGMLType
 
-from .blocks import CHUNKS, LAYOUTS
+from .blocks import CHUNKS, IQ4_KV, LAYOUTS
 from .lowbit_ir import RAW_SOURCES
 from .scales_ir import block_scales, has_block_scales
+from .unpack import _lookup16
 from .iquants import LAYOUTS as IQ_LAYOUTS
 from .iquants import raw_source as iq_raw_source
-from .llvmir import (I8, I16, I32, I64, dot64_scaled, dot_lanes, dot_lanes_scaled, fma_fn, half_to_float,
+from .llvmir import (I8, I16, I32, I64, dot64_scaled, dot_lanes, dot_lanes_scaled, fma_fn, half_to_float, has_avx2,
                      has_avx512_vnni, has_vnni, hsum8, native_half, pair_lanes, pick, reduce_add, scale16, splat)
 from .variants import (GROUPS, IQ1_DELTA, IQ1_DLANES, IQ1_MINS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN,
                        Q8_1_SUM, SCALAR_FMA, TERNARY_OFFSET, TILED)
@@ -247,7 +248,7 @@ def _post_scaled(builder, v, post):
 
 def scales_in_registers(t) -> bool:
     """Whether _raw_source decodes type t's sub-block scales itself (no scratch to unpack them into)."""
-    return t in CHUNKS and has_block_scales(t)
+    return (t in CHUNKS or t == GGMLType.IQ4_XS) and has_block_scales(t)
 
 
 def _raw_source(context, builder, t, rp, p):
@@ -270,6 +271,24 @@ def _raw_source(context, builder, t, rp, p):
         return ir.Constant(v32, [v] * 32)
 
     native = native_half(context)
+    if t == GGMLType.IQ4_XS:                   # codebook nibbles: one 32-byte table lookup (pshufb)
+        kv = [ir.Constant(I8, x & 0xFF) for x in IQ4_KV]
+
+        def w_vec(b, e, c):                    # sub-block c: 16 bytes, low nibbles then high
+            v = blk(b, L.qs + 16 * c, v16)
+            lo, hi = builder.and_(v, ir.Constant(v16, [15] * 16)), builder.lshr(v, ir.Constant(v16, [4] * 16))
+            if not has_avx2(context):
+                table = ir.Constant(v16, kv)
+                return builder.shuffle_vector(_lookup16(builder, table, lo), _lookup16(builder, table, hi),
+                                              ir.Constant(w32, list(range(32))))
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v32, v32]),
+                                                "llvm.x86.avx2.pshuf.b")
+            idx = builder.shuffle_vector(lo, hi, ir.Constant(w32, list(range(32))))
+            return builder.call(fn, [ir.Constant(v32, kv + kv), idx])  # (in-lane: the table in both halves)
+
+        def w_d4(b):
+            return half_to_float(context, builder, blk(b, L.d, I16), native)
+        return w_d4, w_d4, w_vec, None, None, lambda b: block_scales(builder, t, lambda o, ty: blk(b, o, ty))
     if t in CHUNKS:
         def w_vec(b, e, c):                    # chunk c as unpack._bits builds it (blocks.CHUNKS)
             ao, sa, ma, bo, sb, mb, lb, c0 = CHUNKS[t][c]

@@ -79,7 +79,7 @@ REGISTRY: dict[GGMLType, QuantKernels] = _table(
     QuantKernels(T.Q6_K, _dq._dequant_q6_k, A.Q8_K, Q(_up._unpack_q6_k, 16, offset=32, tiled=True, raw=T.Q6_K)),
     QuantKernels(T.Q8_K, _dq._dequant_q8_k, A.Q8_K, Q(_up._unpack_q8_k, 32, raw=T.Q8_K)),
     QuantKernels(T.IQ4_NL, _dq._dequant_iq4_nl, A.Q8_0, Q(_up._unpack_iq4_nl, 32, repack=(32, 32), lanes2=True)),
-    QuantKernels(T.IQ4_XS, _dq._dequant_iq4_xs, A.Q8_K, Q(_up._unpack_iq4_xs, 32, tiled=True)),
+    QuantKernels(T.IQ4_XS, _dq._dequant_iq4_xs, A.Q8_K, Q(_up._unpack_iq4_xs, 32, tiled=True, raw=T.IQ4_XS)),
     QuantKernels(T.MXFP4, _lb._dequant_mxfp4, A.Q8_0,
                  Q(_up._unpack_mxfp4, 32, repack=(32, 32), lanes2=True, vec_dot_only=True)),
     QuantKernels(T.TQ2_0, _dq._dequant_tq2_0, A.Q8_K, Q(_up._unpack_tq2_0, 16, offset=1, raw=T.TQ2_0)),

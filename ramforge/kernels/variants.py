@@ -142,9 +142,9 @@ _ROWS8: frozenset[Variant] = frozenset(
 
 class RawRow(IntEnum):
     """The packed-row intrinsics: each (type, variant) of a one-token matmul that reads its rows
-    straight from their packed blocks. The 16-value codebook types (IQ4_NL, IQ4_XS, MXFP4) are left
-    to the unpacking path: built in registers, their two 16-byte lookups joined into one vector
-    become a scalarized gather (3.9 GB/s against 11.8 unpacked). IQ1_S / IQ1_M gather four 8-byte
+    straight from their packed blocks. IQ4_XS looks its codebook up with the x86 32-byte pshufb
+    intrinsic (IQ4_NL and MXFP4 are left to the unpacking path: in generic IR, two 16-byte lookups
+    joined into one vector become a scalarized gather, 3.9 GB/s against 11.8 unpacked). IQ1_S / IQ1_M gather four 8-byte
     rows of a table per 32 quants (lowbit_ir.py); the IQ2 / IQ3 grids are scalar table loads either
     way (4 or 8 entries per 32 weights), which the packed rows keep in registers (iquants.raw_source)."""
 
@@ -171,6 +171,7 @@ class RawRow(IntEnum):
     IQ2_S_LANES = 20
     IQ3_XXS_LANES = 21
     IQ3_S_LANES = 22
+    IQ4_XS_LANES = 23       # its 16-value codebook looked up by one pshufb (x86 AVX2; elsewhere two tbl)
 
 
 _G, R = GGMLType, RawRow
@@ -186,7 +187,7 @@ RAW_ROWS: dict[RawRow, tuple[GGMLType, Variant]] = {
     R.IQ1_S_LANES: (_G.IQ1_S, V.K32_LANES_IQ1S), R.IQ1_M_LANES: (_G.IQ1_M, V.K16_LANES_IQ1M),
     R.IQ2_XXS_LANES: (_G.IQ2_XXS, V.K32_LANES_P3), R.IQ2_XS_LANES: (_G.IQ2_XS, V.K16_LANES_P3),
     R.IQ2_S_LANES: (_G.IQ2_S, V.K16_LANES_P3), R.IQ3_XXS_LANES: (_G.IQ3_XXS, V.K32_LANES_P2),
-    R.IQ3_S_LANES: (_G.IQ3_S, V.K32_LANES),
+    R.IQ3_S_LANES: (_G.IQ3_S, V.K32_LANES), R.IQ4_XS_LANES: (_G.IQ4_XS, V.K32_LANES),
 }
 del _G, R
 _RAW_ROWS: tuple[tuple[GGMLType, Variant], ...] = tuple(RAW_ROWS[r] for r in RawRow)
