@@ -6,10 +6,20 @@ of the kernels' sources, code switches and versions (ramforge.paths), under $NUM
 """
 from __future__ import annotations
 
+import os as _os
+
 from ._version import __version__
 from .paths import setup_kernel_cache as _setup_kernel_cache
 
 _setup_kernel_cache()
+
+# GNU OpenMP (numba's threading layer) spins 300,000 rounds at each barrier before it sleeps: where
+# another process holds a core, the spinning thread loses its turn and every parallel loop waits a
+# scheduler slice for it (decode 17x slower beside one busy process on 2 cores). 10,000 rounds cost
+# nothing on a quiet machine and keep a busy one at ~0.4x (set before libgomp loads; a user's
+# GOMP_SPINCOUNT or OMP_WAIT_POLICY wins).
+if "OMP_WAIT_POLICY" not in _os.environ:
+    _os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 
 def __getattr__(name):
