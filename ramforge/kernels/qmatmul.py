@@ -50,7 +50,7 @@ from .registry import kernels_for
 from .rows import _prow, _vrow, _vrow_raw, _vrows8
 from .tunpack import FAST, _vunpack
 from .tiles import (LANES_MODE, SIGNED, TILE_ROWS, TT, UNSIGNED, _tile_acts, _vprep, _vtile, tile_from, tile_mode,
-                    tiled)
+                    tile_rows, tiled)
 from .unpack import _unpack_row
 from .variants import _ROWS8, Q8_1_SUM, Variant, raw_row_id
 
@@ -98,23 +98,23 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
     # token tiles (tiles.py) in lo's variant where it has them, batches only: every token for one
     # variant, else those below the split (a repacked type's gemm; its gemv takes at most 3 tokens)
     tiles_on = vec and not packed and tiled(lo)
-    tmode, t_from = (tile_mode(lo), tile_from(lo)) if tiles_on else (0, 0)
+    tmode, t_from, t_rows = (tile_mode(lo), tile_from(lo), tile_rows(lo)) if tiles_on else (0, 0, 1)
     fast = vec and tid in FAST           # the type's one-intrinsic row unpacker (tunpack.py)
 
     @njit(cache=True, inline="always")
     def _tile_group(nr, r0, y, wq, n_in, isc, imn, n_sub, wd, wm, n_sb, corr, act, adt, bst, tout, t_end):
-        # y[:t_end, r0:r0+nr]: the group's unpacked rows . each token tile, TILE_ROWS rows at a time
+        # y[:t_end, r0:r0+nr]: the group's unpacked rows . each token tile, t_rows rows at a time
         if t_end == 0:
             return
         if tmode != UNSIGNED:
             for i in range(nr):
                 _vprep(vlo, wq, i * n_in, n_in, isc, corr, i * n_sub, n_sub)
         for k in range((t_end + TT - 1) // TT):
-            for rs in range(0, nr, TILE_ROWS):
-                _vtile(vlo, TILE_ROWS, wq, rs * n_in, n_in, isc, imn, rs * n_sub, n_sub, wd, wm, rs * n_sb, n_sb,
+            for rs in range(0, nr, t_rows):
+                _vtile(vlo, t_rows, wq, rs * n_in, n_in, isc, imn, rs * n_sub, n_sub, wd, wm, rs * n_sb, n_sb,
                        corr, act, k * (n_in // 4) * TT * (2 if tmode == LANES_MODE else 1), adt, k * n_sb * TT, bst,
                        k * (n_sub // 2) * TT, n_sb, tout)
-                for i in range(min(TILE_ROWS, nr - rs)):
+                for i in range(min(t_rows, nr - rs)):
                     for j in range(min(TT, t_end - k * TT)):
                         y[k * TT + j, r0 + rs + i] = tout[i * TT + j]
 

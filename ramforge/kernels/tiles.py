@@ -33,7 +33,7 @@ from .llvmir import F32, I8, I16, I32, I64, _features, dtypes_are, fma_fn, has_v
 from .variants import GROUPS, K_MINS, LANES, NO_MIN, SPECS, TILED, Variant
 
 TT = 16                 # tokens per tile (activation lanes)
-TILE_ROWS = 4           # weight rows per tile call (a divisor of qmatmul's 8-row groups)
+TILE_ROWS = 8           # weight rows per tile call, at most (GROUPS; the others 4: fewer registers spilled)
 TILE_FROM = 4           # a token range of at least this many takes tiles (fewer: one token at a time) ...
 TILE_FROM_LANES = 10    # ... in LANES_MODE this many (3 vector ops per 4 elements, 1.4 in the others)
 _SHIFT = np.int32(-0x7F7F7F80)      # 0x80808080: a + 128 per byte
@@ -50,6 +50,11 @@ def tile_mode(v) -> int:
     """The integer mode of variant v's tiles."""
     s = SPECS[Variant(v)]
     return LANES_MODE if s.mode == LANES else UNSIGNED if s.mins == K_MINS and s.offset == 0 else SIGNED
+
+
+def tile_rows(v) -> int:
+    """Rows per tile call of variant v: a divisor of TILE_ROWS and of qmatmul's 8-row groups."""
+    return TILE_ROWS if SPECS[Variant(v)].mode == GROUPS else TILE_ROWS // 2
 
 
 def tile_from(v) -> int:
@@ -171,7 +176,7 @@ def _tile_codegen(context, builder, spec, R, rp, tp, n_sb):
             for r in range(R):
                 for v in range(TV):
                     fi = builder.sitofp(iacc[r][v], lf)
-                    if mode == GROUPS:                # sacc = fma(isum, d_a*d_w, sacc); macc = fma(msum, dmin_w*d_a, macc)
+                    if mode == GROUPS:        # sacc = fma(isum, d_a*d_w, sacc); macc = fma(msum, dmin_w*d_a, macc)
                         builder.store(builder.call(fma, [fi, builder.fmul(da[v], wd[r]), ld(sacc[r][v])]), sacc[r][v])
                         if mins:
                             builder.store(builder.call(fma, [builder.sitofp(msum[r][v], lf), builder.fmul(wm[r], da[v]),

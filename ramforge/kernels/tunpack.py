@@ -135,7 +135,6 @@ def _vunpack(typingctx, t, raw, o, n_sb, wq, wo, isc, imn, io, wd, wm, so):
     gt = next(x for x in _K + _B32 if int(x) == t.literal_value)
     L = LAYOUTS[gt]
     k_type = gt in _K
-    nsub = QK_K // L.sub if k_type else 1
 
     def codegen(context, builder, sig, args):
         _, raw_, o_, nsb_, wq_, wo_, isc_, imn_, io_, wd_, wm_, so_ = args
