@@ -359,7 +359,7 @@ def test_generic_ir_equals_the_vnni_path(tmp_path):
         n_in = N_IN if k.block_elems > 32 else N_IN + 32
         for n_out in (N_OUT, N_OUT + 3):
             raw = random_blocks(t, n_out * n_in // k.block_elems, seed=21)
-            for n_tok in (1, 5, kv.TILED_FROM + 1):
+            for n_tok in (1, 5, kv.TILED_FROM + 1, kt.TT + 1):
                 x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
                 key = f"raw-{t.name}-{n_out}-{n_in}-{n_tok}"
                 cases[key], cases[f"x-{n_tok}-{n_in}"] = raw, x
