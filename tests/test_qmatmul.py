@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from numba import njit
+from numba import literally, njit
 
 gguf = pytest.importorskip("gguf")
 import gguf.quants as gq  # noqa: E402  (test oracle only)
@@ -29,6 +29,8 @@ from ramforge.gguf.constants import GGMLType  # noqa: E402
 from ramforge.kernels import qmatmul as qm  # noqa: E402
 from ramforge.kernels import quantize as qa  # noqa: E402
 from ramforge.kernels import scalars as ks  # noqa: E402
+from ramforge.kernels import tiles as kt  # noqa: E402
+from ramforge.kernels import tunpack  # noqa: E402
 from ramforge.kernels import unpack as ku  # noqa: E402
 from ramforge.kernels import variants as kv  # noqa: E402
 from ramforge.kernels.dequant import dequantize  # noqa: E402
@@ -152,6 +154,29 @@ def test_unpack_vector_equals_portable(t):
     raw = random_blocks(t, 2 * N_IN // REGISTRY[t].block_elems, seed=12)
     for a, b in zip(unpack(t, raw, 2, N_IN, True), unpack(t, raw, 2, N_IN, False)):
         assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), t.name
+
+
+FAST_TYPES = [t for t in INT_TYPES if int(t) in tunpack.FAST]
+
+
+@njit
+def _unpack_fast(t, raw, n_rows, row_bytes, n_sb, wq, isc, imn, wd, wm):
+    for r in range(n_rows):
+        tunpack._vunpack(literally(t), raw, r * row_bytes, n_sb, wq, r * (wq.size // n_rows), isc, imn,
+                         r * (isc.size // n_rows), wd, wm, r * n_sb)
+
+
+@pytest.mark.parametrize("t", FAST_TYPES, ids=_ids(FAST_TYPES))
+def test_batch_unpacker_equals_the_row_unpacker(t):
+    # tunpack's one-intrinsic unpacker (the batched path's) writes what the registry's does
+    k = REGISTRY[t]
+    n_rows, n_sb = 3, N_IN // k.block_elems
+    raw = random_blocks(t, n_rows * n_sb, seed=14)
+    want = unpack(t, raw, n_rows, N_IN, vec=False)
+    got = [np.zeros_like(a) for a in want]
+    _unpack_fast(int(t), raw, n_rows, n_sb * k.block_bytes, n_sb, *(a.reshape(-1) for a in got))
+    for a, b in zip(got, want):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), t.name
 
 
 @njit
@@ -296,7 +321,7 @@ def test_vector_path_equals_portable_bit_for_bit(t):
     n_in = N_IN if k.block_elems > 32 else N_IN + 32          # an odd block count where it can be
     for n_out in (N_OUT, N_OUT + 3):
         raw = random_blocks(t, n_out * n_in // k.block_elems, seed=7)
-        for n_tok in (1, 2, 5, kv.TILED_FROM + 1):
+        for n_tok in (1, 2, 5, kv.TILED_FROM + 1, kt.TT + 1):          # (two token tiles, the last of 1)
             x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
             yv = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=True)
             yp = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=False)
@@ -334,7 +359,7 @@ def test_generic_ir_equals_the_vnni_path(tmp_path):
         n_in = N_IN if k.block_elems > 32 else N_IN + 32
         for n_out in (N_OUT, N_OUT + 3):
             raw = random_blocks(t, n_out * n_in // k.block_elems, seed=21)
-            for n_tok in (1, 5, kv.TILED_FROM + 1):
+            for n_tok in (1, 5, kv.TILED_FROM + 1, kt.TT + 1):
                 x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
                 key = f"raw-{t.name}-{n_out}-{n_in}-{n_tok}"
                 cases[key], cases[f"x-{n_tok}-{n_in}"] = raw, x

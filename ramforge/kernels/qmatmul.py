@@ -8,8 +8,10 @@ dots int8 quants with int8 quants in exact integer arithmetic, scaling once per 
    integer sums per sub-block (llama.cpp's bsums) for the weight mins.
 2. A kernel (parallel over row ranges) dots each weight row with every token. Batches (4+
    tokens) unpack a group of 8 rows once into int8 quants, integer sub-block scales / mins and
-   float super-block scales (unpack.py; the repacked types' GROUPS arithmetic then runs the 8 rows
-   at once, lane by lane); fewer tokens read the packed rows straight into registers (RawRow):
+   float super-block scales (unpack.py, tunpack.py), then dot them with tiles of 16 tokens, the
+   tokens in vector lanes (tiles.py: the GROUPS, TILED and 32-element LANES arithmetic), or token
+   by token (the other variants: 8 rows at once, or row by row); fewer tokens read the packed rows
+   straight into registers (RawRow):
        y = sum_b (d_w*d_a)_b * sum_j sc_j * <q_w, q_a>_j  [- (dmin_w*d_a)_b * sum_j m_j * bsum_j]
                                                           [+ (m_w * s_a)_b  for Q4_1/Q5_1]
    with the integer sums exact and the float steps those of the llama.cpp kernel that would run
@@ -50,6 +52,9 @@ from .naming import made_for
 from .quantize import quantize_activation
 from .registry import kernels_for
 from .rows import _prow, _vrow, _vrow_raw, _vrows8
+from .tunpack import FAST, _vunpack
+from .tiles import (LANES_MODE, SIGNED, TILE_ROWS, TT, UNSIGNED, _tile_acts, _vprep, _vtile, tile_from, tile_mode,
+                    tile_rows, tiled)
 from .unpack import _unpack_row
 from .variants import _ROWS8, Q8_1_SUM, Variant, raw_row_id
 
@@ -95,6 +100,28 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
     rlo, rhi = (int(raw_row_id(qd.raw, lo)), int(raw_row_id(qd.raw, hi))) if packed else (-1, -1)
     k_scales = sb > 32 and not (packed and scales_in_registers(qd.raw))   # else a packed row's scales: unpacked first
     g8 = packed and one and gemv8_ok(rhi)     # 8 packed rows at once (the repacked gemv's lanes)
+    # token tiles (tiles.py) in lo's variant where it has them, batches only: every token for one
+    # variant, else those below the split (a repacked type's gemm; its gemv takes at most 3 tokens)
+    tiles_on = vec and not packed and tiled(lo)
+    tmode, t_from, t_rows = (tile_mode(lo), tile_from(lo), tile_rows(lo)) if tiles_on else (0, 0, 1)
+    fast = vec and tid in FAST           # the type's one-intrinsic row unpacker (tunpack.py)
+
+    @njit(cache=True, inline="always")
+    def _tile_group(nr, r0, y, wq, n_in, isc, imn, n_sub, wd, wm, n_sb, corr, act, adt, bst, tout, t_end):
+        # y[:t_end, r0:r0+nr]: the group's unpacked rows . each token tile, t_rows rows at a time
+        if t_end == 0:
+            return
+        if tmode != UNSIGNED:
+            for i in range(nr):
+                _vprep(vlo, wq, i * n_in, n_in, isc, corr, i * n_sub, n_sub)
+        for k in range((t_end + TT - 1) // TT):
+            for rs in range(0, nr, t_rows):
+                _vtile(vlo, t_rows, wq, rs * n_in, n_in, isc, imn, rs * n_sub, n_sub, wd, wm, rs * n_sb, n_sb,
+                       corr, act, k * (n_in // 4) * TT * (2 if tmode == LANES_MODE else 1), adt, k * n_sb * TT, bst,
+                       k * (n_sub // 2) * TT, n_sb, tout)
+                for i in range(min(t_rows, nr - rs)):
+                    for j in range(min(TT, t_end - k * TT)):
+                        y[k * TT + j, r0 + rs + i] = tout[i * TT + j]
 
     @njit(parallel=True, cache=True)
     def _qmatmul(y, aq, ad, am, bsum, raw, n_out, n_in, row_bytes, split, n_chunks, group):
@@ -104,6 +131,16 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
         n_tok = y.shape[0]
         n_sb = n_in // sb
         n_sub = n_in // sub
+        # token tiles: tokens [0, t_end) in lo's variant (tiles.py's layouts; LANES: act and its sums)
+        t_end = (n_tok if one else split) if tiles_on else 0
+        t_end = t_end if t_end >= t_from else 0
+        nt = (t_end + TT - 1) // TT
+        act = np.zeros(nt * n_in // 4 * TT * (2 if tmode == LANES_MODE else 1), dtype=np.int32)
+        adt = np.zeros(nt * n_sb * TT, dtype=np.float32)
+        bst = np.zeros(nt * (n_sub // 2) * TT if tmode == UNSIGNED else 0, dtype=np.int32)
+        if tiles_on:
+            for k in prange(nt):
+                _tile_acts(k, k * TT, min(k * TT + TT, t_end), aq, ad, bsum, n_in, n_sb, n_sub, tmode, act, adt, bst)
         for c in prange(n_chunks):
             isc = np.empty(group * n_sub, dtype=np.int32)       # a group's sub-block scales and mins,
             imn = np.zeros(group * n_sub, dtype=np.int32)
@@ -135,19 +172,30 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                 lanes = np.empty(24, dtype=np.float32)          # plain-loop scratch
                 yrow = np.empty(8, dtype=np.float32)            # an 8-row kernel's results
                 ilane = np.empty(16, dtype=np.int64)
+                corr = np.zeros(group * n_sub if tmode == SIGNED else 0, dtype=np.int32)  # signed tiles' row terms
+                tout = np.empty(TILE_ROWS * TT, dtype=np.float32)              # a tile call's results
                 for r0 in range(_bound(c, n_out, n_chunks), r_end, group):
                     nr = min(group, r_end - r0)
                     for i in range(nr):
-                        _unpack_row(tid, vec, raw, (r0 + i) * row_bytes, n_sb, wq[i * n_in:(i + 1) * n_in],
-                                    isc[i * n_sub:(i + 1) * n_sub], imn[i * n_sub:(i + 1) * n_sub],
-                                    wd[i * n_sb:(i + 1) * n_sb], wm[i * n_sb:(i + 1) * n_sb])
+                        if fast:
+                            _vunpack(tid, raw, (r0 + i) * row_bytes, n_sb, wq, i * n_in, isc, imn, i * n_sub, wd, wm,
+                                     i * n_sb)
+                        else:
+                            _unpack_row(tid, vec, raw, (r0 + i) * row_bytes, n_sb, wq[i * n_in:(i + 1) * n_in],
+                                        isc[i * n_sub:(i + 1) * n_sub], imn[i * n_sub:(i + 1) * n_sub],
+                                        wd[i * n_sb:(i + 1) * n_sb], wm[i * n_sb:(i + 1) * n_sb])
                     for t in range(n_tok):
+                        if t < t_end:
+                            continue                                    # (in a tile, below)
                         if one or t >= split:
                             _dot_group(vec, vhi, r8hi, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd, wm, n_sb, ad,
                                        am, bsum, yrow, lanes, ilane)
                         else:
                             _dot_group(vec, vlo, r8lo, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd, wm, n_sb, ad,
                                        am, bsum, yrow, lanes, ilane)
+                    if tiles_on:
+                        _tile_group(nr, r0, y, wq, n_in, isc, imn, n_sub, wd, wm, n_sb, corr, act, adt, bst, tout,
+                                    t_end)
     return made_for(_qmatmul, gt, "vec" if vec else "plain", lo, hi, "packed" if packed else "grouped")
 
 
