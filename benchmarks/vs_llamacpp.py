@@ -40,6 +40,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+import ramforge  # noqa: E402,F401  (before llama_cpp loads libgomp: ramforge's GOMP_SPINCOUNT holds for both engines)
 
 PRESETS = {"250m": "llama-250m", "1b": "llama-1b", "3b": "llama-3b"}     # --preset -> make_models preset
 TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS")
