@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import QK_K
@@ -40,13 +40,14 @@ def _f16_round(v):
     return _half_bits_to_f32(_f32_to_half_bits(v))
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _quantize_q8_0(x, q, d, s, bsum, with_sum):
     # x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/32] (f16-rounded amax/127), bsum i32 sum q per
     # 32, s (with_sum) f32 f16(d32 * sum q) per 32; the arithmetic of _q8_0_reference, element for element
+    # (tokens in parallel: each is quantized alone; one token runs on the calling thread)
     n_tok, n = x.shape
     nb = n // 32
-    for t in range(n_tok):
+    for t in prange(n_tok):
         for b in range(nb):
             amax = np.float32(0.0)
             for i in range(32):
@@ -64,12 +65,13 @@ def _quantize_q8_0(x, q, d, s, bsum, with_sum):
                 s[t * nb + b] = _f16_round(np.float32(tot) * d32)
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _quantize_q8_k(x, q, d, bsum, sub, pos_ties):
     # x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/256], bsum i32[n_tok*n/sub]; see _q8_k_reference
+    # (tokens in parallel, as _quantize_q8_0)
     n_tok, n = x.shape
     nb = n // QK_K
-    for t in range(n_tok):
+    for t in prange(n_tok):
         for b in range(nb):
             o = b * QK_K
             big = x[t, o]
