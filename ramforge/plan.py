@@ -307,11 +307,9 @@ def block_row_bytes(t: TensorInfo) -> int:
 
 BATCHES = (64, 32, 16, 8, 4, 2, 1)
 UBATCH = 512                # llama.cpp's default n_ubatch
-# A chunk may grow to a whole ubatch, taken when the run state stays within 1/MOE_STATE_SHARE of the
-# budget: every weight row is then read (and unpacked for the batched kernels) once per ubatch instead
-# of once per 64 tokens; and for a mixture, llama.cpp's mul_mat_id picks an expert's arithmetic by the
-# rows the whole ubatch routes to it, so chunks shorter than the ubatch can round a long prompt's
-# expert rows differently (a dense model's arithmetic is the ubatch's whatever the chunk: batch_view).
+# A mixture's chunk may grow to a whole ubatch: llama.cpp's mul_mat_id picks an expert's arithmetic by
+# the rows the whole ubatch routes to it, so chunks shorter than the ubatch can round a long prompt's
+# expert rows differently. Taken when the run state stays within 1/MOE_STATE_SHARE of the budget.
 MOE_BATCHES = (UBATCH, UBATCH // 2, UBATCH // 4)
 MOE_STATE_SHARE = 8
 
@@ -319,13 +317,13 @@ MOE_STATE_SHARE = 8
 def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
                     layers: tuple[int, int] | None = None, batch: int | None = None,
                     hit_rate: float | None = None) -> Plan:
-    """The plan with the largest prompt chunk that fits the budget: 64 down to 1 tokens, or up to a whole
-    ubatch (MOE_BATCHES) while the run state is a small share of the budget."""
+    """The plan with the largest prompt chunk that fits the budget: 64 down to 1 tokens; for a mixture
+    of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget."""
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
         raise InvalidArgument(f"an expert hit rate is a fraction from 0 to 1, got {hit_rate}")
     moe = HParams.from_metadata(f.metadata, n_vocab_of(f)).n_expert > 0
     batches = (batch,) if batch else BATCHES
-    for b in (MOE_BATCHES if not batch else ()) + batches:
+    for b in (MOE_BATCHES if moe and not batch else ()) + batches:
         p = make_plan(f, budget, n_ctx, b, layers, hit_rate)
         grown = b > BATCHES[0]                    # a mixture's chunk past 64: only with a small state
         if p.verdict != "insufficient" and not (grown and budget and p.state_bytes * MOE_STATE_SHARE > budget):
