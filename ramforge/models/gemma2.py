@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.matmul import shared_input
-from ..kernels.ops import attention, geglu, rms_norm, rope
+from ..kernels.ops import attention, rms_norm, rope
 from . import gemma3
 from .weights import output_rows
 
@@ -60,13 +60,4 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             L.attn_output.rows(xb, att.reshape(n, -1))
             x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
             with rows:
-                rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
-                x += xb                                         # sa_out
-                rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-                with shared_input(xb):
-                    L.ffn_gate.rows(gate, xb)
-                    L.ffn_up.rows(up, xb)
-                geglu(gate, gate, up)
-                L.ffn_down.rows(xb, gate)
-                rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
-                x += xb
+                gemma3.ffn(L, hp, x, xb, gate, up)                 # as Gemma 3 (sandwich norms, GeGLU)

@@ -47,6 +47,21 @@ def embed(m, x: np.ndarray, tokens) -> None:
     x *= np.float32(math.sqrt(m.hp.n_embd))
 
 
+def ffn(L, hp, x, xb, gate, up) -> None:
+    """The block after attention (xb: its output), in place on x f32[n, n_embd]: post-attention norm,
+    residual, norm, GeGLU FFN (gate, up f32[n, n_ff]), post-FFN norm, residual (Gemma 2 and 3)."""
+    rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
+    x += xb                                                     # sa_out
+    rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
+    with shared_input(xb):
+        L.ffn_gate.rows(gate, xb)
+        L.ffn_up.rows(up, xb)
+    geglu(gate, gate, up)
+    L.ffn_down.rows(xb, gate)
+    rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
+    x += xb
+
+
 def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
     (out: as llama.forward)."""
@@ -77,13 +92,4 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             L.attn_output.rows(xb, att.reshape(n, -1))
             x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
             with rows:
-                rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
-                x += xb                                         # sa_out
-                rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-                with shared_input(xb):
-                    L.ffn_gate.rows(gate, xb)
-                    L.ffn_up.rows(up, xb)
-                geglu(gate, gate, up)
-                L.ffn_down.rows(xb, gate)
-                rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
-                x += xb
+                ffn(L, hp, x, xb, gate, up)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..kernels.ops import attention, rms_norm, rope
 from . import llama, moe
-from .weights import EXPERT_TENSORS, output_rows
+from .weights import EXPERT_TENSORS, output_rows, project_qkv
 
 ROPE_NEOX = True
 SWA_PATTERN = 2                 # llama.cpp's load_swa_pattern(ml, 2): layers with il % 2 < 1 slide
@@ -47,12 +47,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
         base = m.extra.get("rope_base_swa", hp.rope_base) if swa else hp.rope_base
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            for proj, bias, dst in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k),
-                                    (L.attn_v, L.attn_v_bias, v)):
-                flat = dst.reshape(n, -1)
-                proj.rows(flat, xb)
-                if bias is not None:
-                    flat += bias.data
+            project_qkv(L, xb, q, k, v)
             rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)    # both kinds of layer scaled
             rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
             kv.store(il, pos0, k, v)

@@ -14,7 +14,7 @@ import numpy as np
 from ..kernels.matmul import shared_input
 from ..kernels.ops import attention, rms_norm, rope, swiglu
 from . import moe
-from .weights import EXPERT_TENSORS, output_rows
+from .weights import EXPERT_TENSORS, output_rows, project_qkv
 
 ROPE_NEOX = False
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
@@ -52,13 +52,7 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
     for il in range(*m.layers):
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            with shared_input(xb):                              # one quantization of xb for q, k, v
-                for proj, bias, dst in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k),
-                                        (L.attn_v, L.attn_v_bias, v)):
-                    flat = dst.reshape(n, -1)
-                    proj.rows(flat, xb)
-                    if bias is not None:
-                        flat += bias.data
+            project_qkv(L, xb, q, k, v)
             if L.attn_q_norm is not None:                       # qwen3: per-head RMSNorm of q and k
                 rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
                 rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)

@@ -14,7 +14,7 @@ from ..errors import InternalError, ModelFileError, check_token_ids
 from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.dequant import dequantize
-from ..kernels.matmul import batch_view, matmul
+from ..kernels.matmul import batch_view, matmul, shared_input
 from ..kernels.registry import kernels_for
 from ..profiling import timed
 from .config import HParams
@@ -98,6 +98,19 @@ class LayerExperts:
 
     def __getitem__(self, e: int) -> tuple[QTensor, QTensor, QTensor]:
         return tuple(expert_slice(self.layer.tensors[s], int(e)) for s in EXPERT_TENSORS)
+
+
+def project_qkv(L, xb: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    """q, k, v f32[n, heads, head_dim] = xb f32[n, n_embd] through attn_q/k/v (+ their biases where the
+    file has them), xb quantized once for the three."""
+    n = xb.shape[0]
+    with shared_input(xb):
+        for proj, bias, dst in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k),
+                                (L.attn_v, L.attn_v_bias, v)):
+            flat = dst.reshape(n, -1)
+            proj.rows(flat, xb)
+            if bias is not None:
+                flat += bias.data
 
 
 def output_rows(hp: HParams, il: int, out: slice | None, *arrays):
