@@ -28,6 +28,10 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
+    if name in ("PromptLookup", "DraftModel"):
+        from . import speculative
+
+        return getattr(speculative, name)
     if name in ("MemoryBudget", "parse_memory_size"):
         from . import memory
 
@@ -35,4 +39,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'ramforge' has no attribute {name!r}")
 
 
-__all__ = ["Model", "Response", "MemoryBudget", "parse_memory_size", "__version__"]
+__all__ = ["Model", "Response", "PromptLookup", "DraftModel", "MemoryBudget", "parse_memory_size", "__version__"]

@@ -43,6 +43,7 @@ class Response:
     tokens: list[int] = field(default_factory=list)
     compile_s: float = 0.0                # compiling kernels (a first run), not in prompt_s or gen_s
     thinking: str = ""                    # a chat's reasoning, split out (Model.split_reasoning)
+    speculative: dict | None = None       # with a draft_model: drafted, accepted, acceptance, passes, tokens_per_pass
 
     @property
     def prompt_tps(self) -> float:
@@ -60,21 +61,48 @@ class Model:
     n_ubatch: llama.cpp's physical batch, whose arithmetic a prompt's evaluation reproduces (512, as
     llama.cpp's default; memory use does not depend on it). expert_policy ("lfu" or "lru") and
     expert_prefetch: the expert cache of a mixture of experts whose experts stream (see `ramforge plan`).
+    draft_model: speculative decoding (ramforge.speculative), as llama-cpp-python's `Llama(draft_model=)`:
+    a `PromptLookup(max_ngram_size, num_pred_tokens)` (llama-cpp-python's LlamaPromptLookupDecoding
+    rules), a `DraftModel(path, n_max=16)` (loaded resident under this Model's budget first), or any
+    callable input_ids -> draft ids.
     """
 
     def __init__(self, path_or_name: str = "default", *, ram: str | int | None = None, n_ctx: int | None = 4096,
                  n_threads: int | None = None, seed: int | None = None, verbose: bool = False, io: str = "direct",
                  chat_template: str | None = None, n_ubatch: int = 512, expert_policy: str | None = None,
-                 expert_prefetch: bool = True):
+                 expert_prefetch: bool = True, draft_model=None):
         from .engine import Engine
+        from .speculative import DraftModel, check_draft_length
 
         self.path = str(resolve_model(path_or_name))
         self.name = str(path_or_name)
         self.budget = MemoryBudget(parse_memory_size(ram) if ram is not None else None)
         if not isinstance(n_ubatch, int) or n_ubatch < 1:
             raise InvalidArgument(f"n_ubatch must be a positive integer, got {n_ubatch!r}")
-        self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads,
-                                  expert_policy=expert_policy, expert_prefetch=expert_prefetch)
+        if draft_model is not None and not callable(draft_model):
+            raise InvalidArgument(f"draft_model must be a PromptLookup, a DraftModel or a callable input_ids -> "
+                                  f"ids, got {type(draft_model).__name__}")
+        if isinstance(draft_model, DraftModel):
+            draft_model.path = str(resolve_model(draft_model.path))
+            draft_model.attach(self.budget, n_ctx, n_threads)
+        try:
+            self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads,
+                                      expert_policy=expert_policy, expert_prefetch=expert_prefetch)
+        except BaseException:
+            if isinstance(draft_model, DraftModel):
+                draft_model.close()
+            raise
+        self.draft_model = draft_model
+        if isinstance(draft_model, DraftModel):
+            self.engine.closing.append(draft_model.close)
+        if draft_model is not None:
+            try:
+                check_draft_length(draft_model, self.engine.n_ctx)
+                if isinstance(draft_model, DraftModel):
+                    draft_model.check_vocab(self.engine.tokenizer)
+            except BaseException:
+                self.engine.close()
+                raise
         self.engine.ubatch = n_ubatch
         self.tokenizer = self.engine.tokenizer
         self.seed, self.verbose, self._chat_override = seed, verbose, chat_template
@@ -111,7 +139,7 @@ class Model:
         sampler = Sampler(params, self.engine.hp.n_vocab)
         eng, dec, hold = self.engine, self.tokenizer.stream(), max((len(s) for s in stops), default=1) - 1
         text, sent, out, finish = "", 0, [], "length"
-        steps = eng.generate(ids, max_tokens, sampler, reuse_prefix=True)
+        steps = eng.generate(ids, max_tokens, sampler, reuse_prefix=True, draft=self.draft_model)
         for tok in steps:
             out.append(tok)
             text += dec.feed(tok)
@@ -129,7 +157,7 @@ class Model:
         steps.close()
         t = eng.timings
         yield Response(text[sent:], None, True, finish, len(ids), t.prompt_tokens, len(out), t.prompt_s, t.gen_s,
-                       t.load_s, out, t.compile_s)
+                       t.load_s, out, t.compile_s, speculative=t.spec.as_dict() if t.spec is not None else None)
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, **kwargs) -> Response:
         """The whole completion as one Response (text, token ids, counts and timings)."""

@@ -137,13 +137,15 @@ class Timings:
     gen_tokens: int = 0
     gen_s: float = 0.0
     compile_s: float = 0.0        # compiling kernels during the load and this call
+    spec: object = None           # speculative.SpecStats of a generate call with a drafter
 
     def as_dict(self) -> dict:
         rate = lambda n, s: n / s if s > 0 else 0.0  # noqa: E731
         return {"load_s": self.load_s, "compile_s": self.compile_s, "prompt_tokens": self.prompt_tokens,
                 "prompt_s": self.prompt_s, "prefill_tok_s": rate(self.prompt_tokens, self.prompt_s),
                 "gen_tokens": self.gen_tokens, "gen_s": self.gen_s,
-                "decode_tok_s": rate(self.gen_tokens, self.gen_s)}
+                "decode_tok_s": rate(self.gen_tokens, self.gen_s),
+                **({"speculative": self.spec.as_dict()} if self.spec is not None else {})}
 
 
 @dataclass
@@ -167,11 +169,12 @@ class Engine:
     timings: Timings = field(default_factory=Timings)
     tokens: list = field(default_factory=list)      # the token ids whose keys and values are cached
     _charges: list = field(default_factory=list)
-    _prompt: list = field(default_factory=list)     # the prompt whose logits state.prompt_logits holds
+    _prompt: tuple | list = field(default_factory=list)   # (prompt, outputs_all) of state.prompt_logits
     ubatch: int = UBATCH                            # llama.cpp's n_ubatch, whose arithmetic aligned evals take
     _warned: bool = False                           # InexactWarning issued
     _load_compile_s: float = 0.0                    # compile seconds of the load, reported by the first generate
     n_threads: int = 0                              # kernel threads (runtime.bind in the thread of each pass)
+    closing: list = field(default_factory=list)     # callables close() runs too (a draft model's close)
 
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
@@ -240,17 +243,22 @@ class Engine:
         """Forget cached positions from n_past on (0: the whole context)."""
         self.kv.n_past = max(0, min(n_past, self.kv.n_past))
         del self.tokens[self.kv.n_past:]
-        if len(self._prompt) > self.kv.n_past:
+        if self._prompt and len(self._prompt[0]) > self.kv.n_past:
             self._prompt = []
 
-    def eval(self, tokens, all_logits: bool = False, aligned: bool = False) -> np.ndarray:
+    def eval(self, tokens, all_logits: bool = False, aligned: bool = False, as_batch: bool = False,
+             outputs_all: bool = False) -> np.ndarray:
         """Append tokens to the context; return logits f32[n, n_vocab] (all_logits) or f32[1, n_vocab].
 
         aligned: the tokens continue a sequence from position 0 (a prompt, perhaps after a reused
         prefix) and round exactly as llama.cpp rounds that whole sequence submitted in one
         llama_decode: split into ubatches of self.ubatch tokens from position 0 (chunks of
         plan.batch within them), every chunk computed as rows of its ubatch (kernels.matmul.batch_view).
-        Unaligned, chunks of plan.batch are computed as batches of their own."""
+        as_batch: the tokens are one llama_decode of their own (a speculative verification): ubatches
+        of self.ubatch from their first token. Otherwise chunks of plan.batch are batches of their own.
+        outputs_all: computed as llama.cpp computes a batch whose every token is an output (logits_all),
+        though only the rows all_logits asks for are returned: the last layer runs on every row and the
+        output rows round as rows of the whole batch."""
         toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if self.layers != (0, self.hp.n_layer):
             raise InvalidArgument(f"this engine runs layers {self.layers}; use eval_hidden")
@@ -259,22 +267,24 @@ class Engine:
         self.kv.check_room(toks.size)
         check_token_ids(toks, self.hp.n_vocab)
         B = self.plan.batch
-        U = max(B, self.ubatch // B * B) if aligned else B      # whole chunks per ubatch
-        base = self.kv.n_past if aligned else 0
+        viewed = aligned or as_batch                             # chunks computed as rows of their ubatch
+        U = max(B, self.ubatch // B * B) if viewed else B        # whole chunks per ubatch
+        base = self.kv.n_past if viewed else 0
         end, c0, out = base + toks.size, base, []
         while c0 < end:
-            ub = c0 - (c0 - base) % U if not aligned else c0 - c0 % U
+            ub = c0 - c0 % U if aligned else c0 - (c0 - base) % U
             ue = min(end, ub + U)                                # ubatch [ub, ue) ...
-            if aligned and self.hp.n_expert and ue - ub > B:
+            if viewed and self.hp.n_expert and ue - ub > B:
                 self._warn_chunked_experts(ue - ub)
             c1 = min(ue, c0 - (c0 - ub) % B + B)                 # ... chunk [c0, c1) of it
             chunk = toks[c0 - base:c1 - base]
             want = all_logits or c1 == end
             rows = slice(0, chunk.size) if all_logits else slice(chunk.size - 1, chunk.size)
-            view = (ue - ub, c0 - ub) if aligned else None
-            only = (rows if rows != slice(0, chunk.size) else None) if want else slice(chunk.size, chunk.size)
+            view = (ue - ub, c0 - ub) if viewed else None
+            only = (None if outputs_all or rows == slice(0, chunk.size) else rows) if want \
+                else slice(chunk.size, chunk.size)
             out.append(self._pass(chunk.size, lambda x: self.module.embed(self, x, chunk), rows if want else None,
-                                  view, only))
+                                  view, only, "verify" if as_batch and toks.size > 1 else None))
             self.tokens.extend(int(t) for t in chunk)
             c0 = c1
         return np.concatenate([o for o in out if o is not None])
@@ -308,12 +318,12 @@ class Engine:
         return np.concatenate(out)
 
     def _pass(self, n: int, fill, rows: slice | None, view: tuple[int, int] | None = None,
-              only: slice | None = None) -> np.ndarray | None:
+              only: slice | None = None, kind: str | None = None) -> np.ndarray | None:
         """One forward pass over n tokens: fill s.x, run the layers (their matmuls in batch `view`,
         see kernels.matmul.batch_view; the last layer past attention `only` for those rows), logits
-        for `rows` if asked."""
+        for `rows` if asked (with only=None: as rows of the whole batch)."""
         bind(self.n_threads)                        # numba's thread settings, in this thread
-        rec = PassRecord(n, "prefill" if n > 1 else "decode") if PROFILE.enabled else None
+        rec = PassRecord(n, kind or ("prefill" if n > 1 else "decode")) if PROFILE.enabled else None
         self.weights.record = rec
         k0 = (KERNELS.seconds, KERNELS.calls)
         sw = Stopwatch().start()
@@ -323,8 +333,9 @@ class Engine:
             with batch_view(*view) if view else contextlib.nullcontext():
                 self.module.forward(self, self.state, n, self.kv.n_past, out=only)
             self.kv.n_past += n
-            if rows is not None:             # the output matmul: all rows as the batch, or one row alone
-                with batch_view(*view) if view and only is None else contextlib.nullcontext():
+            if rows is not None:             # the output matmul: rows of the whole batch, or one row alone
+                v = (view or (n, 0)) if only is None else None
+                with batch_view(v[0], v[1] + rows.start) if v else contextlib.nullcontext():
                     res = self._logits(rows)
             else:
                 res = None
@@ -346,7 +357,7 @@ class Engine:
         return softcap(logits, self.hp.final_softcap) if self.hp.final_softcap else logits
 
     def generate(self, prompt: list[int], max_tokens: int, sampler=None, stop_on_eog: bool = True,
-                 reuse_prefix: bool = False) -> Iterator[int]:
+                 reuse_prefix: bool = False, draft=None) -> Iterator[int]:
         """Yield up to max_tokens sampled tokens after the prompt (greedy when sampler is None).
 
         reuse_prefix keeps the cached keys/values of the longest common prefix of the prompt and the
@@ -354,34 +365,24 @@ class Engine:
         last prompt's logits are kept, so the same prompt again (a new sample, another seed) starts
         from the very same logits instead of re-evaluating its last token alone, which rounds
         differently than the batch did (in llama.cpp as here).
+
+        draft: speculative decoding (ramforge.speculative) with this drafter: a PromptLookup, a
+        DraftModel, or any callable input_ids -> draft ids (llama-cpp-python's LlamaDraftModel shape).
+        The prompt is then evaluated as llama-cpp-python does with a draft model (every token an output).
         """
         if not prompt:
             raise EmptyPrompt("the prompt is empty: at least one token (e.g. BOS) is needed")
         if len(prompt) + max_tokens > self.n_ctx:
             raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens + {max_tokens} to generate exceed the "
                                         f"context of {self.n_ctx}; raise --ctx or lower --max-tokens")
-        keep, again = 0, reuse_prefix and self._prompt == list(prompt) and self.tokens[:len(prompt)] == self._prompt
-        if again:
-            keep = len(prompt)
-        elif reuse_prefix:
-            limit = min(len(prompt) - 1, len(self.tokens))
-            while keep < limit and self.tokens[keep] == prompt[keep]:
-                keep += 1
-        self.reset(keep)
-        with Stopwatch() as sw:
-            if again:
-                logits = self.state.prompt_logits.copy()
-            else:
-                logits = self.eval(prompt[keep:], aligned=True)[-1]
-                self.state.prompt_logits[:] = logits
-                self._prompt = list(prompt)
-        # compile_s: this call's, plus the load's on the first call
-        self.timings = Timings(self.timings.load_s, len(prompt) - keep, sw.seconds,
-                               compile_s=self._load_compile_s + sw.compile_s)
-        self._load_compile_s = 0.0
+        logits = self._prompt_logits(prompt, reuse_prefix, outputs_all=draft is not None)
         history = list(prompt)
         sw = Stopwatch().start()
         try:
+            if draft is not None:
+                from .speculative import speculate
+                yield from speculate(self, history, logits, max_tokens, sampler, draft, stop_on_eog)
+                return
             for _ in range(max_tokens):
                 tok = int(np.argmax(logits)) if sampler is None else sampler.sample(logits, history)
                 if stop_on_eog and self.tokenizer.is_eog(tok):
@@ -397,11 +398,36 @@ class Engine:
             self.timings.gen_s = sw.seconds
             self.timings.compile_s += sw.compile_s
 
+    def _prompt_logits(self, prompt: list[int], reuse_prefix: bool, outputs_all: bool) -> np.ndarray:
+        """The prompt evaluated (past a reused prefix, see generate): its last logits f32[n_vocab]; new timings."""
+        key = (list(prompt), outputs_all)
+        again = reuse_prefix and self._prompt == key and self.tokens[:len(prompt)] == key[0]
+        keep = len(prompt) if again else 0
+        if reuse_prefix and not again:
+            limit = min(len(prompt) - 1, len(self.tokens))
+            while keep < limit and self.tokens[keep] == prompt[keep]:
+                keep += 1
+        self.reset(keep)
+        with Stopwatch() as sw:
+            if again:
+                logits = self.state.prompt_logits.copy()
+            else:
+                logits = self.eval(prompt[keep:], aligned=True, outputs_all=outputs_all)[-1]
+                self.state.prompt_logits[:] = logits
+                self._prompt = key
+        # compile_s: this call's, plus the load's on the first call
+        self.timings = Timings(self.timings.load_s, len(prompt) - keep, sw.seconds,
+                               compile_s=self._load_compile_s + sw.compile_s)
+        self._load_compile_s = 0.0
+        return logits
+
     def close(self) -> None:
         for c in self._charges:
             c.release()
         self._charges.clear()
         self.weights.close()
+        while self.closing:
+            self.closing.pop()()
 
     def __enter__(self) -> "Engine":
         return self

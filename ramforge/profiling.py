@@ -167,6 +167,9 @@ class Profile:
             "storage_gb_s": total_read / read_s / 1e9 if read_s > 0 else 0.0,
             "wait_s": sum(p.wait_s for p in self.passes),
             "bytes_per_decode_token": (sum(p.bytes_read for p in decode) / len(decode)) if decode else 0,
+            # speculative decoding: batched verifications, and what every pass after the prompt read
+            "verify_passes": sum(p.kind == "verify" for p in self.passes),
+            "bytes_after_prompt": sum(p.bytes_read for p in self.passes if p.kind != "prefill"),
             **per_decode_token(decode),
             "passes": [{"kind": p.kind, "n_tokens": p.n_tokens, "seconds": p.seconds, "bytes_read": p.bytes_read,
                         "wait_s": p.wait_s, "kernel_s": p.kernel_s, "kernel_calls": p.kernel_calls,

@@ -112,8 +112,19 @@ def render_profile(p: dict, timings: dict) -> None:
                   f"({100 * p['decode_python_fraction']:.1f}% of the token's {p['decode_token_s'] * 1e3:.2f} ms); "
                   f"{p['decode_kernel_calls']:.0f} compiled kernel calls per token, "
                   f"{p['decode_kernel_s'] * 1e3:.2f} ms inside them (profiling's own timers included)")
+    spec = timings.get("speculative")
+    if spec:
+        n = max(timings["gen_tokens"], 1)
+        err.print(f"speculative: {spec_line(spec)}; {p['verify_passes']} batched verifications; "
+                  f"{format_bytes(p['bytes_after_prompt'] / n)} read per generated token")
     err.print(f"time to first token: load {timings['load_s']:.2f} s + prefill {timings['prompt_s']:.2f} s"
               f"{compiled(timings)}; decode {timings['gen_tokens']} tokens in {timings['gen_s']:.2f} s")
+
+
+def spec_line(spec: dict) -> str:
+    """One line of speculative decoding's figures (Timings.as_dict()["speculative"])."""
+    return (f"drafted {spec['drafted']}, accepted {spec['accepted']} ({100 * spec['acceptance']:.0f}%), "
+            f"{spec['tokens_per_pass']:.2f} tokens per weight pass")
 
 
 def render_experts(last: dict, total: dict, n_passes: int) -> None:

@@ -47,13 +47,71 @@ def load_tokenizer_of(model):
         return load_tokenizer(f.metadata)
 
 
-def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, expert_prefetch=True):
+def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, expert_prefetch=True, drafter=None):
+    """The engine under --ram; a DraftModel drafter is loaded first, resident under the same budget
+    (the target then plans with what is left), and closed with the engine."""
     from ..engine import Engine
     from ..memory import MemoryBudget
+    from ..speculative import DraftModel, check_draft_length
 
     budget = MemoryBudget(parse_memory_size(ram) if ram else None)
-    return Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
-                       expert_policy=expert_cache, expert_prefetch=expert_prefetch)
+    if not isinstance(drafter, DraftModel):
+        eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
+                          expert_policy=expert_cache, expert_prefetch=expert_prefetch)
+        if drafter is not None:
+            _checked(eng, lambda: check_draft_length(drafter, eng.n_ctx))
+        return eng
+    drafter.path = str(resolve_model(drafter.path))
+    check_draft_length(drafter, ctx or 4096)
+    drafter.attach(budget, ctx, threads)
+    try:
+        eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
+                          expert_policy=expert_cache, expert_prefetch=expert_prefetch)
+    except BaseException:
+        drafter.close()
+        raise
+    eng.closing.append(drafter.close)
+    _checked(eng, lambda: (check_draft_length(drafter, eng.n_ctx), drafter.check_vocab(eng.tokenizer)))
+    return eng
+
+
+def _checked(eng, check):
+    try:
+        check()
+    except BaseException:
+        eng.close()
+        raise
+
+
+def speculative_options(command):
+    """--lookup [N], --lookup-ngram, --lookup-fixed, --draft MODEL, --draft-max, --draft-min, --draft-p-min."""
+    opts = [
+        click.option("--lookup", type=click.IntRange(min=1), is_flag=False, flag_value=10, default=None,
+                     help="Speculative decoding by prompt lookup: draft up to N tokens (default 10) from n-grams "
+                          "of the prompt and the text so far; the length adapts to recent acceptance."),
+        click.option("--lookup-ngram", type=click.IntRange(min=1), default=2, show_default=True,
+                     help="Longest n-gram prompt lookup matches."),
+        click.option("--lookup-fixed", is_flag=True,
+                     help="Prompt lookup by llama-cpp-python's LlamaPromptLookupDecoding rules exactly (no "
+                          "adaptive length): the same batches, so the same arithmetic."),
+        click.option("--draft", "draft_model", default=None,
+                     help="Speculative decoding with a draft model (a small model with the same vocabulary, "
+                          "kept resident and charged to --ram)."),
+        click.option("--draft-max", type=click.IntRange(min=1), default=16, show_default=True,
+                     help="Most tokens the draft model proposes per pass."),
+        click.option("--draft-min", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="A draft shorter than this is dropped."),
+        click.option("--draft-p-min", type=click.FloatRange(0.0, 1.0), default=0.75, show_default=True,
+                     help="The draft model stops at a token it gives less than this probability."),
+    ]
+    for o in reversed(opts):
+        command = o(command)
+    return command
+
+
+def drafter_of(lookup, lookup_ngram, lookup_fixed, draft, draft_max, draft_min, draft_p_min):
+    from ..speculative import make_drafter
+    return make_drafter(lookup, lookup_ngram, lookup_fixed, draft, draft_max, draft_min, draft_p_min)
 
 
 ctx_option = click.option("--ctx", type=click.IntRange(min=1), default=None,

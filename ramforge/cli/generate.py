@@ -8,7 +8,8 @@ import click
 import numpy as np
 
 from ..params import sampler_params
-from .console import ctx_option, expert_options, io_option, load_engine, ram_option, sampler_options, threads_option
+from .console import (ctx_option, drafter_of, expert_options, io_option, load_engine, ram_option, sampler_options,
+                      speculative_options, threads_option)
 
 
 @click.command()
@@ -21,24 +22,26 @@ from .console import ctx_option, expert_options, io_option, load_engine, ram_opt
 @io_option
 @threads_option
 @expert_options
+@speculative_options
 @click.option("--profile", is_flag=True, help="Per-layer I/O and per-op compute tables on stderr (and in --json).")
 @click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
-def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, profile, memory_report, as_json,
-        **sampling):
+def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, lookup, lookup_ngram,
+        lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, profile, memory_report, as_json, **sampling):
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr."""
     from ..profiling import PROFILE
-    from ..report import compile_notice, compiled, memory_report as mem_report, render_memory, render_profile
+    from ..report import compile_notice, compiled, memory_report as mem_report, render_memory, render_profile, spec_line
     from ..sampling import Sampler
 
     params = sampler_params(sampling)      # a bad value fails before the model loads
+    drafter = drafter_of(lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min)
     PROFILE.enabled = profile
     PROFILE.reset()
-    with compile_notice(), load_engine(model, ctx, ram, io, threads, expert_cache, expert_prefetch) as eng:
+    with compile_notice(), load_engine(model, ctx, ram, io, threads, expert_cache, expert_prefetch, drafter) as eng:
         sampler = Sampler(params, eng.hp.n_vocab)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
-        for tok in eng.generate(ids, max_tokens, sampler):
+        for tok in eng.generate(ids, max_tokens, sampler, draft=drafter):
             out.append(tok)
             if not as_json:
                 sys.stdout.write(dec.feed(tok))
@@ -62,6 +65,8 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
         click.echo(f"prompt {t['prompt_tokens']} tokens, prefill {t['prefill_tok_s']:.1f} tok/s, "
                    f"decode {t['gen_tokens']} tokens at {t['decode_tok_s']:.1f} tok/s, load {t['load_s']:.2f} s"
                    f"{compiled(t)}", err=True)
+        if "speculative" in t:
+            click.echo(f"speculative: {spec_line(t['speculative'])}", err=True)
         if profile:
             render_profile(extra["profile"], t)
         if memory_report:

@@ -51,6 +51,7 @@ class ServerConfig:
     keep_alive: float = 300.0         # seconds a model stays loaded after a request (inf: forever, 0: unload)
     max_queue: int = 16               # requests waiting for the model before 503
     preload: bool = False             # load the startup model before serving
+    speculative: dict | None = None   # speculative.make_drafter's keywords (--lookup, --draft ...); None: off
 
 
 # ------------------------------------------------------------------------------------ errors

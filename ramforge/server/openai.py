@@ -183,8 +183,14 @@ def _sse_error(path: str):
 
 def _stream_end(req, head: dict, r) -> list[str]:
     """A stream's last lines: the usage chunk (`head` + no choices) when stream_options asks, then [DONE]."""
-    usage = [_sse({**head, "choices": [], "usage": _usage(r)})] if req.include_usage else []
+    usage = [_sse({**head, "choices": [], "usage": _usage(r), **_timings(r)})] if req.include_usage else []
     return usage + ["data: [DONE]\n\n"]
+
+
+def _timings(r) -> dict:
+    """llama-server's `timings` extension, for speculative decoding's counters (draft_n, draft_n_accepted)."""
+    spec = r.speculative
+    return {"timings": {"draft_n": spec["drafted"], "draft_n_accepted": spec["accepted"]}} if spec else {}
 
 
 def _usage(r) -> dict:
@@ -218,7 +224,7 @@ async def chat_completions(req: ChatRequest, request: Request):
             message["reasoning_content"] = r.thinking          # as llama-server reports it
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,
                 "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": r.finish_reason}],
-                "usage": _usage(r)}
+                "usage": _usage(r), **_timings(r)}
 
     def chunk(delta: dict, finish=None) -> str:
         return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
@@ -270,7 +276,7 @@ async def completions(req: CompletionRequest, request: Request):
 
     if not req.stream:
         r = await job.collect(request)
-        return shape(echo + r.text, r.finish_reason, _usage(r))
+        return shape(echo + r.text, r.finish_reason, _usage(r)) | _timings(r)
 
     started = False
 
