@@ -5,11 +5,20 @@
 mapping its own spellings onto the table's names:
 
     front end                 its spellings                                   its defaults
-    CLI run / chat            --temp, --top-k, --top-p, ... (cli.options)     the table's
+    CLI run / chat            --temp, --top-k, ..., --mirostat, --dry-*,      the table's
+                              --logit-bias ID+BIAS, --dry-sequence-breaker
+                              (cli.console; llama.cpp's flags)
     ramforge.Model            keywords named as the table                     the table's (seed: Model(seed=))
-    Ollama /api/*             options.<name>; a negative seed is random        top_p 0.9, min_p 0 (Ollama's)
-    OpenAI /v1/*              <name> (top_k, min_p, typical_p, repeat_* are    temperature 1, top_p 1, min_p 0
-                              llama.cpp's extensions); seed mod 2**32 - 1
+    Ollama /api/*             options.<name> (Ollama's mirostat, mirostat_tau, top_p 0.9, min_p 0 (Ollama's)
+                              mirostat_eta are the table's); a negative seed is random
+    OpenAI /v1/*              <name> (OpenAI's, and llama-server's extra      temperature 1, top_p 1, min_p 0
+                              fields: top_k, min_p, dry_*, xtc_*, ...);
+                              seed mod 2**32 - 1
+
+A value out of range is a SamplerError naming the parameter and its range; on the HTTP APIs the
+parameters llama-server clamps (xtc_*, mirostat) are clamped and a dry_base below 1 takes the
+default, as there (`Param.server`). logit_bias: token id -> bias, from a mapping (JSON keys are
+strings) or [id, bias] pairs, False meaning -inf (llama-server's ban).
 
 Generation length and stop strings are not sampler parameters: each front end maps its own length
 (-n/--max-tokens, max_tokens, options.num_predict, max_completion_tokens) onto the engine's
@@ -17,8 +26,10 @@ max_tokens, and its stop strings through `stop_strings`.
 
 Defaults are llama-cpp-python's ``Llama.create_completion`` (0.3.36): temperature 0.8, top_k 40,
 top_p 0.95, min_p 0.05, typical_p 1.0, repeat_penalty 1.0, frequency_penalty 0.0, presence_penalty
-0.0, seed None (random); repeat_last_n 64 is ``Llama(last_n_tokens_size=64)``. They equal llama.cpp's
-``common_params_sampling`` defaults (penalty_last_n 64, penalty_repeat 1.0).
+0.0, mirostat 0 (tau 5, eta 0.1), seed None (random); repeat_last_n 64 is
+``Llama(last_n_tokens_size=64)``. They equal llama.cpp's ``common_params_sampling`` defaults, which
+give the rest (stages llama-cpp-python lacks): min_keep 0, top_n_sigma -1, xtc 0 / 0.1, dynatemp
+0 / 1, DRY 0 / 1.75 / 2 / 64 with breakers newline, colon, quote and star.
 """
 from __future__ import annotations
 
@@ -98,17 +109,10 @@ class Param:
 
 
 def _token_id(t) -> int:
-    if isinstance(t, bool):
-        raise TypeError
-    if isinstance(t, str):
-        return int(t.strip()) if t.strip().lstrip("-").isdigit() else _raise()
-    if isinstance(t, numbers.Integral):
-        return int(t)
-    raise TypeError
-
-
-def _raise():
-    raise ValueError
+    """A token id from an int or a decimal string (JSON object keys are strings)."""
+    if isinstance(t, bool) or not isinstance(t, (numbers.Integral, str)):
+        raise TypeError(t)
+    return int(t)
 
 
 def _check_bias(p: Param, value) -> None:

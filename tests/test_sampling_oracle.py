@@ -5,19 +5,24 @@ chains picked on gemma-3-270m and a synthetic llama, for each prompt and configu
 seeded: every stage, both surfaces' chain orders, mirostat, DRY with its tokenized sequence breakers,
 XTC's and dist's std::mt19937 draws). ramforge's logits are llama.cpp's to the bit, so its engine feeds
 the same logits to ramforge's Sampler and every generated token must be the recorded one. Marked
-oracle, the live test re-derives a few configurations from llama_cpp directly.
+oracle, live tests re-derive configurations from llama_cpp directly: on random logits (every stage,
+ties, both chain orders) and on a real context.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ramforge.engine import Engine
 from ramforge.params import sampler_params
-from ramforge.sampling import Sampler
+from ramforge.sampling import LCPP, LLAMA, Sampler, SamplerParams
+
+F32 = np.float32
 
 RECORDS = sorted((Path(__file__).parent / "fixtures" / "sampling").glob("*.json"))
 
@@ -99,3 +104,63 @@ def test_live_llama_cpp_context_picks_the_same_tokens():
                     assert replay(eng, toks, surface, p, 8) == want, (name, cname)
     finally:
         llm.close()
+
+
+# ---- oracle: llama.cpp's own sampler chains through llama_cpp's ctypes API -------------------------
+
+def llama_chain_picks(p, rows, surface, history):
+    """llama.cpp's picks on rows of logits (a llama_token_data_array each, then accept), with the
+    chain tools/record_sampling.py builds for `surface`."""
+    L = pytest.importorskip("llama_cpp").llama_cpp
+    from tools.record_sampling import build_chain
+
+    n = rows[0].size
+    chain = build_chain(L, None, n, surface, p)
+    try:
+        if surface == LLAMA:
+            for t in history:
+                L.llama_sampler_accept(chain, int(t))
+        out = []
+        for x in rows:
+            arr = (L.llama_token_data * n)()
+            view = np.ctypeslib.as_array(arr)
+            view["id"], view["logit"], view["p"] = np.arange(n), x, 0
+            cur = L.llama_token_data_array(arr, n, -1, False)
+            L.llama_sampler_apply(chain, ctypes.byref(cur))
+            tok = cur.data[cur.selected].id
+            L.llama_sampler_accept(chain, tok)
+            out.append(tok)
+        return out
+    finally:
+        L.llama_sampler_free(chain)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("surface", [LCPP, LLAMA])
+def test_oracle_chains_pick_llama_cpp_tokens(surface):
+    rng = np.random.default_rng(5 if surface == LCPP else 6)
+    for trial in range(40):
+        n = int(rng.choice([50, 700, 3000, 40000]))
+        rows = [(rng.standard_normal(n) * rng.uniform(0.5, 4)).astype(F32) for _ in range(10)]
+        if trial % 3 == 0:
+            rows = [np.round(r * 2) / 2 for r in rows]        # many ties: libstdc++'s sort order matters
+        kw = dict(top_k=int(rng.choice([0, 1, 40, 5000])), top_p=float(rng.choice([1.0, 0.95, 0.5])),
+                  min_p=float(rng.choice([0.0, 0.05, 0.2])), typical_p=float(rng.choice([1.0, 0.9])),
+                  temperature=float(rng.choice([0.0, 0.8, 1.7])), repeat_penalty=float(rng.choice([1.0, 1.3])),
+                  frequency_penalty=float(rng.choice([0, 0.2])), presence_penalty=float(rng.choice([0, 0.3])),
+                  repeat_last_n=int(rng.choice([0, 16, 64])), seed=int(rng.integers(0, 2 ** 32 - 1)),
+                  top_n_sigma=float(rng.choice([-1, 1.5])), xtc_probability=float(rng.choice([0, 0.5])),
+                  dynatemp_range=float(rng.choice([0, 0.5])), min_keep=int(rng.choice([0, 3])),
+                  mirostat=int(rng.choice([0, 0, 1, 2])), dry_sequence_breakers=())
+        if trial % 4 == 1:
+            kw["logit_bias"] = ((int(rng.integers(0, n)), 5.0), (int(rng.integers(0, n)), -math.inf))
+        if trial % 5 == 2:
+            kw.update(dry_multiplier=0.8, dry_allowed_length=1)
+        p = SamplerParams(**kw).validate()
+        hist = rng.integers(0, min(n, 8), 40).tolist()         # a repetitive prompt, for DRY
+        want = llama_chain_picks(p, rows, surface, hist)
+        s, h, got = Sampler(p, n, chain=surface), list(hist), []
+        for x in rows:
+            got.append(s.sample(x, h))
+            h.append(got[-1])
+        assert got == want, (trial, kw)
