@@ -20,10 +20,10 @@ prompt). ``repeat_last_n`` / ``dry_penalty_last_n`` = -1 means the whole history
 "-1 = context size"; this llama.cpp refuses negatives, and its sampler turns them into 0, off).
 
 Random numbers are llama.cpp's: dist, XTC and mirostat each own a std::mt19937 seeded with the seed
-(`rng`); a seed of None, -1 or LLAMA_DEFAULT_SEED draws one at random on each reset. So a seeded
-request gives llama.cpp's tokens. Where llama.cpp sorts equal logits (std::sort, partial_sort: an
-unspecified order) ramforge keeps the current order, and a typical-p whose probabilities underflow
-to 0 (llama.cpp's entropy turns NaN there) counts those terms as 0.
+(`rng`); a seed of None, -1 or LLAMA_DEFAULT_SEED draws one at random on each reset. The float steps
+are llama.cpp's, with glibc's expf / logf / powf (`libm`), and its sorts are libstdc++'s (`cxxsort`),
+so equal logits come out in llama.cpp's order (typical-p's NaN entropy, once a probability is 0,
+included). So a seeded request gives llama.cpp's tokens (tests/test_sampling_oracle.py).
 """
 from __future__ import annotations
 
