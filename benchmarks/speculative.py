@@ -71,7 +71,7 @@ def child(model: str, ram: str, ctx: int, mode: str, prompt: str, tokens: int, d
     from ramforge.profiling import PROFILE
     from ramforge.speculative import DraftModel
 
-    budget = MemoryBudget(ram)
+    budget = MemoryBudget(None if ram == "unlimited" else ram)
     drafter = drafter_for(mode, draft_path)
     if isinstance(drafter, DraftModel):
         drafter.attach(budget, ctx)
@@ -108,7 +108,8 @@ def run(model, ram, ctx, mode, prompt, tokens, draft_path=None) -> dict:
     if r.returncode:
         raise SystemExit(f"child failed ({mode}): {r.stderr[-3000:]}")
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    res["cache_after"], _ = page_cache_residency(model)
+    resident, size = page_cache_residency(model)
+    res["cache_after"] = resident / size
     return res
 
 
@@ -141,7 +142,7 @@ def bench(model, ram, ctx, tokens, tasks, modes, draft_ram=None, draft_path=None
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="default: the embedded gemma-3-270m")
-    ap.add_argument("--ram", default="64M")
+    ap.add_argument("--ram", default="64M", help="the target's budget; 'unlimited': in RAM")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -160,9 +161,10 @@ def main() -> int:
 
     model = a.model or str(default_model_path())
     size = os.path.getsize(model)
-    draft_ram = str(parse_memory_size(a.ram) + int(size * 1.15))     # the draft's weights, KV and state on top
+    # the draft's weights, KV and state on top of the target's budget
+    draft_ram = a.ram if a.ram == "unlimited" else str(parse_memory_size(a.ram) + int(size * 1.15))
     rows = bench(model, a.ram, a.ctx, a.tokens, {t: TASKS[t] for t in a.tasks}, a.modes, draft_ram, model)
-    table(f"{Path(model).name} at --ram {a.ram} (self-draft: --ram {int(draft_ram) / 2**20:.0f}M), "
+    table(f"{Path(model).name} at --ram {a.ram} (self-draft: --ram {draft_ram}), "
           f"{a.tokens} greedy tokens", rows)
     out = {"gemma": rows}
     if a.big:

@@ -19,7 +19,7 @@ from .memory import MemoryBudget, parse_memory_size
 from .params import sampler_params, stop_strings
 from .reasoning import parser_for
 from .resolve import resolve_model
-from .sampling import Sampler
+from .sampling import LCPP, Sampler
 
 # Google's gemma-3 chat template, used for the embedded default model, whose GGUF has none (as
 # Ollama ships a template beside a model). Any other model without one gets llama.cpp's ChatML.
@@ -66,6 +66,8 @@ class Model:
     rules), a `DraftModel(path, n_max=16)` (loaded resident under this Model's budget first), or any
     callable input_ids -> draft ids.
     """
+
+    sampler_chain = LCPP    # llama-cpp-python's chain order and penalty window (ramforge.sampling)
 
     def __init__(self, path_or_name: str = "default", *, ram: str | int | None = None, n_ctx: int | None = 4096,
                  n_threads: int | None = None, seed: int | None = None, verbose: bool = False, io: str = "direct",
@@ -129,14 +131,14 @@ class Model:
         """Yield a Response per piece of text; the last one has done=True and the totals.
 
         sampling: the sampler parameters by the names of ramforge.params' table (temperature, top_k,
-        top_p, min_p, typical_p, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n,
-        seed); left out or None, the table's default (seed: the Model's)."""
+        top_p, ..., mirostat, dry_multiplier, logit_bias, seed); left out or None, the table's
+        default (seed: the Model's)."""
         params = sampler_params(sampling, defaults={"seed": self.seed})
         stops = stop_strings(stop)
         ids = self.tokenize(prompt, add_bos=True, special=special) if isinstance(prompt, str) else list(prompt)
         if max_tokens is None or max_tokens < 0:
             max_tokens = self.n_ctx - len(ids)
-        sampler = Sampler(params, self.engine.hp.n_vocab)
+        sampler = Sampler(params, self.engine.hp.n_vocab, chain=self.sampler_chain, tokenizer=self.tokenizer)
         eng, dec, hold = self.engine, self.tokenizer.stream(), max((len(s) for s in stops), default=1) - 1
         text, sent, out, finish = "", 0, [], "length"
         steps = eng.generate(ids, max_tokens, sampler, reuse_prefix=True, draft=self.draft_model)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -20,9 +22,12 @@ def test_the_table_is_the_dataclass():
     assert NAMES == tuple(inspect.signature(SamplerParams).parameters)
     assert {p.name: p.default for p in PARAMS} == SamplerParams().as_dict()
     assert {"temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "frequency_penalty",
-            "presence_penalty", "repeat_last_n", "seed"} == set(NAMES)
+            "presence_penalty", "repeat_last_n", "seed", "min_keep", "top_n_sigma", "xtc_probability",
+            "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta",
+            "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+            "logit_bias"} == set(NAMES)
     for p in PARAMS:
-        assert p.doc and p.valid and p.kind in (int, float)
+        assert p.doc and p.valid and p.kind in (int, float, dict, tuple) and p.server in ("", "clamp", "default")
         p.check(p.default)
 
 
@@ -37,6 +42,13 @@ def test_builder_defaults_and_errors():
         sampler_params({"temp": 0.5})
     with pytest.raises(SamplerError, match="top_p = 1.5"):
         sampler_params({"top_p": 1.5})
+    # front ends' spellings of the two non-scalar parameters
+    b = sampler_params({"logit_bias": {"5": False, 7: 1.5}, "dry_sequence_breakers": ["a", "bc"]})
+    assert b.logit_bias == ((5, -math.inf), (7, 1.5)) and b.dry_sequence_breakers == ("a", "bc")
+    assert sampler_params({"logit_bias": [[3, 2.0], [3, 2.0]]}).logit_bias == ((3, 2.0), (3, 2.0))
+    for bad in ({"hello": 1.0}, {"1": float("inf")}, [[1]], {True: 1.0}):
+        with pytest.raises(SamplerError, match="logit_bias"):
+            sampler_params({"logit_bias": bad})
 
 
 def test_stop_strings():
@@ -48,13 +60,24 @@ def test_stop_strings():
 
 def test_cli_options_come_from_the_table():
     from ramforge.cli import cli
+    from ramforge.cli.console import CLI_SPELLING, sampler_options
 
     for command in ("run", "chat"):
         res = CliRunner().invoke(cli, [command, "--help"])
         assert res.exit_code == 0
         for p in PARAMS:
-            flag = "--temp" if p.name == "temperature" else "--" + p.name.replace("_", "-")
+            flag = CLI_SPELLING.get(p.name, "--" + p.name.replace("_", "-"))
             assert flag in res.output, (command, flag)
+
+    @click.command()
+    @sampler_options
+    def probe(**sampling):
+        click.echo(repr(sampler_params(sampling)))
+
+    out = CliRunner().invoke(probe, ["--logit-bias", "15+1.5", "--logit-bias", "3-inf", "--dry-sequence-breaker",
+                                     "none", "--mirostat", "2"]).output
+    assert "logit_bias=((15, 1.5), (3, -inf))" in out and "dry_sequence_breakers=()" in out and "mirostat=2" in out
+    assert CliRunner().invoke(probe, ["--logit-bias", "15x1"]).exit_code == 2
     assert "[default: 0.8]" in CliRunner().invoke(cli, ["run", "--help"]).output
 
 
@@ -71,6 +94,15 @@ def test_server_fields_come_from_the_table():
     assert c.sampling() == SamplerParams(temperature=1.0, top_p=1.0, min_p=0.0, typical_p=0.5, seed=1).as_dict()
     with pytest.raises(Exception, match="temperature"):
         openai.CompletionRequest(prompt="x", temperature=3)                          # OpenAI's range: 0..2
+    # llama-server clamps xtc_* and mirostat, and takes a dry_base below 1 as its default
+    c = openai.CompletionRequest(prompt="x", xtc_probability=1.5, xtc_threshold=-1, mirostat=7, dry_base=0.5,
+                                 logit_bias={"12": -100, "13": False}, dry_sequence_breakers=["\n"])
+    s = c.sampling()
+    assert (s["xtc_probability"], s["xtc_threshold"], s["mirostat"], s["dry_base"]) == (1.0, 0.0, 2, 1.75)
+    assert s["logit_bias"] == ((12, -100.0), (13, -math.inf)) and s["dry_sequence_breakers"] == ("\n",)
+    assert ollama.Options(mirostat=1, mirostat_tau=3.0).sampling()["mirostat_tau"] == 3.0
+    with pytest.raises(Exception, match="logit_bias"):
+        openai.CompletionRequest(prompt="x", logit_bias={"hello": 1.0}).sampling()
 
 
 def _table_names_in(node) -> set[str]:

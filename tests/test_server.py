@@ -205,7 +205,8 @@ BAD_OLLAMA = [
     {"model": "default", "prompt": "x", "options": {"top_p": 1.5}},
     {"model": "default", "prompt": "x", "options": {"stop": ["s"] * 17}},
     {"model": "default", "prompt": "x", "options": {"stop": [""]}},
-    {"model": "default", "prompt": "x", "options": {"mirostat": 2}},
+    {"model": "default", "prompt": "x", "options": {"tfs_z": 0.5}},
+    {"model": "default", "prompt": "x", "options": {"dry_allowed_length": -1}},
     {"model": "default", "prompt": "x", "options": {"typical_p": 1.5}},
     {"model": "default", "prompt": "x", "keep_alive": "five minutes"},
     {"model": "default", "prompt": "x", "format": "json"},
@@ -241,6 +242,8 @@ BAD_OPENAI = [
     ("/v1/completions", {"model": "default", "prompt": [2, 10 ** 8]}),              # out of the vocabulary
     ("/v1/completions", {"model": "default", "prompt": []}),
     ("/v1/chat/completions", {"model": "default", "messages": MSGS, "typical_p": -0.5}),
+    ("/v1/chat/completions", {"model": "default", "messages": MSGS, "logit_bias": {"999999999": 1}}),
+    ("/v1/chat/completions", {"model": "default", "messages": MSGS, "min_keep": -1}),
 ]
 
 

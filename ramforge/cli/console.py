@@ -2,6 +2,8 @@
 (--ctx, --ram, --threads, --io, and the sampler options, made from ramforge.params' table)."""
 from __future__ import annotations
 
+import re
+
 import click
 import numpy as np
 from rich.console import Console
@@ -131,8 +133,28 @@ def expert_options(command):
                         help="Expert cache eviction: lfu (fewest recent uses) or lru (default: lfu).")(command)
 
 
-# The CLI's spellings of the table's names; the rest are --name-with-dashes.
-CLI_SPELLING = {"temperature": "--temp"}
+# The CLI's spellings of the table's names (llama.cpp's); the rest are --name-with-dashes.
+CLI_SPELLING = {"temperature": "--temp", "dry_sequence_breakers": "--dry-sequence-breaker"}
+
+
+def _logit_bias(ctx, param, values):
+    """llama.cpp's --logit-bias TOKEN_ID(+|-)BIAS, repeatable (15043+1, 15043-inf)."""
+    out = []
+    for v in values:
+        m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\S+)\s*", v)
+        try:
+            bias = float(m.group(3)) * (-1 if m.group(2) == "-" else 1)
+        except (AttributeError, ValueError):
+            raise click.BadParameter(f"{v!r}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 15043-inf")
+        out.append((int(m.group(1)), bias))
+    return tuple(out) or None
+
+
+def _breakers(ctx, param, values):
+    """--dry-sequence-breaker STRING, repeatable: replaces the defaults; "none" for no breakers."""
+    if not values:
+        return None
+    return tuple(v for v in values if v != "none")
 
 
 def sampler_options(command):
@@ -141,6 +163,11 @@ def sampler_options(command):
     ...), for `ramforge.params.sampler_params`."""
     for p in reversed(PARAMS):
         flag = CLI_SPELLING.get(p.name, "--" + p.name.replace("_", "-"))
+        if p.kind in (dict, tuple):
+            command = click.option(flag, p.name, multiple=True, callback=_logit_bias if p.kind is dict else _breakers,
+                                   help=p.doc + (" Repeatable: TOKEN_ID+BIAS or TOKEN_ID-BIAS (-inf bans)."
+                                                 if p.kind is dict else ' Repeatable; "none" for none.'))(command)
+            continue
         command = click.option(flag, p.name, type=p.kind, default=p.default, show_default=p.default is not None,
                                help=p.doc)(command)
     return command

@@ -31,14 +31,14 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr."""
     from ..profiling import PROFILE
     from ..report import compile_notice, compiled, memory_report as mem_report, render_memory, render_profile, spec_line
-    from ..sampling import Sampler
+    from ..sampling import LLAMA, Sampler
 
     params = sampler_params(sampling)      # a bad value fails before the model loads
     drafter = drafter_of(lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min)
     PROFILE.enabled = profile
     PROFILE.reset()
     with compile_notice(), load_engine(model, ctx, ram, io, threads, expert_cache, expert_prefetch, drafter) as eng:
-        sampler = Sampler(params, eng.hp.n_vocab)
+        sampler = Sampler(params, eng.hp.n_vocab, chain=LLAMA, tokenizer=eng.tokenizer)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
         for tok in eng.generate(ids, max_tokens, sampler, draft=drafter):
@@ -134,11 +134,13 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
 def chat(model, template_file, system, max_tokens, ctx, ram, threads, **sampling):
     """An interactive chat with history and streaming output; /exit (or Ctrl-D) quits."""
     from ..api import Model
+    from ..sampling import LLAMA
 
     params = sampler_params(sampling).as_dict()
     template = template_file.read() if template_file else None
     history = [{"role": "system", "content": system}] if system else []
     with Model(model or "default", ram=ram, n_ctx=ctx or 4096, n_threads=threads, chat_template=template) as m:
+        m.sampler_chain = LLAMA                 # the CLI samples as llama.cpp's common_sampler
         click.echo(f"chatting with {m.path}; /exit to quit", err=True)
         while True:
             try:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from ..chat import ChatTemplateError
 from ..errors import InvalidArgument, RamforgeError, http_status
@@ -230,10 +230,16 @@ def sampler_fields(bounds: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
     """pydantic fields for a request model, one per sampler parameter of ramforge.params' table:
     optional (None takes the front end's default), typed as the table says, and bounded by the
     table's range, or by `bounds` (lo, hi) where an API documents its own or caps what one request
-    may ask. Use: `pydantic.create_model(name, __base__=Strict, **sampler_fields(bounds))`."""
+    may ask; unbounded where llama-server clamps or defaults instead (`Param.server`). Use: `pydantic.create_model(name, __base__=Strict, **sampler_fields(bounds))`."""
     out = {}
     for p in PARAMS:
-        lo, hi = bounds.get(p.name, (p.lo, p.hi))
+        if p.kind is dict:          # logit_bias: {"id": bias} or [[id, bias], ...]; false bans a token
+            out[p.name] = (dict[str, StrictBool | float] | list[tuple[int, StrictBool | float]] | None, None)
+            continue
+        if p.kind is tuple:         # dry_sequence_breakers
+            out[p.name] = (list[str] | None, Field(None, max_length=MAX_STOP))
+            continue
+        lo, hi = bounds.get(p.name, (p.lo, p.hi) if not p.server else (-math.inf, math.inf))
         limits = {"gt" if p.open_low and lo == p.lo else "ge": lo} if math.isfinite(lo) else {}
         if math.isfinite(hi):
             limits["le"] = hi
@@ -245,5 +251,5 @@ def request_sampling(request, defaults: Mapping[str, Any], seed: int | None) -> 
     """The sampler parameters of a request made with `sampler_fields`, with the front end's defaults
     and its seed (mapped onto the table's meaning), built and validated by the one builder; as
     keywords for Model.stream."""
-    values = {p.name: getattr(request, p.name) for p in PARAMS}
+    values = {p.name: p.for_server(getattr(request, p.name)) for p in PARAMS}   # llama-server's clamps
     return sampler_params({**values, "seed": seed}, defaults).as_dict()

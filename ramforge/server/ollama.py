@@ -3,8 +3,8 @@
 Request models forbid unknown fields. They accept every field the official `ollama` Python client
 sends (it drops None values; `chat` always sends `tools: []`) and every option Ollama knows: the
 sampling ones (ramforge.params' table, under the same names) are honoured, the llama.cpp-runner
-knobs (num_gpu, num_thread, use_mmap, ...) are accepted and ignored, and stages ramforge lacks
-(mirostat, tfs_z) only at their neutral values. Features ramforge lacks (images, format, suffix,
+knobs (num_gpu, num_thread, use_mmap, ...) are accepted and ignored, and tfs_z (a stage llama.cpp
+dropped) only at its neutral value. Ollama's mirostat, mirostat_tau and mirostat_eta are the table's. Features ramforge lacks (images, format, suffix,
 Go templates, logprobs) are a 400.
 
 Defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0, num_predict -1 = until an
@@ -65,14 +65,11 @@ class Options(_SamplerOptions):
     use_mlock: bool | None = None
     embedding_only: bool | None = None
     penalize_newline: bool | None = None
-    # sampling stages ramforge does not have: neutral values only
+    # a sampling stage llama.cpp no longer has: its neutral value only
     tfs_z: float | None = None
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
 
     def check(self) -> "Options":
-        for name, neutral in (("tfs_z", 1.0), ("mirostat", 0)):
+        for name, neutral in (("tfs_z", 1.0),):
             v = getattr(self, name)
             if v is not None and v != neutral:
                 raise UnsupportedField(f"option {name} = {v} is not supported (only {neutral})")

@@ -4,11 +4,13 @@ Request models forbid unknown fields but declare every field the official `opena
 send: those that change nothing here (user, metadata, store, service_tier, prompt_cache_key,
 ...) are accepted and ignored; reasoning_effort goes to the chat template (gpt-oss's harmony reads it), and
 a reasoning model's thinking comes back as `reasoning_content`, as llama-server reports it; those asking for something ramforge cannot do
-(n > 1, logprobs, logit_bias, response_format other than text, forced tool calls, audio) are a
-400. Messages also accept the fields a client echoes back from an earlier response (refusal,
+(n > 1, logprobs, response_format other than text, forced tool calls, audio) are a 400. Messages also accept the fields a client echoes back from an earlier response (refusal,
 annotations, audio: null). Extensions, as llama.cpp's server takes them (the client's
-`extra_body`): top_k, min_p, typical_p, repeat_penalty, repeat_last_n (the rest of ramforge.params'
-table), chat_template_kwargs.
+`extra_body`): top_k, min_p, typical_p, repeat_penalty, repeat_last_n, min_keep, top_n_sigma,
+xtc_*, dynatemp_*, mirostat*, dry_* (the rest of ramforge.params' table), chat_template_kwargs;
+logit_bias takes OpenAI's {"token id": bias} or llama-server's [[id, bias], ...], false banning a
+token. Out of range, xtc_* and mirostat are clamped and a dry_base below 1 is its default, as
+llama-server does; the rest is a 400.
 
 Defaults are OpenAI's (temperature 1, top_p 1, no penalties) with Ollama's top_k 40; max_tokens
 defaults to 16 for /v1/completions (as OpenAI) and to the room left in the context for chat.
@@ -57,12 +59,9 @@ class _Common(_SamplerFields):
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, le=1)
     stop: str | list[str] | None = None
-    logit_bias: dict[str, float] | None = None
     user: str | None = None
 
     def check(self) -> None:
-        if self.logit_bias:
-            raise UnsupportedField("logit_bias is not supported")
         stop_list(self.stop)
         self.sampling()                  # a bad combination fails here, before the request queues
 
