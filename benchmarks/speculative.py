@@ -74,7 +74,7 @@ def child(model: str, ram: str, ctx: int, mode: str, prompt: str, tokens: int, d
     budget = MemoryBudget(None if ram == "unlimited" else ram)
     drafter = drafter_for(mode, draft_path)
     if isinstance(drafter, DraftModel):
-        drafter.attach(budget, ctx)
+        drafter.attach(Engine.load, budget, ctx)
     with Engine.load(model, n_ctx=ctx, budget=budget) as eng:
         if isinstance(drafter, DraftModel):
             drafter.check_vocab(eng.tokenizer)

@@ -86,7 +86,7 @@ class Model:
                                   f"ids, got {type(draft_model).__name__}")
         if isinstance(draft_model, DraftModel):
             draft_model.path = str(resolve_model(draft_model.path))
-            draft_model.attach(self.budget, n_ctx, n_threads)
+            draft_model.attach(Engine.load, self.budget, n_ctx, n_threads)
         try:
             self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads,
                                       expert_policy=expert_policy, expert_prefetch=expert_prefetch)

@@ -121,8 +121,8 @@ class DraftModel:
     the first whose probability (a softmax over the draft's 10 best logits) is below p_min; a draft
     shorter than n_min is dropped. Its KV cache keeps the longest common prefix between calls.
 
-    `path` is a model file (or a loaded ramforge Engine); the target attaches it (`attach`) to load
-    it under the target's budget before the target itself is planned."""
+    `path` is a model file (or a loaded ramforge Engine); the target's loader attaches it (`attach`)
+    under the target's budget before the target itself is planned."""
 
     TOP_K = 10
 
@@ -137,15 +137,15 @@ class DraftModel:
         self.p_min = float(p_min)
         self.engine = None
 
-    def attach(self, budget, n_ctx: int, n_threads: int | None = None) -> "DraftModel":
-        """Load the draft fully resident under `budget` (BudgetTooSmall names what it needs)."""
-        from .engine import Engine
+    def attach(self, load, budget, n_ctx: int, n_threads: int | None = None) -> "DraftModel":
+        """Load the draft fully resident under `budget` with `load` (Engine.load); OutOfBudget names
+        what it needs. A DraftModel made from a loaded engine keeps it."""
         from .errors import OutOfBudget
         from .gguf.reader import GGUFFile
         from .plan import plan_for_budget
 
         if self.engine is None:
-            if isinstance(self.path, Engine):
+            if hasattr(self.path, "eval"):                    # a loaded Engine
                 self.engine = self.path
             else:
                 with GGUFFile(self.path) as f:
@@ -154,7 +154,7 @@ class DraftModel:
                     raise OutOfBudget(f"the draft model {self.path} needs {need:,} B to stay resident (weights, "
                                       f"KV cache at context {n_ctx}, activations) and the budget has "
                                       f"{budget.available:,} B left; raise --ram or choose a smaller draft model")
-                self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=budget, n_threads=n_threads)
+                self.engine = load(self.path, n_ctx=n_ctx, budget=budget, n_threads=n_threads)
         return self
 
     def check_vocab(self, target_tokenizer) -> None:

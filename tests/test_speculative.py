@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 from ramforge.engine import Engine
 from ramforge.errors import InvalidArgument, OutOfBudget
 from ramforge.memory import MemoryBudget
+from ramforge.sampling import LCPP, Sampler, SamplerParams
 from ramforge.speculative import DraftModel, PromptLookup, check_same_vocab
 from tools.oracle_report import model_path
 from tools.record_speculative import SPEC_DIR
@@ -24,11 +25,11 @@ FLOAT_TYPES = {"F32", "F16", "BF16"}
 RECORDS = [json.loads(p.read_text()) for p in sorted(SPEC_DIR.glob("*.json"))]
 
 
-# CI replays the default model's short prompts and one float model per architecture module; the
-# rest (the 619-token gemma prompt, the other float records: minutes of 150k-vocabulary output
-# matmuls) is marked slow, the quantized synthetic ones oracle (their files need llama.cpp's quantizer)
-CI_FLOAT = {"llama-tiny-f16", "qwen3-tiny-f16", "gemma2-tiny-f16", "gpt-oss-tiny-f16", "phi3-tiny-f16",
-            "qwen3moe-tiny-f16"}
+# CI replays two of the default model's prompts and four float models (dense llama, gemma2's caps,
+# gpt-oss's sinks and experts, qwen3moe); the rest (minutes of 150k-vocabulary output matmuls) is
+# marked slow, the quantized synthetic ones oracle (their files need llama.cpp's quantizer)
+CI_FLOAT = {"llama-tiny-f16", "gemma2-tiny-f16", "gpt-oss-tiny-f16", "qwen3moe-tiny-f16"}
+CI_GEMMA = {"code", "copy"}
 
 
 def _params():
@@ -37,7 +38,7 @@ def _params():
         for i, p in enumerate(rec["prompts"]):
             if m["source"] == "synthetic" and m["type"] not in FLOAT_TYPES:
                 marks = [pytest.mark.oracle]
-            elif m["id"] in CI_FLOAT or (m["source"] != "synthetic" and p["name"] != "long"):
+            elif m["id"] in CI_FLOAT or (m["source"] != "synthetic" and p["name"] in CI_GEMMA):
                 marks = []
             else:
                 marks = [pytest.mark.slow]
@@ -66,14 +67,18 @@ def test_replays_llama_cpp_prompt_lookup(rec, i):
             where = f"ngram {r['max_ngram_size']}, k {r['num_pred_tokens']}"
             eng.reset()
             batches = _logged(eng)
+            sampler = None
+            if "sampling" in r:           # llama-cpp-python's chain and seed (ramforge.Model's)
+                where += ", seeded"
+                sampler = Sampler(SamplerParams(**r["sampling"]), eng.hp.n_vocab, chain=LCPP)
             try:
-                got = list(eng.generate(p["tokens"], rec["n_gen"],
+                got = list(eng.generate(p["tokens"], rec["n_gen"], sampler,
                                         draft=PromptLookup(r["max_ngram_size"], r["num_pred_tokens"])))
             finally:
                 del eng.eval
             assert batches == r["batches"], f"{where}: batches differ from llama-cpp-python's"
             assert got == r["tokens"], f"{where}: tokens differ from llama-cpp-python's"
-            if r["tokens"] == p["plain"]:
+            if "sampling" not in r and r["tokens"] == p["plain"]:
                 assert got == plain, f"{where}: speculative output differs from the plain one"
             s = eng.timings.spec
             assert s.passes == len(batches) - 1 and s.accepted <= s.drafted
@@ -184,7 +189,7 @@ def test_sampled_tokens_are_the_targets_own_draws(default_model):
 
 def test_draft_model_drafts_and_is_charged(default_model):
     budget = MemoryBudget("2G")
-    draft = DraftModel(default_model, n_max=6).attach(budget, 256)
+    draft = DraftModel(default_model, n_max=6).attach(Engine.load, budget, 256)
     try:
         with Engine.load(default_model, n_ctx=256, budget=budget) as eng:
             draft.check_vocab(eng.tokenizer)
@@ -206,7 +211,7 @@ def test_draft_model_drafts_and_is_charged(default_model):
 def test_draft_model_too_large_for_the_budget(default_model):
     budget = MemoryBudget("64M")
     with pytest.raises(OutOfBudget, match="draft model"):
-        DraftModel(default_model).attach(budget, 256)
+        DraftModel(default_model).attach(Engine.load, budget, 256)
     assert budget.current == 0
 
 

@@ -34,6 +34,9 @@ FORMAT = 1
 SPEC_DIR = ORACLE_DIR.parent / "speculative"
 REPRODUCED_BUILD = "AVX512 = 1"
 CONFIGS = [(2, 10), (3, 4)]           # (max_ngram_size, num_pred_tokens); (2, 10) is llama-cpp-python's default
+# a seeded run too: llama-cpp-python's chain (top-k, typical, top-p, min-p, temperature, dist with
+# Llama(seed=SEED)'s std::mt19937), each sampled position drawn once, as without a draft model
+SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, repeat_penalty=1.0)
 N_GEN = {"gemma3": 48, "synthetic": 32}
 _REPEAT = {
     "gemma3": ("copy", "Here is a list of fruits: apple, banana, cherry, date, elderberry, fig, grape.\n"
@@ -51,8 +54,9 @@ def prompts_of(oracle: dict) -> list[tuple[str, list[int], str]]:
     return out
 
 
-def run(llm, ids: list[int], n_gen: int, draft) -> tuple[list[int], list[list[int]]]:
-    """Greedy tokens of llm.generate (stopping at EOG or n_gen) and the batches llm.eval saw."""
+def run(llm, ids: list[int], n_gen: int, draft, sampling: dict | None = None) -> tuple[list[int], list[list[int]]]:
+    """Tokens of llm.generate (greedy, or with `sampling`; stopping at EOG or n_gen) and the batches
+    llm.eval saw."""
     import llama_cpp
     vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
     batches, inner = [], llm.eval
@@ -65,7 +69,9 @@ def run(llm, ids: list[int], n_gen: int, draft) -> tuple[list[int], list[list[in
     llm.reset()
     out = []
     try:
-        for t in llm.generate(ids, temp=0.0, repeat_penalty=1.0, reset=True):
+        kw = dict(temp=0.0, repeat_penalty=1.0) if sampling is None else \
+            {("temp" if k == "temperature" else k): v for k, v in sampling.items()}
+        for t in llm.generate(ids, reset=True, **kw):
             if llama_cpp.llama_vocab_is_eog(vocab, t):
                 break
             out.append(int(t))
@@ -97,7 +103,7 @@ def record_model(oracle: dict) -> dict:
                       "generate": "Llama(draft_model=LlamaPromptLookupDecoding(max_ngram_size, num_pred_tokens))"
                                   ".generate(ids, temp=0.0, repeat_penalty=1.0); stop at EOG or n_gen",
                       "batches": "[n_past, n_tokens] of every Llama.eval call",
-                      "plain": "the same Llama without draft_model",
+                      "plain": "the same Llama without draft_model (plain_sampled: with the run's sampling)",
                       "system_info": llama_cpp.llama_print_system_info().decode().strip(),
                       "recorder": f"python tools/record_speculative.py {m['id']}"},
            "n_gen": N_GEN[kind], "prompts": []}
@@ -107,6 +113,10 @@ def record_model(oracle: dict) -> dict:
         for g, k in CONFIGS:
             toks, batches = run(spec, ids, N_GEN[kind], LlamaPromptLookupDecoding(max_ngram_size=g, num_pred_tokens=k))
             entry["runs"].append({"max_ngram_size": g, "num_pred_tokens": k, "tokens": toks, "batches": batches})
+        toks, batches = run(spec, ids, N_GEN[kind], LlamaPromptLookupDecoding(), SAMPLING)
+        entry["runs"].append({"max_ngram_size": 2, "num_pred_tokens": 10, "sampling": SAMPLING | {"seed": SEED},
+                              "tokens": toks, "batches": batches})
+        entry["plain_sampled"], _ = run(plain, ids, N_GEN[kind], None, SAMPLING)
         rec["prompts"].append(entry)
     spec.close()
     plain.close()

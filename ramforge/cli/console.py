@@ -65,7 +65,7 @@ def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, e
         return eng
     drafter.path = str(resolve_model(drafter.path))
     check_draft_length(drafter, ctx or 4096)
-    drafter.attach(budget, ctx, threads)
+    drafter.attach(Engine.load, budget, ctx, threads)
     try:
         eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
                           expert_policy=expert_cache, expert_prefetch=expert_prefetch)
