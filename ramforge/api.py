@@ -16,6 +16,9 @@ from typing import Iterator
 
 from .errors import InvalidArgument, RamforgeError
 from .memory import MemoryBudget, parse_memory_size
+from .logprobs import LCPP as LCPP_LOGPROBS, Recorder, check_top
+from .logprobs import chat_from_legacy as chat_logprobs_lcpp
+from .logprobs import legacy as legacy_logprobs
 from .params import sampler_params, stop_strings
 from .reasoning import parser_for
 from .resolve import resolve_model
@@ -44,6 +47,7 @@ class Response:
     compile_s: float = 0.0                # compiling kernels (a first run), not in prompt_s or gen_s
     thinking: str = ""                    # a chat's reasoning, split out (Model.split_reasoning)
     speculative: dict | None = None       # with a draft_model: drafted, accepted, acceptance, passes, tokens_per_pass
+    logprobs: list | None = None          # with stream(logprobs=N): a logprobs.Step per token since the last Response
 
     @property
     def prompt_tps(self) -> float:
@@ -127,22 +131,35 @@ class Model:
 
     # ---- generation --------------------------------------------------------------------------
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
-               special: bool = True, **sampling) -> Iterator[Response]:
+               special: bool = True, logprobs: int | None = None, logprobs_style: str = LCPP_LOGPROBS,
+               **sampling) -> Iterator[Response]:
         """Yield a Response per piece of text; the last one has done=True and the totals.
 
         sampling: the sampler parameters by the names of ramforge.params' table (temperature, top_k,
         top_p, ..., mirostat, dry_multiplier, logit_bias, seed); left out or None, the table's
-        default (seed: the Model's)."""
+        default (seed: the Model's). logprobs: 0..20 alternatives per token; each Response then
+        carries the `logprobs.Step`s of its tokens (every generated token, the end-of-generation one
+        excluded), computed as `logprobs_style` (ramforge.logprobs) does."""
         params = sampler_params(sampling, defaults={"seed": self.seed})
         stops = stop_strings(stop)
         ids = self.tokenize(prompt, add_bos=True, special=special) if isinstance(prompt, str) else list(prompt)
         if max_tokens is None or max_tokens < 0:
             max_tokens = self.n_ctx - len(ids)
         sampler = Sampler(params, self.engine.hp.n_vocab, chain=self.sampler_chain, tokenizer=self.tokenizer)
+        rec = Recorder(sampler, logprobs, logprobs_style) if logprobs is not None else None
+        taken = 0
+
+        def steps():                                   # the Steps of the tokens yielded so far, once
+            nonlocal taken
+            if rec is None:
+                return None
+            new, taken = rec.steps[taken:len(out)], len(out)
+            return new
         eng, dec, hold = self.engine, self.tokenizer.stream(), max((len(s) for s in stops), default=1) - 1
         text, sent, out, finish = "", 0, [], "length"
-        steps = eng.generate(ids, max_tokens, sampler, reuse_prefix=True, draft=self.draft_model)
-        for tok in steps:
+        gen = eng.generate(ids, max_tokens, rec or sampler, reuse_prefix=True, draft=self.draft_model,
+                           outputs_all=rec is not None and logprobs_style == LCPP_LOGPROBS)  # as logits_all=True
+        for tok in gen:
             out.append(tok)
             text += dec.feed(tok)
             cut = min((i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0), default=-1)
@@ -150,57 +167,70 @@ class Model:
                 text, finish = text[:cut], "stop"
                 break
             if len(text) - hold > sent:
-                yield Response(text[sent:len(text) - hold], tok)
+                yield Response(text[sent:len(text) - hold], tok, logprobs=steps())
                 sent = len(text) - hold
         else:
             if len(out) < max_tokens:
                 finish = "stop"
             text += dec.flush()
-        steps.close()
+        gen.close()
         t = eng.timings
         yield Response(text[sent:], None, True, finish, len(ids), t.prompt_tokens, len(out), t.prompt_s, t.gen_s,
-                       t.load_s, out, t.compile_s, speculative=t.spec.as_dict() if t.spec is not None else None)
+                       t.load_s, out, t.compile_s, speculative=t.spec.as_dict() if t.spec is not None else None,
+                       logprobs=steps())
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, **kwargs) -> Response:
         """The whole completion as one Response (text, token ids, counts and timings)."""
-        parts, last = [], None
-        for r in self.stream(prompt, max_tokens, **kwargs):
-            parts.append(r.text)
-            last = r
-        last.text = "".join(parts)
-        return last
+        return self._collect(self.stream(prompt, max_tokens, **kwargs))
 
     # ---- OpenAI-shaped -----------------------------------------------------------------------
-    def create_completion(self, prompt: str, max_tokens: int | None = 16, stream: bool = False, **kwargs):
+    def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, stream: bool = False,
+                          logprobs: int | None = None, **kwargs):
         """An OpenAI text_completion dict, or an iterator of chunks with stream=True. kwargs: stop and
-        the sampler parameters, as `stream` takes them."""
+        the sampler parameters, as `stream` takes them. logprobs: 0..20 alternatives per token, in
+        llama-cpp-python's (OpenAI's legacy) shape; streamed, each chunk has those of its tokens."""
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        chunks = self.stream(prompt, max_tokens if max_tokens is not None else -1, **kwargs)
+        if logprobs is not None:
+            check_top(logprobs, "logprobs")
+        chunks = self.stream(prompt, max_tokens if max_tokens is not None else -1, logprobs=logprobs, **kwargs)
+        done = b""
 
-        def shape(text, finish, usage=None):
+        def shape(text, finish, steps, usage=None):
+            nonlocal done
+            lp = None
+            if steps:           # llama-cpp-python: text offsets count the prompt's characters
+                lp = legacy_logprobs(steps, self.tokenizer, len(prompt), done)
+                done += self.tokenizer.decode_bytes([s.token for s in steps])
             d = {"id": cid, "object": "text_completion", "created": created, "model": self.name,
-                 "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                 "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
             if usage:
                 d["usage"] = usage
             return d
 
         if stream:
-            return (shape(r.text, r.finish_reason) for r in chunks)
+            return (shape(r.text, r.finish_reason, r.logprobs) for r in chunks)
         r = self._collect(chunks)
-        return shape(r.text, r.finish_reason, _usage(r))
+        return shape(r.text, r.finish_reason, r.logprobs, _usage(r))
 
     __call__ = create_completion
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, stream: bool = False,
-                               chat_template_kwargs: dict | None = None, **kwargs):
-        """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts."""
+                               chat_template_kwargs: dict | None = None, logprobs: bool | None = None,
+                               top_logprobs: int | None = None, **kwargs):
+        """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts. logprobs:
+        each token's, with top_logprobs (0..20) alternatives, in llama-cpp-python's chat shape."""
         prompt = self.render_chat(messages, **(chat_template_kwargs or {}))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        chunks = self.split_reasoning(self.stream(prompt, max_tokens if max_tokens is not None else -1, **kwargs))
+        n_top = check_top(top_logprobs or 0) if logprobs else None
+        chunks = self.split_reasoning(self.stream(prompt, max_tokens if max_tokens is not None else -1,
+                                                  logprobs=n_top, **kwargs))
 
-        def chunk(delta, finish):
+        def lp(steps):
+            return chat_logprobs_lcpp(legacy_logprobs(steps, self.tokenizer)) if steps else None
+
+        def chunk(delta, finish, steps=None):
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.name,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "delta": delta, "logprobs": lp(steps), "finish_reason": finish}]}
 
         if stream:
             def gen():
@@ -208,8 +238,8 @@ class Model:
                 for r in chunks:
                     if r.thinking:
                         yield chunk({"reasoning_content": r.thinking}, None)
-                    if r.text:
-                        yield chunk({"content": r.text}, None)
+                    if r.text or r.logprobs:
+                        yield chunk({"content": r.text}, None, r.logprobs)
                     if r.done:
                         yield chunk({}, r.finish_reason)
             return gen()
@@ -218,8 +248,8 @@ class Model:
         if r.thinking:
             message["reasoning_content"] = r.thinking       # as llama-server reports it
         return {"id": cid, "object": "chat.completion", "created": created, "model": self.name,
-                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": r.finish_reason}],
-                "usage": _usage(r)}
+                "choices": [{"index": 0, "message": message, "logprobs": lp(r.logprobs),
+                             "finish_reason": r.finish_reason}], "usage": _usage(r)}
 
     def split_reasoning(self, responses):
         """The Responses of a chat with the model's reasoning moved from `text` to `thinking` (gpt-oss's
@@ -263,11 +293,14 @@ class Model:
 
     @staticmethod
     def _collect(chunks) -> Response:
-        parts, thoughts = [], []
+        """The last Response with the whole text, thinking and logprobs Steps."""
+        parts, thoughts, steps = [], [], []
         for r in chunks:
             parts.append(r.text)
             thoughts.append(r.thinking)
+            steps += r.logprobs or []
         r.text, r.thinking = "".join(parts), "".join(thoughts)
+        r.logprobs = steps if r.logprobs is not None else None
         return r
 
     # ---- lifetime ----------------------------------------------------------------------------
