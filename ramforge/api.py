@@ -22,6 +22,7 @@ from .logprobs import legacy as legacy_logprobs
 from .params import sampler_params, stop_strings
 from .reasoning import parser_for
 from .resolve import resolve_model
+from .tools_call import ToolSession, openai_calls
 from .sampling import LCPP, Sampler
 
 # Google's gemma-3 chat template, used for the embedded default model, whose GGUF has none (as
@@ -113,6 +114,7 @@ class Model:
         self.tokenizer = self.engine.tokenizer
         self.seed, self.verbose, self._chat_override = seed, verbose, chat_template
         self._chat = None
+        self._rendered = None                # the last render_chat's prompt (split_reasoning reads it)
 
     # ---- tokens ------------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -216,10 +218,15 @@ class Model:
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, stream: bool = False,
                                chat_template_kwargs: dict | None = None, logprobs: bool | None = None,
-                               top_logprobs: int | None = None, **kwargs):
+                               top_logprobs: int | None = None, tools: list[dict] | None = None,
+                               tool_choice=None, **kwargs):
         """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts. logprobs:
-        each token's, with top_logprobs (0..20) alternatives, in llama-cpp-python's chat shape."""
-        prompt = self.render_chat(messages, **(chat_template_kwargs or {}))
+        each token's, with top_logprobs (0..20) alternatives, in llama-cpp-python's chat shape.
+        tools: the model's calls come back as `tool_calls` (ramforge.tools_call), finish_reason
+        "tool_calls"; streamed as deltas."""
+        calls_in = ToolSession(tools, tool_choice)
+        msgs, tools_for = calls_in.prepare(self.chat_template().text, messages)
+        prompt = self.render_chat(msgs, tools=tools_for, **(chat_template_kwargs or {}))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         n_top = check_top(top_logprobs or 0) if logprobs else None
         chunks = self.split_reasoning(self.stream(prompt, max_tokens if max_tokens is not None else -1,
@@ -238,23 +245,36 @@ class Model:
                 for r in chunks:
                     if r.thinking:
                         yield chunk({"reasoning_content": r.thinking}, None)
-                    if r.text or r.logprobs:
-                        yield chunk({"content": r.text}, None, r.logprobs)
+                    text, calls, cs = r.text, [], calls_in.stream
+                    if cs is not None:
+                        text, calls = cs.feed(r.text)
+                        if r.done:
+                            more, rest = cs.finish()
+                            text, calls = text + more, calls + rest
+                    if text or r.logprobs:
+                        yield chunk({"content": text}, None, r.logprobs)
+                    if calls:
+                        yield chunk({"tool_calls": calls}, None)
                     if r.done:
-                        yield chunk({}, r.finish_reason)
+                        yield chunk({}, "tool_calls" if cs is not None and cs.calls else r.finish_reason)
             return gen()
         r = self._collect(chunks)
-        message = {"role": "assistant", "content": r.text}
+        content, calls = calls_in.parse(r.text)
+        message = {"role": "assistant", "content": content if content or not calls else None}
         if r.thinking:
             message["reasoning_content"] = r.thinking       # as llama-server reports it
+        if calls:
+            message["tool_calls"] = openai_calls(calls, calls_in.fmt)
         return {"id": cid, "object": "chat.completion", "created": created, "model": self.name,
                 "choices": [{"index": 0, "message": message, "logprobs": lp(r.logprobs),
-                             "finish_reason": r.finish_reason}], "usage": _usage(r)}
+                             "finish_reason": "tool_calls" if calls else r.finish_reason}], "usage": _usage(r)}
 
-    def split_reasoning(self, responses):
+    def split_reasoning(self, responses, prompt: str | None = None):
         """The Responses of a chat with the model's reasoning moved from `text` to `thinking` (gpt-oss's
-        harmony channels, ramforge.reasoning); unchanged for a model without a reasoning format."""
-        parser = parser_for(self.chat_template().text)
+        harmony channels, a `<think>` block: ramforge.reasoning); unchanged for a model without a
+        reasoning format. prompt: the rendered chat (default: the last render_chat's), which tells
+        whether a `<think>` block is already open."""
+        parser = parser_for(self.chat_template().text, prompt if prompt is not None else getattr(self, "_rendered", None))
         for r in responses:
             if parser is not None:
                 r.thinking, r.text = parser.feed(r.text)
@@ -267,6 +287,7 @@ class Model:
         """The prompt text the model's chat template makes of messages."""
         chat = self.chat_template()
         text = chat.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+        self._rendered = text
         return chat.strip_special(text)      # llama.cpp's rule: the tokenizer adds BOS itself
 
     def chat_template(self):

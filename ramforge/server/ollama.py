@@ -26,6 +26,7 @@ from .._version import __version__
 from ..errors import InvalidArgument, Unsupported, UnsupportedField
 from ..logprobs import MAX_TOP, SERVER, ollama_entry
 from ..reasoning import parser_for
+from ..tools_call import ToolSession, ollama_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, details_of, iso, now_iso, parse_keep_alive,
                      read_info, request_sampling, sampler_fields, stop_list)
 from .manager import Job, ModelManager, list_models, manager_of, stream_job
@@ -165,6 +166,10 @@ class ChatRequest(_Generating):
     messages: list[Message] | None = None
     tools: list[dict] | None = None
 
+    def check(self) -> Options:
+        ToolSession(self.tools)                          # a tool without a name: 400
+        return super().check()
+
 
 class ShowRequest(Strict):
     model: str | None = Field(None, max_length=MAX_NAME)
@@ -263,12 +268,11 @@ async def chat(req: ChatRequest, request: Request):
         served, reason = await _load_or_unload(m, req.model, opts.num_ctx, keep_alive)
         return {"model": req.model or served, "created_at": now_iso(),
                 "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": reason}
-    kwargs = req.template_kwargs()
-    if req.tools:
-        kwargs["tools"] = req.tools
+    kwargs, tools = req.template_kwargs(), ToolSession(req.tools)
 
     def build(model):
-        return model.tokenize(model.render_chat(messages, **kwargs), add_bos=True, special=True)
+        msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, messages)
+        return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
 
     job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
                           max_tokens=opts.num_predict, clamp=True, sampling={**opts.sampling(), **req.logprob_args()},
@@ -276,10 +280,12 @@ async def chat(req: ChatRequest, request: Request):
     name = req.model or job.loaded.name
     lp = _logprobs(req, job)
 
-    def message(content: str, thinking: str) -> dict:
+    def message(content: str, thinking: str, calls=(), start: int = 0) -> dict:
         m = {"role": "assistant", "content": content}
         if thinking and req.think is not False:       # the reasoning, as Ollama reports it
             m["thinking"] = thinking
+        if calls:
+            m["tool_calls"] = ollama_calls(calls, start)
         return m
 
     def final(r, content: str, thinking: str) -> dict:
@@ -288,13 +294,24 @@ async def chat(req: ChatRequest, request: Request):
 
     if req.stream is False:
         r = await job.collect(request)
-        return final(r, r.text, r.thinking)
+        content, calls = tools.parse(r.text)
+        d = final(r, content, r.thinking)
+        if calls:
+            d["message"]["tool_calls"] = ollama_calls(calls)
+        return d
+
+    sent = 0                                            # tool calls streamed so far
 
     def lines(r):
-        out = []
-        if r.text or (r.thinking and req.think is not False) or (r.logprobs and not r.done):
-            out.append(_line(lp({"model": name, "created_at": now_iso(), "message": message(r.text, r.thinking),
-                                 "done": False}, r)))
+        nonlocal sent
+        out, text, calls, first = [], r.text, [], sent
+        if tools.stream is not None:                    # Ollama sends each call whole, once complete
+            text = tools.stream.feed(r.text)[0] + (tools.stream.finish()[0] if r.done else "")
+            done = [c for c in tools.stream.calls if c.complete or r.done]
+            calls, sent = done[sent:], len(done)
+        if text or calls or (r.thinking and req.think is not False) or (r.logprobs and not r.done):
+            out.append(_line(lp({"model": name, "created_at": now_iso(),
+                                 "message": message(text, r.thinking, calls, first), "done": False}, r)))
             r.logprobs = None                           # sent with this chunk
         if r.done:
             out.append(_line(final(r, "", "")))

@@ -4,7 +4,10 @@ Request models forbid unknown fields but declare every field the official `opena
 send: those that change nothing here (user, metadata, store, service_tier, prompt_cache_key,
 ...) are accepted and ignored; reasoning_effort goes to the chat template (gpt-oss's harmony reads it), and
 a reasoning model's thinking comes back as `reasoning_content`, as llama-server reports it; those asking for something ramforge cannot do
-(n > 1, response_format other than text, forced tool calls, audio) are a 400. Messages also accept the fields a client echoes back from an earlier response (refusal,
+(n > 1, response_format other than text, audio) are a 400. With `tools`, the model's calls come back
+as `tool_calls` (finish_reason "tool_calls"; streamed as deltas: id, type, name, then argument
+chunks) in the template's format (ramforge.tools_call); a tool without a name or a tool_choice
+naming no tool is a 400; "required" / a named function are parsed, not yet forced by a grammar. Messages also accept the fields a client echoes back from an earlier response (refusal,
 annotations, audio: null). Extensions, as llama.cpp's server takes them (the client's
 `extra_body`): top_k, min_p, typical_p, repeat_penalty, repeat_last_n, min_keep, top_n_sigma,
 xtc_*, dynatemp_*, mirostat*, dry_* (the rest of ramforge.params' table), chat_template_kwargs;
@@ -34,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..errors import EmptyPrompt, InvalidArgument, ModelNotFound, UnsupportedField
 from ..logprobs import LCPP, MAX_TOP, SERVER, chat_logprobs, legacy
+from ..tools_call import ToolSession, openai_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, error_body, error_status, request_sampling,
                      sampler_fields, stop_list)
 from .manager import Job, list_models, manager_of, stream_job
@@ -147,8 +151,7 @@ class ChatRequest(_Common):
         super().check()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidArgument("top_logprobs requires logprobs to be set to true")
-        if self.tool_choice not in (None, "auto", "none"):
-            raise UnsupportedField(f"tool_choice {self.tool_choice!r} is not supported (only 'auto' or 'none')")
+        ToolSession(self.tools, self.tool_choice)        # a tool without a name, an unknown function: 400
         if self.functions or self.function_call:
             raise UnsupportedField("functions / function_call are not supported; use tools")
         if self.response_format not in (None, {"type": "text"}):
@@ -224,12 +227,12 @@ async def chat_completions(req: ChatRequest, request: Request):
     kwargs = dict(req.chat_template_kwargs or {})
     if req.reasoning_effort is not None:
         kwargs.setdefault("reasoning_effort", req.reasoning_effort)
-    if req.tools and req.tool_choice != "none":
-        kwargs["tools"] = req.tools
+    tools = ToolSession(req.tools, req.tool_choice)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
 
     def build(model):
-        return model.tokenize(model.render_chat(messages, **kwargs), add_bos=True, special=True)
+        msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, messages)
+        return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
 
     job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
                           max_tokens=max_tokens, clamp=False, sampling=req.sampling(), stop=stop_list(req.stop),
@@ -241,12 +244,16 @@ async def chat_completions(req: ChatRequest, request: Request):
 
     if not req.stream:
         r = await job.collect(request)
-        message = {"role": "assistant", "content": r.text}
+        content, calls = tools.parse(r.text)
+        message = {"role": "assistant", "content": content if content or not calls else None}
         if r.thinking:
             message["reasoning_content"] = r.thinking          # as llama-server reports it
+        if calls:
+            message["tool_calls"] = openai_calls(calls, tools.fmt)
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,
                 "choices": [{"index": 0, "message": message, "logprobs": lp(r.logprobs),
-                             "finish_reason": r.finish_reason}], "usage": _usage(r), **_timings(r)}
+                             "finish_reason": "tool_calls" if calls else r.finish_reason}],
+                "usage": _usage(r), **_timings(r)}
 
     def chunk(delta: dict, finish=None, steps=None) -> str:
         return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
@@ -262,10 +269,19 @@ async def chat_completions(req: ChatRequest, request: Request):
             out.append(chunk({"role": "assistant", "content": ""}))
         if r.thinking:
             out.append(chunk({"reasoning_content": r.thinking}))
-        if r.text or r.logprobs:
-            out.append(chunk({"content": r.text}, None, r.logprobs or None))
+        text, calls = r.text, []
+        if tools.stream is not None:                # the answer through the tool-call parser
+            text, calls = tools.stream.feed(r.text)
+            if r.done:
+                more, rest = tools.stream.finish()
+                text, calls = text + more, calls + rest
+        if text or r.logprobs:
+            out.append(chunk({"content": text}, None, r.logprobs or None))
+        if calls:
+            out.append(chunk({"tool_calls": calls}))
         if r.done:
-            out.append(chunk({}, r.finish_reason))
+            called = tools.stream is not None and tools.stream.calls
+            out.append(chunk({}, "tool_calls" if called else r.finish_reason))
             head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name}
             out += _stream_end(req, head, r)
         return out
