@@ -16,9 +16,13 @@ from typing import Iterator
 
 from .errors import InvalidArgument, RamforgeError
 from .memory import MemoryBudget, parse_memory_size
+from .logprobs import LCPP as LCPP_LOGPROBS, Recorder, check_top
+from .logprobs import chat_from_legacy as chat_logprobs_lcpp
+from .logprobs import legacy as legacy_logprobs
 from .params import sampler_params, stop_strings
 from .reasoning import parser_for
 from .resolve import resolve_model
+from .tools_call import ToolSession, openai_calls
 from .sampling import LCPP, Sampler
 
 # Google's gemma-3 chat template, used for the embedded default model, whose GGUF has none (as
@@ -44,6 +48,7 @@ class Response:
     compile_s: float = 0.0                # compiling kernels (a first run), not in prompt_s or gen_s
     thinking: str = ""                    # a chat's reasoning, split out (Model.split_reasoning)
     speculative: dict | None = None       # with a draft_model: drafted, accepted, acceptance, passes, tokens_per_pass
+    logprobs: list | None = None          # with stream(logprobs=N): a logprobs.Step per token since the last Response
 
     @property
     def prompt_tps(self) -> float:
@@ -109,6 +114,7 @@ class Model:
         self.tokenizer = self.engine.tokenizer
         self.seed, self.verbose, self._chat_override = seed, verbose, chat_template
         self._chat = None
+        self._rendered = None                # the last render_chat's prompt (split_reasoning reads it)
 
     # ---- tokens ------------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -127,22 +133,35 @@ class Model:
 
     # ---- generation --------------------------------------------------------------------------
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
-               special: bool = True, **sampling) -> Iterator[Response]:
+               special: bool = True, logprobs: int | None = None, logprobs_style: str = LCPP_LOGPROBS,
+               **sampling) -> Iterator[Response]:
         """Yield a Response per piece of text; the last one has done=True and the totals.
 
         sampling: the sampler parameters by the names of ramforge.params' table (temperature, top_k,
         top_p, ..., mirostat, dry_multiplier, logit_bias, seed); left out or None, the table's
-        default (seed: the Model's)."""
+        default (seed: the Model's). logprobs: 0..20 alternatives per token; each Response then
+        carries the `logprobs.Step`s of its tokens (every generated token, the end-of-generation one
+        excluded), computed as `logprobs_style` (ramforge.logprobs) does."""
         params = sampler_params(sampling, defaults={"seed": self.seed})
         stops = stop_strings(stop)
         ids = self.tokenize(prompt, add_bos=True, special=special) if isinstance(prompt, str) else list(prompt)
         if max_tokens is None or max_tokens < 0:
             max_tokens = self.n_ctx - len(ids)
         sampler = Sampler(params, self.engine.hp.n_vocab, chain=self.sampler_chain, tokenizer=self.tokenizer)
+        rec = Recorder(sampler, logprobs, logprobs_style) if logprobs is not None else None
+        taken = 0
+
+        def steps():                                   # the Steps of the tokens yielded so far, once
+            nonlocal taken
+            if rec is None:
+                return None
+            new, taken = rec.steps[taken:len(out)], len(out)
+            return new
         eng, dec, hold = self.engine, self.tokenizer.stream(), max((len(s) for s in stops), default=1) - 1
         text, sent, out, finish = "", 0, [], "length"
-        steps = eng.generate(ids, max_tokens, sampler, reuse_prefix=True, draft=self.draft_model)
-        for tok in steps:
+        gen = eng.generate(ids, max_tokens, rec or sampler, reuse_prefix=True, draft=self.draft_model,
+                           outputs_all=rec is not None and logprobs_style == LCPP_LOGPROBS)  # as logits_all=True
+        for tok in gen:
             out.append(tok)
             text += dec.feed(tok)
             cut = min((i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0), default=-1)
@@ -150,57 +169,75 @@ class Model:
                 text, finish = text[:cut], "stop"
                 break
             if len(text) - hold > sent:
-                yield Response(text[sent:len(text) - hold], tok)
+                yield Response(text[sent:len(text) - hold], tok, logprobs=steps())
                 sent = len(text) - hold
         else:
             if len(out) < max_tokens:
                 finish = "stop"
             text += dec.flush()
-        steps.close()
+        gen.close()
         t = eng.timings
         yield Response(text[sent:], None, True, finish, len(ids), t.prompt_tokens, len(out), t.prompt_s, t.gen_s,
-                       t.load_s, out, t.compile_s, speculative=t.spec.as_dict() if t.spec is not None else None)
+                       t.load_s, out, t.compile_s, speculative=t.spec.as_dict() if t.spec is not None else None,
+                       logprobs=steps())
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, **kwargs) -> Response:
         """The whole completion as one Response (text, token ids, counts and timings)."""
-        parts, last = [], None
-        for r in self.stream(prompt, max_tokens, **kwargs):
-            parts.append(r.text)
-            last = r
-        last.text = "".join(parts)
-        return last
+        return self._collect(self.stream(prompt, max_tokens, **kwargs))
 
     # ---- OpenAI-shaped -----------------------------------------------------------------------
-    def create_completion(self, prompt: str, max_tokens: int | None = 16, stream: bool = False, **kwargs):
+    def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, stream: bool = False,
+                          logprobs: int | None = None, **kwargs):
         """An OpenAI text_completion dict, or an iterator of chunks with stream=True. kwargs: stop and
-        the sampler parameters, as `stream` takes them."""
+        the sampler parameters, as `stream` takes them. logprobs: 0..20 alternatives per token, in
+        llama-cpp-python's (OpenAI's legacy) shape; streamed, each chunk has those of its tokens."""
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        chunks = self.stream(prompt, max_tokens if max_tokens is not None else -1, **kwargs)
+        if logprobs is not None:
+            check_top(logprobs, "logprobs")
+        chunks = self.stream(prompt, max_tokens if max_tokens is not None else -1, logprobs=logprobs, **kwargs)
+        done = b""
 
-        def shape(text, finish, usage=None):
+        def shape(text, finish, steps, usage=None):
+            nonlocal done
+            lp = None
+            if steps:           # llama-cpp-python: text offsets count the prompt's characters
+                lp = legacy_logprobs(steps, self.tokenizer, len(prompt), done)
+                done += self.tokenizer.decode_bytes([s.token for s in steps])
             d = {"id": cid, "object": "text_completion", "created": created, "model": self.name,
-                 "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                 "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
             if usage:
                 d["usage"] = usage
             return d
 
         if stream:
-            return (shape(r.text, r.finish_reason) for r in chunks)
+            return (shape(r.text, r.finish_reason, r.logprobs) for r in chunks)
         r = self._collect(chunks)
-        return shape(r.text, r.finish_reason, _usage(r))
+        return shape(r.text, r.finish_reason, r.logprobs, _usage(r))
 
     __call__ = create_completion
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, stream: bool = False,
-                               chat_template_kwargs: dict | None = None, **kwargs):
-        """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts."""
-        prompt = self.render_chat(messages, **(chat_template_kwargs or {}))
+                               chat_template_kwargs: dict | None = None, logprobs: bool | None = None,
+                               top_logprobs: int | None = None, tools: list[dict] | None = None,
+                               tool_choice=None, **kwargs):
+        """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts. logprobs:
+        each token's, with top_logprobs (0..20) alternatives, in llama-cpp-python's chat shape.
+        tools: the model's calls come back as `tool_calls` (ramforge.tools_call), finish_reason
+        "tool_calls"; streamed as deltas."""
+        calls_in = ToolSession(tools, tool_choice)
+        msgs, tools_for = calls_in.prepare(self.chat_template().text, messages)
+        prompt = self.render_chat(msgs, tools=tools_for, **(chat_template_kwargs or {}))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        chunks = self.split_reasoning(self.stream(prompt, max_tokens if max_tokens is not None else -1, **kwargs))
+        n_top = check_top(top_logprobs or 0) if logprobs else None
+        chunks = self.split_reasoning(self.stream(prompt, max_tokens if max_tokens is not None else -1,
+                                                  logprobs=n_top, **kwargs))
 
-        def chunk(delta, finish):
+        def lp(steps):
+            return chat_logprobs_lcpp(legacy_logprobs(steps, self.tokenizer)) if steps else None
+
+        def chunk(delta, finish, steps=None):
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.name,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "delta": delta, "logprobs": lp(steps), "finish_reason": finish}]}
 
         if stream:
             def gen():
@@ -208,23 +245,36 @@ class Model:
                 for r in chunks:
                     if r.thinking:
                         yield chunk({"reasoning_content": r.thinking}, None)
-                    if r.text:
-                        yield chunk({"content": r.text}, None)
+                    text, calls, cs = r.text, [], calls_in.stream
+                    if cs is not None:
+                        text, calls = cs.feed(r.text)
+                        if r.done:
+                            more, rest = cs.finish()
+                            text, calls = text + more, calls + rest
+                    if text or r.logprobs:
+                        yield chunk({"content": text}, None, r.logprobs)
+                    if calls:
+                        yield chunk({"tool_calls": calls}, None)
                     if r.done:
-                        yield chunk({}, r.finish_reason)
+                        yield chunk({}, "tool_calls" if cs is not None and cs.calls else r.finish_reason)
             return gen()
         r = self._collect(chunks)
-        message = {"role": "assistant", "content": r.text}
+        content, calls = calls_in.parse(r.text)
+        message = {"role": "assistant", "content": content if content or not calls else None}
         if r.thinking:
             message["reasoning_content"] = r.thinking       # as llama-server reports it
+        if calls:
+            message["tool_calls"] = openai_calls(calls, calls_in.fmt)
         return {"id": cid, "object": "chat.completion", "created": created, "model": self.name,
-                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": r.finish_reason}],
-                "usage": _usage(r)}
+                "choices": [{"index": 0, "message": message, "logprobs": lp(r.logprobs),
+                             "finish_reason": "tool_calls" if calls else r.finish_reason}], "usage": _usage(r)}
 
-    def split_reasoning(self, responses):
+    def split_reasoning(self, responses, prompt: str | None = None):
         """The Responses of a chat with the model's reasoning moved from `text` to `thinking` (gpt-oss's
-        harmony channels, ramforge.reasoning); unchanged for a model without a reasoning format."""
-        parser = parser_for(self.chat_template().text)
+        harmony channels, a `<think>` block: ramforge.reasoning); unchanged for a model without a
+        reasoning format. prompt: the rendered chat (default: the last render_chat's), which tells
+        whether a `<think>` block is already open."""
+        parser = parser_for(self.chat_template().text, prompt if prompt is not None else getattr(self, "_rendered", None))
         for r in responses:
             if parser is not None:
                 r.thinking, r.text = parser.feed(r.text)
@@ -237,6 +287,7 @@ class Model:
         """The prompt text the model's chat template makes of messages."""
         chat = self.chat_template()
         text = chat.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+        self._rendered = text
         return chat.strip_special(text)      # llama.cpp's rule: the tokenizer adds BOS itself
 
     def chat_template(self):
@@ -263,11 +314,14 @@ class Model:
 
     @staticmethod
     def _collect(chunks) -> Response:
-        parts, thoughts = [], []
+        """The last Response with the whole text, thinking and logprobs Steps."""
+        parts, thoughts, steps = [], [], []
         for r in chunks:
             parts.append(r.text)
             thoughts.append(r.thinking)
+            steps += r.logprobs or []
         r.text, r.thinking = "".join(parts), "".join(thoughts)
+        r.logprobs = steps if r.logprobs is not None else None
         return r
 
     # ---- lifetime ----------------------------------------------------------------------------

@@ -357,7 +357,7 @@ class Engine:
         return softcap(logits, self.hp.final_softcap) if self.hp.final_softcap else logits
 
     def generate(self, prompt: list[int], max_tokens: int, sampler=None, stop_on_eog: bool = True,
-                 reuse_prefix: bool = False, draft=None) -> Iterator[int]:
+                 reuse_prefix: bool = False, draft=None, outputs_all: bool = False) -> Iterator[int]:
         """Yield up to max_tokens sampled tokens after the prompt (greedy when sampler is None).
 
         reuse_prefix keeps the cached keys/values of the longest common prefix of the prompt and the
@@ -369,13 +369,14 @@ class Engine:
         draft: speculative decoding (ramforge.speculative) with this drafter: a PromptLookup, a
         DraftModel, or any callable input_ids -> draft ids (llama-cpp-python's LlamaDraftModel shape).
         The prompt is then evaluated as llama-cpp-python does with a draft model (every token an output).
+        outputs_all: so too without one (llama-cpp-python's `logits_all=True`, which its logprobs need).
         """
         if not prompt:
             raise EmptyPrompt("the prompt is empty: at least one token (e.g. BOS) is needed")
         if len(prompt) + max_tokens > self.n_ctx:
             raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens + {max_tokens} to generate exceed the "
                                         f"context of {self.n_ctx}; raise --ctx or lower --max-tokens")
-        logits = self._prompt_logits(prompt, reuse_prefix, outputs_all=draft is not None)
+        logits = self._prompt_logits(prompt, reuse_prefix, outputs_all=outputs_all or draft is not None)
         history = list(prompt)
         sw = Stopwatch().start()
         try:

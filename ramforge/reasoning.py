@@ -1,5 +1,5 @@
 """A chat model's reasoning, split from its answer as the servers report it: llama-server's
-`reasoning_content`, Ollama's `message.thinking`.
+`reasoning_content`, Ollama's `message.thinking`. Qwen 3's and DeepSeek-R1's `<think>` block: `Think`.
 
 gpt-oss writes OpenAI's harmony format. After the prompt's `<|start|>assistant` it writes messages
 `[<|start|>assistant]<|channel|>NAME[ to=RECIPIENT][<|constrain|>...]<|message|>BODY<|end|>`, the last one
@@ -79,10 +79,67 @@ class Harmony:
         return "", (rest if self.state == "plain" else "")
 
 
-def parser_for(template: str | None):
-    """A fresh splitter for a model whose chat template is `template`, or None (its output is all answer)."""
+THINK, END_THINK = "<think>", "</think>"
+
+
+class Think:
+    """`<think>...</think>` (Qwen 3, DeepSeek-R1): the block is the thinking, the rest the answer,
+    each stripped of surrounding whitespace as llama.cpp's deepseek reasoning format does. `opened`:
+    the prompt already ends with `<think>` (R1's template forces it open), so the output starts
+    inside the block. feed(text) -> (thinking, content) deltas; flush() the rest."""
+
+    def __init__(self, opened: bool = False):
+        self.buf, self.state = "", "think" if opened else "start"
+        self.lead = True                               # at the start of a part: whitespace is dropped
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self.buf += text
+        think, content = [], []
+        while self.buf:
+            if self.state == "start":
+                b = self.buf.lstrip()
+                if not b or (THINK.startswith(b) and len(b) < len(THINK)):
+                    break
+                if b.startswith(THINK):
+                    self.buf, self.state, self.lead = b[len(THINK):], "think", True
+                else:
+                    self.state = "content"
+            elif self.state == "think":
+                if self.lead:
+                    self.buf = self.buf.lstrip()
+                    self.lead = not self.buf
+                j = self.buf.find(END_THINK)
+                if j >= 0:
+                    think.append(self.buf[:j].rstrip())
+                    self.buf, self.state, self.lead = self.buf[j + len(END_THINK):], "content", True
+                    continue
+                cut = len(self.buf) - _hold(self.buf, [END_THINK])     # a possible end tag waits,
+                keep = len(self.buf) - len(self.buf[:cut].rstrip())      # and the whitespace before it
+                think.append(self.buf[:len(self.buf) - keep])
+                self.buf = self.buf[len(self.buf) - keep:]
+                break
+            else:
+                if self.lead:
+                    self.buf = self.buf.lstrip()
+                    self.lead = not self.buf
+                content.append(self.buf)
+                self.buf = ""
+        return "".join(think), "".join(content)
+
+    def flush(self) -> tuple[str, str]:
+        rest, self.buf = self.buf, ""
+        if self.state == "think":
+            return rest.rstrip(), ""
+        return "", rest.strip() if self.state == "start" else rest
+
+
+def parser_for(template: str | None, prompt: str | None = None):
+    """A fresh splitter for a model whose chat template is `template` (and rendered `prompt`), or
+    None (its output is all answer)."""
     if template and CHANNEL in template and MESSAGE in template:
         return Harmony()
+    if template and THINK in template and END_THINK in template:
+        return Think(opened=bool(prompt) and prompt.rstrip().endswith(THINK))
     return None
 
 

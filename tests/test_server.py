@@ -233,7 +233,7 @@ BAD_OPENAI = [
     ("/v1/chat/completions", {"model": "default", "messages": MSGS, "max_tokens": -1}),
     ("/v1/chat/completions", {"model": "default", "messages": []}),
     ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "x", "x": 1}]}),
-    ("/v1/chat/completions", {"model": "default", "messages": MSGS, "logprobs": True}),
+    ("/v1/chat/completions", {"model": "default", "messages": MSGS, "logprobs": True, "top_logprobs": 21}),
     ("/v1/chat/completions", {"model": "default", "messages": MSGS, "stop": ["a"] * 17}),
     ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 600}),    # ContextLengthExceeded
     ("/v1/completions", {"model": "default", "prompt": ["a", "b"]}),

@@ -293,12 +293,14 @@ class Job:
     async def collect(self, request: Request | None = None):
         """The final Response with the whole text (non-streaming requests); closes the job."""
         try:
-            parts, thoughts, last = [], [], None
+            parts, thoughts, steps, last = [], [], [], None
             async for r in self.responses(request):
                 parts.append(r.text)
                 thoughts.append(r.thinking)
+                steps += r.logprobs or []
                 last = r
             last.text, last.thinking = "".join(parts), "".join(thoughts)
+            last.logprobs = steps if last.logprobs is not None else None
             return last
         finally:
             await self.close()

@@ -5,7 +5,8 @@ sends (it drops None values; `chat` always sends `tools: []`) and every option O
 sampling ones (ramforge.params' table, under the same names) are honoured, the llama.cpp-runner
 knobs (num_gpu, num_thread, use_mmap, ...) are accepted and ignored, and tfs_z (a stage llama.cpp
 dropped) only at its neutral value. Ollama's mirostat, mirostat_tau and mirostat_eta are the table's. Features ramforge lacks (images, format, suffix,
-Go templates, logprobs) are a 400.
+Go templates) are a 400. logprobs / top_logprobs (0..20): Ollama's `logprobs` list (token, logprob, bytes,
+top_logprobs) beside each chunk's text, and the whole list in a non-streamed answer.
 
 Defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0, num_predict -1 = until an
 end-of-generation token or the context is full), except repeat_penalty 1.0 (Ollama's is 1.1): no
@@ -23,7 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .._version import __version__
 from ..errors import InvalidArgument, Unsupported, UnsupportedField
+from ..logprobs import MAX_TOP, SERVER, ollama_entry
 from ..reasoning import parser_for
+from ..tools_call import ToolSession, ollama_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, details_of, iso, now_iso, parse_keep_alive,
                      read_info, request_sampling, sampler_fields, stop_list)
 from .manager import Job, ModelManager, list_models, manager_of, stream_job
@@ -93,16 +96,18 @@ class _Generating(Strict):
     keep_alive: float | str | None = None
     think: bool | str | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP)
 
     def check(self) -> Options:
         if self.format not in (None, ""):
             raise UnsupportedField("format (JSON mode / structured outputs) is not supported")
-        if self.logprobs or self.top_logprobs:
-            raise UnsupportedField("logprobs are not supported")
         if isinstance(self.think, str) and self.think not in THINK_LEVELS:
             raise UnsupportedField(f"think = {self.think!r}: use true, false or one of {', '.join(THINK_LEVELS)}")
         return (self.options or Options()).check()
+
+    def logprob_args(self) -> dict:
+        """Model.stream's logprobs keywords: logprobs true, with top_logprobs (0..20) alternatives."""
+        return {"logprobs": self.top_logprobs or 0, "logprobs_style": SERVER} if self.logprobs else {}
 
     def template_kwargs(self) -> dict:
         """think: true/false as enable_thinking (qwen3's templates), a level as reasoning_effort (gpt-oss's)."""
@@ -161,11 +166,24 @@ class ChatRequest(_Generating):
     messages: list[Message] | None = None
     tools: list[dict] | None = None
 
+    def check(self) -> Options:
+        ToolSession(self.tools)                          # a tool without a name: 400
+        return super().check()
+
 
 class ShowRequest(Strict):
     model: str | None = Field(None, max_length=MAX_NAME)
     name: str | None = Field(None, max_length=MAX_NAME)      # the older spelling
     verbose: bool | None = None
+
+
+def _logprobs(req: _Generating, job: Job):
+    """d -> d with Ollama's `logprobs` (the entries of r's tokens) when the request asked for them."""
+    def add(d: dict, r) -> dict:
+        if req.logprobs and r.logprobs:
+            d["logprobs"] = [ollama_entry(s, job.model.tokenizer) for s in r.logprobs]
+        return d
+    return add
 
 
 def _line(obj: dict) -> str:
@@ -208,10 +226,11 @@ async def generate(req: GenerateRequest, request: Request):
         return model.tokenize(text, add_bos=True, special=True)
 
     job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
-                          max_tokens=opts.num_predict, clamp=True, sampling=opts.sampling(), stop=stop_list(opts.stop),
-                          chat=not req.raw)
+                          max_tokens=opts.num_predict, clamp=True, sampling={**opts.sampling(), **req.logprob_args()},
+                          stop=stop_list(opts.stop), chat=not req.raw)
     name = req.model or job.loaded.name
     show_thinking = req.think is not False
+    lp = _logprobs(req, job)
 
     def final(r) -> dict:
         d = {"model": name, "created_at": now_iso(), "response": r.text if not req.stream else "",
@@ -219,18 +238,19 @@ async def generate(req: GenerateRequest, request: Request):
              **job.durations(r)}
         if r.thinking and show_thinking and not req.stream:
             d["thinking"] = r.thinking
-        return d
+        return lp(d, r)
 
     if req.stream is False:
         return final(await job.collect(request))
 
     def lines(r):
         out = []
-        if r.text or (r.thinking and show_thinking):
+        if r.text or (r.thinking and show_thinking) or (r.logprobs and not r.done):
             d = {"model": name, "created_at": now_iso(), "response": r.text, "done": False}
             if r.thinking and show_thinking:
                 d["thinking"] = r.thinking
-            out.append(_line(d))
+            out.append(_line(lp(d, r)))
+            r.logprobs = None                           # sent with this chunk
         if r.done:
             out.append(_line(final(r)))
         return out
@@ -248,37 +268,51 @@ async def chat(req: ChatRequest, request: Request):
         served, reason = await _load_or_unload(m, req.model, opts.num_ctx, keep_alive)
         return {"model": req.model or served, "created_at": now_iso(),
                 "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": reason}
-    kwargs = req.template_kwargs()
-    if req.tools:
-        kwargs["tools"] = req.tools
+    kwargs, tools = req.template_kwargs(), ToolSession(req.tools)
 
     def build(model):
-        return model.tokenize(model.render_chat(messages, **kwargs), add_bos=True, special=True)
+        msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, messages)
+        return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
 
     job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
-                          max_tokens=opts.num_predict, clamp=True, sampling=opts.sampling(), stop=stop_list(opts.stop),
-                          chat=True)
+                          max_tokens=opts.num_predict, clamp=True, sampling={**opts.sampling(), **req.logprob_args()},
+                          stop=stop_list(opts.stop), chat=True)
     name = req.model or job.loaded.name
+    lp = _logprobs(req, job)
 
-    def message(content: str, thinking: str) -> dict:
+    def message(content: str, thinking: str, calls=(), start: int = 0) -> dict:
         m = {"role": "assistant", "content": content}
         if thinking and req.think is not False:       # the reasoning, as Ollama reports it
             m["thinking"] = thinking
+        if calls:
+            m["tool_calls"] = ollama_calls(calls, start)
         return m
 
     def final(r, content: str, thinking: str) -> dict:
-        return {"model": name, "created_at": now_iso(), "message": message(content, thinking),
-                "done": True, "done_reason": r.finish_reason, **job.durations(r)}
+        return lp({"model": name, "created_at": now_iso(), "message": message(content, thinking),
+                   "done": True, "done_reason": r.finish_reason, **job.durations(r)}, r)
 
     if req.stream is False:
         r = await job.collect(request)
-        return final(r, r.text, r.thinking)
+        content, calls = tools.parse(r.text)
+        d = final(r, content, r.thinking)
+        if calls:
+            d["message"]["tool_calls"] = ollama_calls(calls)
+        return d
+
+    sent = 0                                            # tool calls streamed so far
 
     def lines(r):
-        out = []
-        if r.text or (r.thinking and req.think is not False):
-            out.append(_line({"model": name, "created_at": now_iso(), "message": message(r.text, r.thinking),
-                              "done": False}))
+        nonlocal sent
+        out, text, calls, first = [], r.text, [], sent
+        if tools.stream is not None:                    # Ollama sends each call whole, once complete
+            text = tools.stream.feed(r.text)[0] + (tools.stream.finish()[0] if r.done else "")
+            done = [c for c in tools.stream.calls if c.complete or r.done]
+            calls, sent = done[sent:], len(done)
+        if text or calls or (r.thinking and req.think is not False) or (r.logprobs and not r.done):
+            out.append(_line(lp({"model": name, "created_at": now_iso(),
+                                 "message": message(text, r.thinking, calls, first), "done": False}, r)))
+            r.logprobs = None                           # sent with this chunk
         if r.done:
             out.append(_line(final(r, "", "")))
         return out

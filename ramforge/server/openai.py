@@ -4,13 +4,21 @@ Request models forbid unknown fields but declare every field the official `opena
 send: those that change nothing here (user, metadata, store, service_tier, prompt_cache_key,
 ...) are accepted and ignored; reasoning_effort goes to the chat template (gpt-oss's harmony reads it), and
 a reasoning model's thinking comes back as `reasoning_content`, as llama-server reports it; those asking for something ramforge cannot do
-(n > 1, logprobs, response_format other than text, forced tool calls, audio) are a 400. Messages also accept the fields a client echoes back from an earlier response (refusal,
+(n > 1, response_format other than text, audio) are a 400. With `tools`, the model's calls come back
+as `tool_calls` (finish_reason "tool_calls"; streamed as deltas: id, type, name, then argument
+chunks) in the template's format (ramforge.tools_call); a tool without a name or a tool_choice
+naming no tool is a 400; "required" / a named function are parsed, not yet forced by a grammar. Messages also accept the fields a client echoes back from an earlier response (refusal,
 annotations, audio: null). Extensions, as llama.cpp's server takes them (the client's
 `extra_body`): top_k, min_p, typical_p, repeat_penalty, repeat_last_n, min_keep, top_n_sigma,
 xtc_*, dynatemp_*, mirostat*, dry_* (the rest of ramforge.params' table), chat_template_kwargs;
 logit_bias takes OpenAI's {"token id": bias} or llama-server's [[id, bias], ...], false banning a
 token. Out of range, xtc_* and mirostat are clamped and a dry_base below 1 is its default, as
 llama-server does; the rest is a 400.
+
+logprobs (ramforge.logprobs): chat's `logprobs`/`top_logprobs` in llama-server's shape (`logprobs.content[]`
+with id, token, bytes, logprob and top_logprobs; top_logprobs defaults to 20 as there, and without
+logprobs is a 400), streamed with each chunk's tokens; /v1/completions' `logprobs: N` in OpenAI's
+legacy shape as llama-cpp-python returns it. Above 20 is a 400.
 
 Defaults are OpenAI's (temperature 1, top_p 1, no penalties) with Ollama's top_k 40; max_tokens
 defaults to 16 for /v1/completions (as OpenAI) and to the room left in the context for chat.
@@ -27,7 +35,9 @@ import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..errors import EmptyPrompt, ModelNotFound, UnsupportedField
+from ..errors import EmptyPrompt, InvalidArgument, ModelNotFound, UnsupportedField
+from ..logprobs import LCPP, MAX_TOP, SERVER, chat_logprobs, legacy
+from ..tools_call import ToolSession, openai_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, error_body, error_status, request_sampling,
                      sampler_fields, stop_list)
 from .manager import Job, list_models, manager_of, stream_job
@@ -67,7 +77,11 @@ class _Common(_SamplerFields):
 
     def sampling(self) -> dict:
         seed = None if self.seed is None or self.seed < 0 else self.seed % 0xFFFFFFFF  # 0xFFFFFFFF = random
-        return request_sampling(self, DEFAULTS, seed)
+        return {**request_sampling(self, DEFAULTS, seed), **self.logprob_args()}
+
+    def logprob_args(self) -> dict:
+        """Model.stream's logprobs keywords (ramforge.logprobs); none when not asked."""
+        return {}
 
     @property
     def include_usage(self) -> bool:
@@ -102,7 +116,7 @@ class ChatRequest(_Common):
     max_tokens: int | None = Field(None, ge=0, le=MAX_PREDICT)
     max_completion_tokens: int | None = Field(None, ge=0, le=MAX_PREDICT)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP)
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
@@ -127,12 +141,17 @@ class ChatRequest(_Common):
     web_search_options: dict | None = None
     moderation: dict | None = None
 
+    def logprob_args(self) -> dict:
+        # llama-server: top_logprobs defaults to 20 when logprobs is true
+        if not self.logprobs:
+            return {}
+        return {"logprobs": 20 if self.top_logprobs is None else self.top_logprobs, "logprobs_style": SERVER}
+
     def check(self) -> None:
         super().check()
-        if self.logprobs or self.top_logprobs:
-            raise UnsupportedField("logprobs are not supported")
-        if self.tool_choice not in (None, "auto", "none"):
-            raise UnsupportedField(f"tool_choice {self.tool_choice!r} is not supported (only 'auto' or 'none')")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidArgument("top_logprobs requires logprobs to be set to true")
+        ToolSession(self.tools, self.tool_choice)        # a tool without a name, an unknown function: 400
         if self.functions or self.function_call:
             raise UnsupportedField("functions / function_call are not supported; use tools")
         if self.response_format not in (None, {"type": "text"}):
@@ -148,14 +167,17 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=0, le=MAX_PREDICT)
     echo: bool | None = None
-    logprobs: int | None = Field(None, ge=0, le=5)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP)
     best_of: int | None = Field(None, ge=1, le=1)
     suffix: str | None = None
 
+    def logprob_args(self) -> dict:
+        return {} if self.logprobs is None else {"logprobs": self.logprobs, "logprobs_style": LCPP}
+
     def check(self) -> None:
         super().check()
-        if self.logprobs is not None:
-            raise UnsupportedField("logprobs are not supported")
+        if self.logprobs is not None and self.echo:
+            raise UnsupportedField("logprobs with echo (the prompt's logprobs) are not supported")
         if self.suffix:
             raise UnsupportedField("suffix (fill-in-the-middle) is not supported")
 
@@ -205,29 +227,37 @@ async def chat_completions(req: ChatRequest, request: Request):
     kwargs = dict(req.chat_template_kwargs or {})
     if req.reasoning_effort is not None:
         kwargs.setdefault("reasoning_effort", req.reasoning_effort)
-    if req.tools and req.tool_choice != "none":
-        kwargs["tools"] = req.tools
+    tools = ToolSession(req.tools, req.tool_choice)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
 
     def build(model):
-        return model.tokenize(model.render_chat(messages, **kwargs), add_bos=True, special=True)
+        msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, messages)
+        return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
 
     job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
                           max_tokens=max_tokens, clamp=False, sampling=req.sampling(), stop=stop_list(req.stop),
                           chat=True)
     cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
+
+    def lp(steps):
+        return chat_logprobs(steps, job.model.tokenizer) if steps is not None and req.logprobs else None
+
     if not req.stream:
         r = await job.collect(request)
-        message = {"role": "assistant", "content": r.text}
+        content, calls = tools.parse(r.text)
+        message = {"role": "assistant", "content": content if content or not calls else None}
         if r.thinking:
             message["reasoning_content"] = r.thinking          # as llama-server reports it
+        if calls:
+            message["tool_calls"] = openai_calls(calls, tools.fmt)
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,
-                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": r.finish_reason}],
+                "choices": [{"index": 0, "message": message, "logprobs": lp(r.logprobs),
+                             "finish_reason": "tool_calls" if calls else r.finish_reason}],
                 "usage": _usage(r), **_timings(r)}
 
-    def chunk(delta: dict, finish=None) -> str:
+    def chunk(delta: dict, finish=None, steps=None) -> str:
         return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+                     "choices": [{"index": 0, "delta": delta, "logprobs": lp(steps), "finish_reason": finish}]})
 
     started = False
 
@@ -239,10 +269,19 @@ async def chat_completions(req: ChatRequest, request: Request):
             out.append(chunk({"role": "assistant", "content": ""}))
         if r.thinking:
             out.append(chunk({"reasoning_content": r.thinking}))
-        if r.text:
-            out.append(chunk({"content": r.text}))
+        text, calls = r.text, []
+        if tools.stream is not None:                # the answer through the tool-call parser
+            text, calls = tools.stream.feed(r.text)
+            if r.done:
+                more, rest = tools.stream.finish()
+                text, calls = text + more, calls + rest
+        if text or r.logprobs:
+            out.append(chunk({"content": text}, None, r.logprobs or None))
+        if calls:
+            out.append(chunk({"tool_calls": calls}))
         if r.done:
-            out.append(chunk({}, r.finish_reason))
+            called = tools.stream is not None and tools.stream.calls
+            out.append(chunk({}, "tool_calls" if called else r.finish_reason))
             head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name}
             out += _stream_end(req, head, r)
         return out
@@ -266,16 +305,24 @@ async def completions(req: CompletionRequest, request: Request):
         echo = prompt if isinstance(prompt, str) else \
             job.model.detokenize(prompt, special=True).decode("utf-8", "replace")
 
-    def shape(text: str, finish, usage=None) -> dict:
+    done = b""
+
+    def shape(text: str, finish, usage=None, steps=None) -> dict:
+        nonlocal done
+        lp = None
+        if steps is not None and req.logprobs is not None:     # llama-cpp-python's legacy shape
+            tok = job.model.tokenizer
+            lp = legacy(steps, tok, len(prompt), done)
+            done += tok.decode_bytes([s.token for s in steps])
         d = {"id": cid, "object": "text_completion", "created": created, "model": name,
-             "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+             "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
         if usage is not None:
             d["usage"] = usage
         return d
 
     if not req.stream:
         r = await job.collect(request)
-        return shape(echo + r.text, r.finish_reason, _usage(r)) | _timings(r)
+        return shape(echo + r.text, r.finish_reason, _usage(r), r.logprobs) | _timings(r)
 
     started = False
 
@@ -285,10 +332,10 @@ async def completions(req: CompletionRequest, request: Request):
         if not started and echo:
             out.append(_sse(shape(echo, None)))
         started = True
-        if r.text and not r.done:
-            out.append(_sse(shape(r.text, None)))
+        if (r.text or r.logprobs) and not r.done:
+            out.append(_sse(shape(r.text, None, None, r.logprobs)))
         if r.done:
-            out.append(_sse(shape(r.text, r.finish_reason)))
+            out.append(_sse(shape(r.text, r.finish_reason, None, r.logprobs)))
             out += _stream_end(req, {"id": cid, "object": "text_completion", "created": created, "model": name}, r)
         return out
 
