@@ -146,7 +146,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--tasks", nargs="*", default=list(TASKS), choices=list(TASKS), help="none: --big alone")
     ap.add_argument("--big", action="store_true", help="also the 3B synthetic llama out of core")
     ap.add_argument("--big-ram", default="512M")
     ap.add_argument("--big-tokens", type=int, default=12)
@@ -163,10 +163,12 @@ def main() -> int:
     size = os.path.getsize(model)
     # the draft's weights, KV and state on top of the target's budget
     draft_ram = a.ram if a.ram == "unlimited" else str(parse_memory_size(a.ram) + int(size * 1.15))
-    rows = bench(model, a.ram, a.ctx, a.tokens, {t: TASKS[t] for t in a.tasks}, a.modes, draft_ram, model)
-    table(f"{Path(model).name} at --ram {a.ram} (self-draft: --ram {draft_ram}), "
-          f"{a.tokens} greedy tokens", rows)
-    out = {"gemma": rows}
+    out = {}
+    if a.tasks:
+        rows = bench(model, a.ram, a.ctx, a.tokens, {t: TASKS[t] for t in a.tasks}, a.modes, draft_ram, model)
+        table(f"{Path(model).name} at --ram {a.ram} (self-draft: --ram {draft_ram}), "
+              f"{a.tokens} greedy tokens", rows)
+        out["gemma"] = rows
     if a.big:
         from tools.make_models import PRESETS, build, ensure_model
 
