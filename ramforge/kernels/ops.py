@@ -22,6 +22,7 @@ from ..profiling import timed
 from .batch import current_view
 from .fmatmul import _f16_tb, _f16_vd
 from .llvmir import half_to_float
+from .vexp import _exp_sub16, _swiglu16
 from .scalars import F16_TO_F32, _f32_to_half_bits, _fma
 
 # ---------------------------------------------------------------- RMSNorm
@@ -86,6 +87,9 @@ def _softmax_exp(scores, j0, p, mx):
     total = 0.0
     lanes = np.zeros(16, np.float32)
     for k in range(j0 - j0 % 16, p + 1, 16):
+        if k >= j0 and k + 15 <= p:                  # a whole block: 16 lanes at once (vexp)
+            total += np.float64(_exp_sub16(scores, k, mx))
+            continue
         for i in range(16):
             j = k + i
             e = np.float32(0.0)
@@ -431,18 +435,20 @@ def _geglu(out, gate, up, table):
 
 
 @njit(cache=True, parallel=True)
-def _swiglu(out, gate, up):
-    # as ggml_vec_swiglu_f32: silu(g) = g / (1 + exp(-g)) with ggml's vector exp for whole blocks of
-    # 16, libm's for a tail; times up
-    n = gate.shape[1]
+def _swiglu(out, gate, up, n):
+    # out, gate, up f32[n_tok * n] (rows of n): as ggml_vec_swiglu_f32, silu(g) = g / (1 + exp(-g)) with
+    # ggml's vector exp for whole blocks of 16 (vexp), libm's for a tail; times up
     n16 = n - n % 16
     nb = (n + _GLU_BLOCK - 1) // _GLU_BLOCK
-    for k in prange(gate.shape[0] * nb):
+    for k in prange(gate.size // n * nb if n else 0):
         t, i0 = k // nb, k % nb * _GLU_BLOCK
-        for i in range(i0, min(n, i0 + _GLU_BLOCK)):
-            g = gate[t, i]
-            e = _expf(-g) if i < n16 else np.float32(math.exp(-g))
-            out[t, i] = (g / (np.float32(1.0) + e)) * up[t, i]
+        i1 = min(n, i0 + _GLU_BLOCK)
+        o = t * n
+        for i in range(i0, min(i1, n16), 16):
+            _swiglu16(out, o + i, gate, o + i, up, o + i)
+        for i in range(max(i0, n16), i1):
+            g = gate[o + i]
+            out[o + i] = (g / (np.float32(1.0) + np.float32(math.exp(-g)))) * up[o + i]
 
 
 @njit(cache=True, parallel=True)
@@ -479,5 +485,11 @@ def geglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 @timed("glu")
 def swiglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """out = silu(gate) * up (llama/qwen FFN), f32[n_tok, n_ff]."""
-    _swiglu(out, gate, up)
+    if not (gate.shape == up.shape == out.shape) or gate.ndim != 2:
+        raise RamforgeError(f"swiglu: gate {gate.shape}, up {up.shape}, out {out.shape}")
+    o = out if out.flags.c_contiguous else np.empty_like(out)
+    _swiglu(o.reshape(-1), np.ascontiguousarray(gate).reshape(-1), np.ascontiguousarray(up).reshape(-1),
+            gate.shape[1])
+    if o is not out:
+        out[...] = o
     return out
