@@ -28,18 +28,30 @@ from .scalars import F16_TO_F32, _f32_to_half_bits, _fma
 # ---------------------------------------------------------------- RMSNorm
 
 
+@njit(cache=True, inline="always")
+def _rms_row(out, x, w, eps, t):
+    # out[t] = (x[t] * 1/sqrt(mean(x[t]^2) + eps)) * w; out, x f32[n_tok, n], w f32[n]
+    n = x.shape[1]
+    s = 0.0
+    for i in range(n):
+        v = np.float64(x[t, i] * x[t, i])
+        s += v
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / n) + eps))
+    for i in range(n):
+        out[t, i] = (x[t, i] * scale) * w[i]
+
+
 @njit(cache=True, parallel=True)
 def _rms_norm(out, x, w, eps):
-    # out, x f32[n_tok, n]; w f32[n]: out = (x * 1/sqrt(mean(x^2) + eps)) * w
-    n = x.shape[1]
+    # out, x f32[n_tok, n]; w f32[n]: rows in parallel
     for t in prange(x.shape[0]):
-        s = 0.0
-        for i in range(n):
-            v = np.float64(x[t, i] * x[t, i])
-            s += v
-        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / n) + eps))
-        for i in range(n):
-            out[t, i] = (x[t, i] * scale) * w[i]
+        _rms_row(out, x, w, eps, t)
+
+
+@njit(cache=True)
+def _rms_norm_1(out, x, w, eps):
+    # one row on the calling thread (a decode token: no parallel region to wake)
+    _rms_row(out, x, w, eps, 0)
 
 
 @timed("norm")
@@ -48,7 +60,8 @@ def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float) -> np.nd
     n = x.shape[-1]
     if w.shape != (n,) or out.shape != x.shape:
         raise RamforgeError(f"rms_norm: x {x.shape}, w {w.shape}, out {out.shape}")
-    _rms_norm(out.reshape(-1, n), x.reshape(-1, n), w, np.float32(eps))
+    o2, x2 = out.reshape(-1, n), x.reshape(-1, n)
+    (_rms_norm_1 if x2.shape[0] == 1 else _rms_norm)(o2, x2, w, np.float32(eps))
     return out
 
 
