@@ -448,12 +448,12 @@ def _geglu(out, gate, up, table):
 
 
 @njit(cache=True, parallel=True)
-def _swiglu(out, gate, up, n):
+def _swiglu(out, gate, up, n_tok, n):
     # out, gate, up f32[n_tok * n] (rows of n): as ggml_vec_swiglu_f32, silu(g) = g / (1 + exp(-g)) with
     # ggml's vector exp for whole blocks of 16 (vexp), libm's for a tail; times up
     n16 = n - n % 16
     nb = (n + _GLU_BLOCK - 1) // _GLU_BLOCK
-    for k in prange(gate.size // n * nb if n else 0):
+    for k in prange(n_tok * nb):
         t, i0 = k // nb, k % nb * _GLU_BLOCK
         i1 = min(n, i0 + _GLU_BLOCK)
         o = t * n
@@ -502,7 +502,7 @@ def swiglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         raise RamforgeError(f"swiglu: gate {gate.shape}, up {up.shape}, out {out.shape}")
     o = out if out.flags.c_contiguous else np.empty_like(out)
     _swiglu(o.reshape(-1), np.ascontiguousarray(gate).reshape(-1), np.ascontiguousarray(up).reshape(-1),
-            gate.shape[1])
+            gate.shape[0], gate.shape[1])
     if o is not out:
         out[...] = o
     return out
