@@ -118,6 +118,56 @@ def test_ggml_vector_exp_is_within_its_stated_error():
     assert np.isnan(nan[0])
 
 
+def test_vector_exp_equals_the_scalar_one_bit_for_bit():
+    # vexp's 16 lanes in IR against ops._expf lane by lane: normal, subnormal and overflowing results,
+    # the |n| > 192 cut, signed zeros, infinities and NaN; and its sum in _mm512_reduce_add_ps's order
+    from numba import njit
+
+    from ramforge.kernels.vexp import _exp_sub16
+
+    @njit
+    def both(x, mx, want, sums):
+        for k in range(0, x.size, 16):
+            for i in range(16):
+                want[k + i] = ops._expf(x[k + i] - mx)
+            sums[k // 16] = _exp_sub16(x, k, mx)
+    rng = np.random.default_rng(5)
+    x = np.concatenate([np.linspace(-120, 100, 160_000, dtype=np.float32),
+                        (rng.standard_normal(16_000) * 40).astype(np.float32),
+                        np.array([0.0, -0.0, 1e-30, -1e-30, 88.7, 88.8, -87.3, -103.9, -104.0, -149.0, 200.0, -300.0,
+                                  -np.inf, np.inf, np.nan, -np.nan], np.float32)])
+    for mx in (np.float32(0.0), np.float32(3.5)):
+        got, want, sums = x.copy(), np.empty_like(x), np.empty(x.size // 16, np.float32)
+        both(got, mx, want, sums)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        a = want.reshape(-1, 16)
+        c = (a[:, :8] + a[:, 8:])
+        c = c[:, :4] + c[:, 4:]
+        ref = (c[:, 0] + c[:, 2]) + (c[:, 1] + c[:, 3])
+        np.testing.assert_array_equal(sums, ref)          # (a NaN's sign in a sum: not compared)
+
+
+def test_swiglu_is_silu_with_ggmls_vector_exp_bit_for_bit():
+    # whole blocks of 16 through vexp, the tail through libm's expf; a strided (non-contiguous) gate too
+    from numba import njit
+
+    @njit
+    def scalar(g, u, n16):
+        out = np.empty_like(g)
+        for t in range(g.shape[0]):
+            for i in range(g.shape[1]):
+                e = ops._expf(-g[t, i]) if i < n16 else np.float32(np.exp(-g[t, i]))
+                out[t, i] = (g[t, i] / (np.float32(1.0) + e)) * u[t, i]
+        return out
+    rng = np.random.default_rng(6)
+    for n_tok, n in ((1, 2048), (3, 1000), (2, 2050)):
+        g = (rng.standard_normal((n_tok, 2 * n)) * 12).astype(np.float32)[:, :n]
+        u = rng.standard_normal((n_tok, n)).astype(np.float32)
+        want = scalar(np.ascontiguousarray(g), u, n - n % 16)
+        got = ops.swiglu(np.empty((n_tok, n), np.float32), g, u)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 # ---------------------------------------------------------------- RoPE against ggml_rope_ext, live
 
 class _GGMLRope:

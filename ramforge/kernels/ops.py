@@ -1,4 +1,4 @@
-"""Transformer ops as llama.cpp's CPU backend computes them: RMSNorm, RoPE, attention, GLUs.
+"""Transformer ops as llama.cpp's CPU backend computes them: RMSNorm, RoPE, attention (the GLUs: glu.py).
 
 Each public function checks shapes and calls a private @njit kernel. Numerics follow ggml where it
 matters for agreement: RMSNorm sums squares in float64, attention rounds q and the probabilities
@@ -21,24 +21,38 @@ from ..errors import RamforgeError
 from ..profiling import timed
 from .batch import current_view
 from .fmatmul import _f16_tb, _f16_vd
+from .glu import geglu, swiglu, swiglu_oai  # noqa: F401  (re-exported: the GLUs live in glu.py)
 from .llvmir import half_to_float
+from .vexp import _exp_sub16
 from .scalars import F16_TO_F32, _f32_to_half_bits, _fma
 
 # ---------------------------------------------------------------- RMSNorm
 
 
+@njit(cache=True, inline="always")
+def _rms_row(out, x, w, eps, t):
+    # out[t] = (x[t] * 1/sqrt(mean(x[t]^2) + eps)) * w; out, x f32[n_tok, n], w f32[n]
+    n = x.shape[1]
+    s = 0.0
+    for i in range(n):
+        v = np.float64(x[t, i] * x[t, i])
+        s += v
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / n) + eps))
+    for i in range(n):
+        out[t, i] = (x[t, i] * scale) * w[i]
+
+
 @njit(cache=True, parallel=True)
 def _rms_norm(out, x, w, eps):
-    # out, x f32[n_tok, n]; w f32[n]: out = (x * 1/sqrt(mean(x^2) + eps)) * w
-    n = x.shape[1]
+    # out, x f32[n_tok, n]; w f32[n]: rows in parallel
     for t in prange(x.shape[0]):
-        s = 0.0
-        for i in range(n):
-            v = np.float64(x[t, i] * x[t, i])
-            s += v
-        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / n) + eps))
-        for i in range(n):
-            out[t, i] = (x[t, i] * scale) * w[i]
+        _rms_row(out, x, w, eps, t)
+
+
+@njit(cache=True)
+def _rms_norm_1(out, x, w, eps):
+    # one row on the calling thread (a decode token: no parallel region to wake)
+    _rms_row(out, x, w, eps, 0)
 
 
 @timed("norm")
@@ -47,7 +61,8 @@ def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float) -> np.nd
     n = x.shape[-1]
     if w.shape != (n,) or out.shape != x.shape:
         raise RamforgeError(f"rms_norm: x {x.shape}, w {w.shape}, out {out.shape}")
-    _rms_norm(out.reshape(-1, n), x.reshape(-1, n), w, np.float32(eps))
+    o2, x2 = out.reshape(-1, n), x.reshape(-1, n)
+    (_rms_norm_1 if x2.shape[0] == 1 else _rms_norm)(o2, x2, w, np.float32(eps))
     return out
 
 
@@ -86,6 +101,9 @@ def _softmax_exp(scores, j0, p, mx):
     total = 0.0
     lanes = np.zeros(16, np.float32)
     for k in range(j0 - j0 % 16, p + 1, 16):
+        if k >= j0 and k + 15 <= p:                  # a whole block: 16 lanes at once (vexp)
+            total += np.float64(_exp_sub16(scores, k, mx))
+            continue
         for i in range(16):
             j = k + i
             e = np.float32(0.0)
@@ -388,96 +406,3 @@ def softcap(x: np.ndarray, cap: float) -> np.ndarray:
         raise RamforgeError(f"softcap: x {x.shape} {x.dtype}, cap {cap}")
     _softcap(x, np.float32(cap))
     return x
-
-
-# ---------------------------------------------------------------- gated FFN activations
-
-
-def _gelu_table() -> np.ndarray:
-    """ggml's GELU table, f16(gelu_tanh(x)) for every f16 x, as float32.
-
-    Matches llama.cpp's ggml_table_gelu_f16 bit for bit: the inner 1 + a*x*x is fused (as GCC
-    contracts it), and tanh is computed in float64 then rounded, as glibc's tanhf rounds.
-    """
-    f = np.float32
-    x = F16_TO_F32
-    with np.errstate(all="ignore"):
-        ax = (f(0.044715) * x).astype(np.float64)
-        inner = (f(0.7978845608028654) * x) * (ax * x + 1.0).astype(np.float32)
-        g = f(0.5) * x * (f(1) + np.tanh(inner.astype(np.float64)).astype(np.float32))
-    return g.astype(np.float16).astype(np.float32)
-
-
-_GELU = _gelu_table()
-
-
-_GLU_BLOCK = 1024       # elements per parallel task of the GLUs (a one-token GLU spreads over the threads too)
-
-
-@njit(cache=True, parallel=True)
-def _geglu(out, gate, up, table):
-    n = gate.shape[1]
-    nb = (n + _GLU_BLOCK - 1) // _GLU_BLOCK
-    for k in prange(gate.shape[0] * nb):
-        t, i0 = k // nb, k % nb * _GLU_BLOCK
-        for i in range(i0, min(n, i0 + _GLU_BLOCK)):
-            g = gate[t, i]
-            if g <= -10.0:
-                out[t, i] = 0.0
-            elif g >= 10.0:
-                out[t, i] = g * up[t, i]
-            else:
-                out[t, i] = table[_f32_to_half_bits(g)] * up[t, i]
-
-
-@njit(cache=True, parallel=True)
-def _swiglu(out, gate, up):
-    # as ggml_vec_swiglu_f32: silu(g) = g / (1 + exp(-g)) with ggml's vector exp for whole blocks of
-    # 16, libm's for a tail; times up
-    n = gate.shape[1]
-    n16 = n - n % 16
-    nb = (n + _GLU_BLOCK - 1) // _GLU_BLOCK
-    for k in prange(gate.shape[0] * nb):
-        t, i0 = k // nb, k % nb * _GLU_BLOCK
-        for i in range(i0, min(n, i0 + _GLU_BLOCK)):
-            g = gate[t, i]
-            e = _expf(-g) if i < n16 else np.float32(math.exp(-g))
-            out[t, i] = (g / (np.float32(1.0) + e)) * up[t, i]
-
-
-@njit(cache=True, parallel=True)
-def _swiglu_oai(out, gate, up, alpha, limit):
-    # as ggml_compute_forward_swiglu_oai_f32 (scalar, libm's expf): x = min(g, limit),
-    # y = clamp(u, -limit, limit), out = x / (1 + expf(alpha * -x)) * (y + 1)
-    one = np.float32(1.0)
-    n = gate.shape[1]
-    nb = (n + _GLU_BLOCK - 1) // _GLU_BLOCK
-    for k in prange(gate.shape[0] * nb):
-        t, i0 = k // nb, k % nb * _GLU_BLOCK
-        for i in range(i0, min(n, i0 + _GLU_BLOCK)):
-            x = min(gate[t, i], limit)
-            y = min(max(up[t, i], -limit), limit)
-            out[t, i] = (x / (one + math.exp(alpha * -x))) * (y + one)
-
-
-@timed("glu")
-def swiglu_oai(out: np.ndarray, gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
-    """out = gpt-oss's clamped SwiGLU of gate and up, f32[n_tok, n_ff] (ggml_swiglu_oai)."""
-    if not (gate.shape == up.shape == out.shape) or gate.ndim != 2 or not limit > 0:
-        raise RamforgeError(f"swiglu_oai: gate {gate.shape}, up {up.shape}, out {out.shape}, limit {limit}")
-    _swiglu_oai(out, gate, up, np.float32(alpha), np.float32(limit))
-    return out
-
-
-@timed("glu")
-def geglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """out = gelu(gate) * up (gemma3's FFN), f32[n_tok, n_ff]."""
-    _geglu(out, gate, up, _GELU)
-    return out
-
-
-@timed("glu")
-def swiglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """out = silu(gate) * up (llama/qwen FFN), f32[n_tok, n_ff]."""
-    _swiglu(out, gate, up)
-    return out

@@ -313,14 +313,25 @@ def _vprep(typingctx, vid, wq, wo, n_in, isc, corr, io, n_sub):
 
 @njit(cache=True)
 def _tile_acts(k, t0, t1, aq, ad, bsum, n_in, n_sb, n_sub, tmode, act, adt, bst):
-    # tile k (zeroed) <- tokens t0..t1 (at most TT): aq i8[n_tok * n_in], ad f32[n_tok * n_sb], bsum
-    # i32[n_tok * n_sub] (UNSIGNED's mins); SIGNED: a + 128; LANES_MODE: after act, -128 * its 4-sums
+    # tile k <- tokens t0..t1 (at most TT; the lanes past them zeroed): aq i8[n_tok * n_in], ad
+    # f32[n_tok * n_sb], bsum i32[n_tok * n_sub] (UNSIGNED's mins); SIGNED: a + 128; LANES_MODE: after
+    # act, -128 * its 4-sums. Every element of the tile is written (the arrays come from np.empty)
     n4, nsp = n_in // 4, n_sub // 2
     q32 = aq.view(np.int32)
     x = _SHIFT if tmode == SIGNED else np.int32(0)
     base = k * n4 * (2 if tmode == LANES_MODE else 1)
-    for j in range(t1 - t0):
+    nj = t1 - t0
+    for j in range(TT):
         t = t0 + j
+        if j >= nj:                       # padding lanes: zero quants, scales and sums
+            for s in range(n4 * (2 if tmode == LANES_MODE else 1)):
+                act[(base + s) * TT + j] = 0
+            for b in range(n_sb):
+                adt[(k * n_sb + b) * TT + j] = 0
+            if tmode == UNSIGNED:
+                for p in range(nsp):
+                    bst[(k * nsp + p) * TT + j] = 0
+            continue
         for s in range(n4):
             act[(base + s) * TT + j] = q32[t * n4 + s] ^ x
         if tmode == LANES_MODE:
