@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import InvalidArgument
-from .sampling import cxxsort
+from .kernels import cxxsort
 
 LCPP, SERVER = "llama-cpp-python", "llama-server"
 MAX_TOP = 20                    # OpenAI's and llama-server's cap on alternatives

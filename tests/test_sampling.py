@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 from ramforge.errors import RamforgeError
 from ramforge.sampling import LCPP, LLAMA, LLAMA_DEFAULT_SEED, Sampler, SamplerError, SamplerParams
-from ramforge.sampling import cxxsort, rng as R, stages as S
+from ramforge.kernels import cxxsort
+from ramforge.sampling import rng as R, stages as S
 from ramforge.sampling.dry import dry_penalties
 from ramforge.sampling.libm import expf, log2f, logf, powf
 

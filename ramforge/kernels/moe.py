@@ -23,6 +23,7 @@ from numba import njit, prange
 
 from ..errors import RamforgeError
 from ..gguf.constants import GGML_BLOCK
+from . import cxxsort
 from .matmul import float_matmul
 from .ops import _expf
 from .qmatmul import qmatmul
@@ -30,7 +31,6 @@ from .variants import TILED_FROM
 from .registry import kernels_for
 
 _LANES = 16                    # AVX-512 f32 lanes: ggml_vec_soft_max_f32's block
-_SORT_THRESHOLD = 16           # libstdc++'s _S_threshold: introsort leaves runs this short to insertion sort
 _SUM_CLAMP = np.float32(6.103515625e-5)   # build_moe_ffn clamps the weight sum to the smallest normal f16
 
 
@@ -68,149 +68,6 @@ def _softmax(p, x):
         p[j] = p[j] * scale
 
 
-# ---------------------------------------------------------------- argsort (libstdc++ std::sort)
-# Descending: comp(a, b) = v[a] > v[b] on indices, as ggml's cmp_argsort<GGML_SORT_ORDER_DESC>.
-
-@njit(cache=True, inline="always")
-def _gt(v, a, b):
-    return v[a] > v[b]
-
-
-@njit(cache=True)
-def _push_heap(o, v, first, hole, top, val):
-    parent = (hole - 1) // 2
-    while hole > top and _gt(v, o[first + parent], val):
-        o[first + hole] = o[first + parent]
-        hole = parent
-        parent = (hole - 1) // 2
-    o[first + hole] = val
-
-
-@njit(cache=True)
-def _adjust_heap(o, v, first, hole, length, val):
-    top = hole
-    child = hole
-    while child < (length - 1) // 2:
-        child = 2 * (child + 1)
-        if _gt(v, o[first + child], o[first + child - 1]):
-            child -= 1
-        o[first + hole] = o[first + child]
-        hole = child
-    if length % 2 == 0 and child == (length - 2) // 2:
-        child = 2 * (child + 1)
-        o[first + hole] = o[first + child - 1]
-        hole = child - 1
-    _push_heap(o, v, first, hole, top, val)
-
-
-@njit(cache=True)
-def _heap_sort(o, v, first, last):
-    # std::__partial_sort(first, last, last): make_heap, then sort_heap
-    n = last - first
-    if n >= 2:
-        parent = (n - 2) // 2
-        while True:
-            _adjust_heap(o, v, first, parent, n, o[first + parent])
-            if parent == 0:
-                break
-            parent -= 1
-    while last - first > 1:
-        last -= 1
-        val = o[last]
-        o[last] = o[first]
-        _adjust_heap(o, v, first, 0, last - first, val)
-
-
-@njit(cache=True)
-def _median_to_first(o, v, r, a, b, c):
-    if _gt(v, o[a], o[b]):
-        if _gt(v, o[b], o[c]):
-            s = b
-        elif _gt(v, o[a], o[c]):
-            s = c
-        else:
-            s = a
-    elif _gt(v, o[a], o[c]):
-        s = a
-    elif _gt(v, o[b], o[c]):
-        s = c
-    else:
-        s = b
-    o[r], o[s] = o[s], o[r]
-
-
-@njit(cache=True)
-def _partition(o, v, first, last, pivot):
-    while True:
-        while _gt(v, o[first], o[pivot]):
-            first += 1
-        last -= 1
-        while _gt(v, o[pivot], o[last]):
-            last -= 1
-        if first >= last:
-            return first
-        o[first], o[last] = o[last], o[first]
-        first += 1
-
-
-@njit(cache=True)
-def _linear_insert(o, v, last):
-    val = o[last]
-    nxt = last - 1
-    while _gt(v, val, o[nxt]):
-        o[last] = o[nxt]
-        last = nxt
-        nxt -= 1
-    o[last] = val
-
-
-@njit(cache=True)
-def _insertion_sort(o, v, first, last):
-    for i in range(first + 1, last):
-        if _gt(v, o[i], o[first]):
-            val = o[i]
-            for j in range(i, first, -1):
-                o[j] = o[j - 1]
-            o[first] = val
-        else:
-            _linear_insert(o, v, i)
-
-
-@njit(cache=True)
-def _argsort_desc(o, v):
-    # o i32[n] = the indices of v f32[n], by descending value, exactly as libstdc++'s std::sort orders
-    # them: introsort (median-of-3 pivot to the front, unguarded partition; heap sort past depth
-    # 2*floor(log2 n)) down to runs of 16, then one insertion sort. The runs a partition leaves are
-    # disjoint, so taking them from a stack instead of by recursion moves the same elements.
-    n = v.shape[0]
-    for i in range(n):
-        o[i] = i
-    if n < 2:
-        return
-    stack = np.empty((n + 1, 3), np.int64)           # pending (first, last, depth limit) runs
-    stack[0, 0], stack[0, 1], stack[0, 2] = 0, n, 2 * int(math.log2(n))
-    top = 1
-    while top > 0:
-        top -= 1
-        first, last, d = stack[top, 0], stack[top, 1], stack[top, 2]
-        while last - first > _SORT_THRESHOLD:
-            if d == 0:
-                _heap_sort(o, v, first, last)
-                break
-            d -= 1
-            _median_to_first(o, v, first, first + 1, first + (last - first) // 2, last - 1)
-            cut = _partition(o, v, first + 1, last, first)
-            stack[top, 0], stack[top, 1], stack[top, 2] = cut, last, d
-            top += 1
-            last = cut
-    if n > _SORT_THRESHOLD:
-        _insertion_sort(o, v, 0, _SORT_THRESHOLD)
-        for i in range(_SORT_THRESHOLD, n):          # unguarded: introsort left an element ranking first
-            _linear_insert(o, v, i)                  # among the first 16
-    else:
-        _insertion_sort(o, v, 0, n)
-
-
 # ---------------------------------------------------------------- routing
 
 class Gating(IntEnum):
@@ -218,6 +75,14 @@ class Gating(IntEnum):
 
     SOFTMAX = 0          # probs = softmax(logits); the top k probs are the weights
     SOFTMAX_WEIGHT = 1   # the top k logits chosen; their softmax is the weights (gpt-oss)
+
+
+@njit(cache=True)
+def _argsort_desc(o, v):
+    # o i32[n] = the indices of v f32[n] by descending value, as libstdc++'s std::sort (ggml_argsort)
+    for i in range(v.shape[0]):
+        o[i] = i
+    cxxsort.sort(o, 0, v.shape[0], v)
 
 
 @njit(cache=True, parallel=True)

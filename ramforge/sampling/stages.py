@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from . import cxxsort, libm
+from ..kernels import cxxsort
+from . import libm
 from .rng import MT19937, canonical_double, canonical_float, discrete
 
 F32 = np.float32
