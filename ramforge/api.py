@@ -127,21 +127,26 @@ class Model:
 
     # ---- generation --------------------------------------------------------------------------
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
-               special: bool = True, **sampling) -> Iterator[Response]:
+               special: bool = True, grammar=None, **sampling) -> Iterator[Response]:
         """Yield a Response per piece of text; the last one has done=True and the totals.
 
         sampling: the sampler parameters by the names of ramforge.params' table (temperature, top_k,
         top_p, ..., mirostat, dry_multiplier, logit_bias, seed); left out or None, the table's
-        default (seed: the Model's)."""
+        default (seed: the Model's). grammar: GBNF text (llama.cpp's dialect), a compiled
+        ramforge.structured.Grammar or a llama_cpp.LlamaGrammar; errors.GrammarError when it is invalid.
+        With a grammar the draft model is not used."""
         params = sampler_params(sampling, defaults={"seed": self.seed})
+        grammar = self.compile_grammar(grammar)
         stops = stop_strings(stop)
         ids = self.tokenize(prompt, add_bos=True, special=special) if isinstance(prompt, str) else list(prompt)
         if max_tokens is None or max_tokens < 0:
             max_tokens = self.n_ctx - len(ids)
-        sampler = Sampler(params, self.engine.hp.n_vocab, chain=self.sampler_chain, tokenizer=self.tokenizer)
+        sampler = Sampler(params, self.engine.hp.n_vocab, chain=self.sampler_chain, tokenizer=self.tokenizer,
+                          grammar=grammar)
         eng, dec, hold = self.engine, self.tokenizer.stream(), max((len(s) for s in stops), default=1) - 1
         text, sent, out, finish = "", 0, [], "length"
-        steps = eng.generate(ids, max_tokens, sampler, reuse_prefix=True, draft=self.draft_model)
+        steps = eng.generate(ids, max_tokens, sampler, reuse_prefix=True,
+                             draft=self.draft_model if grammar is None else None)
         for tok in steps:
             out.append(tok)
             text += dec.feed(tok)
@@ -160,6 +165,20 @@ class Model:
         t = eng.timings
         yield Response(text[sent:], None, True, finish, len(ids), t.prompt_tokens, len(out), t.prompt_s, t.gen_s,
                        t.load_s, out, t.compile_s, speculative=t.spec.as_dict() if t.spec is not None else None)
+
+    def compile_grammar(self, grammar):
+        """A ramforge.structured.Grammar for this model's vocabulary from GBNF text, a Grammar, or an
+        object holding GBNF in `_grammar` (llama_cpp.LlamaGrammar); None stays None."""
+        if grammar is None:
+            return None
+        from .structured import Grammar, compile_grammar
+
+        if isinstance(grammar, Grammar):
+            return grammar
+        text = grammar if isinstance(grammar, str) else getattr(grammar, "_grammar", None)
+        if not isinstance(text, str):
+            raise InvalidArgument(f"grammar must be GBNF text or a Grammar, not {type(grammar).__name__}")
+        return compile_grammar(text, self.tokenizer)
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, **kwargs) -> Response:
         """The whole completion as one Response (text, token ids, counts and timings)."""
@@ -192,8 +211,19 @@ class Model:
     __call__ = create_completion
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, stream: bool = False,
-                               chat_template_kwargs: dict | None = None, **kwargs):
-        """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts."""
+                               chat_template_kwargs: dict | None = None, response_format: dict | None = None,
+                               **kwargs):
+        """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts.
+        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}
+        (the grammar llama.cpp's json_schema_to_grammar writes; ramforge.structured)."""
+        if response_format is not None:
+            from .structured import for_response_format
+
+            gbnf = for_response_format(response_format)
+            if gbnf is not None:
+                if kwargs.get("grammar") is not None:
+                    raise InvalidArgument("response_format and grammar cannot be used together")
+                kwargs["grammar"] = gbnf
         prompt = self.render_chat(messages, **(chat_template_kwargs or {}))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         chunks = self.split_reasoning(self.stream(prompt, max_tokens if max_tokens is not None else -1, **kwargs))

@@ -209,7 +209,9 @@ BAD_OLLAMA = [
     {"model": "default", "prompt": "x", "options": {"dry_allowed_length": -1}},
     {"model": "default", "prompt": "x", "options": {"typical_p": 1.5}},
     {"model": "default", "prompt": "x", "keep_alive": "five minutes"},
-    {"model": "default", "prompt": "x", "format": "json"},
+    {"model": "default", "prompt": "x", "format": "xml"},                           # neither "json" nor a schema
+    {"model": "default", "prompt": "x", "format": {"type": "frog"}},                # llama.cpp's converter refuses it
+    {"model": "default", "prompt": "x", "format": {"type": "number", "minimum": 1}}, # cannot be enforced: named
     {"model": "default", "prompt": "x", "images": ["aGk="]},
     {"model": "default", "prompt": "x", "context": [-1]},
     {"model": "default", "prompt": "x", "context": [10 ** 8]},                     # out of the vocabulary
@@ -244,6 +246,12 @@ BAD_OPENAI = [
     ("/v1/chat/completions", {"model": "default", "messages": MSGS, "typical_p": -0.5}),
     ("/v1/chat/completions", {"model": "default", "messages": MSGS, "logit_bias": {"999999999": 1}}),
     ("/v1/chat/completions", {"model": "default", "messages": MSGS, "min_keep": -1}),
+    ("/v1/chat/completions", {"model": "default", "messages": MSGS, "response_format": {"type": "xml"}}),
+    ("/v1/chat/completions", {"model": "default", "messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "^\\d$"}}}}),
+    ("/v1/completions", {"model": "default", "prompt": "x", "grammar": "root ::= undefined"}),
+    ("/v1/completions", {"model": "default", "prompt": "x", "grammar": 'root ::= "a', }),
+    ("/v1/completions", {"model": "default", "prompt": "x", "grammar": 'root ::= "a"', "json_schema": {}}),
 ]
 
 
@@ -381,3 +389,52 @@ def test_cli_serve_command():
     assert res.exit_code == 0 and "--api-key" in res.output and "127.0.0.1" in res.output
     res = CliRunner().invoke(cli, ["serve", "--keep-alive", "soon", "--port", "0"])
     assert res.exit_code != 0 and "keep-alive" in res.output
+
+
+# ------------------------------------------------------------------------------ structured output
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+ASK = [{"role": "user", "content": "Give me a person as JSON with a name and an age."}]
+
+
+def test_json_mode_and_schemas_through_the_clients(server):
+    import jsonschema
+
+    answers = [
+        server.ollama.chat(model="default", messages=ASK, format="json", options={**GREEDY, "num_predict": 96})
+        .message.content,
+        server.ollama.generate(model="default", prompt=ASK[0]["content"], format=PERSON,
+                               options={"seed": 3, "num_predict": 200}).response,
+        server.openai.chat.completions.create(model="default", messages=ASK, max_tokens=96, temperature=0,
+                                              response_format={"type": "json_object"}).choices[0].message.content,
+        "".join(c.choices[0].delta.content or "" for c in server.openai.chat.completions.create(
+            model="default", messages=ASK, max_tokens=200, seed=5, stream=True,
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+                                                                    "strict": True}})),
+        server.openai.completions.create(model="default", prompt="A person as JSON:", max_tokens=200, seed=7,
+                                         extra_body={"json_schema": PERSON}).choices[0].text,
+    ]
+    for i, text in enumerate(answers):
+        value = json.loads(text)
+        assert isinstance(value, dict), (i, text)
+        if i in (1, 3, 4):
+            jsonschema.validate(value, PERSON)
+    r = server.openai.completions.create(model="default", prompt="Is water wet?", max_tokens=8, temperature=0,
+                                         extra_body={"grammar": 'root ::= "Answer: " ("yes" | "no")'})
+    assert r.choices[0].text in ("Answer: yes", "Answer: no")
+    _wait_idle(server)
+
+
+def test_bad_grammar_is_400_with_the_parsers_message_and_releases_the_model(server):
+    before = server.http.get("/api/ps").json()["models"]
+    r = server.http.post("/v1/completions", json={"model": "default", "prompt": "x", "grammar": 'root ::= "\\q"'})
+    assert r.status_code == 400 and "unknown escape at line 1, column 11" in r.json()["error"]["message"]
+    r = server.http.post("/api/generate", json={"model": "default", "prompt": "x", "stream": False,
+                                                "format": {"type": "array", "uniqueItems": True}})
+    assert r.status_code == 400 and "uniqueItems" in r.json()["error"]
+    _wait_idle(server)
+    after = server.http.get("/api/ps").json()["models"]
+    if before and after:                               # the budget holds what it held before
+        assert after[0]["budget"]["current"] == before[0]["budget"]["current"]

@@ -88,10 +88,11 @@ def main(argv=None) -> int:
     from llama_cpp import LlamaGrammar
 
     import ramforge
+    from ramforge.resolve import default_model_path
     from ramforge.structured import schema_grammar
     from tools.schema_oracle import llama_cpp_schema_to_grammar
 
-    path = str(ramforge.resolve.default_model_path())
+    path = str(default_model_path())
     rf = ramforge.Model(path, n_ctx=N_CTX)
     llm = llama_cpp.Llama(path, n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, n_threads=2, n_threads_batch=2,
                           verbose=False, seed=0)

@@ -4,7 +4,8 @@ Request models forbid unknown fields but declare every field the official `opena
 send: those that change nothing here (user, metadata, store, service_tier, prompt_cache_key,
 ...) are accepted and ignored; reasoning_effort goes to the chat template (gpt-oss's harmony reads it), and
 a reasoning model's thinking comes back as `reasoning_content`, as llama-server reports it; those asking for something ramforge cannot do
-(n > 1, logprobs, response_format other than text, forced tool calls, audio) are a 400. Messages also accept the fields a client echoes back from an earlier response (refusal,
+(n > 1, logprobs, forced tool calls, audio) are a 400. response_format (json_object,
+json_schema) and llama-server's `grammar` / `json_schema` constrain the answer (ramforge.structured). Messages also accept the fields a client echoes back from an earlier response (refusal,
 annotations, audio: null). Extensions, as llama.cpp's server takes them (the client's
 `extra_body`): top_k, min_p, typical_p, repeat_penalty, repeat_last_n, min_keep, top_n_sigma,
 xtc_*, dynatemp_*, mirostat*, dry_* (the rest of ramforge.params' table), chat_template_kwargs;
@@ -25,9 +26,10 @@ from typing import Literal
 
 import anyio
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
 
 from ..errors import EmptyPrompt, ModelNotFound, UnsupportedField
+from ..structured import for_request
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, error_body, error_status, request_sampling,
                      sampler_fields, stop_list)
 from .manager import Job, list_models, manager_of, stream_job
@@ -60,14 +62,19 @@ class _Common(_SamplerFields):
     n: int | None = Field(None, ge=1, le=1)
     stop: str | list[str] | None = None
     user: str | None = None
+    grammar: str | None = None           # llama-server's extensions: GBNF, or a JSON schema
+    json_schema: dict | None = None
+    _gbnf: str | None = PrivateAttr(None)
 
     def check(self) -> None:
         stop_list(self.stop)
+        # a bad grammar or schema is a 400 here, before the request queues (ramforge.structured)
+        self._gbnf = for_request(self.grammar, self.json_schema, getattr(self, "response_format", None))
         self.sampling()                  # a bad combination fails here, before the request queues
 
     def sampling(self) -> dict:
         seed = None if self.seed is None or self.seed < 0 else self.seed % 0xFFFFFFFF  # 0xFFFFFFFF = random
-        return request_sampling(self, DEFAULTS, seed)
+        return {**request_sampling(self, DEFAULTS, seed), "grammar": self._gbnf}
 
     @property
     def include_usage(self) -> bool:
@@ -135,8 +142,6 @@ class ChatRequest(_Common):
             raise UnsupportedField(f"tool_choice {self.tool_choice!r} is not supported (only 'auto' or 'none')")
         if self.functions or self.function_call:
             raise UnsupportedField("functions / function_call are not supported; use tools")
-        if self.response_format not in (None, {"type": "text"}):
-            raise UnsupportedField("response_format other than {'type': 'text'} is not supported")
         if self.modalities not in (None, ["text"]):
             raise UnsupportedField("only the text modality is supported")
         for name in ("audio", "prediction", "web_search_options", "moderation"):

@@ -25,7 +25,7 @@ from .schema import SchemaError, UnsupportedSchema
 
 __all__ = ["Grammar", "GrammarState", "GrammarError", "GBNFError", "SchemaError", "UnsupportedSchema",
            "json_schema_to_grammar", "schema_grammar", "compile_grammar", "check_gbnf", "for_response_format",
-           "for_ollama_format", "for_llama_server", "JSON_OBJECT"]
+           "for_ollama_format", "for_llama_server", "for_request", "JSON_OBJECT"]
 
 JSON_OBJECT = {"type": "object"}
 
@@ -86,6 +86,17 @@ def for_ollama_format(fmt) -> str | None:
     if isinstance(fmt, dict):
         return schema_grammar(fmt)
     raise GrammarError(f'format must be "json" or a JSON schema object, got {json.dumps(fmt)[:80]}')
+
+
+def for_request(grammar=None, json_schema=None, response_format=None) -> str | None:
+    """An OpenAI-compatible request's grammar, as llama-server reads it: `grammar` and `json_schema`
+    (its extensions; not both), a response_format of json_object / json_schema replacing json_schema."""
+    if json_schema is not None and grammar:
+        raise GrammarError("Cannot use both json_schema and grammar")
+    from_format = for_response_format(response_format)
+    if from_format is not None:
+        return from_format
+    return for_llama_server(grammar, json_schema)
 
 
 def for_llama_server(grammar, json_schema) -> str | None:

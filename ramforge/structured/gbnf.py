@@ -293,9 +293,11 @@ def _item(it, names: dict) -> str:
     if k == "lit":
         return " ".join(f"/{_cp(c)}/" for c in it[1]) if it[1] else '""'
     if k == "cls":
+        if not it[2]:                            # [] and [^] add no element in llama.cpp: they match ""
+            return '""'
         ranges = [(lo, hi) for lo, hi in it[2] if lo <= hi]
         body = "".join(_cp(lo) if lo == hi else f"{_cp(lo)}-{_cp(hi)}" for lo, hi in ranges)
-        if not body:                             # [^] is any character; [] (or only empty ranges) none
+        if not body:                             # only reversed ranges: negated any character, else none
             return r"/[\x{0}-\x{10FFFF}]/" if it[1] else "/[^\\x{0}-\\x{10FFFF}]/"
         return f"/[{'^' if it[1] else ''}{body}]/"
     if k == "any":
