@@ -23,7 +23,7 @@ class GBNFError(GrammarError):
 
 
 def _word(c: str) -> bool:
-    return c.isascii() and (c.isalnum() or c in "-_")
+    return len(c) == 1 and c.isascii() and (c.isalnum() or c in "-_")
 
 
 class _Parser:
