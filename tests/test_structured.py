@@ -20,7 +20,8 @@ import pytest
 from ramforge.errors import GrammarError, InvalidArgument
 from ramforge.structured import (GBNFError, SchemaError, UnsupportedSchema, for_ollama_format, for_request,
                                  json_schema_to_grammar, schema_grammar)
-from ramforge.structured.gbnf import parse, to_lark
+from ramforge.structured.gbnf import parse
+from ramforge.structured.lark import to_lark
 
 FIX = Path(__file__).parent / "fixtures" / "grammar"
 CONVERTER = json.loads((FIX / "converter.json").read_text())["cases"]

@@ -145,10 +145,8 @@ class Sampler:
             if amounts:
                 S.subtract(c, amounts)
         if self.grammar_state is not None:             # llama_sampler_init_grammar's stage
-            allowed = self.grammar_state.mask()
-            if not allowed.any():
+            if not self.grammar_state.apply(c.logit):
                 raise SamplerError("grammar", "a state that allows no token", "a grammar that can continue")
-            np.copyto(c.logit, F32(-np.inf), where=~allowed)
         return c
 
     def _filters(self, c: S.Cands, xtc_rng) -> None:

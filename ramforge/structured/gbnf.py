@@ -4,10 +4,8 @@ llguidance.
 `parse(text)` follows llama.cpp's parser: its escapes (\\x \\u \\U \\t \\r \\n \\\\ \\" \\[ \\] \\-),
 comments, `{m,n}` repetitions and their limit, a later definition of a rule replacing an earlier one,
 and its checks (undefined rules, a missing `root`, left recursion); its error messages, with the line
-and column. `to_lark(rules)` writes the grammar so that llguidance accepts the same language as
-llama.cpp's pushdown matcher: every rule stays a grammar rule and every lexeme is one character (a
-literal is split into its characters), so no lexeme's greedy match can cut a parse llama.cpp allows.
-Token references (`<[id]>`, `<name>`) are refused.
+and column. ramforge.structured.lark writes the rules for llguidance. Token references (`<[id]>`, `<name>`)
+are refused.
 """
 from __future__ import annotations
 
@@ -280,48 +278,3 @@ def parse(text: str) -> dict:
     if not isinstance(text, str):
         raise GBNFError(f"a grammar must be GBNF text, not {type(text).__name__}")
     return _Parser(text).parse()
-
-
-# ---- Lark -----------------------------------------------------------------------------------------
-
-def _cp(c: int) -> str:
-    return f"\\x{{{c:X}}}"
-
-
-def _item(it, names: dict) -> str:
-    k = it[0]
-    if k == "lit":
-        return " ".join(f"/{_cp(c)}/" for c in it[1]) if it[1] else '""'
-    if k == "cls":
-        if not it[2]:                            # [] and [^] add no element in llama.cpp: they match ""
-            return '""'
-        ranges = [(lo, hi) for lo, hi in it[2] if lo <= hi]
-        body = "".join(_cp(lo) if lo == hi else f"{_cp(lo)}-{_cp(hi)}" for lo, hi in ranges)
-        if not body:                             # only reversed ranges: negated any character, else none
-            return r"/[\x{0}-\x{10FFFF}]/" if it[1] else "/[^\\x{0}-\\x{10FFFF}]/"
-        return f"/[{'^' if it[1] else ''}{body}]/"
-    if k == "any":
-        return r"/[\x{0}-\x{10FFFF}]/"
-    if k == "ref":
-        return names[it[1]]
-    if k == "group":
-        return "(" + _alts(it[1], names) + ")"
-    inner, lo, hi = _item(it[1], names), it[2], it[3]
-    inner = f"({inner})"
-    if hi is None:
-        return inner + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
-    if lo == 0 and hi == 1:
-        return inner + "?"
-    return inner + f"{{{lo},{hi}}}"
-
-
-def _alts(alts: list, names: dict) -> str:
-    return " | ".join(" ".join(_item(it, names) for it in seq) if seq else '""' for seq in alts)
-
-
-def to_lark(rules: dict) -> str:
-    """llguidance's Lark for parsed GBNF rules: root becomes `start`, the others r0, r1, ..."""
-    names = {n: ("start" if n == "root" else f"r{i}") for i, n in enumerate(rules)}
-    lines = ['%llguidance {"no_forcing": true}']
-    lines += [f"{names[n]}: {_alts(alts, names)}" for n, alts in rules.items()]
-    return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import weakref
 
+import numba
 import numpy as np
 
 from ..errors import GrammarError, MissingExtra
@@ -68,11 +69,26 @@ def lltokenizer(tok):
         return lt
 
 
+@numba.njit(nogil=True, cache=False)
+def _apply_bits(logits, words):
+    """-inf at every token whose bit in `words` (llguidance's bitmask, 32 tokens a word) is 0."""
+    n = logits.size
+    for b in range(words.size):
+        m = words[b]
+        if m == 0xFFFFFFFF:
+            continue
+        base = b * 32
+        for j in range(min(32, n - base)):
+            if not (m >> j) & 1:
+                logits[base + j] = -np.inf
+
+
 class Grammar:
     """A GBNF grammar compiled for one tokenizer. `gbnf`: the text (llama.cpp's dialect)."""
 
     def __init__(self, gbnf: str, tokenizer):
-        from .gbnf import parse, to_lark
+        from .gbnf import parse
+        from .lark import to_lark
 
         self.gbnf = gbnf
         self.lark = to_lark(parse(gbnf))
@@ -109,6 +125,13 @@ class GrammarState:
         self._m.unsafe_compute_mask_ptr(self._ptr, self._words.nbytes)
         bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
         return bits[:self.grammar.n_vocab].view(np.bool_)
+
+    def apply(self, logits: np.ndarray) -> bool:
+        """Set the logits of the tokens the grammar does not allow next to -inf, in place (float32,
+        n_vocab); False when it allows none."""
+        self._m.unsafe_compute_mask_ptr(self._ptr, self._words.nbytes)
+        _apply_bits(logits, self._words)
+        return bool(self._words.any())
 
     def accept(self, token: int) -> None:
         if not self._m.consume_token(int(token)):
