@@ -74,7 +74,11 @@ class _Common(_SamplerFields):
 
     def sampling(self) -> dict:
         seed = None if self.seed is None or self.seed < 0 else self.seed % 0xFFFFFFFF  # 0xFFFFFFFF = random
-        return {**request_sampling(self, DEFAULTS, seed), "grammar": self._gbnf}
+        return request_sampling(self, DEFAULTS, seed)
+
+    def generation(self) -> dict:
+        """Model.stream's keywords: the sampler parameters and the grammar (None: unconstrained)."""
+        return {**self.sampling(), "grammar": self._gbnf}
 
     @property
     def include_usage(self) -> bool:
@@ -218,7 +222,7 @@ async def chat_completions(req: ChatRequest, request: Request):
         return model.tokenize(model.render_chat(messages, **kwargs), add_bos=True, special=True)
 
     job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
-                          max_tokens=max_tokens, clamp=False, sampling=req.sampling(), stop=stop_list(req.stop),
+                          max_tokens=max_tokens, clamp=False, sampling=req.generation(), stop=stop_list(req.stop),
                           chat=True)
     cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
     if not req.stream:
@@ -264,7 +268,7 @@ async def completions(req: CompletionRequest, request: Request):
         return model.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else prompt
 
     job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
-                          max_tokens=req.max_tokens, clamp=False, sampling=req.sampling(), stop=stop_list(req.stop))
+                          max_tokens=req.max_tokens, clamp=False, sampling=req.generation(), stop=stop_list(req.stop))
     cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
     echo = ""
     if req.echo:
