@@ -134,20 +134,24 @@ class Model:
     # ---- generation --------------------------------------------------------------------------
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
                special: bool = True, logprobs: int | None = None, logprobs_style: str = LCPP_LOGPROBS,
-               **sampling) -> Iterator[Response]:
+               grammar=None, **sampling) -> Iterator[Response]:
         """Yield a Response per piece of text; the last one has done=True and the totals.
 
         sampling: the sampler parameters by the names of ramforge.params' table (temperature, top_k,
         top_p, ..., mirostat, dry_multiplier, logit_bias, seed); left out or None, the table's
         default (seed: the Model's). logprobs: 0..20 alternatives per token; each Response then
         carries the `logprobs.Step`s of its tokens (every generated token, the end-of-generation one
-        excluded), computed as `logprobs_style` (ramforge.logprobs) does."""
+        excluded), computed as `logprobs_style` (ramforge.logprobs) does. grammar: GBNF text
+        (llama.cpp's dialect), a compiled ramforge.structured.Grammar or a llama_cpp.LlamaGrammar;
+        errors.GrammarError when it is invalid. With a grammar the draft model is not used."""
         params = sampler_params(sampling, defaults={"seed": self.seed})
+        grammar = self.compile_grammar(grammar)
         stops = stop_strings(stop)
         ids = self.tokenize(prompt, add_bos=True, special=special) if isinstance(prompt, str) else list(prompt)
         if max_tokens is None or max_tokens < 0:
             max_tokens = self.n_ctx - len(ids)
-        sampler = Sampler(params, self.engine.hp.n_vocab, chain=self.sampler_chain, tokenizer=self.tokenizer)
+        sampler = Sampler(params, self.engine.hp.n_vocab, chain=self.sampler_chain, tokenizer=self.tokenizer,
+                          grammar=grammar)
         rec = Recorder(sampler, logprobs, logprobs_style) if logprobs is not None else None
         taken = 0
 
@@ -159,7 +163,8 @@ class Model:
             return new
         eng, dec, hold = self.engine, self.tokenizer.stream(), max((len(s) for s in stops), default=1) - 1
         text, sent, out, finish = "", 0, [], "length"
-        gen = eng.generate(ids, max_tokens, rec or sampler, reuse_prefix=True, draft=self.draft_model,
+        gen = eng.generate(ids, max_tokens, rec or sampler, reuse_prefix=True,
+                           draft=self.draft_model if grammar is None else None,
                            outputs_all=rec is not None and logprobs_style == LCPP_LOGPROBS)  # as logits_all=True
         for tok in gen:
             out.append(tok)
@@ -180,6 +185,20 @@ class Model:
         yield Response(text[sent:], None, True, finish, len(ids), t.prompt_tokens, len(out), t.prompt_s, t.gen_s,
                        t.load_s, out, t.compile_s, speculative=t.spec.as_dict() if t.spec is not None else None,
                        logprobs=steps())
+
+    def compile_grammar(self, grammar):
+        """A ramforge.structured.Grammar for this model's vocabulary from GBNF text, a Grammar, or an
+        object holding GBNF in `_grammar` (llama_cpp.LlamaGrammar); None stays None."""
+        if grammar is None:
+            return None
+        from .structured import Grammar, compile_grammar
+
+        if isinstance(grammar, Grammar):
+            return grammar
+        text = grammar if isinstance(grammar, str) else getattr(grammar, "_grammar", None)
+        if not isinstance(text, str):
+            raise InvalidArgument(f"grammar must be GBNF text or a Grammar, not {type(grammar).__name__}")
+        return compile_grammar(text, self.tokenizer)
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, **kwargs) -> Response:
         """The whole completion as one Response (text, token ids, counts and timings)."""
@@ -219,13 +238,24 @@ class Model:
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, stream: bool = False,
                                chat_template_kwargs: dict | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None, tools: list[dict] | None = None,
-                               tool_choice=None, **kwargs):
+                               tool_choice=None, response_format: dict | None = None, **kwargs):
         """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts. logprobs:
         each token's, with top_logprobs (0..20) alternatives, in llama-cpp-python's chat shape.
         tools: the model's calls come back as `tool_calls` (ramforge.tools_call), finish_reason
-        "tool_calls"; streamed as deltas."""
+        "tool_calls"; streamed as deltas. tool_choice "required" or a named function: a grammar
+        makes the answer that call (`tools_call.call_grammar`). response_format: {"type":
+        "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}} (the grammar
+        llama.cpp's json_schema_to_grammar writes; ramforge.structured)."""
         calls_in = ToolSession(tools, tool_choice)
         msgs, tools_for = calls_in.prepare(self.chat_template().text, messages)
+        forced = [(what, g) for what, g in (("grammar", kwargs.get("grammar")),
+                                            ("response_format", _response_grammar(response_format)),
+                                            ("tool_choice", calls_in.grammar())) if g is not None]
+        if len(forced) > 1:
+            raise InvalidArgument(f"{forced[0][0]} and {forced[1][0]} cannot be used together: "
+                                  "each constrains the whole answer")
+        if forced:
+            kwargs["grammar"] = forced[0][1]
         prompt = self.render_chat(msgs, tools=tools_for, **(chat_template_kwargs or {}))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         n_top = check_top(top_logprobs or 0) if logprobs else None
@@ -333,6 +363,15 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _response_grammar(response_format) -> str | None:
+    """The GBNF of an OpenAI response_format (None for text or none)."""
+    if response_format is None:
+        return None
+    from .structured import for_response_format
+
+    return for_response_format(response_format)
 
 
 def _usage(r: Response) -> dict:

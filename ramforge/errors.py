@@ -88,6 +88,11 @@ class UnsupportedField(InvalidArgument):
     """A request field that asks for a feature ramforge lacks (images, logprobs, JSON mode, ...)."""
 
 
+class GrammarError(InvalidArgument):
+    """A grammar (GBNF) or JSON schema that cannot constrain generation: the parser's message, with
+    the position, or the schema feature that is not supported (ramforge.structured)."""
+
+
 class MemorySizeError(InvalidArgument):
     """A memory size string such as '8G' could not be parsed."""
 

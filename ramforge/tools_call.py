@@ -17,8 +17,9 @@ model gives is kept (Mistral), otherwise one is made. Control tokens such as `[T
 without them too. llama.cpp now derives its parsers from a template by a differential analysis
 (common/chat-auto-parser); these are the formats it produces for the templates above.
 
-tool_choice "required" or a named function is accepted and parsed, not enforced: `call_constraint`
-describes the JSON a grammar must force at the call's start (the hook for a grammar mask).
+tool_choice "required" or a named function is enforced by a grammar (`call_grammar`): the answer is
+one call in the template's format, its name one of the tools (or the named one) and its arguments
+valid for the tool's parameters, as llama.cpp's chat code forces a call with a non-lazy grammar.
 """
 from __future__ import annotations
 
@@ -106,15 +107,43 @@ def check_choice(tool_choice, tools) -> str | None:
 
 def call_constraint(fmt: str, tools, choice: str) -> dict | None:
     """For tool_choice "required" / a named function: the JSON schema of the call a grammar must force
-    from the start of the answer (trigger: the format's opening), or None for "auto" / "none"."""
+    from the start of the answer (after the format's opening `start`), or None for "auto" / "none"."""
     if choice in (None, "auto", "none"):
         return None
+    args = "parameters" if fmt == LLAMA3 else "arguments"
     fns = [t["function"] for t in tools if choice == "required" or t["function"]["name"] == choice]
     one = [{"type": "object", "properties": {"name": {"const": f["name"]},
-                                             "arguments": f.get("parameters") or {"type": "object"}},
-            "required": ["name", "arguments"]} for f in fns]
+                                             args: f.get("parameters") or {"type": "object"}},
+            "required": ["name", args]} for f in fns]
+    schema = {"anyOf": one} if len(one) > 1 else one[0]
+    if fmt == GENERIC:                       # llama.cpp's generic format: {"tool_call": {...}}
+        schema = {"type": "object", "properties": {"tool_call": schema}, "required": ["tool_call"]}
     start = {HERMES: "<tool_call>", MISTRAL: "[TOOL_CALLS]", LLAMA3: "", GENERIC: ""}[fmt]
-    return {"format": fmt, "start": start, "schema": {"anyOf": one} if len(one) > 1 else one[0]}
+    return {"format": fmt, "start": start, "schema": schema}
+
+
+# the answer around the call's JSON (`{call}`), by format; `space` is the converter's JSON whitespace
+_WRAP = {HERMES: 'root ::= "<tool_call>" space {call} space "</tool_call>"',
+         MISTRAL: 'root ::= "[TOOL_CALLS]" "[" space {call} space "]"',
+         LLAMA3: "root ::= {call}", GENERIC: "root ::= {call}"}
+
+
+def call_grammar(fmt: str, tools, choice: str) -> str | None:
+    """GBNF forcing one call (call_constraint) for tool_choice "required" / a named function; None
+    otherwise. The call's JSON is the grammar llama.cpp's json_schema_to_grammar writes for it."""
+    c = call_constraint(fmt, tools, choice)
+    if c is None:
+        return None
+    from .structured import json_schema_to_grammar
+
+    body = json_schema_to_grammar(c["schema"])
+    name = "call"
+    while re.search(rf"^{name} ::=", body, flags=re.M):     # a rule of the schema's own
+        name += "0"
+    body = re.sub(r"^root ::=", f"{name} ::=", body, count=1, flags=re.M)
+    if not re.search(r"^space ::=", body, flags=re.M):
+        body += 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}\n'
+    return _WRAP[fmt].format(call=name) + "\n" + body
 
 
 # ---- messages in -------------------------------------------------------------------------------
@@ -415,8 +444,12 @@ class ToolSession:
         return messages, self.tools
 
     def constraint(self) -> dict | None:
-        """What a grammar must force for "required" / a named function (call_constraint): the hook."""
+        """What a grammar must force for "required" / a named function (call_constraint)."""
         return call_constraint(self.fmt, self.tools, self.choice) if self.active else None
+
+    def grammar(self) -> str | None:
+        """The GBNF forcing that call (call_grammar), or None."""
+        return call_grammar(self.fmt, self.tools, self.choice) if self.active else None
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         return parse(text, self.fmt) if self.active else (text, [])

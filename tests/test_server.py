@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -209,7 +210,9 @@ BAD_OLLAMA = [
     {"model": "default", "prompt": "x", "options": {"dry_allowed_length": -1}},
     {"model": "default", "prompt": "x", "options": {"typical_p": 1.5}},
     {"model": "default", "prompt": "x", "keep_alive": "five minutes"},
-    {"model": "default", "prompt": "x", "format": "json"},
+    {"model": "default", "prompt": "x", "format": "xml"},                           # neither "json" nor a schema
+    {"model": "default", "prompt": "x", "format": {"type": "frog"}},                # llama.cpp's converter refuses it
+    {"model": "default", "prompt": "x", "format": {"type": "number", "minimum": 1}}, # cannot be enforced: named
     {"model": "default", "prompt": "x", "images": ["aGk="]},
     {"model": "default", "prompt": "x", "context": [-1]},
     {"model": "default", "prompt": "x", "context": [10 ** 8]},                     # out of the vocabulary
@@ -244,6 +247,12 @@ BAD_OPENAI = [
     ("/v1/chat/completions", {"model": "default", "messages": MSGS, "typical_p": -0.5}),
     ("/v1/chat/completions", {"model": "default", "messages": MSGS, "logit_bias": {"999999999": 1}}),
     ("/v1/chat/completions", {"model": "default", "messages": MSGS, "min_keep": -1}),
+    ("/v1/chat/completions", {"model": "default", "messages": MSGS, "response_format": {"type": "xml"}}),
+    ("/v1/chat/completions", {"model": "default", "messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "^\\d$"}}}}),
+    ("/v1/completions", {"model": "default", "prompt": "x", "grammar": "root ::= undefined"}),
+    ("/v1/completions", {"model": "default", "prompt": "x", "grammar": 'root ::= "a', }),
+    ("/v1/completions", {"model": "default", "prompt": "x", "grammar": 'root ::= "a"', "json_schema": {}}),
 ]
 
 
@@ -381,3 +390,114 @@ def test_cli_serve_command():
     assert res.exit_code == 0 and "--api-key" in res.output and "127.0.0.1" in res.output
     res = CliRunner().invoke(cli, ["serve", "--keep-alive", "soon", "--port", "0"])
     assert res.exit_code != 0 and "keep-alive" in res.output
+
+
+# ------------------------------------------------------------------------------ structured output
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+ASK = [{"role": "user", "content": "Give me a person as JSON with a name and an age."}]
+
+
+def test_json_mode_and_schemas_through_the_clients(server):
+    import jsonschema
+
+    # JSON mode: an object; gemma-3-270m may ramble past the token limit, so it parses once it ended
+    chat = server.ollama.chat(model="default", messages=ASK, format="json", options={**GREEDY, "num_predict": 96})
+    v1 = server.openai.chat.completions.create(model="default", messages=ASK, max_tokens=96, temperature=0,
+                                               response_format={"type": "json_object"})
+    for text, done in ((chat.message.content, chat.done_reason), (v1.choices[0].message.content,
+                                                                  v1.choices[0].finish_reason)):
+        assert text.startswith("{"), text
+        if done == "stop":
+            assert isinstance(json.loads(text), dict)
+    # schemas whose answers end (bounded strings): each one finishes, parses and validates
+    answers = [
+        server.ollama.generate(model="default", prompt=ASK[0]["content"], format=PERSON,
+                               options={"seed": 3, "num_predict": 300}),
+        "".join(c.choices[0].delta.content or "" for c in server.openai.chat.completions.create(
+            model="default", messages=ASK, max_tokens=300, seed=5, stream=True,
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+                                                                    "strict": True}})),
+        server.openai.completions.create(model="default", prompt="A person as JSON:", max_tokens=300, seed=7,
+                                         extra_body={"json_schema": PERSON}).choices[0].text,
+    ]
+    assert answers[0].done_reason == "stop"
+    answers[0] = answers[0].response
+    for text in answers:
+        jsonschema.validate(json.loads(text), PERSON)
+    r = server.openai.completions.create(model="default", prompt="Is water wet?", max_tokens=8, temperature=0,
+                                         extra_body={"grammar": 'root ::= "Answer: " ("yes" | "no")'})
+    assert r.choices[0].text in ("Answer: yes", "Answer: no")
+    _wait_idle(server)
+
+
+def test_bad_grammar_is_400_with_the_parsers_message_and_releases_the_model(server):
+    before = server.http.get("/api/ps").json()["models"]
+    r = server.http.post("/v1/completions", json={"model": "default", "prompt": "x", "grammar": 'root ::= "\\q"'})
+    assert r.status_code == 400 and "unknown escape at line 1, column 11" in r.json()["error"]["message"]
+    r = server.http.post("/api/generate", json={"model": "default", "prompt": "x", "stream": False,
+                                                "format": {"type": "array", "uniqueItems": True}})
+    assert r.status_code == 400 and "uniqueItems" in r.json()["error"]
+    _wait_idle(server)
+    after = server.http.get("/api/ps").json()["models"]
+    if before and after:                               # the budget holds what it held before
+        assert after[0]["budget"]["current"] == before[0]["budget"]["current"]
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+WEATHER_ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+@pytest.mark.parametrize("template", [None, "qwen2.5-7b-instruct"])       # gemma's own (generic), Hermes
+def test_forced_tool_calls_arrive_as_tool_calls_and_validate(server, template):
+    """tool_choice "required" and a named function: a grammar makes the real model's answer a call."""
+    import jsonschema
+
+    from ramforge.api import Model
+    from ramforge.chat import ChatTemplate
+
+    mp = pytest.MonkeyPatch()
+    if template is not None:
+        d = json.loads((Path(__file__).parent / "fixtures" / "chat" / f"{template}.json").read_text())
+        mp.setattr(Model, "chat_template", lambda self: ChatTemplate(d["template"], "override", d["bos_token"],
+                                                                     d["eos_token"]))
+    try:
+        seen = []
+        for seed, choice in ((1, "required"), (2, "required"), (3, {"type": "function", "function": {"name": "get_time"}})):
+            r = server.openai.chat.completions.create(model="default", messages=WEATHER_ASK, tools=[WEATHER, CLOCK],
+                                                      tool_choice=choice, seed=seed, max_tokens=200)
+            ch = r.choices[0]
+            assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch
+            call = ch.message.tool_calls[0].function
+            tool = {"get_weather": WEATHER, "get_time": CLOCK}[call.name]
+            jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+            seen.append(call.name)
+        assert seen[2] == "get_time"
+        # streamed: the call arrives as deltas that concatenate to valid arguments
+        name, args, finish = "", "", None
+        for c in server.openai.chat.completions.create(model="default", messages=WEATHER_ASK, tools=[WEATHER],
+                                                       tool_choice="required", seed=4, max_tokens=200, stream=True):
+            for t in c.choices[0].delta.tool_calls or []:
+                name += (t.function.name or "") if t.function else ""
+                args += (t.function.arguments or "") if t.function else ""
+            finish = c.choices[0].finish_reason or finish
+        assert finish == "tool_calls" and name == "get_weather"
+        jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+    finally:
+        mp.undo()
+    _wait_idle(server)
+
+
+def test_forced_tool_call_with_a_grammar_is_a_400(server):
+    r = server.http.post("/v1/chat/completions", json={
+        "model": "default", "messages": WEATHER_ASK, "tools": [WEATHER], "tool_choice": "required",
+        "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and "cannot be used with response_format" in r.text, r.text

@@ -19,6 +19,11 @@ prompt is never accepted), the llama.cpp chain the caller's history (llama-compl
 prompt). ``repeat_last_n`` / ``dry_penalty_last_n`` = -1 means the whole history (llama.cpp's older
 "-1 = context size"; this llama.cpp refuses negatives, and its sampler turns them into 0, off).
 
+A grammar (`Sampler(grammar=...)`, a ramforge.structured.Grammar) is a stage after DRY, where
+llama-cpp-python's chain has llama_sampler_init_grammar: the tokens it does not allow get -inf, and
+each sampled token advances it (llama.cpp's accept). On the llama.cpp chain it sits at the same place
+(common_sampler's resampling with the grammar first is not reproduced).
+
 Random numbers are llama.cpp's: dist, XTC and mirostat each own a std::mt19937 seeded with the seed
 (`rng`); a seed of None, -1 or LLAMA_DEFAULT_SEED draws one at random on each reset. The float steps
 are llama.cpp's, with glibc's expf / logf / powf (`libm`), and its sorts are libstdc++'s (`cxxsort`),
@@ -47,10 +52,11 @@ class Sampler:
     """Picks the next token from one row of logits with llama.cpp's chain (see the module doc).
 
     State carried between calls, reset by `reset()`: the random generators, mirostat's mu and the
-    tokens sampled so far (llama.cpp's accepted tokens). `tokenizer` is needed for DRY's sequence
-    breakers only."""
+    tokens sampled so far (llama.cpp's accepted tokens), the grammar's position. `tokenizer` is needed
+    for DRY's sequence breakers only; `grammar`: a ramforge.structured.Grammar constraining the picks."""
 
-    def __init__(self, params: SamplerParams | None, n_vocab: int, *, chain: str = LCPP, tokenizer=None):
+    def __init__(self, params: SamplerParams | None, n_vocab: int, *, chain: str = LCPP, tokenizer=None,
+                 grammar=None):
         self.params = p = (params if params is not None else SamplerParams()).validate()
         if isinstance(n_vocab, bool) or not isinstance(n_vocab, numbers.Integral) or n_vocab < 1:
             raise SamplerError("n_vocab", n_vocab, "an integer >= 1")
@@ -76,6 +82,9 @@ class Sampler:
                 raise SamplerError("dry_sequence_breakers", p.dry_sequence_breakers,
                                    "a Sampler made with the model's tokenizer")
             self._breakers = breaker_table(tokenizer, p.dry_sequence_breakers)
+        if grammar is not None and grammar.n_vocab != self.n_vocab:
+            raise SamplerError("grammar", f"a grammar for {grammar.n_vocab} tokens", f"one for n_vocab {n_vocab}")
+        self.grammar = grammar
         self._ids = np.arange(self.n_vocab, dtype=np.int64)
         self._work = np.empty(self.n_vocab, dtype=np.float32)
         self.reset()
@@ -89,10 +98,13 @@ class Sampler:
         self._xtc_rng = MT19937(self.seed) if self.params.xtc_probability > 0 else None
         self.mu = F32(2) * F32(self.params.mirostat_tau)
         self.tokens: list[int] = []
+        self.grammar_state = self.grammar.state() if self.grammar is not None else None
 
     def accept(self, token: int) -> None:
         """Feed a token to the chain's memory without sampling it (llama_sampler_accept)."""
         self.tokens.append(int(token))
+        if self.grammar_state is not None:
+            self.grammar_state.accept(token)
 
     # ---- the chain -------------------------------------------------------------------------------
     def _check(self, logits) -> np.ndarray:
@@ -117,7 +129,7 @@ class Sampler:
         p = self.params
         x = self._check(logits)
         h = self._window(history)
-        if self.bias or self.use_penalties or self.use_dry:
+        if self.bias or self.use_penalties or self.use_dry or self.grammar_state is not None:
             np.copyto(self._work, x)
             x = self._work
         c = S.Cands(x, self._ids)
@@ -132,6 +144,9 @@ class Sampler:
                                     F32(p.dry_base), p.dry_allowed_length, self._breakers)
             if amounts:
                 S.subtract(c, amounts)
+        if self.grammar_state is not None:             # llama_sampler_init_grammar's stage
+            if not self.grammar_state.apply(c.logit):
+                raise SamplerError("grammar", "a state that allows no token", "a grammar that can continue")
         return c
 
     def _filters(self, c: S.Cands, xtc_rng) -> None:
@@ -174,6 +189,8 @@ class Sampler:
             S.dist(c, self._rng)
         tok = int(c.ids[c.selected])
         self.tokens.append(tok)
+        if self.grammar_state is not None:
+            self.grammar_state.accept(tok)
         return tok
 
     # ---- inspection (no state changes) -----------------------------------------------------------

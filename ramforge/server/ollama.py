@@ -4,9 +4,10 @@ Request models forbid unknown fields. They accept every field the official `olla
 sends (it drops None values; `chat` always sends `tools: []`) and every option Ollama knows: the
 sampling ones (ramforge.params' table, under the same names) are honoured, the llama.cpp-runner
 knobs (num_gpu, num_thread, use_mmap, ...) are accepted and ignored, and tfs_z (a stage llama.cpp
-dropped) only at its neutral value. Ollama's mirostat, mirostat_tau and mirostat_eta are the table's. Features ramforge lacks (images, format, suffix,
-Go templates) are a 400. logprobs / top_logprobs (0..20): Ollama's `logprobs` list (token, logprob, bytes,
-top_logprobs) beside each chunk's text, and the whole list in a non-streamed answer.
+dropped) only at its neutral value. Ollama's mirostat, mirostat_tau and mirostat_eta are the table's. Features ramforge lacks (images, suffix,
+Go templates) are a 400; `format` ("json" or a JSON schema) constrains the answer (ramforge.structured).
+logprobs / top_logprobs (0..20): Ollama's `logprobs` list (token, logprob, bytes, top_logprobs) beside
+each chunk's text, and the whole list in a non-streamed answer.
 
 Defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0, num_predict -1 = until an
 end-of-generation token or the context is full), except repeat_penalty 1.0 (Ollama's is 1.1): no
@@ -20,12 +21,13 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
 
 from .._version import __version__
 from ..errors import InvalidArgument, Unsupported, UnsupportedField
 from ..logprobs import MAX_TOP, SERVER, ollama_entry
 from ..reasoning import parser_for
+from ..structured import for_ollama_format
 from ..tools_call import ToolSession, ollama_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, details_of, iso, now_iso, parse_keep_alive,
                      read_info, request_sampling, sampler_fields, stop_list)
@@ -97,10 +99,10 @@ class _Generating(Strict):
     think: bool | str | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP)
+    _gbnf: str | None = PrivateAttr(None)
 
     def check(self) -> Options:
-        if self.format not in (None, ""):
-            raise UnsupportedField("format (JSON mode / structured outputs) is not supported")
+        self._gbnf = for_ollama_format(self.format)      # "json" or a JSON schema: ramforge.structured
         if isinstance(self.think, str) and self.think not in THINK_LEVELS:
             raise UnsupportedField(f"think = {self.think!r}: use true, false or one of {', '.join(THINK_LEVELS)}")
         return (self.options or Options()).check()
@@ -116,6 +118,10 @@ class _Generating(Strict):
         if isinstance(self.think, str):
             return {"reasoning_effort": self.think}
         return {"enable_thinking": bool(self.think)}
+
+    def sampling(self, opts: Options) -> dict:
+        """Model.stream's keywords: the options' sampler parameters, logprobs and the grammar."""
+        return {**opts.sampling(), **self.logprob_args(), "grammar": self._gbnf}
 
 
 class GenerateRequest(_Generating):
@@ -226,7 +232,7 @@ async def generate(req: GenerateRequest, request: Request):
         return model.tokenize(text, add_bos=True, special=True)
 
     job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
-                          max_tokens=opts.num_predict, clamp=True, sampling={**opts.sampling(), **req.logprob_args()},
+                          max_tokens=opts.num_predict, clamp=True, sampling=req.sampling(opts),
                           stop=stop_list(opts.stop), chat=not req.raw)
     name = req.model or job.loaded.name
     show_thinking = req.think is not False
@@ -275,7 +281,7 @@ async def chat(req: ChatRequest, request: Request):
         return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
 
     job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
-                          max_tokens=opts.num_predict, clamp=True, sampling={**opts.sampling(), **req.logprob_args()},
+                          max_tokens=opts.num_predict, clamp=True, sampling=req.sampling(opts),
                           stop=stop_list(opts.stop), chat=True)
     name = req.model or job.loaded.name
     lp = _logprobs(req, job)

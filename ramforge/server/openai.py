@@ -4,10 +4,12 @@ Request models forbid unknown fields but declare every field the official `opena
 send: those that change nothing here (user, metadata, store, service_tier, prompt_cache_key,
 ...) are accepted and ignored; reasoning_effort goes to the chat template (gpt-oss's harmony reads it), and
 a reasoning model's thinking comes back as `reasoning_content`, as llama-server reports it; those asking for something ramforge cannot do
-(n > 1, response_format other than text, audio) are a 400. With `tools`, the model's calls come back
+(n > 1, audio) are a 400. response_format (json_object, json_schema) and llama-server's `grammar` /
+`json_schema` constrain the answer (ramforge.structured). With `tools`, the model's calls come back
 as `tool_calls` (finish_reason "tool_calls"; streamed as deltas: id, type, name, then argument
-chunks) in the template's format (ramforge.tools_call); a tool without a name or a tool_choice
-naming no tool is a 400; "required" / a named function are parsed, not yet forced by a grammar. Messages also accept the fields a client echoes back from an earlier response (refusal,
+chunks) in the template's format (ramforge.tools_call); tool_choice "required" or a named function
+is forced by a grammar; a tool without a name or a tool_choice naming no tool is a 400. Messages
+also accept the fields a client echoes back from an earlier response (refusal,
 annotations, audio: null). Extensions, as llama.cpp's server takes them (the client's
 `extra_body`): top_k, min_p, typical_p, repeat_penalty, repeat_last_n, min_keep, top_n_sigma,
 xtc_*, dynatemp_*, mirostat*, dry_* (the rest of ramforge.params' table), chat_template_kwargs;
@@ -33,10 +35,11 @@ from typing import Literal
 
 import anyio
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
 
 from ..errors import EmptyPrompt, InvalidArgument, ModelNotFound, UnsupportedField
 from ..logprobs import LCPP, MAX_TOP, SERVER, chat_logprobs, legacy
+from ..structured import for_request
 from ..tools_call import ToolSession, openai_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, error_body, error_status, request_sampling,
                      sampler_fields, stop_list)
@@ -70,9 +73,14 @@ class _Common(_SamplerFields):
     n: int | None = Field(None, ge=1, le=1)
     stop: str | list[str] | None = None
     user: str | None = None
+    grammar: str | None = None           # llama-server's extensions: GBNF, or a JSON schema
+    json_schema: dict | None = None
+    _gbnf: str | None = PrivateAttr(None)
 
     def check(self) -> None:
         stop_list(self.stop)
+        # a bad grammar or schema is a 400 here, before the request queues (ramforge.structured)
+        self._gbnf = for_request(self.grammar, self.json_schema, getattr(self, "response_format", None))
         self.sampling()                  # a bad combination fails here, before the request queues
 
     def sampling(self) -> dict:
@@ -82,6 +90,10 @@ class _Common(_SamplerFields):
     def logprob_args(self) -> dict:
         """Model.stream's logprobs keywords (ramforge.logprobs); none when not asked."""
         return {}
+
+    def generation(self) -> dict:
+        """Model.stream's keywords: the sampler parameters and the grammar (None: unconstrained)."""
+        return {**self.sampling(), "grammar": self._gbnf}
 
     @property
     def include_usage(self) -> bool:
@@ -151,11 +163,12 @@ class ChatRequest(_Common):
         super().check()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidArgument("top_logprobs requires logprobs to be set to true")
-        ToolSession(self.tools, self.tool_choice)        # a tool without a name, an unknown function: 400
+        forced = ToolSession(self.tools, self.tool_choice).choice not in ("auto", "none")  # bad tools: 400
+        if forced and self._gbnf is not None:
+            raise InvalidArgument(f"tool_choice {json.dumps(self.tool_choice)} forces a call by a grammar; "
+                                  "it cannot be used with response_format, grammar or json_schema")
         if self.functions or self.function_call:
             raise UnsupportedField("functions / function_call are not supported; use tools")
-        if self.response_format not in (None, {"type": "text"}):
-            raise UnsupportedField("response_format other than {'type': 'text'} is not supported")
         if self.modalities not in (None, ["text"]):
             raise UnsupportedField("only the text modality is supported")
         for name in ("audio", "prediction", "web_search_options", "moderation"):
@@ -230,12 +243,16 @@ async def chat_completions(req: ChatRequest, request: Request):
     tools = ToolSession(req.tools, req.tool_choice)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
 
+    generation = req.generation()
+
     def build(model):
         msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, messages)
+        if tools.grammar() is not None:           # tool_choice "required" / a named function
+            generation["grammar"] = tools.grammar()
         return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
 
     job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
-                          max_tokens=max_tokens, clamp=False, sampling=req.sampling(), stop=stop_list(req.stop),
+                          max_tokens=max_tokens, clamp=False, sampling=generation, stop=stop_list(req.stop),
                           chat=True)
     cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
 
@@ -298,7 +315,7 @@ async def completions(req: CompletionRequest, request: Request):
         return model.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else prompt
 
     job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
-                          max_tokens=req.max_tokens, clamp=False, sampling=req.sampling(), stop=stop_list(req.stop))
+                          max_tokens=req.max_tokens, clamp=False, sampling=req.generation(), stop=stop_list(req.stop))
     cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
     echo = ""
     if req.echo:
