@@ -501,3 +501,35 @@ def test_forced_tool_call_with_a_grammar_is_a_400(server):
         "model": "default", "messages": WEATHER_ASK, "tools": [WEATHER], "tool_choice": "required",
         "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and "cannot be used with response_format" in r.text, r.text
+
+
+def test_fit_messages_drops_the_oldest_as_ollama():
+    from ramforge.server.common import fit_messages
+
+    sys_ = {"role": "system", "content": "S"}
+    call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}
+    msgs = [sys_, {"role": "user", "content": "a" * 10}, {"role": "assistant", "content": "b" * 10},
+            {"role": "user", "content": "c" * 10}, call, {"role": "tool", "content": "d" * 10},
+            {"role": "user", "content": "e" * 10}]
+    size = lambda ms: sum(len(m["content"]) + 1 for m in ms)                         # noqa: E731
+    assert fit_messages(msgs, 1000, size) == msgs
+    assert fit_messages(msgs, 36, size) == [sys_] + msgs[3:]                          # system kept
+    assert fit_messages(msgs, 25, size) == [sys_, call, msgs[5], msgs[6]]
+    assert fit_messages(msgs, 24, size) == [sys_, msgs[-1]]
+    assert fit_messages(msgs, 1, size) == [sys_, msgs[-1]]                            # the last always
+    assert fit_messages(msgs[:6], 1, size) == [sys_, call, msgs[5]]                   # a result with its call
+
+
+def test_ollama_chat_longer_than_num_ctx_is_truncated(server):
+    history = []
+    for i in range(12):
+        history += [{"role": "user", "content": f"Tell me fact number {i} about the sea, in detail please."},
+                    {"role": "assistant", "content": "The sea is wide and deep and full of life. " * 4}]
+    msgs = [{"role": "system", "content": "You answer briefly."}] + history + [
+        {"role": "user", "content": "One word: the sea's colour?"}]
+    r = server.ollama.chat(model="default", messages=msgs, options={**GREEDY, "num_predict": 4})
+    assert r.done and 0 < r.prompt_eval_count <= 512
+    full = server.http.post("/api/chat", json={"model": "default", "messages": msgs, "stream": False,
+                                               "truncate": False, "options": {"num_predict": 4}})
+    assert full.status_code == 400 and "context" in full.json()["error"], full.text
+    _wait_idle(server)

@@ -253,3 +253,33 @@ def request_sampling(request, defaults: Mapping[str, Any], seed: int | None) -> 
     keywords for Model.stream."""
     values = {p.name: p.for_server(getattr(request, p.name)) for p in PARAMS}   # llama-server's clamps
     return sampler_params({**values, "seed": seed}, defaults).as_dict()
+
+
+def _tool_block_start(msgs: list[dict], i: int) -> int:
+    """i, or the assistant turn whose tool calls the run of tool results at i answers (kept together)."""
+    if i <= 0 or i >= len(msgs) or msgs[i].get("role") != "tool":
+        return i
+    start = i
+    while start > 0 and msgs[start - 1].get("role") == "tool":
+        start -= 1
+    a = start - 1
+    return a if a >= 0 and msgs[a].get("role") == "assistant" and msgs[a].get("tool_calls") else i
+
+
+def fit_messages(msgs: list[dict], n_ctx: int, count) -> list[dict]:
+    """Ollama's chat truncation (server/prompt.go chatPrompt): drop the oldest messages until
+    count(messages) <= n_ctx, keeping every dropped system message, always the last message, and a
+    tool result with the assistant turn that called it. count: messages -> prompt tokens. A cut the
+    chat template refuses (a Jinja template that wants user/assistant turns alternating) is passed
+    over; the whole conversation's refusal is the caller's error."""
+    last = len(msgs) - 1
+    for i in range(last + 1):
+        start = _tool_block_start(msgs, i)
+        kept = [m for m in msgs[:start] if m.get("role") == "system"] + msgs[start:]
+        try:
+            if i == last or count(kept) <= n_ctx:
+                return kept
+        except ChatTemplateError:
+            if start == 0:
+                raise
+    return msgs

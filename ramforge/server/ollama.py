@@ -6,7 +6,9 @@ sampling ones (ramforge.params' table, under the same names) are honoured, the l
 knobs (num_gpu, num_thread, use_mmap, ...) are accepted and ignored, and tfs_z (a stage llama.cpp
 dropped) only at its neutral value. Ollama's mirostat, mirostat_tau and mirostat_eta are the table's. Features ramforge lacks (images, suffix,
 Go templates) are a 400; `format` ("json" or a JSON schema) constrains the answer (ramforge.structured).
-logprobs / top_logprobs (0..20): Ollama's `logprobs` list (token, logprob, bytes, top_logprobs) beside
+A chat longer than num_ctx loses its oldest messages first, as Ollama's chatPrompt drops them (system
+messages and the last message kept, a tool result with the call it answers; `truncate: false` keeps
+them all, and an overflow is a 400). logprobs / top_logprobs (0..20): Ollama's `logprobs` list (token, logprob, bytes, top_logprobs) beside
 each chunk's text, and the whole list in a non-streamed answer.
 
 Defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0, num_predict -1 = until an
@@ -29,8 +31,8 @@ from ..logprobs import MAX_TOP, SERVER, ollama_entry
 from ..reasoning import parser_for
 from ..structured import for_ollama_format
 from ..tools_call import ToolSession, ollama_calls
-from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, details_of, iso, now_iso, parse_keep_alive,
-                     read_info, request_sampling, sampler_fields, stop_list)
+from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, details_of, fit_messages, iso, now_iso,
+                     parse_keep_alive, read_info, request_sampling, sampler_fields, stop_list)
 from .manager import Job, ModelManager, list_models, manager_of, stream_job
 
 router = APIRouter()
@@ -171,6 +173,7 @@ class Message(Strict):
 class ChatRequest(_Generating):
     messages: list[Message] | None = None
     tools: list[dict] | None = None
+    truncate: bool | None = None     # Ollama's: drop the oldest messages to fit num_ctx (default true)
 
     def check(self) -> Options:
         ToolSession(self.tools)                          # a tool without a name: 400
@@ -277,8 +280,12 @@ async def chat(req: ChatRequest, request: Request):
     kwargs, tools = req.template_kwargs(), ToolSession(req.tools)
 
     def build(model):
-        msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, messages)
-        return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
+        def ids(msgs):
+            msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, msgs)
+            return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
+        if req.truncate is False:
+            return ids(messages)
+        return ids(fit_messages(messages, model.n_ctx, lambda msgs: len(ids(msgs))))  # oldest first, as Ollama
 
     job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
                           max_tokens=opts.num_predict, clamp=True, sampling=req.sampling(opts),
