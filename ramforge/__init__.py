@@ -32,6 +32,10 @@ def __getattr__(name):
         from . import speculative
 
         return getattr(speculative, name)
+    if name in ("PromptCache", "State"):
+        from . import session
+
+        return getattr(session, name)
     if name in ("MemoryBudget", "parse_memory_size"):
         from . import memory
 

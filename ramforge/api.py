@@ -115,6 +115,7 @@ class Model:
         self.seed, self.verbose, self._chat_override = seed, verbose, chat_template
         self._chat = None
         self._rendered = None                # the last render_chat's prompt (split_reasoning reads it)
+        self.cache = None                    # a session.PromptCache (set_cache)
 
     # ---- tokens ------------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -130,6 +131,34 @@ class Model:
     @property
     def n_ctx(self) -> int:
         return self.engine.n_ctx
+
+    # ---- saved states (ramforge.session) -------------------------------------------------------
+    def save_state(self):
+        """The sequence so far (tokens and KV cache) as a session.State, as llama-cpp-python's save_state."""
+        from .session import save_state
+
+        return save_state(self.engine)
+
+    def load_state(self, state) -> None:
+        """Continue from a session.State (or a state file's path); errors.StateError, the sequence left
+        empty, when it was saved for another model, shape or KV type, or is damaged."""
+        from .session import State, load_state, read_state
+
+        if not isinstance(state, State):
+            self.engine.reset(0)
+            state = read_state(state, self.engine)
+        load_state(self.engine, state)
+
+    def save_state_file(self, path) -> int:
+        """Write the sequence so far to a state file (session's format); the bytes written."""
+        from .session import write_state
+
+        return write_state(path, self.save_state(), self.path)
+
+    def set_cache(self, cache) -> None:
+        """A session.PromptCache (None: none): each prompt resumes from the saved sequence sharing its
+        longest prefix, as llama-cpp-python's Llama.set_cache(LlamaRAMCache(...))."""
+        self.cache = cache
 
     # ---- generation --------------------------------------------------------------------------
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
@@ -150,6 +179,8 @@ class Model:
         ids = self.tokenize(prompt, add_bos=True, special=special) if isinstance(prompt, str) else list(prompt)
         if max_tokens is None or max_tokens < 0:
             max_tokens = self.n_ctx - len(ids)
+        if self.cache is not None:
+            self.cache.resume(self.engine, ids)
         sampler = Sampler(params, self.engine.hp.n_vocab, chain=self.sampler_chain, tokenizer=self.tokenizer,
                           grammar=grammar)
         rec = Recorder(sampler, logprobs, logprobs_style) if logprobs is not None else None

@@ -93,6 +93,10 @@ class GrammarError(InvalidArgument):
     the position, or the schema feature that is not supported (ramforge.structured)."""
 
 
+class StateError(InvalidArgument):
+    """A saved state (session file) that is damaged or made for another model, shape or KV type."""
+
+
 class MemorySizeError(InvalidArgument):
     """A memory size string such as '8G' could not be parsed."""
 

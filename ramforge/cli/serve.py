@@ -40,9 +40,15 @@ def _loopback(host: str) -> bool:
               help="Seconds a client has to send a whole request (headers and body) before it is disconnected.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
+@click.option("--slot-save-path", type=click.Path(file_okay=False, writable=True), default=None,
+              help="Directory of POST /slots/0?action=save|restore state files (llama-server's option).")
+@click.option("--cache-ram", default=None,
+              help="A prompt cache of this size (its own budget, e.g. 2G): conversations resume instead of "
+                   "recomputing their prompt.")
 @speculative_options
 def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
-          lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min):
+          slot_save_path, cache_ram, lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min,
+          draft_p_min):
     """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time.
 
     MODEL (a path, a store name or `default`) is loaded before the server starts; without it the
@@ -59,8 +65,13 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     from ..server.common import ServerConfig, parse_keep_alive
     from ..server.transport import uvicorn_config
 
-    if ram is not None:
-        parse_memory_size(ram)                      # a bad size fails here, as one line
+    for size in (ram, cache_ram):
+        if size is not None:
+            parse_memory_size(size)                 # a bad size fails here, as one line
+    if slot_save_path is not None:
+        import os
+
+        os.makedirs(slot_save_path, exist_ok=True)
     try:
         keep = parse_keep_alive(keep_alive)
     except InvalidArgument as e:
@@ -70,7 +81,7 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     drafter_of(**spec)                              # conflicting or bad options fail here, as one line
     cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
-                       preload=model is not None,
+                       preload=model is not None, slot_save_path=slot_save_path, cache_ram=cache_ram,
                        speculative=spec if lookup is not None or draft_model is not None else None)
     app = create_app(cfg)
     manager = app.state.manager

@@ -38,5 +38,15 @@ class KVCache:
         """(k, v) slabs of model layer il."""
         return self.k[il - self.first], self.v[il - self.first]
 
+    def export(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of positions 0..n-1: k u16[layers, n, n_head_kv, hd_k], v u16[layers, n, n_head_kv, hd_v]."""
+        return self.k[:, :n].copy(), self.v[:, :n].copy()
+
+    def restore(self, k: np.ndarray, v: np.ndarray, n: int) -> None:
+        """Positions 0..n-1 from export's arrays (shapes checked by the caller); n_past = n."""
+        self.k[:, :n] = k
+        self.v[:, :n] = v
+        self.n_past = n
+
     def close(self) -> None:
         self.charge.release()

@@ -119,7 +119,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
 
     `app.state.manager` is the ModelManager; call `manager.preload()` before serving to load the
     startup model eagerly (what `ramforge serve MODEL` does)."""
-    from . import ollama, openai
+    from . import ollama, openai, slots
 
     cfg = cfg or ServerConfig(**kwargs)
     manager = ModelManager(cfg)
@@ -170,5 +170,6 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
 
     app.include_router(ollama.router)
     app.include_router(openai.router)
+    app.include_router(slots.router)
     app.add_middleware(Guard, api_key=cfg.api_key, max_body=cfg.max_body)   # before routing, after nothing
     return app

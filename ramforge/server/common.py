@@ -52,6 +52,8 @@ class ServerConfig:
     max_queue: int = 16               # requests waiting for the model before 503
     preload: bool = False             # load the startup model before serving
     speculative: dict | None = None   # speculative.make_drafter's keywords (--lookup, --draft ...); None: off
+    slot_save_path: str | None = None  # where POST /slots/0?action=save|restore files live (None: refused)
+    cache_ram: str | int | None = None  # the prompt cache's own budget (session.PromptCache); None: none
 
 
 # ------------------------------------------------------------------------------------ errors

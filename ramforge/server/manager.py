@@ -102,8 +102,13 @@ class ModelManager:
         from ..speculative import make_drafter
 
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
-        return Model(path, ram=self.cfg.ram, n_ctx=n_ctx if n_ctx is not None else self.cfg.n_ctx,
-                     n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter)
+        model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx if n_ctx is not None else self.cfg.n_ctx,
+                      n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter)
+        if self.cfg.cache_ram:                      # one per loaded model: states fit only their model
+            from ..session import PromptCache
+
+            model.set_cache(PromptCache(self.cfg.cache_ram))
+        return model
 
     async def ensure(self, name: str | None, num_ctx: int | None = None) -> tuple[Loaded, float]:
         """The loaded model for `name` (loading or swapping as needed) and the seconds spent loading."""
@@ -130,6 +135,8 @@ class ModelManager:
     async def unload(self) -> None:
         cur, self.current = self.current, None
         if cur is not None:
+            if cur.model.cache is not None:
+                cur.model.cache.close()
             await self.call(cur.model.close)
             log.info("unloaded %s", cur.name)
 

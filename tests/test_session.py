@@ -1,0 +1,148 @@
+"""Saved states (ramforge.session): a restored conversation answers as the uninterrupted one, in the
+same process and after a restart; bad state files are refused and leave the sequence empty; the
+prompt cache resumes alternating conversations."""
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from ramforge import Model
+from ramforge.errors import InvalidArgument, StateError
+from ramforge.session import MAGIC, PromptCache, State, read_state, write_state
+
+GREEDY = {"temperature": 0}
+TURN1 = "Q: Name three colours of the rainbow.\nA:"
+OTHER = "Write the numbers from one to ten in words:"
+
+
+@pytest.fixture(scope="module")
+def model():
+    with Model("default", n_ctx=256) as m:
+        yield m
+
+
+def _turns(m):
+    """(first turn's answer, second turn's prompt ids): a conversation that continues the first."""
+    r1 = m.generate(TURN1, 12, **GREEDY)
+    ids2 = m.tokenize(TURN1) + r1.tokens + m.tokenize("\nQ: And two more?\nA:", add_bos=False)
+    return r1, ids2
+
+
+def test_a_restored_conversation_answers_as_the_uninterrupted_one(model, tmp_path):
+    m = model
+    m.engine.reset(0)
+    _, ids2 = _turns(m)
+    straight = m.generate(ids2, 16, **GREEDY)
+
+    m.engine.reset(0)
+    _turns(m)
+    state, path = m.save_state(), tmp_path / "turn1.state"
+    n_written = m.save_state_file(path)
+    assert n_written == path.stat().st_size and state.n_tokens == m.engine.n_past > 0
+    m.generate(OTHER, 8, **GREEDY)                             # another conversation in between
+    m.load_state(state)
+    again = m.generate(ids2, 16, **GREEDY)
+    assert again.tokens == straight.tokens
+    assert again.prompt_eval_tokens == straight.prompt_eval_tokens < len(ids2)   # resumed, not recomputed
+    # after a restart: a new Model, the state read from its file
+    with Model("default", n_ctx=256) as fresh:
+        fresh.load_state(path)
+        restarted = fresh.generate(ids2, 16, **GREEDY)
+    assert restarted.tokens == straight.tokens and restarted.prompt_eval_tokens == straight.prompt_eval_tokens
+
+
+def _refused(m, path, why):
+    m.generate(OTHER, 2, **GREEDY)
+    with pytest.raises(StateError, match=why):
+        m.load_state(path)
+    assert m.engine.n_past == 0 and m.engine.tokens == []            # left empty, never half-filled
+
+
+def test_bad_state_files_are_refused(model, tmp_path):
+    m = model
+    m.engine.reset(0)
+    m.generate(TURN1, 4, **GREEDY)
+    good = tmp_path / "good.state"
+    m.save_state_file(good)
+    raw = good.read_bytes()
+    n_header = struct.unpack("<I", raw[len(MAGIC):len(MAGIC) + 4])[0]
+    body = len(MAGIC) + 4 + n_header
+
+    def variant(name, data):
+        p = tmp_path / name
+        p.write_bytes(data)
+        return p
+
+    _refused(m, variant("magic", b"X" + raw[1:]), "not a ramforge state file")
+    _refused(m, variant("cut", raw[:-7]), "truncated or damaged")
+    flipped = bytearray(raw)
+    flipped[-3] ^= 0x40
+    _refused(m, variant("flip", bytes(flipped)), "do not match their sha256")
+    header = json.loads(raw[len(MAGIC) + 4:body])
+    for key, value, why in (("model_sha256", "0" * 64, "another model"),
+                            ("head_dim_k", header["head_dim_k"] * 2, "head_dim_k"),
+                            ("type_k", "q8_0", "type_k")):
+        h = json.dumps({**header, key: value}).encode()
+        _refused(m, variant(key, MAGIC + struct.pack("<I", len(h)) + h + raw[body:]), why)
+    _refused(m, variant("huge", MAGIC + struct.pack("<I", 1 << 30) + raw[body:]), "damaged")
+    _refused(m, tmp_path / "missing.state", "cannot read")
+    # tokens outside the vocabulary, in a file whose sha256 is right
+    st = read_state(good, m.engine)
+    bad = State(st.tokens.copy(), st.k, st.v, st.shape)
+    bad.tokens[1] = m.engine.hp.n_vocab
+    write_state(tmp_path / "vocab.state", bad, m.path)
+    _refused(m, tmp_path / "vocab.state", f"token id {m.engine.hp.n_vocab}")
+    m.load_state(good)                                              # the good one still loads
+    assert m.engine.n_past == st.n_tokens
+
+
+def test_a_state_longer_than_the_context_is_refused(model, tmp_path):
+    model.engine.reset(0)
+    model.generate(TURN1, 4, **GREEDY)
+    path = tmp_path / "long.state"
+    model.save_state_file(path)
+    with Model("default", n_ctx=8) as small:
+        with pytest.raises(StateError, match="this context holds 8"):
+            small.load_state(path)
+        assert small.engine.n_past == 0
+
+
+def test_prompt_cache_resumes_alternating_conversations(model):
+    m = model
+    a = m.tokenize(TURN1)
+    b = m.tokenize(OTHER)
+    m.engine.reset(0)
+    plain = [m.generate(p, 6, **GREEDY) for p in (a, b, a)]
+    m.engine.reset(0)
+    cache = PromptCache("64M")
+    m.set_cache(cache)
+    try:
+        cached = [m.generate(p, 6, **GREEDY) for p in (a, b, a)]
+    finally:
+        m.set_cache(None)
+    assert [r.tokens for r in cached] == [r.tokens for r in plain]
+    assert plain[2].prompt_eval_tokens == len(a) - 1                # recomputed past the shared BOS
+    assert cached[2].prompt_eval_tokens == 1                        # resumed: only the last token again
+    assert len(cache) >= 1 and 0 < cache.nbytes <= cache.budget.limit
+    cache.close()
+    assert cache.nbytes == 0
+
+
+def test_prompt_cache_keeps_to_its_capacity(model):
+    m = model
+    m.engine.reset(0)
+    m.generate(TURN1, 4, **GREEDY)
+    one = m.save_state()
+    cache = PromptCache(one.nbytes * 2 + 100)
+    for i in range(4):
+        st = State(one.tokens.copy(), one.k, one.v, one.shape)
+        st.tokens[-1] = i
+        assert cache.put(st)
+    assert len(cache) == 2 and cache.nbytes <= cache.budget.limit
+    assert not PromptCache(10).put(one)                             # larger than the whole cache
+    with pytest.raises(InvalidArgument):
+        PromptCache(0)
+    assert isinstance(np.asarray(one.tokens), np.ndarray)
