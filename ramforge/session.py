@@ -11,7 +11,9 @@ exactly as the uninterrupted one). The file:
     u32     n         header length (<= 64 KiB)
     n bytes           header, JSON: model_sha256, arch, layers [a, b], n_head_kv, head_dim_k / _v,
                       type_k / type_v, n_tokens, payload_sha256, ramforge version
-    payload           tokens i32[n_tokens], then keys and values u16[layers, n_tokens, n_head_kv, hd]
+    payload           tokens i32[n_tokens], then the cache's keys and values of those positions,
+                      [layers, n_tokens, n_head_kv, row] as the cache holds them (f16 bits, or
+                      quantized blocks), little-endian
 
 It is written to a temporary name and renamed. Reading checks every field against the engine before
 anything is allocated or copied, so a file for another model, shape or KV type, a damaged or
@@ -55,7 +57,7 @@ def model_sha256(path: str) -> str:
 
 @dataclass
 class State:
-    """One sequence: tokens i32[n] and its cache, k u16[layers, n, n_head_kv, hd_k], v u16[.., hd_v]."""
+    """One sequence: tokens i32[n] and its cache's rows, k [layers, n, n_head_kv, row_k], v likewise."""
     tokens: np.ndarray
     k: np.ndarray
     v: np.ndarray
@@ -71,9 +73,10 @@ class State:
 
 
 def _shape(engine) -> dict:
-    hp = engine.hp
+    hp, kv = engine.hp, engine.kv
     return {"arch": hp.arch, "layers": list(engine.layers), "n_head_kv": hp.n_head_kv,
-            "head_dim_k": hp.head_dim_k, "head_dim_v": hp.head_dim_v, "type_k": "f16", "type_v": "f16"}
+            "head_dim_k": hp.head_dim_k, "head_dim_v": hp.head_dim_v,
+            "type_k": str(getattr(kv, "type_k", "f16")), "type_v": str(getattr(kv, "type_v", "f16"))}
 
 
 def _diff(got: dict, want: dict) -> str:
@@ -155,10 +158,9 @@ def read_state(path, engine) -> State:
                                  f"({_diff(shape, _shape(engine))})")
             if not 0 <= n <= engine.n_ctx:
                 raise StateError(f"{path.name} holds {n} tokens; this context holds {engine.n_ctx}")
-            a, b = engine.layers
-            hp = engine.hp
-            dims = [((n,), np.dtype("<i4")), ((b - a, n, hp.n_head_kv, hp.head_dim_k), np.dtype("<u2")),
-                    ((b - a, n, hp.n_head_kv, hp.head_dim_v), np.dtype("<u2"))]
+            kv = engine.kv                # a slab's row: f16 bits (u16) or quantized blocks (u8)
+            dims = [((n,), np.dtype("<i4"))] + [((s.shape[0], n, *s.shape[2:]), s.dtype.newbyteorder("<"))
+                                               for s in (kv.k, kv.v)]
             expect = f.tell() + sum(int(np.prod(s)) * d.itemsize for s, d in dims)
             if size != expect:
                 raise StateError(f"{path.name} is {size} bytes, its header describes {expect}: truncated or damaged")
@@ -171,7 +173,7 @@ def read_state(path, engine) -> State:
         raise StateError(f"cannot read the state file {path.name}: {e.strerror or e}") from None
     if h.hexdigest() != meta.get("payload_sha256"):
         raise StateError(f"{path.name}: its contents do not match their sha256: damaged")
-    return State(arrays[0].astype(np.int32), arrays[1].view(np.uint16), arrays[2].view(np.uint16), shape)
+    return State(arrays[0].astype(np.int32), arrays[1], arrays[2], shape)
 
 
 # ---- the prompt cache ----------------------------------------------------------------------------
