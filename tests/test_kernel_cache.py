@@ -110,3 +110,38 @@ def test_old_directories_are_pruned(tmp_path):
     assert dirs[0].exists() and dirs[1].exists()
     assert sorted(removed) == sorted(d for d in dirs[paths.KEEP_KERNEL_DIRS - 1:])
     assert all(not d.exists() for d in removed)
+
+
+FACTORY = '''
+from numba import njit
+
+
+def make(k):
+    @njit(cache=True)
+    def inner(x):
+        return x + k
+
+    @njit(cache=True)
+    def outer(x):
+        return inner(x) * 2          # a closure over another dispatcher
+    return outer
+
+
+kernel = make(3)
+'''
+
+
+def test_a_closure_over_a_dispatcher_is_served_from_the_cache(package_copy):
+    # numba pickles a closure's cells for its cache key, and a dispatcher pickles with a per-process
+    # uuid: without kernels.naming.stable_cache_keys every process compiled such kernels again
+    root, env = package_copy
+    (root / "ramforge" / "kernels" / "_probe_factory.py").write_text(FACTORY)
+    run = ("import ramforge; from ramforge.kernels._probe_factory import kernel; "
+           "print(kernel(1), sum(kernel.stats.cache_hits.values()))")
+    outs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", run], cwd=root, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        outs.append(out.stdout.split())
+    assert outs == [["8", "0"], ["8", "1"]]           # compiled once, then loaded

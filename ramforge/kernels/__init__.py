@@ -3,7 +3,7 @@
   llvmir.py     LLVM IR builders (pointers, splats, lanes, integer dots, fma, exact f16 widening)
   scalars.py    bit-level scalars: u16/u32/f16/f32 reads, f32 -> f16 rounding, fma
   blocks.py     the block layouts and their scale / quant decoders (one copy)
-  naming.py     distinct symbol names for factory-made kernels (made_for)
+  naming.py     distinct symbol names for factory-made kernels (made_for), stable cache keys for closures
   lowbit_tables.py   MXFP4 / TQ / IQ1 tables (kvalues, E8M0, iq1s grid)   lowbit_ir.py   their packed-row IR
   lowbit.py     MXFP4, TQ1_0, IQ1_S, IQ1_M dequantization and row unpackers
   variants.py   the named arithmetic variants of the integer dots (enums) and QDot
@@ -15,3 +15,6 @@
   dequant.py    dequantize()       qmatmul.py   qmatmul()      fmatmul.py   float matmul
   matmul.py     matmul(): routing; the float reference    ops.py   RMSNorm, RoPE, attention, GLUs
 """
+from .naming import stable_cache_keys as _stable_cache_keys
+
+_stable_cache_keys()        # before any kernel is looked up in numba's disk cache
