@@ -84,6 +84,13 @@ def _probe(address: str, timeout: float) -> None:
                                  f"one there with `ray start --head`, or check the address") from None
 
 
+def _initialized() -> bool:
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
@@ -112,18 +119,12 @@ class Pipeline:
             self.tokenizer = load_tokenizer(f.metadata)
         if stage_models is not None and len(stage_models) != len(cp.stages):
             raise InvalidArgument(f"{len(stage_models)} stage models for {len(cp.stages)} stages")
-        self.ray = ray = connect(address, connect_timeout)
+        self._owns_ray = not _initialized()           # a local cluster this pipeline starts, it stops
+        self.actors: list = []
+        self.ray = connect(address, connect_timeout)
         self.batch = min(s.plan.batch for s in cp.stages)      # one chunk size through every stage
-        expect = identity(self.path)
-        remote = ray.remote(Stage)
-        here = str(Path(model).expanduser().resolve()) if Path(model).expanduser().is_file() else model
-        self.actors = [remote.options(num_cpus=0, max_restarts=max_restarts, max_task_retries=0,
-                                      scheduling_strategy="SPREAD").remote(
-            s.index, (stage_models or [here] * len(cp.stages))[s.index], s.layers, s.budget, n_ctx, io, n_threads,
-            expect, self.batch) for s in cp.stages]
-        self._ids = {a._actor_id.hex(): i for i, a in enumerate(self.actors)}
         try:
-            self.infos = self._get([a.info.remote() for a in self.actors], start_timeout, "starting")
+            self._start(model, stage_models, n_ctx, io, n_threads, max_restarts, start_timeout)
         except BaseException:
             self._kill()
             raise
@@ -136,6 +137,17 @@ class Pipeline:
         self.timings = Timings(load_s=time.perf_counter() - t0)
         self._load_compile_s = 0.0
         self._dirty = False                    # a request failed: stages recover before the next one
+
+    def _start(self, model, stage_models, n_ctx, io, n_threads, max_restarts, start_timeout) -> None:
+        """The stage actors, spread over the nodes, each checked against the driver's identity."""
+        cp, expect = self.cluster_plan, identity(self.path)
+        here = str(Path(model).expanduser().resolve()) if Path(model).expanduser().is_file() else model
+        remote = self.ray.remote(Stage).options(num_cpus=0, max_restarts=max_restarts, max_task_retries=0,
+                                                scheduling_strategy="SPREAD")
+        self.actors = [remote.remote(s.index, (stage_models or [here] * len(cp.stages))[s.index], s.layers,
+                                     s.budget, n_ctx, io, n_threads, expect, self.batch) for s in cp.stages]
+        self._ids = {a._actor_id.hex(): i for i, a in enumerate(self.actors)}
+        self.infos = self._get([a.info.remote() for a in self.actors], start_timeout, "starting")
 
     @property
     def n_past(self) -> int:
@@ -256,6 +268,9 @@ class Pipeline:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.actors = []
+        if self._owns_ray:
+            self.ray.shutdown()
+            self._owns_ray = False
 
     def __enter__(self) -> "Pipeline":
         return self

@@ -53,14 +53,15 @@ def split_layers(costs: list[int], first: int, last: int, budgets: list[int | No
     def load(i, a, b):                       # stage i holding layers [a, b)
         return (pre[b] - pre[a] + (first if a == 0 else 0) + (last if b == L else 0)) * scale[i]
 
-    inf = float("inf")
-    best = [[inf] * (L + 1) for _ in range(n + 1)]        # best[i][b]: stages 0..i-1 over layers [0, b)
-    cut = [[0] * (L + 1) for _ in range(n + 1)]
-    best[0][0] = 0.0
+    inf = (float("inf"), 0.0)
+    best = [[inf] * (L + 1) for _ in range(n + 1)]        # best[i][b]: stages 0..i-1 over layers [0, b):
+    cut = [[0] * (L + 1) for _ in range(n + 1)]           # (the largest load, then the sum of squares)
+    best[0][0] = (0.0, 0.0)
     for i in range(1, n + 1):
         for b in range(i, L - (n - i) + 1):
             for a in range(i - 1, b):
-                v = max(best[i - 1][a], load(i - 1, a, b))
+                w = load(i - 1, a, b)
+                v = (max(best[i - 1][a][0], w), best[i - 1][a][1] + w * w)
                 if v < best[i][b]:
                     best[i][b], cut[i][b] = v, a
     ranges, b = [], L
@@ -143,7 +144,7 @@ def plan_stages(f: GGUFFile, n_stages: int, budgets=None, n_ctx: int | None = No
         if p.verdict == "insufficient":
             raise StageBudgetTooSmall(
                 f"stage {i} (layers {r[0]}-{r[1] - 1}) needs at least {format_bytes(p.min_budget)} ({p.min_budget:,} B) "
-                f"at context {p.n_ctx}; its budget is {format_bytes(budget)} ({budget:,} B): raise --stage-ram, add "
+                f"at context {p.n_ctx}; its budget is {format_bytes(budget)} ({budget:,} B): raise its budget, add "
                 f"stages or lower --ctx", stage=i, minimum=p.min_budget)
         cp.stages.append(StagePlan(i, tuple(r), budget, p))
     return cp

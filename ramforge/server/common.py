@@ -52,6 +52,7 @@ class ServerConfig:
     max_queue: int = 16               # requests waiting for the model before 503
     preload: bool = False             # load the startup model before serving
     speculative: dict | None = None   # speculative.make_drafter's keywords (--lookup, --draft ...); None: off
+    cluster: dict | None = None       # cluster.Pipeline's keywords (--ray, --stages, --stage-ram); None: one process
 
 
 # ------------------------------------------------------------------------------------ errors
