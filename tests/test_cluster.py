@@ -202,10 +202,11 @@ def test_killed_stage_fails_the_request_then_recovers(ray_local, tiny):
         idle = [i["idle"] for i in p.infos]
         gen = p.generate(LONG, 12)
         assert [next(gen) for _ in range(3)] == ref[1][:3]
-        os.kill(p.infos[1]["pid"], signal.SIGKILL)       # the middle stage's process, mid-generation
+        killed = p.infos[1]["pid"]
+        os.kill(killed, signal.SIGKILL)                   # the middle stage's process, mid-generation
         with pytest.raises(StageFailed, match=r"stage 1 \(layers 1-1\) failed") as e:
             list(gen)
         assert e.value.stage == 1
         _check_identical(p, LONG, ref)                    # after Ray restarted it
         infos = p.stage_info()
-        assert infos[1]["pid"] != p.infos[0]["pid"] and [i["charged"] for i in infos] == idle
+        assert infos[1]["pid"] != killed and [i["charged"] for i in infos] == idle

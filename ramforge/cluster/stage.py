@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import socket
+import time
 
 import numpy as np
 
@@ -73,6 +74,7 @@ class Stage:
         self.index, self.layers = index, tuple(layers)
         self.node = f"{socket.gethostname()} (pid {os.getpid()})"
         self.engine, self.error = None, None
+        self.busy_s, self.passes = 0.0, 0          # seconds inside forward(), and its calls (the latency model)
         try:
             self._load(model, ram, n_ctx, io, n_threads, expect, batch)
         except Exception as e:       # raised by info(): a constructor's error would reach the driver untyped
@@ -107,7 +109,8 @@ class Stage:
         return {"stage": self.index, "node": self.node, "pid": os.getpid(), "layers": self.layers,
                 "verdict": e.plan.verdict, "batch": e.plan.batch, "n_ctx": e.n_ctx, "n_past": e.n_past,
                 "budget": self.budget.limit, "charged": self.budget.current, "idle": self.idle,
-                "peak": self.budget.peak, "planned_peak": e.plan.planned_peak, "load_s": e.timings.load_s}
+                "peak": self.budget.peak, "planned_peak": e.plan.planned_peak, "load_s": e.timings.load_s,
+                "busy_s": self.busy_s, "passes": self.passes}
 
     def forward(self, inp, pos0: int, chunk: Chunk) -> np.ndarray | None:
         """Run one chunk at positions pos0..: positions from pos0 on are forgotten first (a new
@@ -119,7 +122,12 @@ class Stage:
         if chunk.size != len(inp):
             raise InvalidArgument(f"stage {self.index}: a chunk of {chunk.size} tokens got {len(inp)} rows")
         kv.n_past = pos0
-        return self.engine.run_chunk(inp, chunk)
+        t0 = time.perf_counter()
+        try:
+            return self.engine.run_chunk(inp, chunk)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+            self.passes += 1
 
     def ping(self) -> int:
         return os.getpid()
