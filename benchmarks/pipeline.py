@@ -83,17 +83,18 @@ def main(argv=None) -> int:
     ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
              _system_config=RAY_SYSTEM_CONFIG)
     single, pipe, busy, pre1, preN = [], [], [], [], []
-    layers = n_embd = n_vocab = None
+    layers = n_embd = n_vocab = nice = None
     for r in range(a.rounds):
         with Engine.load(a.model, n_ctx=a.prompt + a.tokens + 16) as e:
             base = e.tokenizer.encode("The history of the printing press begins in the fifteenth century, when ",
                                       add_special=False)
             prompt = ([e.tokenizer.bos_id] + base * a.prompt)[:a.prompt]
+            decode(e, 0, prompt)                            # warm, as the pipeline's stages below
             ms, s, _ = decode(e, a.tokens, prompt)
             single.append(ms), pre1.append(s)
             n_embd, n_vocab = e.hp.n_embd, e.hp.n_vocab
         with Pipeline(a.model, a.stages, n_ctx=a.prompt + a.tokens + 16) as p:
-            layers = [i["layers"] for i in p.infos]
+            layers, nice = [i["layers"] for i in p.infos], [i["nice"] for i in p.infos]
             decode(p, 0, prompt)                            # warm every stage first (a first prefill compiles)
             ms, s, (before, after) = decode(p, a.tokens, prompt, p.stage_info)
             pipe.append(ms), preN.append(s)
@@ -108,8 +109,10 @@ def main(argv=None) -> int:
            "overhead_ms": float(np.median(sN) - np.median(s1)),
            "overhead_mean_ms": float(sN.mean() - s1.mean()),
            "single_p10_p90_ms": [float(np.percentile(s1, 10)), float(np.percentile(s1, 90))],
-           "stage_ms": [float(np.median([b[i] for b in busy])) for i in range(a.stages)],
-           "ray_ms": float(np.median(sN) - sum(np.median([b[i] for b in busy]) for i in range(a.stages))),
+           "stage_ms": [float(np.mean([b[i] for b in busy])) for i in range(a.stages)],
+           "pipeline_mean_ms": float(sN.mean()), "single_mean_ms": float(s1.mean()),
+           "ray_ms": float(sN.mean() - sum(np.mean([b[i] for b in busy]) for i in range(a.stages))),
+           "stage_nice": nice,
            "ray_floor_ms": floor, "hidden_bytes": 4 * n_embd, "logits_bytes": 4 * n_vocab,
            "prefill_tokens": a.prompt, "prefill_single_s": float(np.median(pre1)),
            "prefill_pipeline_s": float(np.median(preN))}

@@ -207,6 +207,8 @@ def test_killed_stage_fails_the_request_then_recovers(ray_local, tiny):
         with pytest.raises(StageFailed, match=r"stage 1 \(layers 1-1\) failed") as e:
             list(gen)
         assert e.value.stage == 1
+        survivors = p.ray.get([p.actors[0].info.remote(), p.actors[2].info.remote()], timeout=60)
+        assert [(i["charged"], i["n_past"]) for i in survivors] == [(idle[0], 0), (idle[2], 0)]
         _check_identical(p, LONG, ref)                    # after Ray restarted it
         infos = p.stage_info()
         assert infos[1]["pid"] != killed and [i["charged"] for i in infos] == idle

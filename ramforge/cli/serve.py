@@ -57,11 +57,7 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
 
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
         raise MissingExtra("ramforge serve needs FastAPI and uvicorn: pip install 'ramforge[serve]'")
-    import uvicorn
-
-    from ..server.app import create_app
     from ..server.common import ServerConfig, parse_keep_alive
-    from ..server.transport import uvicorn_config
 
     if ram is not None:
         parse_memory_size(ram)                      # a bad size fails here, as one line
@@ -80,6 +76,24 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
                        preload=model is not None,
                        speculative=spec if lookup is not None or draft_model is not None else None,
                        cluster=cluster)
+    ray = None
+    if cluster is not None:                         # Ray connected from this (the main) thread, once for every model
+        from ..cluster import connect
+
+        ray = connect(cluster["address"])
+    try:
+        _serve(cfg, model, host, port, api_key, request_timeout, log_level)
+    finally:
+        if ray is not None:
+            ray.shutdown()
+
+
+def _serve(cfg, model, host, port, api_key, request_timeout, log_level):
+    import uvicorn
+
+    from ..server.app import create_app
+    from ..server.transport import uvicorn_config
+
     app = create_app(cfg)
     manager = app.state.manager
     if model is not None:

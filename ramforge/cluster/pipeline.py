@@ -31,9 +31,12 @@ from .stage import Stage, identity
 
 # Ray passes an object below max_direct_call_object_size inline through its owner (the driver), above
 # it through the object store. A logits row (n_vocab float32, up to 1 MiB) inline costs one message
-# instead of a store round trip (2.5 ms of 5.5 measured per token; docs/DISTRIBUTED.md). Applied to a
-# cluster this process starts; `ray start` takes it as RAY_max_direct_call_object_size.
-RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 2 << 20, "task_rpc_inlined_bytes_limit": 16 << 20}
+# instead of a store round trip (2.5 ms of 5.5 measured per token; docs/DISTRIBUTED.md). Ray starts its
+# workers at nice 15: a stage is the workload, not a background job (beside other processes it ran
+# 15% slower). Applied to a cluster this process starts; `ray start` takes them as environment
+# variables: RAY_max_direct_call_object_size=2097152 RAY_worker_niceness=0.
+RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 2 << 20, "task_rpc_inlined_bytes_limit": 16 << 20,
+                     "worker_niceness": 0}
 DEFAULT_PORT = 6379                 # the GCS port of `ray start --head`
 CLIENT_PORT = 10001                 # Ray Client's, for ray://
 IN_FLIGHT_PER_STAGE = 2             # chunks submitted ahead of the last stage's results, per stage
@@ -119,6 +122,7 @@ class Pipeline:
             self.tokenizer = load_tokenizer(f.metadata)
         if stage_models is not None and len(stage_models) != len(cp.stages):
             raise InvalidArgument(f"{len(stage_models)} stage models for {len(cp.stages)} stages")
+        self.start_timeout = start_timeout
         self._owns_ray = not _initialized()           # a local cluster this pipeline starts, it stops
         self.actors: list = []
         self.ray = connect(address, connect_timeout)
@@ -189,10 +193,12 @@ class Pipeline:
                     out.append(self._chunk_result(flying.popleft()))
             while flying:
                 out.append(self._chunk_result(flying.popleft()))
-        except BaseException:
+        except BaseException as e:
             self._dirty = True                 # the stages may be anywhere: rewind everything
             self.tokens.clear()
             self._prompt = []
+            if isinstance(e, StageFailed):
+                self._release_survivors(e.stage)
             raise
         self.tokens.extend(int(t) for t in toks)
         return np.concatenate([o for o in out if o is not None])
@@ -239,15 +245,45 @@ class Pipeline:
                 return i
         return None
 
+    def _release_survivors(self, failed: int | None) -> None:
+        """Right after a stage failed: the others return what a pass held and drop their positions
+        (best effort; the next request recovers every stage again)."""
+        refs = [a.recover.remote() for i, a in enumerate(self.actors) if i != failed]
+        try:
+            self.ray.get(refs, timeout=30)
+        except Exception:  # noqa: BLE001 - reported by the next request's recovery
+            log.warning("a stage did not recover after stage %s failed", failed)
+
     def _recover(self) -> None:
         """Rewind every stage after a failed request; a restarted stage comes back empty (its load
         reruns), one still down fails this request too."""
+        self._await_restarts()
         charged = self._get([a.recover.remote() for a in self.actors], None, "recovering")
         self.infos = self._get([a.info.remote() for a in self.actors], None, "recovering")
         for info, c in zip(self.infos, charged):
             if c != info["idle"]:
                 log.warning("stage %d holds %d B after recovering, %d B idle", info["stage"], c, info["idle"])
         self._dirty = False
+
+    def _await_restarts(self) -> None:
+        """Wait (up to start_timeout) for stages Ray is restarting: a call to one answers
+        ActorUnavailableError until its reload is done; one dead for good is a StageFailed."""
+        from ray import exceptions as rx
+
+        deadline = time.monotonic() + self.start_timeout
+        for i, a in enumerate(self.actors):
+            while True:
+                try:
+                    self.ray.get(a.ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                except (rx.ActorUnavailableError, rx.GetTimeoutError):
+                    if time.monotonic() > deadline:
+                        raise StageFailed(f"stage {i} did not come back within {self.start_timeout:g} s", stage=i) \
+                            from None
+                    time.sleep(0.25)
+                except rx.RayActorError:
+                    raise StageFailed(f"stage {i} is dead and out of restarts (max_restarts); reload the model",
+                                      stage=i) from None
 
     def stage_info(self) -> list[dict]:
         """Each stage's node, layers, verdict and budget books, asked now."""

@@ -64,6 +64,17 @@ def check_identity(index: int, expect: dict, got: dict, where: str) -> None:
                                 f"refusing to start (every node needs the same file and the same ramforge)", stage=index)
 
 
+def _unnice() -> int:
+    """Back to nice 0 where allowed: Ray starts workers at nice 15 (its worker_niceness), and a stage is
+    the foreground work (pipeline.RAY_SYSTEM_CONFIG sets 0 for a cluster ramforge starts)."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:                  # not permitted: `RAY_worker_niceness=0 ray start ...` does it
+        pass
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 class Stage:
     """Layers [a, b) of `model` in this process. forward() takes a chunk (ubatch.Chunk) at position
     pos0: token ids for the first stage, hidden states f32[n, n_embd] otherwise; it returns hidden
@@ -75,6 +86,7 @@ class Stage:
         self.node = f"{socket.gethostname()} (pid {os.getpid()})"
         self.engine, self.error = None, None
         self.busy_s, self.passes = 0.0, 0          # seconds inside forward(), and its calls (the latency model)
+        self.nice = _unnice()
         try:
             self._load(model, ram, n_ctx, io, n_threads, expect, batch)
         except Exception as e:       # raised by info(): a constructor's error would reach the driver untyped
@@ -110,7 +122,7 @@ class Stage:
                 "verdict": e.plan.verdict, "batch": e.plan.batch, "n_ctx": e.n_ctx, "n_past": e.n_past,
                 "budget": self.budget.limit, "charged": self.budget.current, "idle": self.idle,
                 "peak": self.budget.peak, "planned_peak": e.plan.planned_peak, "load_s": e.timings.load_s,
-                "busy_s": self.busy_s, "passes": self.passes}
+                "busy_s": self.busy_s, "passes": self.passes, "nice": self.nice}
 
     def forward(self, inp, pos0: int, chunk: Chunk) -> np.ndarray | None:
         """Run one chunk at positions pos0..: positions from pos0 on are forgotten first (a new
