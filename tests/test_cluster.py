@@ -5,6 +5,7 @@ node). The 2-stage tests run in CI; 3 stages and the killed stage are `slow`.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -129,7 +130,29 @@ def test_cli_errors_are_one_line(tiny):
         assert r.returncode == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_plan_stages_json(tiny):
+    r = subprocess.run([sys.executable, "-m", "ramforge", "plan", tiny, "--stages", "3", "--ram", "64M",
+                        "--ctx", "64", "--net-gbit", "1", "--latency-ms", "50", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert [s["layers"] for s in d["stages"]] == [[0, 1], [1, 2], [2, 3]]
+    assert all(s["verdict"] == "resident" for s in d["stages"])
+    est = d["estimate"]
+    assert est["hops_s"] == pytest.approx(2 * (0.05 + 4 * 256 / 125e6))                # n_embd 256
+    assert est["s_per_token"] == pytest.approx(sum(s["stage_s"] for s in est["stages"]) + est["hops_s"])
+
+
 # ------------------------------------------------------------------------------ on Ray
+
+def test_model_with_ray_generates_as_one_process(ray_local, tiny):
+    from ramforge import Model
+
+    with Model(tiny, n_ctx=128) as one:
+        want = one.generate("Hello there", 8, temperature=0.7, seed=7)
+    with Model(tiny, n_ctx=128, ray=True, stages=3) as m:
+        got = m.generate("Hello there", 8, temperature=0.7, seed=7)
+    assert (got.tokens, got.text) == (want.tokens, want.text)
 
 @pytest.mark.parametrize("rid", ["llama-tiny-f16", "gemma3-linear-f16"])
 def test_two_stages_equal_one_process(ray_local, rid):
