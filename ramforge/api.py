@@ -70,6 +70,10 @@ class Model:
     a `PromptLookup(max_ngram_size, num_pred_tokens)` (llama-cpp-python's LlamaPromptLookupDecoding
     rules), a `DraftModel(path, n_max=16)` (loaded resident under this Model's budget first), or any
     callable input_ids -> draft ids.
+    ray: run the model as a pipeline of `stages` layer ranges on Ray (ramforge.cluster): True (a new
+    local cluster, or $RAY_ADDRESS), an address (HOST:PORT, ray://HOST:PORT, "auto"), or a dict of
+    cluster.Pipeline's keywords with "address"; each stage under stage_ram (one size, or one per
+    stage; default: ram), its own KV cache. Greedy and seeded output equal the single process's.
     """
 
     sampler_chain = LCPP    # llama-cpp-python's chain order and penalty window (ramforge.sampling)
@@ -77,7 +81,7 @@ class Model:
     def __init__(self, path_or_name: str = "default", *, ram: str | int | None = None, n_ctx: int | None = 4096,
                  n_threads: int | None = None, seed: int | None = None, verbose: bool = False, io: str = "direct",
                  chat_template: str | None = None, n_ubatch: int = 512, expert_policy: str | None = None,
-                 expert_prefetch: bool = True, draft_model=None):
+                 expert_prefetch: bool = True, draft_model=None, ray=None, stages: int = 2, stage_ram=None):
         from .engine import Engine
         from .speculative import DraftModel, check_draft_length
 
@@ -89,12 +93,19 @@ class Model:
         if draft_model is not None and not callable(draft_model):
             raise InvalidArgument(f"draft_model must be a PromptLookup, a DraftModel or a callable input_ids -> "
                                   f"ids, got {type(draft_model).__name__}")
-        if isinstance(draft_model, DraftModel):
+        if ray is not None and ray is not False:
+            if draft_model is not None:
+                raise InvalidArgument("a draft model is not supported with ray= (a pipeline of stages)")
+            self.engine = _pipeline(path_or_name, ray, stages, stage_ram if stage_ram is not None else ram,
+                                    n_ctx, io, n_threads)
+            draft_model = None
+        elif isinstance(draft_model, DraftModel):
             draft_model.path = str(resolve_model(draft_model.path))
             draft_model.attach(Engine.load, self.budget, n_ctx, n_threads)
         try:
-            self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads,
-                                      expert_policy=expert_policy, expert_prefetch=expert_prefetch)
+            if ray is None or ray is False:
+                self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads,
+                                          expert_policy=expert_policy, expert_prefetch=expert_prefetch)
         except BaseException:
             if isinstance(draft_model, DraftModel):
                 draft_model.close()
@@ -158,6 +169,10 @@ class Model:
     def set_cache(self, cache) -> None:
         """A session.PromptCache (None: none): each prompt resumes from the saved sequence sharing its
         longest prefix, as llama-cpp-python's Llama.set_cache(LlamaRAMCache(...))."""
+        if cache is not None:
+            from .session import check_local
+
+            check_local(self.engine)
         self.cache = cache
 
     # ---- generation --------------------------------------------------------------------------
@@ -394,6 +409,16 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _pipeline(model, ray, stages, stage_ram, n_ctx, io, n_threads):
+    """cluster.Pipeline for Model(ray=...)."""
+    from .cluster import Pipeline
+
+    opts = dict(ray) if isinstance(ray, dict) else {"address": None if ray is True else ray}
+    opts["stages"] = opts.get("stages") or stages
+    opts["stage_ram"] = opts.get("stage_ram") or stage_ram
+    return Pipeline(model, n_ctx=n_ctx, io=io, n_threads=n_threads, **opts)
 
 
 def _response_grammar(response_format) -> str | None:

@@ -29,6 +29,7 @@ from .models.weights import ModelError, gguf_name, layer_tensors
 from .plan import UBATCH, Plan, n_vocab_of, plan_for_budget, state_shapes
 from .profiling import KERNELS, PROFILE, PassRecord
 from .runtime import bind
+from .ubatch import Chunk, chunks
 from .stream.io import IOMode
 from .stream.weights import Weights
 
@@ -266,28 +267,28 @@ class Engine:
             raise EmptyPrompt("eval needs at least one token")
         self.kv.check_room(toks.size)
         check_token_ids(toks, self.hp.n_vocab)
-        B = self.plan.batch
-        viewed = aligned or as_batch                             # chunks computed as rows of their ubatch
-        U = max(B, self.ubatch // B * B) if viewed else B        # whole chunks per ubatch
-        base = self.kv.n_past if viewed else 0
-        end, c0, out = base + toks.size, base, []
-        while c0 < end:
-            ub = c0 - c0 % U if aligned else c0 - (c0 - base) % U
-            ue = min(end, ub + U)                                # ubatch [ub, ue) ...
-            if viewed and self.hp.n_expert and ue - ub > B:
-                self._warn_chunked_experts(ue - ub)
-            c1 = min(ue, c0 - (c0 - ub) % B + B)                 # ... chunk [c0, c1) of it
-            chunk = toks[c0 - base:c1 - base]
-            want = all_logits or c1 == end
-            rows = slice(0, chunk.size) if all_logits else slice(chunk.size - 1, chunk.size)
-            view = (ue - ub, c0 - ub) if viewed else None
-            only = (None if outputs_all or rows == slice(0, chunk.size) else rows) if want \
-                else slice(chunk.size, chunk.size)
-            out.append(self._pass(chunk.size, lambda x: self.module.embed(self, x, chunk), rows if want else None,
-                                  view, only, "verify" if as_batch and toks.size > 1 else None))
-            self.tokens.extend(int(t) for t in chunk)
-            c0 = c1
+        B, out = self.plan.batch, []
+        for c in chunks(toks.size, self.kv.n_past, B, self.ubatch, all_logits=all_logits, aligned=aligned,
+                        as_batch=as_batch, outputs_all=outputs_all):
+            if c.view and self.hp.n_expert and c.view[0] > B:
+                self._warn_chunked_experts(c.view[0])
+            out.append(self.run_chunk(toks[c.start:c.stop], c))
+            self.tokens.extend(int(t) for t in toks[c.start:c.stop])
         return np.concatenate([o for o in out if o is not None])
+
+    def run_chunk(self, inp: np.ndarray, c: Chunk) -> np.ndarray | None:
+        """One pass of ubatch.chunks through this engine's layer range: inp is token ids (a range
+        from layer 0) or hidden states f32[n, n_embd]. Returns the logits c.rows asks for where the
+        range ends the model (None if it asks none), else the hidden states after the range (a copy)."""
+        ends = self.layers[1] == self.hp.n_layer
+        if self.layers[0] == 0:
+            def fill(x):
+                self.module.embed(self, x, inp)
+        else:
+            def fill(x):
+                x[:] = inp
+        res = self._pass(c.size, fill, c.rows if ends else None, c.view, c.only, c.kind)
+        return res if ends else self.state.x[:c.size].copy()
 
     def _warn_chunked_experts(self, n: int) -> None:
         if not self._warned:

@@ -15,6 +15,7 @@ tokenizer's metadata errors, the chat template's) live beside that module, deriv
     OutOfBudget              507     the memory budget cannot hold the model or a charge
     Unsupported              501     an architecture, type or tokenizer ramforge cannot execute, an API route
     ServerBusy               503     the server's queue for the model is full
+    ClusterError             503     a Ray cluster's stage failed, was refused, or the cluster is unreachable
     ClientDisconnected       499     the client went away mid-generation (nginx's code; nobody reads it)
     RamforgeError            500     anything else: an invariant broke (a bug), or a failed download
 
@@ -62,6 +63,15 @@ class ServerBusy(RamforgeError):
 
 class ClientDisconnected(RamforgeError):
     """The client closed the connection while its request ran."""
+
+
+class ClusterError(RamforgeError):
+    """A pipeline on Ray (ramforge.cluster) cannot serve: `stage` names the stage at fault (None: the
+    cluster itself). Built from the message alone, so it crosses a process boundary by pickle."""
+
+    def __init__(self, message: str, stage: int | None = None):
+        super().__init__(message)
+        self.stage = stage
 
 
 # ------------------------------------------------------------------------------------ specific
@@ -148,6 +158,26 @@ class BudgetTooSmall(OutOfBudget):
                          f"--ctx (`ramforge plan` shows the same figure)")
 
 
+class StageBudgetTooSmall(OutOfBudget):
+    """A pipeline stage's budget cannot hold its layer range: names the stage and its minimum."""
+
+    def __init__(self, message: str, stage: int | None = None, minimum: int | None = None):
+        super().__init__(message)
+        self.stage, self.minimum = stage, minimum
+
+
+class ClusterUnreachable(ClusterError):
+    """The Ray address did not answer within the connect timeout."""
+
+
+class StageMismatch(ClusterError):
+    """A stage refused at start: its model file (sha256) or its ramforge differs from the driver's."""
+
+
+class StageFailed(ClusterError):
+    """A stage died or failed mid-request; the request is aborted and the other stages reset."""
+
+
 class MissingExtra(RamforgeError):
     """An optional dependency is not installed; the message names the pip extra that brings it."""
 
@@ -172,6 +202,7 @@ HTTP_STATUS: tuple[tuple[type[RamforgeError], int], ...] = (
     (OutOfBudget, 507),               # Insufficient Storage: the budget, not the request, is too small
     (Unsupported, 501),
     (ServerBusy, 503),
+    (ClusterError, 503),
     (ClientDisconnected, 499),
     (RamforgeError, 500),
 )

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ._version import __version__
-from .errors import InvalidArgument, StateError
+from .errors import InvalidArgument, StateError, Unsupported
 from .memory.budget import MemoryBudget
 
 MAGIC = b"RAMFORGE-STATE\x00\x01"
@@ -79,12 +79,19 @@ def _shape(engine) -> dict:
             "type_k": str(getattr(kv, "type_k", "f16")), "type_v": str(getattr(kv, "type_v", "f16"))}
 
 
+def check_local(engine) -> None:
+    if getattr(engine, "kv", None) is None:
+        raise Unsupported("saved states and the prompt cache need a model in this process; a pipeline of "
+                          "stages (ray=) keeps its KV caches in the stages")
+
+
 def _diff(got: dict, want: dict) -> str:
     return ", ".join(f"{k}: {got.get(k)} vs {want[k]}" for k in want if got.get(k) != want[k])
 
 
 def save_state(engine) -> State:
     """A copy of the engine's sequence (its tokens and their cached keys and values)."""
+    check_local(engine)
     n = engine.n_past
     k, v = engine.kv.export(n)
     return State(np.asarray(engine.tokens[:n], np.int32), k, v, _shape(engine))
@@ -92,6 +99,7 @@ def save_state(engine) -> State:
 
 def load_state(engine, state: State) -> None:
     """Make state the engine's sequence; StateError (the sequence left empty) when it does not fit."""
+    check_local(engine)
     engine.reset(0)
     want = _shape(engine)
     if state.shape != want:
@@ -134,6 +142,7 @@ def write_state(path, state: State, model_path: str) -> int:
 
 def read_state(path, engine) -> State:
     """The state in path, checked against the engine (StateError with the reason otherwise)."""
+    check_local(engine)
     path = Path(path)
     try:
         size = path.stat().st_size

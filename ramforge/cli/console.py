@@ -49,13 +49,22 @@ def load_tokenizer_of(model):
         return load_tokenizer(f.metadata)
 
 
-def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, expert_prefetch=True, drafter=None):
+def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, expert_prefetch=True, drafter=None,
+                cluster=None):
     """The engine under --ram; a DraftModel drafter is loaded first, resident under the same budget
-    (the target then plans with what is left), and closed with the engine."""
+    (the target then plans with what is left), and closed with the engine. cluster: cluster.Pipeline's
+    keywords (--ray, --stages, --stage-ram): the model as stages on Ray instead."""
     from ..engine import Engine
     from ..memory import MemoryBudget
     from ..speculative import DraftModel, check_draft_length
 
+    if cluster is not None:
+        from ..cluster import Pipeline
+
+        if drafter is not None:
+            raise click.UsageError("--lookup and --draft are not supported with --ray")
+        return Pipeline(model or "default", n_ctx=ctx, io=io, n_threads=threads,
+                        **{**cluster, "stage_ram": cluster.get("stage_ram") or ram})
     budget = MemoryBudget(parse_memory_size(ram) if ram else None)
     if not isinstance(drafter, DraftModel):
         eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
@@ -123,6 +132,31 @@ threads_option = click.option("-t", "--threads", type=int, default=None,
                               help="Kernel threads (default: $RAMFORGE_THREADS or the physical cores).")
 io_option = click.option("--io", type=click.Choice(["direct", "buffered", "mmap"]), default="direct", show_default=True,
                          help="How streamed weights are read: O_DIRECT, pread + fadvise(DONTNEED), or mmap.")
+
+
+def cluster_options(command):
+    """--ray [ADDRESS], --stages N, --stage-ram SIZE[,SIZE...]: the model as a pipeline on Ray."""
+    opts = [
+        click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
+                     help="Run as a pipeline of layer ranges on Ray: a new local cluster (no value, or $RAY_ADDRESS), "
+                          "HOST:PORT of a head node, ray://HOST:PORT, or auto (needs 'ramforge[cluster]')."),
+        click.option("--stages", type=int, default=2, show_default=True,
+                     help="With --ray: the number of stages (layer ranges), one actor each, spread over the nodes."),
+        click.option("--stage-ram", default=None,
+                     help="With --ray: each stage's budget, one size for all or one per stage (4G,8G); default --ram."),
+    ]
+    for o in reversed(opts):
+        command = o(command)
+    return command
+
+
+def cluster_of(ray_address, stages, stage_ram) -> dict | None:
+    """cluster.Pipeline's keywords from --ray, --stages and --stage-ram (None without --ray)."""
+    if ray_address is None:
+        if stage_ram is not None:
+            raise click.UsageError("--stage-ram needs --ray")
+        return None
+    return {"address": None if ray_address == "local" else ray_address, "stages": stages, "stage_ram": stage_ram}
 
 
 def expert_options(command):

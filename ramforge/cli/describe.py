@@ -100,12 +100,26 @@ def support(as_json):
 @click.option("--probe-io", is_flag=True, help="Measure the file's O_DIRECT read speed and estimate seconds per token.")
 @click.option("--hit-rate", type=click.FloatRange(0, 1), default=None,
               help="Expert cache hit rate for the expected bytes per token (default: the share of experts cached).")
+@click.option("--stages", type=int, default=None,
+              help="Plan a pipeline of this many layer ranges (ramforge run --ray); --ram is then one size per "
+                   "stage or a list, 4G,8G.")
+@click.option("--storage-gb-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="With --stages: each node's storage read speed (default: --probe-io's, else 2).")
+@click.option("--compute-gb-s", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
+              help="With --stages: weight bytes per second decode computes over in RAM (`ramforge bench`).")
+@click.option("--net-gbit", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="With --stages: the network between stages, Gbit/s.")
+@click.option("--latency-ms", type=click.FloatRange(min=0), default=0.2, show_default=True,
+              help="With --stages: one-way latency of a hop between stages.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan(model, ram, ctx, probe_io, hit_rate, as_json):
+def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms, as_json):
     """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget."""
     from ..plan import plan_for_budget
     from ..stream.io import probe_read_speed
 
+    if stages is not None:
+        return _plan_stages(model, ram, ctx, probe_io, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms,
+                            as_json)
     budget = parse_memory_size(ram)
     with open_gguf(model) as f:
         p = plan_for_budget(f, budget, ctx, hit_rate=hit_rate)
@@ -146,6 +160,40 @@ def plan(model, ram, ctx, probe_io, hit_rate, as_json):
                   f"of I/O for {format_bytes(p.expected_bytes_per_token)} streamed")
     for n in p.notes:
         out.print(f"note: {n}")
+
+
+def _plan_stages(model, ram, ctx, probe_io, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms, as_json):
+    """`plan --stages N`: the layer ranges, each stage's verdict, and seconds per token."""
+    from ..cluster.split import plan_stages
+    from ..stream.io import probe_read_speed
+
+    with open_gguf(model) as f:
+        cp = plan_stages(f, stages, ram, ctx)
+    if storage_gb_s is None:
+        storage_gb_s = probe_read_speed(cp.path) / 1e9 if probe_io else 2.0
+    est = cp.estimate(storage_gb_s, compute_gb_s, net_gbit, latency_ms)
+    if as_json:
+        print(json.dumps({**cp.to_json(), "estimate": est}, indent=1))
+        return
+    t = Table(title=f"{os.path.basename(cp.path)}: {len(cp.stages)} stages of {cp.n_layer} layers, "
+                    f"ctx {cp.stages[0].plan.n_ctx}")
+    for c in ("stage", "layers", "budget", "verdict", "minimum", "peak", "read/token", "compute s", "I/O s"):
+        t.add_column(c, justify="left" if c in ("layers", "verdict") else "right")
+    for s, e in zip(cp.stages, est["stages"]):
+        p = s.plan
+        colour = {"resident": "green", "streaming": "yellow"}[p.verdict]
+        t.add_row(str(s.index), f"{s.layers[0]}-{s.layers[1] - 1}",
+                  format_bytes(s.budget) if s.budget else "unlimited", f"[{colour}]{p.verdict}[/]",
+                  format_bytes(p.min_budget), format_bytes(p.planned_peak),
+                  format_bytes(p.expected_bytes_per_token) if s.streams else "0",
+                  f"{e['compute_s']:.4f}", f"{e['io_s']:.4f}")
+    out.print(t)
+    out.print(f"per token: {est['s_per_token']:.4f} s = stages {est['s_per_token'] - est['hops_s']:.4f} s + "
+              f"{len(cp.stages) - 1} hops x {est['hop_s'] * 1e3:.2f} ms (hidden state {cp.n_embd * 4:,} B at "
+              f"{net_gbit:g} Gbit/s, {latency_ms:g} ms); a driver on another node adds "
+              f"{est['logits_s'] * 1e3:.2f} ms for the logits")
+    out.print(f"assumed: storage {storage_gb_s:.2f} GB/s{' (probed here)' if probe_io else ''}, compute "
+              f"{compute_gb_s:g} GB/s of weights; a streaming stage counts max(compute, I/O): it reads ahead")
 
 
 COMMANDS = [inspect, support, plan]

@@ -8,8 +8,8 @@ import click
 import numpy as np
 
 from ..params import sampler_params
-from .console import (ctx_option, drafter_of, expert_options, io_option, load_engine, ram_option, sampler_options,
-                      speculative_options, threads_option)
+from .console import (cluster_of, cluster_options, ctx_option, drafter_of, expert_options, io_option, load_engine,
+                      ram_option, sampler_options, speculative_options, threads_option)
 
 
 @click.command()
@@ -23,21 +23,30 @@ from .console import (ctx_option, drafter_of, expert_options, io_option, load_en
 @threads_option
 @expert_options
 @speculative_options
+@cluster_options
 @click.option("--profile", is_flag=True, help="Per-layer I/O and per-op compute tables on stderr (and in --json).")
 @click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
 def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, lookup, lookup_ngram,
-        lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, profile, memory_report, as_json, **sampling):
-    """Generate a continuation of PROMPT; text streams to stdout, stats to stderr."""
+        lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram, profile,
+        memory_report, as_json, **sampling):
+    """Generate a continuation of PROMPT; text streams to stdout, stats to stderr.
+
+    With --ray, the model runs as --stages layer ranges on a Ray cluster (ramforge.cluster); the
+    tokens are those of one process."""
     from ..profiling import PROFILE
     from ..report import compile_notice, compiled, memory_report as mem_report, render_memory, render_profile, spec_line
     from ..sampling import LLAMA, Sampler
 
     params = sampler_params(sampling)      # a bad value fails before the model loads
     drafter = drafter_of(lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min)
+    cluster = cluster_of(ray_address, stages, stage_ram)
+    if cluster is not None and (profile or memory_report):
+        raise click.UsageError("--profile and --memory-report are not supported with --ray")
     PROFILE.enabled = profile
     PROFILE.reset()
-    with compile_notice(), load_engine(model, ctx, ram, io, threads, expert_cache, expert_prefetch, drafter) as eng:
+    with compile_notice(), load_engine(model, ctx, ram, io, threads, expert_cache, expert_prefetch, drafter,
+                                       cluster) as eng:
         sampler = Sampler(params, eng.hp.n_vocab, chain=LLAMA, tokenizer=eng.tokenizer)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()

@@ -7,7 +7,7 @@ import click
 
 from ..errors import InvalidArgument, MissingExtra
 from ..memory.size import parse_memory_size
-from .console import drafter_of, speculative_options
+from .console import cluster_of, cluster_options, drafter_of, speculative_options
 
 
 def _loopback(host: str) -> bool:
@@ -46,24 +46,23 @@ def _loopback(host: str) -> bool:
               help="A prompt cache of this size (its own budget, e.g. 2G): conversations resume instead of "
                    "recomputing their prompt.")
 @speculative_options
+@cluster_options
 def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
           slot_save_path, cache_ram, lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min,
-          draft_p_min):
+          draft_p_min, ray_address, stages, stage_ram):
     """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time.
 
     MODEL (a path, a store name or `default`) is loaded before the server starts; without it the
     default model loads on the first request. Requests may name `default` or any name from
     `ramforge list`; the resident model is swapped (the old one closed first) to stay under --ram.
+    With --ray, each loaded model runs as --stages layer ranges on Ray (its stage actors stopped
+    when it is swapped out or its keep-alive ends).
     """
     import importlib.util
 
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
         raise MissingExtra("ramforge serve needs FastAPI and uvicorn: pip install 'ramforge[serve]'")
-    import uvicorn
-
-    from ..server.app import create_app
     from ..server.common import ServerConfig, parse_keep_alive
-    from ..server.transport import uvicorn_config
 
     for size in (ram, cache_ram):
         if size is not None:
@@ -79,10 +78,35 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     spec = dict(lookup=lookup, lookup_ngram=lookup_ngram, lookup_fixed=lookup_fixed, draft=draft_model,
                 draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min)
     drafter_of(**spec)                              # conflicting or bad options fail here, as one line
+    cluster = cluster_of(ray_address, stages, stage_ram)
+    if cluster is not None and (lookup is not None or draft_model is not None):
+        raise click.UsageError("--lookup and --draft are not supported with --ray")
+    if cluster is not None and (slot_save_path is not None or cache_ram is not None):
+        raise click.UsageError("--slot-save-path and --cache-ram are not supported with --ray (the KV caches "
+                               "live in the stages)")
     cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
                        preload=model is not None, slot_save_path=slot_save_path, cache_ram=cache_ram,
-                       speculative=spec if lookup is not None or draft_model is not None else None)
+                       speculative=spec if lookup is not None or draft_model is not None else None,
+                       cluster=cluster)
+    ray = None
+    if cluster is not None:                         # Ray connected from this (the main) thread, once for every model
+        from ..cluster import connect
+
+        ray = connect(cluster["address"])
+    try:
+        _serve(cfg, model, host, port, api_key, request_timeout, log_level)
+    finally:
+        if ray is not None:
+            ray.shutdown()
+
+
+def _serve(cfg, model, host, port, api_key, request_timeout, log_level):
+    import uvicorn
+
+    from ..server.app import create_app
+    from ..server.transport import uvicorn_config
+
     app = create_app(cfg)
     manager = app.state.manager
     if model is not None:

@@ -54,6 +54,7 @@ class ServerConfig:
     speculative: dict | None = None   # speculative.make_drafter's keywords (--lookup, --draft ...); None: off
     slot_save_path: str | None = None  # where POST /slots/0?action=save|restore files live (None: refused)
     cache_ram: str | int | None = None  # the prompt cache's own budget (session.PromptCache); None: none
+    cluster: dict | None = None       # cluster.Pipeline's keywords (--ray, --stages, --stage-ram); None: one process
 
 
 # ------------------------------------------------------------------------------------ errors

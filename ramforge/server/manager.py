@@ -103,7 +103,8 @@ class ModelManager:
 
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
         model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx if n_ctx is not None else self.cfg.n_ctx,
-                      n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter)
+                      n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter,
+                      ray=self.cfg.cluster)
         if self.cfg.cache_ram:                      # one per loaded model: states fit only their model
             from ..session import PromptCache
 
