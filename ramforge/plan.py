@@ -171,6 +171,7 @@ class Plan:
     type_v: str = "f16"
     kv_bytes_per_pos: int = 0                     # the KV cache's bytes per position (kv_bytes = n_ctx times this)
     max_ctx: int | None = None                    # the longest context the budget holds (None: no budget)
+    n_ctx_train: int = 0                          # the model's trained context
 
     @property
     def kv_bytes_per_1k(self) -> int:
@@ -262,7 +263,7 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     p = Plan(f.path, hp.arch, is_executable(hp.arch), n_ctx, batch, budget, (a, b),
              sum(t.nbytes for t in f.tensors.values()), persistent, [s.nbytes for s in spans],
              kv, state, small, "resident", min_budget, resident_budget, expert_count=(b - a) * hp.n_expert,
-             type_k=kv_type(type_k), type_v=kv_type(type_v), kv_bytes_per_pos=kv_pos)
+             type_k=kv_type(type_k), type_v=kv_type(type_v), kv_bytes_per_pos=kv_pos, n_ctx_train=hp.n_ctx_train)
     outside = sum(persistent.values()) - sum(persistent[n] for n in big)          # norms, rope factors
     p.active_bytes_per_token = (sum(t.nbytes for x in by_layer.values() for t in x) - expert_total
                                 + (expert_total * k // hp.n_expert if hp.n_expert else 0) + outside

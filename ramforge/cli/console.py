@@ -49,7 +49,8 @@ def load_tokenizer_of(model):
         return load_tokenizer(f.metadata)
 
 
-def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, expert_prefetch=True, drafter=None):
+def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, expert_prefetch=True, drafter=None,
+                kv=(None, None)):
     """The engine under --ram; a DraftModel drafter is loaded first, resident under the same budget
     (the target then plans with what is left), and closed with the engine."""
     from ..engine import Engine
@@ -59,7 +60,7 @@ def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, e
     budget = MemoryBudget(parse_memory_size(ram) if ram else None)
     if not isinstance(drafter, DraftModel):
         eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
-                          expert_policy=expert_cache, expert_prefetch=expert_prefetch)
+                          expert_policy=expert_cache, expert_prefetch=expert_prefetch, type_k=kv[0], type_v=kv[1])
         if drafter is not None:
             _checked(eng, lambda: check_draft_length(drafter, eng.n_ctx))
         return eng
@@ -68,7 +69,7 @@ def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, e
     drafter.attach(Engine.load, budget, ctx, threads)
     try:
         eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
-                          expert_policy=expert_cache, expert_prefetch=expert_prefetch)
+                          expert_policy=expert_cache, expert_prefetch=expert_prefetch, type_k=kv[0], type_v=kv[1])
     except BaseException:
         drafter.close()
         raise
@@ -123,6 +124,39 @@ threads_option = click.option("-t", "--threads", type=int, default=None,
                               help="Kernel threads (default: $RAMFORGE_THREADS or the physical cores).")
 io_option = click.option("--io", type=click.Choice(["direct", "buffered", "mmap"]), default="direct", show_default=True,
                          help="How streamed weights are read: O_DIRECT, pread + fadvise(DONTNEED), or mmap.")
+
+
+def kv_options(command):
+    """--kv-type (K and V), --kv-type-k, --kv-type-v: the KV cache types, as llama.cpp's --cache-type-k/-v."""
+    kinds = click.Choice(["f16", "q8_0", "q4_0"], case_sensitive=False)
+    opts = [
+        click.option("--kv-type", type=kinds, default=None,
+                     help="KV cache type of K and V: f16, q8_0 (53% of f16's bytes) or q4_0 (28%) "
+                          "(default: $RAMFORGE_KV_TYPE, else f16). A quantized cache is read as llama.cpp's "
+                          "flash attention reads it."),
+        click.option("--kv-type-k", type=kinds, default=None, help="KV cache type of K alone (over --kv-type)."),
+        click.option("--kv-type-v", type=kinds, default=None, help="KV cache type of V alone (over --kv-type)."),
+    ]
+    for o in reversed(opts):
+        command = o(command)
+    return command
+
+
+def kv_types_of(kv_type, kv_type_k, kv_type_v, env: dict | None = None, ollama: bool = False) -> tuple[str, str]:
+    """The KV cache types of the --kv-type options, else $RAMFORGE_KV_TYPE, else (ollama: `serve`)
+    Ollama's $OLLAMA_KV_CACHE_TYPE (f16, q8_0, q4_0: K and V), else f16."""
+    import os
+
+    from ..engine import kv_types
+    env = os.environ if env is None else env
+    k, v = kv_type_k or kv_type, kv_type_v or kv_type
+    if ollama and not env.get("RAMFORGE_KV_TYPE", "").strip() and env.get("OLLAMA_KV_CACHE_TYPE", "").strip():
+        from ..errors import KVTypeError
+        o = env["OLLAMA_KV_CACHE_TYPE"].strip()
+        if o.lower() not in ("f16", "q8_0", "q4_0"):
+            raise KVTypeError(f"OLLAMA_KV_CACHE_TYPE={o!r}: one of f16, q8_0, q4_0")
+        env = {"RAMFORGE_KV_TYPE": o}
+    return kv_types(k, v, env)
 
 
 def expert_options(command):

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..gguf.constants import GGMLType, Keys
 from ..memory.size import format_bytes, parse_memory_size
-from .console import open_gguf, out, short, summarise
+from .console import kv_options, kv_types_of, open_gguf, out, short, summarise
 
 
 @click.command()
@@ -100,15 +100,17 @@ def support(as_json):
 @click.option("--probe-io", is_flag=True, help="Measure the file's O_DIRECT read speed and estimate seconds per token.")
 @click.option("--hit-rate", type=click.FloatRange(0, 1), default=None,
               help="Expert cache hit rate for the expected bytes per token (default: the share of experts cached).")
+@kv_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan(model, ram, ctx, probe_io, hit_rate, as_json):
+def plan(model, ram, ctx, probe_io, hit_rate, kv_type, kv_type_k, kv_type_v, as_json):
     """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget."""
     from ..plan import plan_for_budget
     from ..stream.io import probe_read_speed
 
     budget = parse_memory_size(ram)
+    tk, tv = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with open_gguf(model) as f:
-        p = plan_for_budget(f, budget, ctx, hit_rate=hit_rate)
+        p = plan_for_budget(f, budget, ctx, hit_rate=hit_rate, type_k=tk, type_v=tv)
     info = p.to_json()
     if probe_io:
         bw = probe_read_speed(p.path)
@@ -124,7 +126,8 @@ def plan(model, ram, ctx, probe_io, hit_rate, as_json):
             (f"layers ({len(p.layer_bytes)}); largest read span is layer {li}", lb),
             (f"pinned layers ({len(p.pinned)} of {len(p.layer_bytes)})", sum(p.layer_bytes[i - p.layers[0]] for i in p.pinned)),
             (f"stream buffers ({p.n_buffers})", p.n_buffers * p.buffer_bytes),
-            (f"KV cache (F16, ctx {p.n_ctx})", p.kv_bytes), (f"activations (batch {p.batch})", p.state_bytes),
+            (f"KV cache (K {p.type_k}, V {p.type_v}, ctx {p.n_ctx}; charged as it fills)", p.kv_bytes),
+            ("KV cache per 1k tokens", p.kv_bytes_per_1k), (f"activations (batch {p.batch})", p.state_bytes),
             ("planned peak (managed)", p.planned_peak), ("streamed per token (at most)", p.streamed_bytes_per_token),
             ("active weights per token", p.active_bytes_per_token),
             ("fully resident needs", p.resident_budget), ("minimum budget", p.min_budget)]
@@ -137,6 +140,9 @@ def plan(model, ram, ctx, probe_io, hit_rate, as_json):
     for name, v in rows:
         t.add_row(name, f"{v:,}", format_bytes(v))
     out.print(t)
+    if p.max_ctx is not None:
+        out.print(f"longest context this budget holds: {p.max_ctx:,} tokens (KV cache K {p.type_k}, V {p.type_v}, "
+                  f"{format_bytes(p.kv_bytes_per_1k)} per 1k tokens; the model was trained on {p.n_ctx_train:,})")
     colour = {"resident": "green", "streaming": "yellow", "insufficient": "red"}[p.verdict]
     extra = f"; needs at least {format_bytes(p.min_budget)} ({p.min_budget:,} B)" if p.verdict == "insufficient" else ""
     out.print(f"verdict: [bold {colour}]{p.verdict}[/]{extra}")

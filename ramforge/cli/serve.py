@@ -7,7 +7,7 @@ import click
 
 from ..errors import InvalidArgument, MissingExtra
 from ..memory.size import parse_memory_size
-from .console import drafter_of, speculative_options
+from .console import drafter_of, kv_options, kv_types_of, speculative_options
 
 
 def _loopback(host: str) -> bool:
@@ -40,14 +40,17 @@ def _loopback(host: str) -> bool:
               help="Seconds a client has to send a whole request (headers and body) before it is disconnected.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
+@kv_options
 @speculative_options
 def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
-          lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min):
+          kv_type, kv_type_k, kv_type_v, lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min,
+          draft_p_min):
     """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time.
 
     MODEL (a path, a store name or `default`) is loaded before the server starts; without it the
     default model loads on the first request. Requests may name `default` or any name from
     `ramforge list`; the resident model is swapped (the old one closed first) to stay under --ram.
+    The KV cache types: --kv-type*, else $RAMFORGE_KV_TYPE, else Ollama's $OLLAMA_KV_CACHE_TYPE, else f16.
     """
     import importlib.util
 
@@ -68,9 +71,10 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     spec = dict(lookup=lookup, lookup_ngram=lookup_ngram, lookup_fixed=lookup_fixed, draft=draft_model,
                 draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min)
     drafter_of(**spec)                              # conflicting or bad options fail here, as one line
+    type_k, type_v = kv_types_of(kv_type, kv_type_k, kv_type_v, ollama=True)
     cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
-                       preload=model is not None,
+                       preload=model is not None, type_k=type_k, type_v=type_v,
                        speculative=spec if lookup is not None or draft_model is not None else None)
     app = create_app(cfg)
     manager = app.state.manager

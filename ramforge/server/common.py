@@ -52,6 +52,8 @@ class ServerConfig:
     max_queue: int = 16               # requests waiting for the model before 503
     preload: bool = False             # load the startup model before serving
     speculative: dict | None = None   # speculative.make_drafter's keywords (--lookup, --draft ...); None: off
+    type_k: str = "f16"               # KV cache types (--kv-type*, $RAMFORGE_KV_TYPE, $OLLAMA_KV_CACHE_TYPE)
+    type_v: str = "f16"
 
 
 # ------------------------------------------------------------------------------------ errors

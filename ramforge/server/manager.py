@@ -103,7 +103,8 @@ class ModelManager:
 
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
         return Model(path, ram=self.cfg.ram, n_ctx=n_ctx if n_ctx is not None else self.cfg.n_ctx,
-                     n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter)
+                     n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter, type_k=self.cfg.type_k,
+                     type_v=self.cfg.type_v)
 
     async def ensure(self, name: str | None, num_ctx: int | None = None) -> tuple[Loaded, float]:
         """The loaded model for `name` (loading or swapping as needed) and the seconds spent loading."""
