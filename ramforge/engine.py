@@ -284,8 +284,23 @@ class Engine:
             raise InvalidArgument(f"this engine runs layers {self.layers}; use eval_hidden")
         if toks.size == 0:
             raise EmptyPrompt("eval needs at least one token")
-        self.kv.check_room(toks.size)
         check_token_ids(toks, self.hp.n_vocab)
+        with self._kv_room(toks.size):
+            return self._eval(toks, all_logits, aligned, as_batch, outputs_all)
+
+    @contextlib.contextmanager
+    def _kv_room(self, n: int):
+        """The KV cache grown for n more positions (KVBudgetExceeded if the budget cannot); what a
+        failed evaluation reserved is given back."""
+        cap = self.kv.capacity
+        self.kv.check_room(n)
+        try:
+            yield
+        except BaseException:
+            self.kv.shrink(cap)
+            raise
+
+    def _eval(self, toks, all_logits, aligned, as_batch, outputs_all) -> np.ndarray:
         B = self.plan.batch
         viewed = aligned or as_batch                             # chunks computed as rows of their ubatch
         U = max(B, self.ubatch // B * B) if viewed else B        # whole chunks per ubatch
@@ -323,9 +338,12 @@ class Engine:
         """Run hidden states f32[n, n_embd] through this engine's layer range; return the new hidden
         states (or the logits f32[n, n_vocab] when logits=True and the range ends the model)."""
         h = np.asarray(hidden, dtype=np.float32).reshape(-1, self.hp.n_embd)
-        self.kv.check_room(h.shape[0])
         if logits and self.layers[1] != self.hp.n_layer:
             raise InvalidArgument(f"layers {self.layers} do not end the model; it has no logits")
+        with self._kv_room(h.shape[0]):
+            return self._eval_hidden(h, logits)
+
+    def _eval_hidden(self, h: np.ndarray, logits: bool) -> np.ndarray:
         out = []
         for c0 in range(0, h.shape[0], self.plan.batch):
             part = h[c0:c0 + self.plan.batch]

@@ -4,8 +4,9 @@
 Growth on demand: the slabs are reserved for n_ctx positions (np.zeros: pages the kernel maps only
 when first written), and the budget is charged in chunks of CHUNK positions as positions are
 written, never for positions not yet reached. A chunk the budget cannot take raises KVBudgetExceeded
-naming the position reached; the books stay as they were (the charge that failed is not kept).
-Positions forgotten by a reset keep their charge (their pages stay mapped) until close.
+naming the position reached; the books stay as they were (the charge that failed is not kept), and
+an eval that fails later gives back what it had reserved (Engine.eval). Positions forgotten by a
+reset keep their charge (their pages stay mapped) until close.
 """
 from __future__ import annotations
 
@@ -71,6 +72,14 @@ class KVCache:
         except BudgetExceeded as e:
             raise KVBudgetExceeded(self.n_past, positions, want - self.charge.nbytes, e.current, e.budget) from None
         self.capacity = cap
+
+    def shrink(self, positions: int) -> None:
+        """Give back whole chunks past `positions` (never below the positions held): what an eval that
+        failed had reserved."""
+        cap = min(self.capacity, max(-(-max(positions, self.n_past) // self.chunk) * self.chunk, 0))
+        if cap < self.capacity:
+            self.charge.settle(min(cap, self.n_ctx) * self.bytes_per_pos)
+            self.capacity = cap
 
     def store(self, il: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """Write f32 keys/values for positions pos0.. (rounded to the cache types, as llama.cpp's cache)."""
