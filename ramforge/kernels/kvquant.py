@@ -16,7 +16,9 @@ paths need F16 K and V of one type), one query row per job, the keys in position
   products, one fma per lane with d_k * d_q, hsum_float_8; ggml_vec_dot_f16: 4 x 16 lanes);
 - s * scale (scale = kq_scale / softcap with a soft-cap, then softcap * tanhf(s));
 - an online softmax in float32 with libm's expf: a new maximum scales the accumulator and the sum by
-  expf(M_old - M), any other key adds with weight expf(s - M); the sum S = S * ms + vs (an fma);
+  expf(M_old - M), any other key adds with weight expf(s - M); the sum S = S * ms + vs is one fma
+  in the loop over keys and two roundings where the sinks join (as GCC built them: the records tell
+  the two apart, fma or not, in each place);
 - V accumulates in float32 (a quantized V: its row dequantized, then fma) or, for an F16 V, in f16
   (ggml_vec_mad_f16 / ggml_vec_scale_f16: each step an fma or product rounded to f16);
 - sinks (gpt-oss) join once after the keys; the row is scaled by 1/S.
@@ -206,7 +208,7 @@ def _qdot(raw, o, kind, qq, qd, qo, nb, lanes):
 
 @njit(cache=True, parallel=True)
 def _flash(out, qh, qq, qd, kraw, vraw, pos0, n_tok, n_head, n_kv, hd_k, hd_v, kt, vt, rbk, rbv,
-           scale, softcap, window, sinks, s_fma):
+           scale, softcap, window, sinks):
     # out f32[n_tok, n_head, hd_v]; kraw, vraw: the layer's cache bytes (u8, flat), rows of rbk / rbv bytes
     # in the order (position, kv head); qh f32[n_tok*n_head*hd_k]: q f16-rounded (an F16 K), or
     # qq i8 / qd f32: q as Q8_0 blocks (a quantized K)
@@ -261,7 +263,7 @@ def _flash(out, qh, qq, qd, kraw, vraw, pos0, n_tok, n_head, n_kv, hd_k, hd_v, k
                 _dequant_row(vraw, vo, vt, hd_v, vrow)
                 for d in range(hd_v):
                     acc[d] = _fma(vrow[d], vs, acc[d])
-            S = _fma(S, ms, vs) if s_fma else S * ms + vs
+            S = _fma(S, ms, vs)
         if sinks.size:
             sk = sinks[h]
             ms = np.float32(1.0)
@@ -273,7 +275,7 @@ def _flash(out, qh, qq, qd, kraw, vraw, pos0, n_tok, n_head, n_kv, hd_k, hd_v, k
                     acc[d] = acc[d] * ms
             else:
                 vs = np.float32(math.exp(sk - M))
-            S = _fma(S, ms, vs) if s_fma else S * ms + vs
+            S = S * ms + vs                           # not an fma here (see the docstring)
         inv = np.float32(0.0) if S == 0 else np.float32(1.0) / S
         for d in range(hd_v):
             out[t, h, d] = acc[d] * inv
@@ -282,7 +284,6 @@ def _flash(out, qh, qq, qd, kraw, vraw, pos0, n_tok, n_head, n_kv, hd_k, hd_v, k
 _NO_SINKS = np.empty(0, np.float32)
 _EMPTY_F = np.empty(0, np.float32)
 _EMPTY_I = np.empty(0, np.int8)
-S_FMA = True                       # the softmax sum's S * ms + vs contracted to an fma (as GCC builds ggml-cpu)
 
 
 def flash_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_type: str,
@@ -316,7 +317,7 @@ def flash_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
     scale = f(kq_scale) / f(softcap) if softcap else f(kq_scale)
     _flash(out, qh, qq, qd, k_cache.reshape(-1).view(np.uint8), v_cache.reshape(-1).view(np.uint8), pos0, n_tok,
            n_head, n_kv, hd_k, hd_v, kt, vt, k_cache.shape[2] * k_cache.itemsize, v_cache.shape[2] * v_cache.itemsize,
-           scale, f(softcap), window, sk, S_FMA)
+           scale, f(softcap), window, sk)
     nv = rotation(v_type, hd_v, False)
     if nv:                                          # the output rotated back (V was stored rotated)
         _fwht(out.reshape(-1), nv)
