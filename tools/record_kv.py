@@ -37,8 +37,8 @@ FORMAT = 1
 KV_DIR = ORACLE_DIR.parent / "kv"
 # llama, qwen3 (QK norm), gemma2 (attention soft-cap), gemma3 (sliding window), gpt-oss (sinks, window); the
 # F16 models need no llama.cpp to be built (tests in CI), the Q8_0 ones do
-MODELS = ["llama-tiny-f16", "gpt-oss-tiny-f16", "llama-tiny-q8_0", "qwen3-tiny-q8_0", "gemma2-tiny-q8_0", "gemma3-linear-q8_0", "gpt-oss-tiny-q8_0",
-          "gemma3-270m-q4_k_m"]
+MODELS = ["llama-tiny-f16", "gpt-oss-tiny-f16", "llama-tiny-q8_0", "qwen3-tiny-q8_0", "gemma2-tiny-q8_0",
+          "gemma3-linear-q8_0", "gpt-oss-tiny-q8_0", "gemma3-270m-q4_k_m"]
 CONFIGS = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("f16", "q8_0"), ("q8_0", "f16"), ("q4_0", "q8_0")]
 GEMMA_PROMPTS = ("prose", "chat", "long")            # of the 270m record's prompts
 N_GEN = 8

@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..errors import RamforgeError
-from ..memory.kv_types import QK, kv_type, row_bytes  # noqa: F401  (re-exported)
+from ..memory.kv_types import QK, row_bytes
 from .fmatmul import _f16_vd
 from .quantize import _quantize_q8_0
 from .scalars import F16_TO_F32, _f32_to_half_bits, _fma

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import BudgetExceeded, ContextLengthExceeded, KVBudgetExceeded
 from ..kernels.kvquant import store_rows
-from .kv_types import bytes_per_position, kv_type, row_bytes  # noqa: F401  (bytes_per_position re-exported)
+from .kv_types import kv_type, row_bytes
 from .budget import MemoryBudget
 
 CHUNK = 256                   # positions charged at a time (llama.cpp pads its cache view to 256 cells)
