@@ -239,3 +239,23 @@ def test_context_length_is_still_checked_first(tiny):
         with pytest.raises(ContextLengthExceeded):
             eng.eval(list(range(1, 21)))
         assert eng.kv.nbytes == 0
+
+
+def test_server_loads_models_with_the_configured_kv_types(tiny):
+    from ramforge.server.common import ServerConfig
+    from ramforge.server.manager import ModelManager
+    m = ModelManager(ServerConfig(type_k="q8_0", type_v="q4_0"))._load(str(tiny), 64)
+    try:
+        assert (m.engine.kv.type_k, m.engine.kv.type_v) == ("q8_0", "q4_0")
+    finally:
+        m.close()
+
+
+def test_serve_refuses_a_bad_ollama_kv_type_before_starting(tiny, monkeypatch):
+    from click.testing import CliRunner
+
+    from ramforge.cli import cli
+    monkeypatch.setenv("OLLAMA_KV_CACHE_TYPE", "q5_k")
+    monkeypatch.delenv("RAMFORGE_KV_TYPE", raising=False)
+    r = CliRunner().invoke(cli, ["serve", str(tiny), "--port", "0"])
+    assert r.exit_code != 0 and "OLLAMA_KV_CACHE_TYPE" in (r.output + repr(r.exception))
