@@ -1,5 +1,5 @@
 """KV cache bytes per 1k tokens per cache type, measured: what the engine charges once N positions are
-filled (the cache grows in chunks as the context fills), and the process's RSS growth over the fill.
+filled (the cache grows in chunks as the context fills; a quantized row is stored in exactly its bytes).
 
     python benchmarks/kv_bytes.py [MODEL] [--tokens 1024] [--types f16,q8_0,q4_0] [--json]
 """
@@ -7,17 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def measure(model: str, kind: str, n: int) -> dict:
@@ -28,11 +22,9 @@ def measure(model: str, kind: str, n: int) -> dict:
         ids = [(7 * i) % (eng.hp.n_vocab - 1) + 1 for i in range(n)]
         eng.eval(ids[:2])                               # kernels compiled and loaded before measuring
         eng.reset()
-        r0, c0 = rss(), eng.kv.nbytes
         eng.eval(ids[2:])
         full = eng.kv.nbytes
-        return {"type": kind, "positions": n - 2, "charged": full, "charged_at_load": 0,
-                "bytes_per_1k": round(full * 1000 / n), "rss_growth": rss() - r0, "charged_before": c0}
+        return {"type": kind, "positions": eng.n_past, "charged": full, "bytes_per_1k": round(full * 1000 / n)}
 
 
 def main(argv=None) -> int:
@@ -51,8 +43,8 @@ def main(argv=None) -> int:
     else:
         for r in rows:
             share = f" ({100 * r['share_of_f16']:.1f}% of f16)" if f16 else ""
-            print(f"{r['type']:5s} {r['bytes_per_1k'] / 1e6:8.3f} MB per 1k tokens{share}; RSS grew "
-                  f"{r['rss_growth'] / 1e6:.1f} MB over {r['positions']} positions")
+            print(f"{r['type']:5s} {r['bytes_per_1k'] / 1e6:8.3f} MB per 1k tokens{share}; {r['charged']:,} B "
+                  f"charged for {r['positions']} positions")
     return 0
 
 

@@ -10,6 +10,10 @@ The engine allocates exactly what the plan says, so `ramforge plan` is the runti
   resident, and the rest pins whole layers, first to last. A streamed output projection goes through
   the pool in row chunks; a streamed token embedding is read a row per token.
 - the minimum budget is the fixed part plus one buffer.
+- the KV cache is charged as the context fills (memory.kv_cache); where the budget cannot hold it
+  for n_ctx, the plan is made for the positions it holds (kv_positions, whole chunks of 256), and
+  growing past them fails with a budget error naming the position. max_ctx: the longest context
+  the budget holds at all (smallest chunk, nothing pinned).
 A mixture of experts that does not fit whole streams its experts apart from their layers: a layer's
 read span holds its dense tensors (attention, norms, router, shared expert); each expert (its rows
 of gate, up and down: three aligned segments) is read alone into an expert cache of whole slots,
@@ -27,7 +31,7 @@ from .gguf.constants import GGML_BLOCK, Keys
 from .gguf.reader import GGUFFile, TensorInfo
 from .models import ffn_norm, is_executable
 from .models.config import FUSED_PROJECTIONS, HParams
-from .memory.kv_types import bytes_per_position, kv_type
+from .memory.kv_types import CHUNK, bytes_per_position, kv_type
 
 DEFAULT_CTX = 4096          # as llama-cli: the default context, capped by the model's own
 DEFAULT_BATCH = 64          # prompt tokens per forward chunk
@@ -172,6 +176,8 @@ class Plan:
     kv_bytes_per_pos: int = 0                     # the KV cache's bytes per position (kv_bytes = n_ctx times this)
     max_ctx: int | None = None                    # the longest context the budget holds (None: no budget)
     n_ctx_train: int = 0                          # the model's trained context
+    kv_positions: int = 0                         # the positions kv_bytes holds: n_ctx, or fewer where the
+                                                  # budget holds only those (growth past them fails)
 
     @property
     def kv_bytes_per_1k(self) -> int:
@@ -263,7 +269,8 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     p = Plan(f.path, hp.arch, is_executable(hp.arch), n_ctx, batch, budget, (a, b),
              sum(t.nbytes for t in f.tensors.values()), persistent, [s.nbytes for s in spans],
              kv, state, small, "resident", min_budget, resident_budget, expert_count=(b - a) * hp.n_expert,
-             type_k=kv_type(type_k), type_v=kv_type(type_v), kv_bytes_per_pos=kv_pos, n_ctx_train=hp.n_ctx_train)
+             type_k=kv_type(type_k), type_v=kv_type(type_v), kv_bytes_per_pos=kv_pos, n_ctx_train=hp.n_ctx_train,
+             kv_positions=n_ctx)
     outside = sum(persistent.values()) - sum(persistent[n] for n in big)          # norms, rope factors
     p.active_bytes_per_token = (sum(t.nbytes for x in by_layer.values() for t in x) - expert_total
                                 + (expert_total * k // hp.n_expert if hp.n_expert else 0) + outside
@@ -339,7 +346,8 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
     of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget."""
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
         raise InvalidArgument(f"an expert hit rate is a fraction from 0 to 1, got {hit_rate}")
-    moe = HParams.from_metadata(f.metadata, n_vocab_of(f)).n_expert > 0
+    hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
+    moe = hp.n_expert > 0
     batches = (batch,) if batch else BATCHES
     for b in (MOE_BATCHES if moe and not batch else ()) + batches:
         p = make_plan(f, budget, n_ctx, b, layers, hit_rate, type_k, type_v)
@@ -348,8 +356,20 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
             break
     p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v).min_budget   # smallest chunk
     if budget is not None:                      # the longest context the budget holds (smallest chunk, no pins)
-        base = p.min_budget - p.kv_bytes
-        p.max_ctx = max(0, (budget - base) // p.kv_bytes_per_pos) if p.kv_bytes_per_pos else 0
+        b1 = batches[-1]
+        per = p.kv_bytes_per_pos + state_bytes(hp, b1, 2) - state_bytes(hp, b1, 1)   # cache + attention scores
+        base = make_plan(f, None, 1, b1, layers, None, type_k, type_v).min_budget - per
+        p.max_ctx = max(0, (budget - base) // per)
+        fit = min(p.max_ctx, p.n_ctx) // CHUNK * CHUNK
+        if p.verdict == "insufficient" and fit >= CHUNK:
+            # the KV cache grows as the context fills: plan for the positions the budget holds
+            q = plan_for_budget(f, budget, fit, layers, batch, hit_rate, type_k, type_v)
+            if q.verdict != "insufficient":
+                q.n_ctx, q.max_ctx, q.min_budget = p.n_ctx, p.max_ctx, p.min_budget
+                q.notes.append(f"the budget holds the KV cache of {fit:,} of the {p.n_ctx:,} positions (it is charged "
+                               f"in chunks of {CHUNK} as the context fills); growing past them fails with a budget "
+                               f"error naming the position; {p.min_budget:,} B hold the whole context")
+                return q
     if moe and p.batch < UBATCH and p.verdict != "insufficient":
         whole = make_plan(f, None, n_ctx, UBATCH, layers, None, type_k, type_v).state_bytes * MOE_STATE_SHARE
         p.notes.append(f"prompts longer than {p.batch} tokens are computed in chunks of {p.batch}; llama.cpp "

@@ -100,7 +100,13 @@ def test_cli_plan_prints_kv_cost_and_longest_context(tiny):
     p = json.loads(r.output)
     assert (p["type_k"], p["type_v"]) == ("q4_0", "q4_0")
     assert p["kv_bytes_per_1k"] == 1000 * bytes_per_position(3, 2, 64, 64, "q4_0", "q4_0")
-    assert p["max_ctx"] == ((64 << 20) - (p["min_budget"] - p["kv_bytes"])) // p["kv_bytes_per_pos"] > 512
+    from ramforge.gguf.reader import GGUFFile
+    from ramforge.plan import plan_for_budget
+    with GGUFFile(tiny) as f:                         # max_ctx positions fit (smallest chunk), one more does not
+        at = plan_for_budget(f, 64 << 20, p["max_ctx"], batch=1, type_k="q4_0", type_v="q4_0")
+        past = plan_for_budget(f, 64 << 20, p["max_ctx"] + 1, batch=1, type_k="q4_0", type_v="q4_0")
+    assert p["max_ctx"] > 512 and at.verdict != "insufficient" and at.kv_positions == p["max_ctx"]
+    assert past.verdict == "insufficient" or past.kv_positions <= p["max_ctx"]
     r = CliRunner().invoke(cli, ["plan", str(tiny), "--ram", "64M", "--kv-type-v", "q8_0"])
     assert r.exit_code == 0 and "per 1k tokens" in r.output and "longest context" in r.output, r.output
     r = CliRunner().invoke(cli, ["plan", str(tiny), "--ram", "64M", "--kv-type", "q5_1"])
@@ -259,3 +265,21 @@ def test_serve_refuses_a_bad_ollama_kv_type_before_starting(tiny, monkeypatch):
     monkeypatch.delenv("RAMFORGE_KV_TYPE", raising=False)
     r = CliRunner().invoke(cli, ["serve", str(tiny), "--port", "0"])
     assert r.exit_code != 0 and "OLLAMA_KV_CACHE_TYPE" in (r.output + repr(r.exception))
+
+
+def test_a_budget_short_of_the_whole_context_loads_and_fails_at_the_position(tiny):
+    from ramforge.gguf.reader import GGUFFile
+    from ramforge.plan import plan_for_budget
+    with GGUFFile(tiny) as f:
+        whole = plan_for_budget(f, None, 512).min_budget
+        p = plan_for_budget(f, whole - 200 * 1024, 512)
+    assert p.verdict == "streaming" and p.n_ctx == 512 and p.kv_positions == CHUNK and p.planned_peak <= p.budget
+    assert any("256 of the 512 positions" in n for n in p.notes) and CHUNK <= p.max_ctx < 512
+    b = MemoryBudget(p.budget)
+    with Engine.load(tiny, n_ctx=512, budget=b) as eng:
+        assert eng.plan.kv_positions == CHUNK
+        eng.eval(list(range(1, 201)))
+        with pytest.raises(KVBudgetExceeded, match="at position 200") as e:
+            eng.eval(list(range(1, 101)))
+        assert e.value.position == 200 and eng.n_past == 200 and b.current <= b.limit
+    assert b.current == 0

@@ -126,7 +126,8 @@ def plan(model, ram, ctx, probe_io, hit_rate, kv_type, kv_type_k, kv_type_v, as_
             (f"layers ({len(p.layer_bytes)}); largest read span is layer {li}", lb),
             (f"pinned layers ({len(p.pinned)} of {len(p.layer_bytes)})", sum(p.layer_bytes[i - p.layers[0]] for i in p.pinned)),
             (f"stream buffers ({p.n_buffers})", p.n_buffers * p.buffer_bytes),
-            (f"KV cache (K {p.type_k}, V {p.type_v}, ctx {p.n_ctx}; charged as it fills)", p.kv_bytes),
+            (f"KV cache (K {p.type_k}, V {p.type_v}, {p.kv_positions:,} positions"
+             f"{'' if p.kv_positions == p.n_ctx else f' of ctx {p.n_ctx:,}'}; charged as they fill)", p.kv_bytes),
             ("KV cache per 1k tokens", p.kv_bytes_per_1k), (f"activations (batch {p.batch})", p.state_bytes),
             ("planned peak (managed)", p.planned_peak), ("streamed per token (at most)", p.streamed_bytes_per_token),
             ("active weights per token", p.active_bytes_per_token),

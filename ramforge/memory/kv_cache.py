@@ -14,10 +14,8 @@ import numpy as np
 
 from ..errors import BudgetExceeded, ContextLengthExceeded, KVBudgetExceeded
 from ..kernels.kvquant import store_rows
-from .kv_types import kv_type, row_bytes
 from .budget import MemoryBudget
-
-CHUNK = 256                   # positions charged at a time (llama.cpp pads its cache view to 256 cells)
+from .kv_types import CHUNK, kv_type, row_bytes
 
 
 class KVCache:

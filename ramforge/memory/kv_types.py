@@ -5,6 +5,8 @@ import numpy as np
 
 from ..errors import KVTypeError
 
+CHUNK = 256                   # positions the cache is charged for at a time (llama.cpp pads its view to 256 cells)
+CHUNK = 256                   # positions the cache is charged for at a time (llama.cpp pads its view to 256 cells)
 QK = 32                                           # elements per block of both quantized types
 # name -> (ggml type id, bytes per block of 32 elements); F16 is 2 bytes an element
 KV_TYPES = {"f16": (1, 64), "q8_0": (8, 34), "q4_0": (2, 18)}
