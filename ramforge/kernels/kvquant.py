@@ -6,6 +6,15 @@ writes with ggml_set_rows: Q8_0 through ggml-cpu's quantize_row_q8_0 (amax/127, 
 rounded half to even), Q4_0 through ggml-base's quantize_row_q4_0_ref (d = max/-8, x * (1/d) + 8.5
 truncated, each a float32 rounding of its own: that library is built without FMA).
 
+Before a quantized cache stores them, llama.cpp rotates the rows by an orthonormal Walsh-Hadamard
+transform (llama_kv_cache's attn_rot_k / attn_rot_v, on unless LLAMA_ATTN_ROT_DISABLE is set, which
+ramforge does not read): a quantized K whose head size is a multiple of 64 is stored rotated in
+blocks of the largest power of two dividing the head size, and q is rotated the same way before the
+scores (H is symmetric and H^2 = I, so q.k is kept); a quantized V (head size a multiple of 64) is
+stored rotated in blocks of 64 and the attention output rotated back. ggml computes each rotation as
+a fast transform (ggml_compute_forward_fwht): every element times 1/sqrtf(n), then butterflies
+u + v, u - v of span 1, 2, 4, ... (_fwht).
+
 A quantized V cache needs flash attention in llama.cpp (llama_init_from_model refuses it without, or
 turns it on in auto mode); with any quantized cache type ggml's CPU flash_attn_ext takes its one
 path for non-F16 caches (ggml_compute_forward_flash_attn_ext_f16_one_chunk; the tiled and split-KV
@@ -139,10 +148,10 @@ def store_rows(dst: np.ndarray, x: np.ndarray, kind: str, keys: bool) -> None:
     """Write f32 rows x[n, n_head_kv, hd] into cache rows dst[n, n_head_kv, row_bytes] of type `kind`
     (keys: K rows, else V rows; a quantized cache stores them rotated, see rotation)."""
     n, nh, hd = x.shape
-    x2 = rotate(x, rotation(kind, hd, keys)).reshape(n * nh, hd)
     if kind == "f16":
         dst[...] = x.astype(np.float16).view(np.uint16)
         return
+    x2 = rotate(x, rotation(kind, hd, keys)).reshape(n * nh, hd)
     out = np.empty((n * nh, dst.shape[-1]), np.uint8)
     (_store_q8_0 if kind == "q8_0" else _store_q4_0)(out, x2)
     dst[...] = out.reshape(dst.shape)
