@@ -138,7 +138,8 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
 @ctx_option
 @ram_option
 @threads_option
-def chat(model, template_file, system, max_tokens, ctx, ram, threads, **sampling):
+@kv_options
+def chat(model, template_file, system, max_tokens, ctx, ram, threads, kv_type, kv_type_k, kv_type_v, **sampling):
     """An interactive chat with history and streaming output; /exit (or Ctrl-D) quits."""
     from ..api import Model
     from ..sampling import LLAMA
@@ -146,7 +147,9 @@ def chat(model, template_file, system, max_tokens, ctx, ram, threads, **sampling
     params = sampler_params(sampling).as_dict()
     template = template_file.read() if template_file else None
     history = [{"role": "system", "content": system}] if system else []
-    with Model(model or "default", ram=ram, n_ctx=ctx or 4096, n_threads=threads, chat_template=template) as m:
+    type_k, type_v = kv_types_of(kv_type, kv_type_k, kv_type_v)
+    with Model(model or "default", ram=ram, n_ctx=ctx or 4096, n_threads=threads, chat_template=template,
+               type_k=type_k, type_v=type_v) as m:
         m.sampler_chain = LLAMA                 # the CLI samples as llama.cpp's common_sampler
         click.echo(f"chatting with {m.path}; /exit to quit", err=True)
         while True:

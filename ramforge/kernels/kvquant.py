@@ -178,13 +178,17 @@ def _half(raw, o):
 @njit(cache=True, inline="always")
 def _dequant_row(raw, o, kind, hd, out):
     # dequantize_row_q8_0 / _q4_0 (ggml-base): q * d, exact
-    for b in range(hd // 32):
-        bo = o + b * (34 if kind == Q8_0 else 18)
-        d = _half(raw, bo)
-        if kind == Q8_0:
+    if kind == Q8_0:
+        k8 = raw.view(np.int8)
+        for b in range(hd // 32):
+            bo = o + b * 34
+            d = _half(raw, bo)
             for i in range(32):
-                out[b * 32 + i] = np.float32(np.int8(raw[bo + 2 + i])) * d
-        else:
+                out[b * 32 + i] = np.float32(k8[bo + 2 + i]) * d
+    else:
+        for b in range(hd // 32):
+            bo = o + b * 18
+            d = _half(raw, bo)
             for j in range(16):
                 byte = np.int32(raw[bo + 2 + j])
                 out[b * 32 + j] = np.float32((byte & 0x0F) - 8) * d
@@ -193,24 +197,34 @@ def _dequant_row(raw, o, kind, hd, out):
 
 @njit(cache=True, inline="always")
 def _qdot(raw, o, kind, qq, qd, qo, nb, lanes):
-    # ggml_vec_dot_q8_0_q8_0 / _q4_0_q8_0 (x86 AVX2 form): K row at raw[o], q8_0 query qq[qo*32..], qd[qo..]
+    # ggml_vec_dot_q8_0_q8_0 / _q4_0_q8_0 (x86 AVX2 form): K row at raw[o], q8_0 query qq[qo*32..], qd[qo..]:
+    # per block 8 int32 lanes of 4 products (exact), each lane += d_k * d_q * lane (an fma); hsum_float_8
     for ln in range(8):
         lanes[ln] = np.float32(0.0)
+    k8 = raw.view(np.int8)
     for b in range(nb):
-        bo = o + b * (34 if kind == Q8_0 else 18)
-        d = _half(raw, bo) * qd[qo + b]
         qb = (qo + b) * 32
-        for ln in range(8):
-            acc = 0
-            for i in range(4 * ln, 4 * ln + 4):
-                if kind == Q8_0:
-                    kv = np.int32(np.int8(raw[bo + 2 + i]))
-                elif i < 16:
-                    kv = np.int32(raw[bo + 2 + i] & 0x0F) - 8
-                else:
-                    kv = np.int32(raw[bo + 2 + i - 16] >> 4) - 8
-                acc += kv * np.int32(qq[qb + i])
-            lanes[ln] = _fma(d, np.float32(acc), lanes[ln])
+        if kind == Q8_0:
+            bo = o + b * 34
+            d = _half(raw, bo) * qd[qo + b]
+            for ln in range(8):
+                acc = np.int32(0)
+                for i in range(4 * ln, 4 * ln + 4):
+                    acc += np.int32(k8[bo + 2 + i]) * np.int32(qq[qb + i])
+                lanes[ln] = _fma(d, np.float32(acc), lanes[ln])
+        else:
+            bo = o + b * 18
+            d = _half(raw, bo) * qd[qo + b]
+            for ln in range(4):                    # elements 0..15: the low nibbles of bytes 0..15
+                acc = np.int32(0)
+                for i in range(4 * ln, 4 * ln + 4):
+                    acc += (np.int32(raw[bo + 2 + i] & 0x0F) - 8) * np.int32(qq[qb + i])
+                lanes[ln] = _fma(d, np.float32(acc), lanes[ln])
+            for ln in range(4):                    # elements 16..31: the high nibbles
+                acc = np.int32(0)
+                for i in range(4 * ln, 4 * ln + 4):
+                    acc += (np.int32(raw[bo + 2 + i] >> 4) - 8) * np.int32(qq[qb + 16 + i])
+                lanes[4 + ln] = _fma(d, np.float32(acc), lanes[4 + ln])
     a = lanes
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 
