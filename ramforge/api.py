@@ -70,6 +70,10 @@ class Model:
     a `PromptLookup(max_ngram_size, num_pred_tokens)` (llama-cpp-python's LlamaPromptLookupDecoding
     rules), a `DraftModel(path, n_max=16)` (loaded resident under this Model's budget first), or any
     callable input_ids -> draft ids.
+    type_k, type_v: the KV cache types, as llama-cpp-python's (ggml type ids: 1 f16, 8 q8_0, 2 q4_0) or
+    their names (default: $RAMFORGE_KV_TYPE, else f16); a quantized cache is read as llama.cpp's flash
+    attention reads it (llama-cpp-python's `flash_attn=True`, which a quantized V needs), an f16 one as
+    its default graph does; flash_attn, if given, must say the same.
     ray: run the model as a pipeline of `stages` layer ranges on Ray (ramforge.cluster): True (a new
     local cluster, or $RAY_ADDRESS), an address (HOST:PORT, ray://HOST:PORT, "auto"), or a dict of
     cluster.Pipeline's keywords with "address"; each stage under stage_ram (one size, or one per
@@ -81,7 +85,9 @@ class Model:
     def __init__(self, path_or_name: str = "default", *, ram: str | int | None = None, n_ctx: int | None = 4096,
                  n_threads: int | None = None, seed: int | None = None, verbose: bool = False, io: str = "direct",
                  chat_template: str | None = None, n_ubatch: int = 512, expert_policy: str | None = None,
-                 expert_prefetch: bool = True, draft_model=None, ray=None, stages: int = 2, stage_ram=None):
+                 expert_prefetch: bool = True, draft_model=None, type_k: int | str | None = None,
+                 type_v: int | str | None = None, flash_attn: bool | None = None, ray=None, stages: int = 2,
+                 stage_ram=None):
         from .engine import Engine
         from .speculative import DraftModel, check_draft_length
 
@@ -96,6 +102,8 @@ class Model:
         if ray is not None and ray is not False:
             if draft_model is not None:
                 raise InvalidArgument("a draft model is not supported with ray= (a pipeline of stages)")
+            if type_k is not None or type_v is not None:
+                raise InvalidArgument("type_k / type_v are not supported with ray= (the stages keep f16 caches)")
             self.engine = _pipeline(path_or_name, ray, stages, stage_ram if stage_ram is not None else ram,
                                     n_ctx, io, n_threads)
             draft_model = None
@@ -105,7 +113,8 @@ class Model:
         try:
             if ray is None or ray is False:
                 self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads,
-                                          expert_policy=expert_policy, expert_prefetch=expert_prefetch)
+                                          expert_policy=expert_policy, expert_prefetch=expert_prefetch,
+                                          type_k=type_k, type_v=type_v)
         except BaseException:
             if isinstance(draft_model, DraftModel):
                 draft_model.close()
@@ -122,6 +131,13 @@ class Model:
                 self.engine.close()
                 raise
         self.engine.ubatch = n_ubatch
+        self.flash_attn = self.engine.kv.type_k != "f16" or self.engine.kv.type_v != "f16"
+        if flash_attn is not None and bool(flash_attn) != self.flash_attn:
+            self.engine.close()
+            raise InvalidArgument(
+                f"flash_attn={flash_attn!r} with a {self.engine.kv.type_k}/{self.engine.kv.type_v} KV cache: ramforge "
+                f"reads an f16 cache as llama.cpp does without flash attention and a quantized one (q8_0, q4_0) as "
+                f"its flash attention does; leave flash_attn unset")
         self.tokenizer = self.engine.tokenizer
         self.seed, self.verbose, self._chat_override = seed, verbose, chat_template
         self._chat = None

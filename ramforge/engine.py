@@ -65,6 +65,22 @@ def _refuse_unsupported_keys(md: dict, arch: str) -> dict:
     return extra
 
 
+def kv_types(type_k=None, type_v=None, env: dict | None = None) -> tuple[str, str]:
+    """The KV cache types (names) from explicit values (a name or a ggml type id each), else
+    $RAMFORGE_KV_TYPE (one type for both, or "K,V"), else f16 (llama.cpp's default)."""
+    import os
+
+    from .memory.kv_types import kv_type
+    raw = (os.environ if env is None else env).get("RAMFORGE_KV_TYPE", "").strip()
+    dk = dv = "f16"
+    if raw:
+        parts = [p.strip() for p in raw.split(",")]
+        if len(parts) > 2:
+            raise InvalidArgument(f"RAMFORGE_KV_TYPE={raw!r}: one KV type, or two as K,V")
+        dk, dv = kv_type(parts[0]), kv_type(parts[-1])
+    return kv_type(dk if type_k is None else type_k), kv_type(dv if type_v is None else type_v)
+
+
 def arch_module(arch: str):
     name = ARCHITECTURES.get(ALIASES.get(arch, arch))
     if name is None:
@@ -180,23 +196,26 @@ class Engine:
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
              io: IOMode | str = IOMode.DIRECT, layers: tuple[int, int] | None = None,
-             n_threads: int | None = None, expert_policy: str | None = None, expert_prefetch: bool = True) -> "Engine":
+             n_threads: int | None = None, expert_policy: str | None = None, expert_prefetch: bool = True,
+             type_k: str | int | None = None, type_v: str | int | None = None) -> "Engine":
         """Plan under the budget, then read what stays resident. layers=(a, b) runs only that range.
         expert_policy ("lru", "lfu"; default stream.experts.DEFAULT_POLICY) and expert_prefetch: the
-        expert cache, where experts stream apart from their layers."""
+        expert cache, where experts stream apart from their layers. type_k, type_v: the KV cache types
+        ("f16", "q8_0", "q4_0" or their ggml ids; default $RAMFORGE_KV_TYPE, else f16), see kv_types."""
         from .runtime import set_threads
         from .tokenizer import load_tokenizer
 
         clock = Stopwatch().start()
         n_threads = set_threads(n_threads)
         budget = budget or MemoryBudget()
+        type_k, type_v = kv_types(type_k, type_v)
         with GGUFFile(path) as f:
             md = f.metadata
             module = arch_module(md.get(Keys.ARCHITECTURE))
             hp = HParams.from_metadata(md, n_vocab_of(f))
             extra = _refuse_unsupported_keys(md, hp.arch)
             _refuse_unknown_tensors(f, hp, module)
-            plan = plan_for_budget(f, budget.available, n_ctx, layers, batch)
+            plan = plan_for_budget(f, budget.available, n_ctx, layers, batch, type_k=type_k, type_v=type_v)
             if plan.verdict == "insufficient":
                 raise BudgetTooSmall(budget.available, plan.min_budget, plan.n_ctx)
             # reading the weights releases the GIL: meanwhile build the tokenizer (~0.15 s for a 262k
@@ -212,7 +231,8 @@ class Engine:
         charges = []
         try:
             a, b = plan.layers
-            kv = KVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a)
+            kv = KVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,
+                         type_k=type_k, type_v=type_v)
             charges.append(kv.charge)
             charges.append(budget.charge("activations", plan.state_bytes))
             state = State.allocate(hp, plan.batch)
@@ -265,16 +285,28 @@ class Engine:
             raise InvalidArgument(f"this engine runs layers {self.layers}; use eval_hidden")
         if toks.size == 0:
             raise EmptyPrompt("eval needs at least one token")
-        self.kv.check_room(toks.size)
         check_token_ids(toks, self.hp.n_vocab)
-        B, out = self.plan.batch, []
-        for c in chunks(toks.size, self.kv.n_past, B, self.ubatch, all_logits=all_logits, aligned=aligned,
-                        as_batch=as_batch, outputs_all=outputs_all):
-            if c.view and self.hp.n_expert and c.view[0] > B:
-                self._warn_chunked_experts(c.view[0])
-            out.append(self.run_chunk(toks[c.start:c.stop], c))
-            self.tokens.extend(int(t) for t in toks[c.start:c.stop])
+        with self._kv_room(toks.size):
+            B, out = self.plan.batch, []
+            for c in chunks(toks.size, self.kv.n_past, B, self.ubatch, all_logits=all_logits, aligned=aligned,
+                            as_batch=as_batch, outputs_all=outputs_all):
+                if c.view and self.hp.n_expert and c.view[0] > B:
+                    self._warn_chunked_experts(c.view[0])
+                out.append(self.run_chunk(toks[c.start:c.stop], c))
+                self.tokens.extend(int(t) for t in toks[c.start:c.stop])
         return np.concatenate([o for o in out if o is not None])
+
+    @contextlib.contextmanager
+    def _kv_room(self, n: int):
+        """The KV cache grown for n more positions (KVBudgetExceeded if the budget cannot); what a
+        failed evaluation reserved is given back."""
+        cap = self.kv.capacity
+        self.kv.check_room(n)
+        try:
+            yield
+        except BaseException:
+            self.kv.shrink(cap)
+            raise
 
     def run_chunk(self, inp: np.ndarray, c: Chunk) -> np.ndarray | None:
         """One pass of ubatch.chunks through this engine's layer range: inp is token ids (a range
@@ -304,9 +336,12 @@ class Engine:
         """Run hidden states f32[n, n_embd] through this engine's layer range; return the new hidden
         states (or the logits f32[n, n_vocab] when logits=True and the range ends the model)."""
         h = np.asarray(hidden, dtype=np.float32).reshape(-1, self.hp.n_embd)
-        self.kv.check_room(h.shape[0])
         if logits and self.layers[1] != self.hp.n_layer:
             raise InvalidArgument(f"layers {self.layers} do not end the model; it has no logits")
+        with self._kv_room(h.shape[0]):
+            return self._eval_hidden(h, logits)
+
+    def _eval_hidden(self, h: np.ndarray, logits: bool) -> np.ndarray:
         out = []
         for c0 in range(0, h.shape[0], self.plan.batch):
             part = h[c0:c0 + self.plan.batch]

@@ -148,6 +148,21 @@ class BudgetExceeded(OutOfBudget):
         )
 
 
+class KVTypeError(InvalidArgument):
+    """An unknown KV cache type, or one whose blocks a model's head size cannot be split into."""
+
+
+class KVBudgetExceeded(BudgetExceeded):
+    """The KV cache could not grow to hold the next positions: the budget holds `position` of them."""
+
+    def __init__(self, position: int, wanted: int, request: int, current: int, budget: int):
+        self.position, self.wanted = position, wanted
+        BudgetExceeded.__init__(self, "kv cache", request, current, budget)
+        self.args = (f"memory budget exceeded growing the KV cache at position {position:,} (to hold {wanted:,} "
+                     f"positions): {request:,} B more with {current:,} B already charged would pass the budget "
+                     f"of {budget:,} B; raise --ram, lower --ctx, or use a quantized cache (--kv-type q8_0)",)
+
+
 class BudgetTooSmall(OutOfBudget):
     """The budget cannot hold even one layer plus the working set."""
 

@@ -1,7 +1,8 @@
 """The memory plan: what stays resident, what streams, and the smallest budget that works.
 
 The engine allocates exactly what the plan says, so `ramforge plan` is the runtime's own rule:
-- fixed: the F16 KV cache (layers x n_ctx x n_head_kv x (key_length + value_length) x 2 B), the run
+- fixed: the KV cache at n_ctx (layers x n_ctx x n_head_kv x the bytes of a K and a V row of the cache
+  types: F16 2 B an element, Q8_0 34 B and Q4_0 18 B a block of 32; charged as the context fills), the run
   state for a chunk of `batch` tokens, and the small persistent tensors (norms, rope factors);
 - if the whole model fits beside the fixed part, everything is resident;
 - otherwise a pool of 2 buffers (1 when only one fits) of the largest layer's read span streams the
@@ -9,6 +10,10 @@ The engine allocates exactly what the plan says, so `ramforge plan` is the runti
   resident, and the rest pins whole layers, first to last. A streamed output projection goes through
   the pool in row chunks; a streamed token embedding is read a row per token.
 - the minimum budget is the fixed part plus one buffer.
+- the KV cache is charged as the context fills (memory.kv_cache); where the budget cannot hold it
+  for n_ctx, the plan is made for the positions it holds (kv_positions, whole chunks of 256), and
+  growing past them fails with a budget error naming the position. max_ctx: the longest context
+  the budget holds at all (smallest chunk, nothing pinned).
 A mixture of experts that does not fit whole streams its experts apart from their layers: a layer's
 read span holds its dense tensors (attention, norms, router, shared expert); each expert (its rows
 of gate, up and down: three aligned segments) is read alone into an expert cache of whole slots,
@@ -26,6 +31,7 @@ from .gguf.constants import GGML_BLOCK, Keys
 from .gguf.reader import GGUFFile, TensorInfo
 from .models import ffn_norm, is_executable
 from .models.config import FUSED_PROJECTIONS, HParams
+from .memory.kv_types import CHUNK, bytes_per_position, kv_type
 
 DEFAULT_CTX = 4096          # as llama-cli: the default context, capped by the model's own
 DEFAULT_BATCH = 64          # prompt tokens per forward chunk
@@ -165,6 +171,18 @@ class Plan:
     expert_hit_rate: float = 0.0                  # the cache hit rate the expectation below assumes
     expected_bytes_per_token: int = 0             # streamed per token at expert_hit_rate
     notes: list[str] = field(default_factory=list)
+    type_k: str = "f16"                           # KV cache types (memory.kv_cache)
+    type_v: str = "f16"
+    kv_bytes_per_pos: int = 0                     # the KV cache's bytes per position (kv_bytes = n_ctx times this)
+    max_ctx: int | None = None                    # the longest context the budget holds (None: no budget)
+    n_ctx_train: int = 0                          # the model's trained context
+    kv_positions: int = 0                         # the positions kv_bytes holds: n_ctx, or fewer where the
+                                                  # budget holds only those (growth past them fails)
+
+    @property
+    def kv_bytes_per_1k(self) -> int:
+        """The KV cache's bytes per 1,000 positions."""
+        return 1000 * self.kv_bytes_per_pos
 
     @property
     def persistent_bytes(self) -> int:
@@ -179,7 +197,9 @@ class Plan:
 
     @property
     def planned_peak(self) -> int:
-        """Every byte the engine charges: the managed peak."""
+        """Every byte the engine charges once the context is full: the managed peak. The KV cache is
+        charged as positions fill (in chunks, memory.kv_cache), so below n_ctx the engine holds less;
+        the layout (what is pinned, what streams) sets the full cache's kv_bytes aside all the same."""
         lb = dict(zip(range(*self.layers), self.layer_bytes))
         return (self.kv_bytes + self.state_bytes + self.small_bytes + self.n_buffers * self.buffer_bytes
                 + sum(self.persistent[n] for n in self.resident) + sum(lb[i] for i in self.pinned)
@@ -188,12 +208,14 @@ class Plan:
     def to_json(self) -> dict:
         d = asdict(self)
         d.update(persistent_bytes=self.persistent_bytes, planned_peak=self.planned_peak,
+                 kv_bytes_per_1k=self.kv_bytes_per_1k,
                  largest_layer={"index": self.largest_layer[0], "bytes": self.largest_layer[1]})
         return d
 
 
 def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: int = DEFAULT_BATCH,
-              layers: tuple[int, int] | None = None, hit_rate: float | None = None) -> Plan:
+              layers: tuple[int, int] | None = None, hit_rate: float | None = None, type_k: str = "f16",
+              type_v: str = "f16") -> Plan:
     """hit_rate: the expert cache hit rate for expected_bytes_per_token; by default the share of all
     experts the cache holds (what routing spread evenly over the experts would hit)."""
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
@@ -219,7 +241,8 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     if a == 0 and "token_embd.weight" not in big:            # the first range embeds tokens
         big.append("token_embd.weight")
     big = [n for n in big if n in persistent]
-    kv = (b - a) * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2
+    kv_pos = bytes_per_position(b - a, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, type_k, type_v)
+    kv = n_ctx * kv_pos
     state = state_bytes(hp, batch, n_ctx)
     small = sum(4 * f.tensors[n].n_elements for n in SMALL                # kept as float32
                 if n in f.tensors and (b == hp.n_layer or n != "output_norm.weight"))
@@ -245,7 +268,9 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     min_budget = fixed + max_span + min_slots * slot + predictors + (batch * row_bytes if a == 0 else 0)
     p = Plan(f.path, hp.arch, is_executable(hp.arch), n_ctx, batch, budget, (a, b),
              sum(t.nbytes for t in f.tensors.values()), persistent, [s.nbytes for s in spans],
-             kv, state, small, "resident", min_budget, resident_budget, expert_count=(b - a) * hp.n_expert)
+             kv, state, small, "resident", min_budget, resident_budget, expert_count=(b - a) * hp.n_expert,
+             type_k=kv_type(type_k), type_v=kv_type(type_v), kv_bytes_per_pos=kv_pos, n_ctx_train=hp.n_ctx_train,
+             kv_positions=n_ctx)
     outside = sum(persistent.values()) - sum(persistent[n] for n in big)          # norms, rope factors
     p.active_bytes_per_token = (sum(t.nbytes for x in by_layer.values() for t in x) - expert_total
                                 + (expert_total * k // hp.n_expert if hp.n_expert else 0) + outside
@@ -316,21 +341,37 @@ MOE_STATE_SHARE = 8
 
 def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
                     layers: tuple[int, int] | None = None, batch: int | None = None,
-                    hit_rate: float | None = None) -> Plan:
+                    hit_rate: float | None = None, type_k: str = "f16", type_v: str = "f16") -> Plan:
     """The plan with the largest prompt chunk that fits the budget: 64 down to 1 tokens; for a mixture
     of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget."""
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
         raise InvalidArgument(f"an expert hit rate is a fraction from 0 to 1, got {hit_rate}")
-    moe = HParams.from_metadata(f.metadata, n_vocab_of(f)).n_expert > 0
+    hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
+    moe = hp.n_expert > 0
     batches = (batch,) if batch else BATCHES
     for b in (MOE_BATCHES if moe and not batch else ()) + batches:
-        p = make_plan(f, budget, n_ctx, b, layers, hit_rate)
+        p = make_plan(f, budget, n_ctx, b, layers, hit_rate, type_k, type_v)
         grown = b > BATCHES[0]                    # a mixture's chunk past 64: only with a small state
         if p.verdict != "insufficient" and not (grown and budget and p.state_bytes * MOE_STATE_SHARE > budget):
             break
-    p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers).min_budget    # at the smallest chunk
+    p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v).min_budget   # smallest chunk
+    if budget is not None:                      # the longest context the budget holds (smallest chunk, no pins)
+        b1 = batches[-1]
+        per = p.kv_bytes_per_pos + state_bytes(hp, b1, 2) - state_bytes(hp, b1, 1)   # cache + attention scores
+        base = make_plan(f, None, 1, b1, layers, None, type_k, type_v).min_budget - per
+        p.max_ctx = max(0, (budget - base) // per)
+        fit = min(p.max_ctx, p.n_ctx) // CHUNK * CHUNK
+        if p.verdict == "insufficient" and fit >= CHUNK:
+            # the KV cache grows as the context fills: plan for the positions the budget holds
+            q = plan_for_budget(f, budget, fit, layers, batch, hit_rate, type_k, type_v)
+            if q.verdict != "insufficient":
+                q.n_ctx, q.max_ctx, q.min_budget = p.n_ctx, p.max_ctx, p.min_budget
+                q.notes.append(f"the budget holds the KV cache of {fit:,} of the {p.n_ctx:,} positions (it is charged "
+                               f"in chunks of {CHUNK} as the context fills); growing past them fails with a budget "
+                               f"error naming the position; {p.min_budget:,} B hold the whole context")
+                return q
     if moe and p.batch < UBATCH and p.verdict != "insufficient":
-        whole = make_plan(f, None, n_ctx, UBATCH, layers).state_bytes * MOE_STATE_SHARE
+        whole = make_plan(f, None, n_ctx, UBATCH, layers, None, type_k, type_v).state_bytes * MOE_STATE_SHARE
         p.notes.append(f"prompts longer than {p.batch} tokens are computed in chunks of {p.batch}; llama.cpp "
                        f"picks an expert's arithmetic by its rows in a whole ubatch ({UBATCH}), so their logits "
                        f"can differ from llama.cpp's in the last bits; a budget of {whole:,} B or more makes "

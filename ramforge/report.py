@@ -52,7 +52,8 @@ def memory_report(eng) -> dict:
     vm = psutil.virtual_memory()
     return {
         "managed_current": eng.budget.current, "managed_peak": eng.budget.peak, "budget": eng.budget.limit,
-        "planned_peak": eng.plan.planned_peak,
+        "planned_peak": eng.plan.planned_peak,                    # at a full context (the KV cache grows as it fills)
+        "kv_charged": eng.kv.nbytes, "kv_full": eng.kv.full_bytes, "kv_types": [eng.kv.type_k, eng.kv.type_v],
         "rss": psutil.Process().memory_info().rss,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "model_file_bytes": size, "page_cache_bytes": resident,
@@ -67,7 +68,10 @@ def render_memory(m: dict) -> None:
     t.add_column("what"), t.add_column("bytes", justify="right"), t.add_column("", justify="right")
     budget = m["budget"]
     rows = [("ramforge-managed now", m["managed_current"]), ("ramforge-managed peak", m["managed_peak"]),
-            ("planned peak", m["planned_peak"]), ("budget", budget), ("process RSS", m["rss"]),
+            ("planned peak (a full context)", m["planned_peak"]),
+            (f"KV cache ({'/'.join(m['kv_types'])}) charged now", m["kv_charged"]),
+            ("KV cache at a full context", m["kv_full"]),
+            ("budget", budget), ("process RSS", m["rss"]),
             ("process peak RSS", m["peak_rss"]), ("model file in page cache", m["page_cache_bytes"]),
             ("model file", m["model_file_bytes"]), ("system available", m["system_available"])]
     for name, v in rows:

@@ -44,13 +44,15 @@ def test_support_lists_types():
     assert ramforge("support").returncode == 0
 
 
-@pytest.mark.parametrize("ram,verdict", [("1G", "resident"), ("100M", "streaming"), ("30M", "insufficient")])
-def test_plan_verdicts(ram, verdict):
+@pytest.mark.parametrize("ram,verdict,kv_positions", [("1G", "resident", 2048), ("100M", "streaming", 2048),
+                                                      ("30M", "streaming", 1280), ("8M", "insufficient", 2048)])
+def test_plan_verdicts(ram, verdict, kv_positions):
     r = ramforge("plan", "default", "--ram", ram, "--ctx", "2048", "--json")
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)
     assert p["verdict"] == verdict and p["n_ctx"] == 2048
-    assert p["kv_bytes"] == 18 * 2048 * 1 * (256 + 256) * 2
+    # the KV cache grows as the context fills: a budget short of 2048 positions plans for those it holds
+    assert p["kv_positions"] == kv_positions and p["kv_bytes"] == 18 * kv_positions * 1 * (256 + 256) * 2
     if verdict != "insufficient":
         assert p["planned_peak"] <= p["budget"]
         assert p["planned_peak"] == (p["kv_bytes"] + p["state_bytes"] + p["small_bytes"] + p["n_buffers"] * p["buffer_bytes"]

@@ -50,10 +50,11 @@ def load_tokenizer_of(model):
 
 
 def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, expert_prefetch=True, drafter=None,
-                cluster=None):
+                cluster=None, kv=(None, None)):
     """The engine under --ram; a DraftModel drafter is loaded first, resident under the same budget
     (the target then plans with what is left), and closed with the engine. cluster: cluster.Pipeline's
-    keywords (--ray, --stages, --stage-ram): the model as stages on Ray instead."""
+    keywords (--ray, --stages, --stage-ram): the model as stages on Ray instead. kv: the KV cache
+    types (kv_types_of)."""
     from ..engine import Engine
     from ..memory import MemoryBudget
     from ..speculative import DraftModel, check_draft_length
@@ -63,12 +64,14 @@ def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, e
 
         if drafter is not None:
             raise click.UsageError("--lookup and --draft are not supported with --ray")
+        if kv != (None, None) and tuple(kv) != ("f16", "f16"):
+            raise click.UsageError("--kv-type is not supported with --ray (the stages keep f16 caches)")
         return Pipeline(model or "default", n_ctx=ctx, io=io, n_threads=threads,
                         **{**cluster, "stage_ram": cluster.get("stage_ram") or ram})
     budget = MemoryBudget(parse_memory_size(ram) if ram else None)
     if not isinstance(drafter, DraftModel):
         eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
-                          expert_policy=expert_cache, expert_prefetch=expert_prefetch)
+                          expert_policy=expert_cache, expert_prefetch=expert_prefetch, type_k=kv[0], type_v=kv[1])
         if drafter is not None:
             _checked(eng, lambda: check_draft_length(drafter, eng.n_ctx))
         return eng
@@ -77,7 +80,7 @@ def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, e
     drafter.attach(Engine.load, budget, ctx, threads)
     try:
         eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
-                          expert_policy=expert_cache, expert_prefetch=expert_prefetch)
+                          expert_policy=expert_cache, expert_prefetch=expert_prefetch, type_k=kv[0], type_v=kv[1])
     except BaseException:
         drafter.close()
         raise
@@ -157,6 +160,39 @@ def cluster_of(ray_address, stages, stage_ram) -> dict | None:
             raise click.UsageError("--stage-ram needs --ray")
         return None
     return {"address": None if ray_address == "local" else ray_address, "stages": stages, "stage_ram": stage_ram}
+
+
+def kv_options(command):
+    """--kv-type (K and V), --kv-type-k, --kv-type-v: the KV cache types, as llama.cpp's --cache-type-k/-v."""
+    kinds = click.Choice(["f16", "q8_0", "q4_0"], case_sensitive=False)
+    opts = [
+        click.option("--kv-type", type=kinds, default=None,
+                     help="KV cache type of K and V: f16, q8_0 (53% of f16's bytes) or q4_0 (28%) "
+                          "(default: $RAMFORGE_KV_TYPE, else f16). A quantized cache is read as llama.cpp's "
+                          "flash attention reads it."),
+        click.option("--kv-type-k", type=kinds, default=None, help="KV cache type of K alone (over --kv-type)."),
+        click.option("--kv-type-v", type=kinds, default=None, help="KV cache type of V alone (over --kv-type)."),
+    ]
+    for o in reversed(opts):
+        command = o(command)
+    return command
+
+
+def kv_types_of(kv_type, kv_type_k, kv_type_v, env: dict | None = None, ollama: bool = False) -> tuple[str, str]:
+    """The KV cache types of the --kv-type options, else $RAMFORGE_KV_TYPE, else (ollama: `serve`)
+    Ollama's $OLLAMA_KV_CACHE_TYPE (f16, q8_0, q4_0: K and V), else f16."""
+    import os
+
+    from ..engine import kv_types
+    env = os.environ if env is None else env
+    k, v = kv_type_k or kv_type, kv_type_v or kv_type
+    if ollama and not env.get("RAMFORGE_KV_TYPE", "").strip() and env.get("OLLAMA_KV_CACHE_TYPE", "").strip():
+        from ..errors import KVTypeError
+        o = env["OLLAMA_KV_CACHE_TYPE"].strip()
+        if o.lower() not in ("f16", "q8_0", "q4_0"):
+            raise KVTypeError(f"OLLAMA_KV_CACHE_TYPE={o!r}: one of f16, q8_0, q4_0")
+        env = {"RAMFORGE_KV_TYPE": o}
+    return kv_types(k, v, env)
 
 
 def expert_options(command):

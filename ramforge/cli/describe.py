@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..gguf.constants import GGMLType, Keys
 from ..memory.size import format_bytes, parse_memory_size
-from .console import open_gguf, out, short, summarise
+from .console import kv_options, kv_types_of, open_gguf, out, short, summarise
 
 
 @click.command()
@@ -111,8 +111,10 @@ def support(as_json):
               help="With --stages: the network between stages, Gbit/s.")
 @click.option("--latency-ms", type=click.FloatRange(min=0), default=0.2, show_default=True,
               help="With --stages: one-way latency of a hop between stages.")
+@kv_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms, as_json):
+def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms, kv_type,
+         kv_type_k, kv_type_v, as_json):
     """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget."""
     from ..plan import plan_for_budget
     from ..stream.io import probe_read_speed
@@ -121,8 +123,9 @@ def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s
         return _plan_stages(model, ram, ctx, probe_io, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms,
                             as_json)
     budget = parse_memory_size(ram)
+    tk, tv = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with open_gguf(model) as f:
-        p = plan_for_budget(f, budget, ctx, hit_rate=hit_rate)
+        p = plan_for_budget(f, budget, ctx, hit_rate=hit_rate, type_k=tk, type_v=tv)
     info = p.to_json()
     if probe_io:
         bw = probe_read_speed(p.path)
@@ -138,7 +141,9 @@ def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s
             (f"layers ({len(p.layer_bytes)}); largest read span is layer {li}", lb),
             (f"pinned layers ({len(p.pinned)} of {len(p.layer_bytes)})", sum(p.layer_bytes[i - p.layers[0]] for i in p.pinned)),
             (f"stream buffers ({p.n_buffers})", p.n_buffers * p.buffer_bytes),
-            (f"KV cache (F16, ctx {p.n_ctx})", p.kv_bytes), (f"activations (batch {p.batch})", p.state_bytes),
+            (f"KV cache (K {p.type_k}, V {p.type_v}, {p.kv_positions:,} positions"
+             f"{'' if p.kv_positions == p.n_ctx else f' of ctx {p.n_ctx:,}'}; charged as they fill)", p.kv_bytes),
+            ("KV cache per 1k tokens", p.kv_bytes_per_1k), (f"activations (batch {p.batch})", p.state_bytes),
             ("planned peak (managed)", p.planned_peak), ("streamed per token (at most)", p.streamed_bytes_per_token),
             ("active weights per token", p.active_bytes_per_token),
             ("fully resident needs", p.resident_budget), ("minimum budget", p.min_budget)]
@@ -151,6 +156,9 @@ def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s
     for name, v in rows:
         t.add_row(name, f"{v:,}", format_bytes(v))
     out.print(t)
+    if p.max_ctx is not None:
+        out.print(f"longest context this budget holds: {p.max_ctx:,} tokens (KV cache K {p.type_k}, V {p.type_v}, "
+                  f"{format_bytes(p.kv_bytes_per_1k)} per 1k tokens; the model was trained on {p.n_ctx_train:,})")
     colour = {"resident": "green", "streaming": "yellow", "insufficient": "red"}[p.verdict]
     extra = f"; needs at least {format_bytes(p.min_budget)} ({p.min_budget:,} B)" if p.verdict == "insufficient" else ""
     out.print(f"verdict: [bold {colour}]{p.verdict}[/]{extra}")

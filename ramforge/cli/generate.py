@@ -8,7 +8,8 @@ import click
 import numpy as np
 
 from ..params import sampler_params
-from .console import (cluster_of, cluster_options, ctx_option, drafter_of, expert_options, io_option, load_engine,
+from .console import (cluster_of, cluster_options, ctx_option, drafter_of, expert_options, io_option, kv_options,
+                      kv_types_of, load_engine,
                       ram_option, sampler_options, speculative_options, threads_option)
 
 
@@ -22,14 +23,15 @@ from .console import (cluster_of, cluster_options, ctx_option, drafter_of, exper
 @io_option
 @threads_option
 @expert_options
+@kv_options
 @speculative_options
 @cluster_options
 @click.option("--profile", is_flag=True, help="Per-layer I/O and per-op compute tables on stderr (and in --json).")
 @click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
-def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, lookup, lookup_ngram,
-        lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram, profile,
-        memory_report, as_json, **sampling):
+def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, kv_type, kv_type_k, kv_type_v,
+        lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages,
+        stage_ram, profile, memory_report, as_json, **sampling):
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr.
 
     With --ray, the model runs as --stages layer ranges on a Ray cluster (ramforge.cluster); the
@@ -45,8 +47,9 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
         raise click.UsageError("--profile and --memory-report are not supported with --ray")
     PROFILE.enabled = profile
     PROFILE.reset()
+    kv = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with compile_notice(), load_engine(model, ctx, ram, io, threads, expert_cache, expert_prefetch, drafter,
-                                       cluster) as eng:
+                                       cluster, kv) as eng:
         sampler = Sampler(params, eng.hp.n_vocab, chain=LLAMA, tokenizer=eng.tokenizer)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
@@ -90,8 +93,10 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
 @ram_option
 @io_option
 @expert_options
+@kv_options
 @click.option("--json", "as_json", is_flag=True)
-def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_prefetch, as_json):
+def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_prefetch, kv_type, kv_type_k, kv_type_v,
+          as_json):
     """Prefill and decode speed, and the weight bandwidth decode achieves (greedy, after a warm-up)."""
     import numba
 
@@ -100,8 +105,9 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
     from ..report import compile_notice
 
     c0 = COMPILE.seconds
+    kv = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with compile_notice(), load_engine(model, prompt_tokens + gen + 8, ram, io, threads, expert_cache,
-                                                expert_prefetch) as eng:
+                                       expert_prefetch, None, kv) as eng:
         base = eng.tokenizer.encode("The history of the printing press begins in the fifteenth century, when ",
                                     add_special=False)
         ids = ([eng.tokenizer.bos_id] if eng.tokenizer.add_bos else []) + (base * prompt_tokens)[:prompt_tokens]
@@ -122,7 +128,8 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
                "gen_tokens": gen, "prefill_s": prefill, "prefill_tok_s": len(ids) / prefill,
                "decode_s": decode, "decode_tok_s": gen / decode, "weight_bytes_per_token": weights,
                "weight_gb_s": weights * gen / decode / 1e9, "load_s": eng.timings.load_s,
-               "compile_s": COMPILE.seconds - c0}
+               "compile_s": COMPILE.seconds - c0, "type_k": eng.kv.type_k, "type_v": eng.kv.type_v,
+               "kv_bytes_per_1k": 1000 * eng.kv.bytes_per_pos}
     if as_json:
         print(json.dumps(res))
         return
@@ -140,7 +147,8 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
 @ctx_option
 @ram_option
 @threads_option
-def chat(model, template_file, system, max_tokens, ctx, ram, threads, **sampling):
+@kv_options
+def chat(model, template_file, system, max_tokens, ctx, ram, threads, kv_type, kv_type_k, kv_type_v, **sampling):
     """An interactive chat with history and streaming output; /exit (or Ctrl-D) quits."""
     from ..api import Model
     from ..sampling import LLAMA
@@ -148,7 +156,9 @@ def chat(model, template_file, system, max_tokens, ctx, ram, threads, **sampling
     params = sampler_params(sampling).as_dict()
     template = template_file.read() if template_file else None
     history = [{"role": "system", "content": system}] if system else []
-    with Model(model or "default", ram=ram, n_ctx=ctx or 4096, n_threads=threads, chat_template=template) as m:
+    type_k, type_v = kv_types_of(kv_type, kv_type_k, kv_type_v)
+    with Model(model or "default", ram=ram, n_ctx=ctx or 4096, n_threads=threads, chat_template=template,
+               type_k=type_k, type_v=type_v) as m:
         m.sampler_chain = LLAMA                 # the CLI samples as llama.cpp's common_sampler
         click.echo(f"chatting with {m.path}; /exit to quit", err=True)
         while True:

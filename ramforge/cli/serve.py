@@ -7,7 +7,7 @@ import click
 
 from ..errors import InvalidArgument, MissingExtra
 from ..memory.size import parse_memory_size
-from .console import cluster_of, cluster_options, drafter_of, speculative_options
+from .console import cluster_of, cluster_options, drafter_of, kv_options, kv_types_of, speculative_options
 
 
 def _loopback(host: str) -> bool:
@@ -45,11 +45,12 @@ def _loopback(host: str) -> bool:
 @click.option("--cache-ram", default=None,
               help="A prompt cache of this size (its own budget, e.g. 2G): conversations resume instead of "
                    "recomputing their prompt.")
+@kv_options
 @speculative_options
 @cluster_options
 def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
-          slot_save_path, cache_ram, lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min,
-          draft_p_min, ray_address, stages, stage_ram):
+          slot_save_path, cache_ram, kv_type, kv_type_k, kv_type_v, lookup, lookup_ngram, lookup_fixed, draft_model,
+          draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram):
     """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time.
 
     MODEL (a path, a store name or `default`) is loaded before the server starts; without it the
@@ -57,6 +58,7 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     `ramforge list`; the resident model is swapped (the old one closed first) to stay under --ram.
     With --ray, each loaded model runs as --stages layer ranges on Ray (its stage actors stopped
     when it is swapped out or its keep-alive ends).
+    The KV cache types: --kv-type*, else $RAMFORGE_KV_TYPE, else Ollama's $OLLAMA_KV_CACHE_TYPE, else f16.
     """
     import importlib.util
 
@@ -84,9 +86,13 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     if cluster is not None and (slot_save_path is not None or cache_ram is not None):
         raise click.UsageError("--slot-save-path and --cache-ram are not supported with --ray (the KV caches "
                                "live in the stages)")
+    type_k, type_v = kv_types_of(kv_type, kv_type_k, kv_type_v, ollama=True)
+    if cluster is not None and (type_k, type_v) != ("f16", "f16"):
+        raise click.UsageError("--kv-type is not supported with --ray (the stages keep f16 caches)")
     cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
                        preload=model is not None, slot_save_path=slot_save_path, cache_ram=cache_ram,
+                       type_k=type_k, type_v=type_v,
                        speculative=spec if lookup is not None or draft_model is not None else None,
                        cluster=cluster)
     ray = None

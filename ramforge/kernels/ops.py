@@ -21,6 +21,7 @@ from ..errors import RamforgeError
 from ..profiling import timed
 from .batch import current_view
 from .fmatmul import _f16_tb, _f16_vd
+from .kvquant import flash_attention, row_bytes
 from .glu import geglu, swiglu, swiglu_oai  # noqa: F401  (re-exported: the GLUs live in glu.py)
 from .llvmir import half_to_float
 from .vexp import _exp_sub16
@@ -364,6 +365,16 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
             out[t, h, d] = _sum_lanes16(acc, d, hd_v)
 
 
+def _cache_type(slab: np.ndarray, head_dim: int) -> str:
+    """The KV cache type of a layer's slab (memory.kv_cache.KVCache): f16 bits, or Q8_0 / Q4_0 rows by their size."""
+    if slab.dtype == np.uint16:
+        return "f16"
+    for kind in ("q8_0", "q4_0"):
+        if head_dim % 32 == 0 and slab.shape[-1] == row_bytes(kind, head_dim):
+            return kind
+    raise RamforgeError(f"attention: a cache slab {slab.shape} {slab.dtype} is no KV type of head size {head_dim}")
+
+
 @timed("attention")
 def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
               kq_scale: float, window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
@@ -372,9 +383,14 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     window > 0 masks keys at distance >= window (llama.cpp's standard sliding window); softcap > 0
     caps the logits q.k at +-softcap (softcap * tanh(q.k / softcap), before kq_scale), as gemma2;
     sinks f32[n_head] adds one logit per head to each softmax that no value follows
-    (ggml_soft_max_add_sinks), as gpt-oss.
+    (ggml_soft_max_add_sinks), as gpt-oss. An F16 cache is read as llama.cpp's default graph reads it
+    (no flash attention: KQ and KQV matmuls, a softmax); a Q8_0 / Q4_0 K or V cache as its flash
+    attention does (kernels/kvquant.py).
     """
     n_tok, n_head, hd_k = q.shape
+    if not (k_cache.dtype == np.uint16 and v_cache.dtype == np.uint16):     # a quantized cache: flash attention
+        return flash_attention(out, q, k_cache, v_cache, _cache_type(k_cache, hd_k), _cache_type(v_cache, out.shape[2]),
+                               pos0, kq_scale, window, softcap, sinks)
     n_kv = k_cache.shape[1]
     if (n_kv == 0 or n_head % n_kv or k_cache.shape[2] != hd_k or pos0 + n_tok > k_cache.shape[0]
             or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous)):

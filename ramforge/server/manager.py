@@ -104,12 +104,16 @@ class ModelManager:
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
         model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx if n_ctx is not None else self.cfg.n_ctx,
                       n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter,
-                      ray=self.cfg.cluster)
+                      ray=self.cfg.cluster, **self._kv_types())
         if self.cfg.cache_ram:                      # one per loaded model: states fit only their model
             from ..session import PromptCache
 
             model.set_cache(PromptCache(self.cfg.cache_ram))
         return model
+
+    def _kv_types(self) -> dict:
+        """Model's type_k / type_v (none for a pipeline on Ray, whose stages keep f16 caches)."""
+        return {} if self.cfg.cluster else {"type_k": self.cfg.type_k, "type_v": self.cfg.type_v}
 
     async def ensure(self, name: str | None, num_ctx: int | None = None) -> tuple[Loaded, float]:
         """The loaded model for `name` (loading or swapping as needed) and the seconds spent loading."""
