@@ -131,11 +131,12 @@ class Model:
                 self.engine.close()
                 raise
         self.engine.ubatch = n_ubatch
-        self.flash_attn = self.engine.kv.type_k != "f16" or self.engine.kv.type_v != "f16"
+        kv = getattr(self.engine, "kv", None)         # none in this process for a pipeline on Ray (f16 stages)
+        self.flash_attn = kv is not None and (kv.type_k != "f16" or kv.type_v != "f16")
         if flash_attn is not None and bool(flash_attn) != self.flash_attn:
             self.engine.close()
             raise InvalidArgument(
-                f"flash_attn={flash_attn!r} with a {self.engine.kv.type_k}/{self.engine.kv.type_v} KV cache: ramforge "
+                f"flash_attn={flash_attn!r} with a {kv.type_k if kv else 'f16'}/{kv.type_v if kv else 'f16'} KV cache: ramforge "
                 f"reads an f16 cache as llama.cpp does without flash attention and a quantized one (q8_0, q4_0) as "
                 f"its flash attention does; leave flash_attn unset")
         self.tokenizer = self.engine.tokenizer

@@ -146,3 +146,20 @@ def test_prompt_cache_keeps_to_its_capacity(model):
     with pytest.raises(InvalidArgument):
         PromptCache(0)
     assert isinstance(np.asarray(one.tokens), np.ndarray)
+
+
+def test_a_quantized_cache_restores_and_another_kv_type_is_refused(tmp_path):
+    with Model("default", n_ctx=256, type_k="q8_0", type_v="q4_0") as q:
+        _, ids2 = _turns(q)
+        straight = q.generate(ids2, 8, **GREEDY)
+        q.engine.reset(0)
+        _turns(q)
+        path = tmp_path / "q.state"
+        q.save_state_file(path)
+        q.generate(OTHER, 4, **GREEDY)
+        q.load_state(path)
+        assert q.generate(ids2, 8, **GREEDY).tokens == straight.tokens
+    with Model("default", n_ctx=256) as f16:
+        with pytest.raises(StateError, match="type_k: q8_0 vs f16"):
+            f16.load_state(path)
+        assert f16.engine.n_past == 0
