@@ -247,8 +247,9 @@ async def chat_completions(req: ChatRequest, request: Request):
 
     def build(model):
         msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, messages)
-        if tools.grammar() is not None:           # tool_choice "required" / a named function
-            generation["grammar"] = tools.grammar()
+        forced = tools.grammar()                  # tool_choice "required" / a named function
+        if forced is not None:
+            generation["grammar"] = forced
         return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
 
     job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
