@@ -1,0 +1,112 @@
+"""Q4_K and Q6_K weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks Q4_K
+(q4_K_8x8): groups of G rows (16, or 8 where the rows are not a multiple of 16) interleaved so that
+one vector load holds 4 quant bytes of every row of the group, and the rows sit in the lanes of one
+<G x i32>. The integer sums are exact, so their order is free; the float steps stay those of the
+kernel llama.cpp runs (gemvrep.py). A repacked tensor is as large as its rows, group g at its rows'
+own offset, so a layer repacks in place (`repack`); batches read rows back into row order
+(`_unpack_rows`) and take the unpacking path.
+
+A group's super-block b lies at b*G*B from the group's start (B: the type's block bytes):
+  Q4_K (B = 144)
+    [0, 2G)      d     f16[G]     row r's super-block scale
+    [2G, 4G)     dmin  f16[G]
+    [4G, 16G)    12 planes u8[G]: plane p, byte r = row r's scales[p] (the 6-bit packing kept)
+    [16G, 144G)  32 vectors u8[4G]: vector v, bytes 4r..4r+3 = row r's qs[4v..4v+3]
+                 (qs[32c + j]: low nibble element 64c + j, high nibble 64c + 32 + j)
+  Q6_K (B = 210)
+    [0, 2G)      d     f16[G]
+    [2G, 18G)    16 planes i8[G]: plane j, byte r = row r's scale of sub-block j
+    [18G, 210G)  48 vectors u8[4G], 3 per (half n, quad k), bytes 4r..4r+3 of row r's
+                 ql[64n+4k..], ql[64n+32+4k..], qh[32n+4k..]: elements 128n + 32m + 4k.. (m = 0..3)
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ramforge.gguf.constants import GGMLType
+
+Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K
+BLOCK = 144                    # Q4_K block bytes (d, dmin: f16; scales u8[12]; qs u8[128])
+BLOCK6 = 210                   # Q6_K block bytes (ql u8[128], qh u8[64], scales i8[16], d f16)
+BLOCKS = {Q4_K: BLOCK, Q6_K: BLOCK6}     # the types with a repacked layout
+
+
+def repack_group(n_out: int) -> int:
+    """The group size G of a repacked tensor of n_out rows (16, or 8), 0 where it cannot be repacked
+    (rows not a multiple of 8: llama.cpp keeps those unrepacked too)."""
+    return 16 if n_out % 16 == 0 else 8 if n_out % 8 == 0 else 0
+
+
+def repackable(ggml_type, dims: tuple[int, ...]) -> bool:
+    """Whether a weight of this type and GGUF dims (row length, rows) takes the repacked layout."""
+    return ggml_type in BLOCKS and len(dims) == 2 and dims[0] % 256 == 0 and repack_group(dims[1]) > 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mv(a, ao, b, bo, n, to_group):
+    # n bytes between a[ao:] (row order) and b[bo:] (the group), either way
+    for i in range(n):
+        if to_group:
+            b[bo + i] = a[ao + i]
+        else:
+            a[ao + i] = b[bo + i]
+
+
+@njit(cache=True, nogil=True)
+def _move_block(t6, row, so, grp, do, G, r, to_group):
+    # one row's block (at row[so:]) <-> row r of a group's super-block (at grp[do:]), either way
+    if t6:
+        _mv(row, so + 208, grp, do + 2 * r, 2, to_group)
+        for j in range(16):
+            _mv(row, so + 192 + j, grp, do + (2 + j) * G + r, 1, to_group)
+        for n in range(2):
+            for k in range(8):
+                v = do + 18 * G + (n * 8 + k) * 12 * G + 4 * r
+                _mv(row, so + 64 * n + 4 * k, grp, v, 4, to_group)
+                _mv(row, so + 64 * n + 32 + 4 * k, grp, v + 4 * G, 4, to_group)
+                _mv(row, so + 128 + 32 * n + 4 * k, grp, v + 8 * G, 4, to_group)
+    else:
+        _mv(row, so, grp, do + 2 * r, 2, to_group)
+        _mv(row, so + 2, grp, do + 2 * G + 2 * r, 2, to_group)
+        for p in range(12):
+            _mv(row, so + 4 + p, grp, do + (4 + p) * G + r, 1, to_group)
+        for v in range(32):
+            _mv(row, so + 16 + 4 * v, grp, do + 16 * G + v * 4 * G + 4 * r, 4, to_group)
+
+
+@njit(cache=True, nogil=True)
+def _pack_group(t6, rows, out, o, G, n_sb):
+    # rows u8[G * n_sb * B] (G rows in row order) -> out[o:o + G*n_sb*B] in the group layout
+    B = BLOCK6 if t6 else BLOCK
+    for b in range(n_sb):
+        for r in range(G):
+            _move_block(t6, rows, r * n_sb * B + b * B, out, o + b * G * B, G, r, True)
+
+
+@njit(cache=True, nogil=True)
+def _unpack_rows(t6, raw, o, G, n_sb, r_lo, nr, rows):
+    # rows r_lo..r_lo+nr of the group at raw[o:] -> rows u8[nr * n_sb * B], in row order
+    B = BLOCK6 if t6 else BLOCK
+    for i in range(nr):
+        for b in range(n_sb):
+            _move_block(t6, rows, i * n_sb * B + b * B, raw, o + b * G * B, G, r_lo + i, False)
+
+
+@njit(cache=True, nogil=True)
+def _repack_in_place(t6, raw, n_out, row_bytes, G):
+    # raw u8[n_out * row_bytes]: every group of G rows into the group layout, in place
+    n_sb = row_bytes // (BLOCK6 if t6 else BLOCK)
+    tmp = np.empty(G * row_bytes, dtype=np.uint8)
+    for g in range(n_out // G):
+        o = g * G * row_bytes
+        tmp[:] = raw[o:o + G * row_bytes]
+        _pack_group(t6, tmp, raw, o, G, n_sb)
+
+
+def repack(ggml_type, raw: np.ndarray, dims: tuple[int, ...]) -> int:
+    """Repack a weight's rows (raw: writable u8 bytes of a `repackable` weight) in place; its G."""
+    n_in, n_out = dims
+    G = repack_group(n_out)
+    _repack_in_place(ggml_type == Q6_K, raw.reshape(-1), n_out, n_in // 256 * BLOCKS[ggml_type], G)
+    return G
