@@ -1,9 +1,10 @@
 """The gemv of one repacked group (repack.py's layouts) . one token, the group's G rows in the lanes
 of <G x i32> / <G x float> vectors, in the float steps of the kernel llama.cpp runs for the type:
-Q4_K its repacked gemv (variants.K32_GROUPS256, as gemv8.py), Q6_K its vec_dot (K16_LANES_OFF32, as
-codegen._row_codegen: 8 f32 lanes per row, here 8 vectors of G rows, one per lane, then hsum_float_8).
-The integer parts are exact: vpdpbusd (Q4_K) or pmaddubsw + vpdpwssd with the sub-block scales (Q6_K)
-per 4 quants of every row, where the target has them; generic IR elsewhere.
+Q4_K its repacked gemv (variants.K32_GROUPS256, as gemv8.py), Q5_K and Q6_K their vec_dot
+(K32_LANES_KSUM, K16_LANES_OFF32, as codegen._row_codegen: 8 f32 lanes per row, here 8 vectors of G
+rows, one per lane, then hsum_float_8). The integer parts are exact: vpdpbusd (Q4_K) or pmaddubsw +
+vpdpwssd with the sub-block scales (Q5_K, Q6_K) per 4 quants of every row, where the target has them;
+generic IR elsewhere.
 """
 from __future__ import annotations
 
@@ -43,6 +44,25 @@ def _dpbusd(context, builder, acc, w, a):
     return builder.add(acc, quad_lanes(builder, builder.mul(builder.zext(w, wt), builder.sext(a, wt))))
 
 
+def _k4_scales(builder, blk, G):
+    """The 8 sub-block scales and 8 mins (<G x i8> each, one lane per row) of a Q4_K / Q5_K group's
+    super-block at blk, from its 12 planes at 4G (repack.py): j < 4: q[j] & 63, q[j+4] & 63; j >= 4:
+    (q[j+4] & 15) | (q[j-4] >> 6) << 4, (q[j+4] >> 4) | (q[j] >> 6) << 4 (blocks._k4_scale_min)."""
+    VB = ir.VectorType(I8, 4 * G)
+
+    def bytes_(v):
+        return ir.Constant(VB, [v] * (4 * G))
+
+    def sub_of(v, j):                          # lanes j*G..j*G+G-1 of a <4G x i8> quad of planes
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, G), list(range(j * G, j * G + G))))
+    p0, p1, p2 = (_load(builder, blk, _c64(k * G), VB) for k in (4, 8, 12))
+    six, hi2 = bytes_(63), builder.shl(builder.lshr(p0, bytes_(6)), bytes_(4))
+    sc_lo, mn_lo = builder.and_(p0, six), builder.and_(p1, six)               # scales / mins 0-3
+    sc_hi = builder.or_(builder.and_(p2, bytes_(15)), hi2)                    # 4-7: low 4 bits in 8-11
+    mn_hi = builder.or_(builder.lshr(p2, bytes_(4)), builder.shl(builder.lshr(p1, bytes_(6)), bytes_(4)))
+    return ([sub_of(lo if j < 4 else hi, j % 4) for j in range(8)] for lo, hi in ((sc_lo, sc_hi), (mn_lo, mn_hi)))
+
+
 def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb):
     """<G x float>: the Q4_K group at gp (i8*) . one token (aq i8*, ad float* per super-block, bs i32*
     per 32), as ggml_gemv_q4_K_8x8_q8_K: per row and super-block sacc = fma(float(isum), d_w*d_a, sacc),
@@ -56,9 +76,6 @@ def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb):
     def bytes_(v):
         return ir.Constant(VB, [v] * (4 * G))
 
-    def sub_of(v, j):                          # lanes j*G..j*G+G-1 of a <4G x i8> plane quad, as <G x i32>
-        return builder.zext(builder.shuffle_vector(v, v, ir.Constant(LG, list(range(j * G, j * G + G)))), LG)
-
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
         blk = builder.gep(gp, [builder.mul(b, _c64(G * 144))])
@@ -66,13 +83,7 @@ def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb):
         da = splat(builder, builder.load(builder.gep(ad, [b])), FG)
         dw = half_to_float(context, builder, _load(builder, blk, _c64(0), ir.VectorType(I16, G)), native)
         dm = half_to_float(context, builder, _load(builder, blk, _c64(2 * G), ir.VectorType(I16, G)), native)
-        p0, p1, p2 = (_load(builder, blk, _c64(k * G), VB) for k in (4, 8, 12))
-        six, hi2 = bytes_(63), builder.shl(builder.lshr(p0, bytes_(6)), bytes_(4))
-        sc_lo, mn_lo = builder.and_(p0, six), builder.and_(p1, six)           # scales / mins 0-3
-        sc_hi = builder.or_(builder.and_(p2, bytes_(15)), hi2)                # 4-7: low 4 bits in 8-11
-        mn_hi = builder.or_(builder.lshr(p2, bytes_(4)), builder.shl(builder.lshr(p1, bytes_(6)), bytes_(4)))
-        sc = [sub_of(sc_lo if j < 4 else sc_hi, j % 4) for j in range(8)]
-        mn = [sub_of(mn_lo if j < 4 else mn_hi, j % 4) for j in range(8)]
+        sc, mn = ([builder.zext(v, LG) for v in vs] for vs in _k4_scales(builder, blk, G))
         isum = ir.Constant(LG, [0] * G)
         for c in range(4):                     # sub-blocks 2c (low nibbles) and 2c+1 (high)
             acc = [ir.Constant(LG, [0] * G)] * 2
@@ -159,16 +170,61 @@ def _q6_k(context, builder, G, gp, aq, ad, bs, n_sb):
     return builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
 
 
+def _q5_k(context, builder, G, gp, aq, ad, bs, n_sb):
+    """<G x float>: the Q5_K group at gp (i8*) . one token (bs: i32* per 32), as ggml_vec_dot_q5_K_q8_K
+    row by row: lane l of a row's 8 = sum over sub-blocks c of sc * (products 32c+4l..+3);
+    facc_l = fma(d_a*d_w, float(lane l), facc_l) and summs = fma(-(d_a*dmin_w), float(msum), summs) per
+    super-block; the row's result hsum_float_8 of its facc + summs."""
+    VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
+    fma = fma_fn(builder, FG)
+    facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(9)]   # 8: summs
+    native = native_half(context)
+
+    def bytes_(v):
+        return ir.Constant(VB, [v] * (4 * G))
+
+    with cgutils.for_range(builder, n_sb) as loop:
+        b = loop.index
+        blk = builder.gep(gp, [builder.mul(b, _c64(G * 176))])
+        a0 = builder.gep(aq, [builder.mul(b, _c64(256))])
+        da = splat(builder, builder.load(builder.gep(ad, [b])), FG)
+        dw, dm = (half_to_float(context, builder, _load(builder, blk, _c64(o), ir.VectorType(I16, G)), native)
+                  for o in (0, 2 * G))
+        sc, mn = _k4_scales(builder, blk, G)
+        for k in range(8):                     # lane k: chunk c's low nibbles (sub-block 2c), high (2c+1),
+            qh = _load(builder, blk, _c64(144 * G + k * 4 * G), VB)        # each | a bit of qh << 4
+            iacc = ir.Constant(LG, [0] * G)
+            for c in range(4):
+                q = _load(builder, blk, _c64(16 * G + (8 * c + k) * 4 * G), VB)
+                for h, nib in enumerate((builder.and_(q, bytes_(15)), builder.lshr(q, bytes_(4)))):
+                    j = 2 * c + h
+                    bit = builder.and_(builder.lshr(qh, bytes_(j)) if j else qh, bytes_(1))
+                    w = builder.or_(nib, builder.shl(bit, bytes_(4)))
+                    a = builder.bitcast(splat(builder, _load(builder, a0, _c64(32 * j + 4 * k), I32), LG), VB)
+                    iacc = _dot_scaled(context, builder, iacc, w, a, sc[j])
+            builder.store(builder.call(fma, [builder.fmul(da, dw), builder.sitofp(iacc, FG), builder.load(facc[k])]),
+                          facc[k])
+        msum = ir.Constant(LG, [0] * G)
+        for j in range(8):
+            bj = builder.load(builder.gep(bs, [builder.add(builder.mul(b, _c64(8)), _c64(j))]))
+            msum = builder.add(msum, builder.mul(builder.zext(mn[j], LG), splat(builder, bj, LG)))
+        builder.store(builder.call(fma, [builder.fneg(builder.fmul(da, dm)), builder.sitofp(msum, FG),
+                                         builder.load(facc[8])]), facc[8])
+    f = [builder.load(p) for p in facc]        # hsum_float_8 + summs
+    t = [builder.fadd(f[4 + i], f[i]) for i in range(4)]
+    return builder.fadd(builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3])), f[8])
+
+
 @intrinsic(prefer_literal=True)
-def _vgemv_rep(typingctx, t6, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo):
-    """y[yo:yo+G] (f32) = the repacked group of G rows (a constant: 8 or 16) of Q6_K (t6, a constant)
-    or Q4_K at raw[go:] . the token at aq[ao:] (ad: its super-block scales at to, bsum: its sums per
-    sub-block at bo)."""
-    if not all(isinstance(v, (types.IntegerLiteral, types.BooleanLiteral)) for v in (t6, G)) or \
-            G.literal_value not in (8, 16) or not dtypes_are(
-            (raw, aq, ad, bsum, y), (types.uint8, types.int8, types.float32, types.int32, types.float32)):
+def _vgemv_rep(typingctx, kind, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo):
+    """y[yo:yo+G] (f32) = the repacked group of G rows (a constant: 8 or 16) of the type `kind` (a
+    constant, repack.KINDS: 0 Q4_K, 1 Q6_K, 2 Q5_K) at raw[go:] . the token at aq[ao:] (ad: its
+    super-block scales at to, bsum: its sums per sub-block at bo)."""
+    arrays = (types.uint8, types.int8, types.float32, types.int32, types.float32)
+    if not all(isinstance(v, types.IntegerLiteral) for v in (kind, G)) or G.literal_value not in (8, 16) or \
+            not dtypes_are((raw, aq, ad, bsum, y), arrays):
         return None
-    g, body = G.literal_value, _q6_k if t6.literal_value else _q4_k
+    g, body = G.literal_value, (_q4_k, _q6_k, _q5_k)[kind.literal_value]
 
     def codegen(context, builder, sig, args):
         def base(k, o):
@@ -176,4 +232,4 @@ def _vgemv_rep(typingctx, t6, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo)
         out = body(context, builder, g, base(2, 3), base(5, 6), base(7, 8), base(9, 10), args[4])
         builder.store(out, builder.bitcast(base(11, 12), out.type.as_pointer()), align=4)
         return context.get_dummy_value()
-    return types.void(t6, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo), codegen
+    return types.void(kind, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo), codegen

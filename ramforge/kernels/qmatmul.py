@@ -52,6 +52,7 @@ from .naming import made_for
 from .quantize import quantize_activation
 from .registry import kernels_for
 from .gemvrep import _vgemv_rep
+from .repack import KINDS as REPACK_KINDS
 from .repack import _unpack_rows
 from .rows import _prow, _vrow, _vrow_raw, _vrows8
 from .tunpack import FAST, _vunpack
@@ -105,7 +106,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
     k_scales = sb > 32 and not (packed and scales_in_registers(qd.raw))   # else a packed row's scales: unpacked first
     g8 = packed and one and gemv8_ok(rhi)     # 8 packed rows at once (the repacked gemv's lanes)
     grep = packed and one and rep > 0         # a repacked group's rows at once, read as repacked
-    t6 = int(tid == int(GGMLType.Q6_K))       # (repack.py's layouts: Q4_K or Q6_K)
+    kind = REPACK_KINDS.get(gt, 0)            # (repack.py's layouts)
     unit = rep if rep else 8                  # rows a range starts on
     # token tiles (tiles.py) in lo's variant where it has them, batches only: every token for one
     # variant, else those below the split (a repacked type's gemm; its gemv takes at most 3 tokens)
@@ -161,7 +162,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                 yrep = np.empty(rep, dtype=np.float32)
                 for r0 in range(_bound(c, n_out, n_chunks, unit), r_end, rep):
                     for t in range(n_tok):
-                        _vgemv_rep(t6, rep, raw, r0 * row_bytes, n_sb, aq, t * n_in, ad, t * n_sb, bsum, t * n_sub,
+                        _vgemv_rep(kind, rep, raw, r0 * row_bytes, n_sb, aq, t * n_in, ad, t * n_sb, bsum, t * n_sub,
                                    yrep, 0)
                         for i in range(rep):
                             y[t, r0 + i] = yrep[i]
@@ -180,7 +181,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                     if rep:                                     # 8 rows back in row order
                         ro = (r - r_start) % _GROUP_ROWS * row_bytes
                         if ro == 0:
-                            _unpack_rows(t6, raw, r // rep * rep * row_bytes, rep, n_sb, r % rep, _GROUP_ROWS, rows)
+                            _unpack_rows(kind, raw, r // rep * rep * row_bytes, rep, n_sb, r % rep, _GROUP_ROWS, rows)
                     if k_scales:
                         for b in range(n_sb):
                             _row_scales(tid, src, ro + b * nbytes, b, isc, imn, wd, wm)
@@ -202,7 +203,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                 for r0 in range(_bound(c, n_out, n_chunks, unit), r_end, group):
                     nr = min(group, r_end - r0)
                     if rep:                                     # the group's rows back in row order
-                        _unpack_rows(t6, raw, r0 // rep * rep * row_bytes, rep, n_sb, r0 % rep, nr, rows)
+                        _unpack_rows(kind, raw, r0 // rep * rep * row_bytes, rep, n_sb, r0 % rep, nr, rows)
                     for i in range(nr):
                         so = i * row_bytes if rep else (r0 + i) * row_bytes
                         if fast:

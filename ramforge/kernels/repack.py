@@ -1,4 +1,4 @@
-"""Q4_K and Q6_K weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks Q4_K
+"""Q4_K, Q5_K and Q6_K weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks Q4_K
 (q4_K_8x8): groups of G rows (16, or 8 where the rows are not a multiple of 16) interleaved so that
 one vector load holds 4 quant bytes of every row of the group, and the rows sit in the lanes of one
 <G x i32>. The integer sums are exact, so their order is free; the float steps stay those of the
@@ -13,6 +13,9 @@ A group's super-block b lies at b*G*B from the group's start (B: the type's bloc
     [4G, 16G)    12 planes u8[G]: plane p, byte r = row r's scales[p] (the 6-bit packing kept)
     [16G, 144G)  32 vectors u8[4G]: vector v, bytes 4r..4r+3 = row r's qs[4v..4v+3]
                  (qs[32c + j]: low nibble element 64c + j, high nibble 64c + 32 + j)
+  Q5_K (B = 176): d, dmin, 12 planes as Q4_K, then
+    [16G, 144G)  32 vectors u8[4G]: vector v, bytes 4r..4r+3 = row r's qs[4v..4v+3]
+    [144G, 176G) 8 vectors u8[4G]: vector k, bytes 4r..4r+3 = row r's qh[4k..4k+3] (bit j: sub-block j)
   Q6_K (B = 210)
     [0, 2G)      d     f16[G]
     [2G, 18G)    16 planes i8[G]: plane j, byte r = row r's scale of sub-block j
@@ -26,10 +29,12 @@ from numba import njit
 
 from ramforge.gguf.constants import GGMLType
 
-Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K
-BLOCK = 144                    # Q4_K block bytes (d, dmin: f16; scales u8[12]; qs u8[128])
-BLOCK6 = 210                   # Q6_K block bytes (ql u8[128], qh u8[64], scales i8[16], d f16)
-BLOCKS = {Q4_K: BLOCK, Q6_K: BLOCK6}     # the types with a repacked layout
+Q4_K, Q5_K, Q6_K = GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K
+KINDS = {Q4_K: 0, Q6_K: 1, Q5_K: 2}      # the types with a repacked layout, as the kernels name them
+_BLOCK = (144, 210, 176)                 # their block bytes, by kind (Q4_K: d, dmin f16, scales u8[12],
+#                                          qs u8[128]; Q6_K: ql u8[128], qh u8[64], scales i8[16], d f16;
+#                                          Q5_K: d, dmin, scales u8[12], qh u8[32], qs u8[128])
+BLOCKS = {t: _BLOCK[k] for t, k in KINDS.items()}
 
 
 def repack_group(n_out: int) -> int:
@@ -54,9 +59,9 @@ def _mv(a, ao, b, bo, n, to_group):
 
 
 @njit(cache=True, nogil=True)
-def _move_block(t6, row, so, grp, do, G, r, to_group):
+def _move_block(kind, row, so, grp, do, G, r, to_group):
     # one row's block (at row[so:]) <-> row r of a group's super-block (at grp[do:]), either way
-    if t6:
+    if kind == 1:
         _mv(row, so + 208, grp, do + 2 * r, 2, to_group)
         for j in range(16):
             _mv(row, so + 192 + j, grp, do + (2 + j) * G + r, 1, to_group)
@@ -67,46 +72,49 @@ def _move_block(t6, row, so, grp, do, G, r, to_group):
                 _mv(row, so + 64 * n + 32 + 4 * k, grp, v + 4 * G, 4, to_group)
                 _mv(row, so + 128 + 32 * n + 4 * k, grp, v + 8 * G, 4, to_group)
     else:
+        q5 = 32 if kind == 2 else 0                 # Q5_K: qh u8[32] before qs
         _mv(row, so, grp, do + 2 * r, 2, to_group)
         _mv(row, so + 2, grp, do + 2 * G + 2 * r, 2, to_group)
         for p in range(12):
             _mv(row, so + 4 + p, grp, do + (4 + p) * G + r, 1, to_group)
         for v in range(32):
-            _mv(row, so + 16 + 4 * v, grp, do + 16 * G + v * 4 * G + 4 * r, 4, to_group)
+            _mv(row, so + 16 + q5 + 4 * v, grp, do + 16 * G + v * 4 * G + 4 * r, 4, to_group)
+        for k in range(q5 // 4):
+            _mv(row, so + 16 + 4 * k, grp, do + 144 * G + k * 4 * G + 4 * r, 4, to_group)
 
 
 @njit(cache=True, nogil=True)
-def _pack_group(t6, rows, out, o, G, n_sb):
+def _pack_group(kind, rows, out, o, G, n_sb):
     # rows u8[G * n_sb * B] (G rows in row order) -> out[o:o + G*n_sb*B] in the group layout
-    B = BLOCK6 if t6 else BLOCK
+    B = _BLOCK[kind]
     for b in range(n_sb):
         for r in range(G):
-            _move_block(t6, rows, r * n_sb * B + b * B, out, o + b * G * B, G, r, True)
+            _move_block(kind, rows, r * n_sb * B + b * B, out, o + b * G * B, G, r, True)
 
 
 @njit(cache=True, nogil=True)
-def _unpack_rows(t6, raw, o, G, n_sb, r_lo, nr, rows):
+def _unpack_rows(kind, raw, o, G, n_sb, r_lo, nr, rows):
     # rows r_lo..r_lo+nr of the group at raw[o:] -> rows u8[nr * n_sb * B], in row order
-    B = BLOCK6 if t6 else BLOCK
+    B = _BLOCK[kind]
     for i in range(nr):
         for b in range(n_sb):
-            _move_block(t6, rows, i * n_sb * B + b * B, raw, o + b * G * B, G, r_lo + i, False)
+            _move_block(kind, rows, i * n_sb * B + b * B, raw, o + b * G * B, G, r_lo + i, False)
 
 
 @njit(cache=True, nogil=True)
-def _repack_in_place(t6, raw, n_out, row_bytes, G):
+def _repack_in_place(kind, raw, n_out, row_bytes, G):
     # raw u8[n_out * row_bytes]: every group of G rows into the group layout, in place
-    n_sb = row_bytes // (BLOCK6 if t6 else BLOCK)
+    n_sb = row_bytes // _BLOCK[kind]
     tmp = np.empty(G * row_bytes, dtype=np.uint8)
     for g in range(n_out // G):
         o = g * G * row_bytes
         tmp[:] = raw[o:o + G * row_bytes]
-        _pack_group(t6, tmp, raw, o, G, n_sb)
+        _pack_group(kind, tmp, raw, o, G, n_sb)
 
 
 def repack(ggml_type, raw: np.ndarray, dims: tuple[int, ...]) -> int:
     """Repack a weight's rows (raw: writable u8 bytes of a `repackable` weight) in place; its G."""
     n_in, n_out = dims
     G = repack_group(n_out)
-    _repack_in_place(ggml_type == Q6_K, raw.reshape(-1), n_out, n_in // 256 * BLOCKS[ggml_type], G)
+    _repack_in_place(KINDS[ggml_type], raw.reshape(-1), n_out, n_in // 256 * BLOCKS[ggml_type], G)
     return G
