@@ -108,3 +108,18 @@ def test_engine_repacks_pinned_and_streamed_layers_alike(q4k_model):
         other = _run(q4k_model, **kw)
         assert np.array_equal(other[0], pinned[0]) and other[1] == pinned[1], kw
     assert not any(_run(q4k_model, io="mmap")[2].values())          # file views stay in file order
+
+
+def test_output_matrix_is_repacked_resident_and_streamed(q4k_model):
+    # the output projection (its own tensor, not a tied embedding) repacks resident and per streamed chunk
+    with GGUFFile(q4k_model) as f:
+        t = f.tensors.get("output.weight")
+        full = plan_for_budget(f, None, 64)
+    if t is None or not rp.repackable(t.ggml_type, t.dims):
+        pytest.skip("this model's output matrix is tied or of a type without a repacked layout")
+    with Engine.load(q4k_model, n_ctx=64) as e:
+        assert e.weights.output is not None and e.weights.output.repacked
+        want = e.eval(PROMPT, all_logits=True, aligned=True)
+    with Engine.load(q4k_model, n_ctx=64, budget=MemoryBudget(full.min_budget)) as e:
+        assert e.weights.output is None                                  # streamed in row chunks
+        assert np.array_equal(e.eval(PROMPT, all_logits=True, aligned=True), want)

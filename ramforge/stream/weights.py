@@ -134,6 +134,9 @@ class Weights:
         self.rope_factors_long, self.rope_factors_short = self._vector(SMALL[2]), self._vector(SMALL[3])  # LongRoPE
         self.token_embd = self.resident.get("token_embd.weight") if a == 0 else None
         self.output = self.resident.get(self.out_name) if last else None
+        out = self.resident.get("output.weight")          # (a tied embedding keeps its rows for get_rows)
+        if out is not None and not self.mmap and not REPACK_OFF and repackable(out.ggml_type, out.dims):
+            out.repacked = repack(out.ggml_type, out.data, out.dims)
         if p.embd_row_bytes:
             self._charge("embedding rows", p.embd_row_bytes)
         self.spans = {i: span_of(i, [t for n, t in f.tensors.items() if n.startswith(f"blk.{i}.")
@@ -206,6 +209,7 @@ class Weights:
         t = self.f.tensors[self.out_name]
         rb = block_row_bytes(t)
         rows = max(1, (self.plan.buffer_bytes - 2 * ALIGN) // rb)
+        rows = rows // 16 * 16 if rows >= 16 else rows        # whole repacked groups (_out_repack)
         return [(r, min(t.dims[1], r + rows)) for r in range(0, t.dims[1], rows)]
 
     def _job(self, key):
@@ -216,7 +220,14 @@ class Weights:
         rb = block_row_bytes(t)
         r0, r1 = key[1]
         lo, n = self.file.span(t.offset + r0 * rb, (r1 - r0) * rb)
-        return key, [(lo, n, 0)], None
+        return key, [(lo, n, 0)], self._out_repack(t, r0, r1, t.offset + r0 * rb - lo)
+
+    def _out_repack(self, t, r0: int, r1: int, skip: int):
+        """The reader's repacking of output rows r0..r1 read at `skip` in a buffer (None: kept in file order)."""
+        dims = (t.dims[0], r1 - r0)
+        if self.mmap or REPACK_OFF or t.name != "output.weight" or not repackable(t.ggml_type, dims):
+            return None
+        return lambda buf: repack(t.ggml_type, buf[skip:skip + (r1 - r0) * block_row_bytes(t)], dims)
 
     def begin_pass(self, logits: bool) -> None:
         """Start a forward pass; the reader may already hold its first items from the last one."""
@@ -327,7 +338,8 @@ class Weights:
             with self._take(("O", (r0, r1)), f"output[{r0}:{r1}]") as buf:
                 lo, _ = self.file.span(t.offset + r0 * rb, (r1 - r0) * rb)
                 skip = t.offset + r0 * rb - lo
-                part = QTensor(t.name, t.ggml_type, (t.dims[0], r1 - r0), buf[skip:skip + (r1 - r0) * rb])
+                rep = repack_group(r1 - r0) if self._out_repack(t, r0, r1, skip) else 0
+                part = QTensor(t.name, t.ggml_type, (t.dims[0], r1 - r0), buf[skip:skip + (r1 - r0) * rb], rep)
                 part.rows(y[:, r0:r1], x)
         return y
 
