@@ -1,4 +1,4 @@
-"""Repacked Q4_K, Q5_K and Q6_K weights (kernels.repack, kernels.gemvrep): the layout round-trips, a repacked
+"""Repacked Q4_K, Q5_K, Q6_K and Q8_0 weights (kernels.repack, kernels.gemvrep): the layout round-trips, a repacked
 weight multiplies bit for bit as its rows in file order at every token count and path (and, -m oracle,
 as ggml's mul_mat), and the engine repacks pinned and streamed layers (not mmap views) without
 changing a logit."""
@@ -17,7 +17,7 @@ from ramforge.plan import plan_for_budget
 from tests.test_qmatmul import _ids, weight
 
 Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K
-TYPES = [Q4_K, Q6_K, GGMLType.Q5_K]
+TYPES = [Q4_K, Q6_K, GGMLType.Q5_K, GGMLType.Q8_0]
 SHAPES = [(48, 512), (40, 256), (64, 768), (24, 256)]      # G = 16, 8, 16, 8; odd super-block counts
 
 
@@ -39,10 +39,10 @@ def test_layout_round_trips(t, n_out, n_in):
     raw = weight(t, n_out, n_in, seed=n_out)
     rep, G = _repacked(t, raw, n_out, n_in)
     assert not np.array_equal(rep, raw) and rep.size == raw.size
-    rb = n_in // 256 * rp.BLOCKS[t]
+    rb = n_in // rp._ELEMS[rp.KINDS[t]] * rp.BLOCKS[t]
     back = np.empty(8 * rb, np.uint8)
     for r0 in range(0, n_out, 8):
-        rp._unpack_rows(rp.KINDS[t], rep, r0 // G * G * rb, G, n_in // 256, r0 % G, 8, back)
+        rp._unpack_rows(rp.KINDS[t], rep, r0 // G * G * rb, G, n_in // rp._ELEMS[rp.KINDS[t]], r0 % G, 8, back)
         assert np.array_equal(back, raw[r0 * rb:(r0 + 8) * rb]), r0
 
 

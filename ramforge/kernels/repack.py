@@ -1,4 +1,4 @@
-"""Q4_K, Q5_K and Q6_K weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks Q4_K
+"""Q4_K, Q5_K, Q6_K and Q8_0 weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks Q4_K
 (q4_K_8x8): groups of G rows (16, or 8 where the rows are not a multiple of 16) interleaved so that
 one vector load holds 4 quant bytes of every row of the group, and the rows sit in the lanes of one
 <G x i32>. The integer sums are exact, so their order is free; the float steps stay those of the
@@ -21,19 +21,26 @@ A group's super-block b lies at b*G*B from the group's start (B: the type's bloc
     [2G, 18G)    16 planes i8[G]: plane j, byte r = row r's scale of sub-block j
     [18G, 210G)  48 vectors u8[4G], 3 per (half n, quad k), bytes 4r..4r+3 of row r's
                  ql[64n+4k..], ql[64n+32+4k..], qh[32n+4k..]: elements 128n + 32m + 4k.. (m = 0..3)
+  Q8_0 (B = 34, a block of 32): d f16[G], then 8 vectors u8[4G]: vector k, bytes 4r..4r+3 = row r's
+                 qs[4k..4k+3] + 128 (offset binary: unsigned for vpdpbusd, less 128 * the sums after)
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
 from ramforge.gguf.constants import GGMLType
 
-Q4_K, Q5_K, Q6_K = GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K
-KINDS = {Q4_K: 0, Q6_K: 1, Q5_K: 2}      # the types with a repacked layout, as the kernels name them
-_BLOCK = (144, 210, 176)                 # their block bytes, by kind (Q4_K: d, dmin f16, scales u8[12],
+from .llvmir import I32, dtypes_are
+
+Q4_K, Q5_K, Q6_K, Q8_0 = GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0
+KINDS = {Q4_K: 0, Q6_K: 1, Q5_K: 2, Q8_0: 3}     # the types with a repacked layout, as the kernels name them
+_BLOCK = (144, 210, 176, 34)             # their block bytes, by kind (Q4_K: d, dmin f16, scales u8[12],
 #                                          qs u8[128]; Q6_K: ql u8[128], qh u8[64], scales i8[16], d f16;
-#                                          Q5_K: d, dmin, scales u8[12], qh u8[32], qs u8[128])
+#                                          Q5_K: d, dmin, scales u8[12], qh u8[32], qs u8[128]; Q8_0: d,
+#                                          qs i8[32])
+_ELEMS = (256, 256, 256, 32)             # elements per block
 BLOCKS = {t: _BLOCK[k] for t, k in KINDS.items()}
 
 
@@ -45,23 +52,50 @@ def repack_group(n_out: int) -> int:
 
 def repackable(ggml_type, dims: tuple[int, ...]) -> bool:
     """Whether a weight of this type and GGUF dims (row length, rows) takes the repacked layout."""
-    return ggml_type in BLOCKS and len(dims) == 2 and dims[0] % 256 == 0 and repack_group(dims[1]) > 0
+    return (ggml_type in BLOCKS and len(dims) == 2 and dims[0] % _ELEMS[KINDS[ggml_type]] == 0
+            and repack_group(dims[1]) > 0)
+
+
+@intrinsic
+def _copy4(typingctx, src, so, dst, do, flip):
+    """dst[do:do+4] = src[so:so+4] ^ flip (u8 arrays; one unaligned 32-bit load and store)."""
+    if not dtypes_are((src, dst), (types.uint8, types.uint8)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        def at(k, o):
+            data = context.make_array(sig.args[k])(context, builder, args[k]).data
+            return builder.bitcast(builder.gep(data, [args[o]]), I32.as_pointer())
+        v = builder.xor(builder.load(at(0, 1), align=1), builder.trunc(args[4], I32))
+        builder.store(v, at(2, 3), align=1)
+        return context.get_dummy_value()
+    return types.void(src, so, dst, do, flip), codegen
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _mv(a, ao, b, bo, n, to_group):
-    # n bytes between a[ao:] (row order) and b[bo:] (the group), either way
+def _mv(a, ao, b, bo, n, to_group, flip=0):
+    # n bytes between a[ao:] (row order) and b[bo:] (the group), either way, each xor flip
+    if n == 4:
+        if to_group:
+            _copy4(a, ao, b, bo, flip * 0x01010101)
+        else:
+            _copy4(b, bo, a, ao, flip * 0x01010101)
+        return
     for i in range(n):
         if to_group:
-            b[bo + i] = a[ao + i]
+            b[bo + i] = a[ao + i] ^ flip
         else:
-            a[ao + i] = b[bo + i]
+            a[ao + i] = b[bo + i] ^ flip
 
 
 @njit(cache=True, nogil=True)
 def _move_block(kind, row, so, grp, do, G, r, to_group):
     # one row's block (at row[so:]) <-> row r of a group's super-block (at grp[do:]), either way
-    if kind == 1:
+    if kind == 3:                               # Q8_0: d, then 4-byte quads + 128
+        _mv(row, so, grp, do + 2 * r, 2, to_group)
+        for k in range(8):
+            _mv(row, so + 2 + 4 * k, grp, do + 2 * G + k * 4 * G + 4 * r, 4, to_group, 0x80)
+    elif kind == 1:
         _mv(row, so + 208, grp, do + 2 * r, 2, to_group)
         for j in range(16):
             _mv(row, so + 192 + j, grp, do + (2 + j) * G + r, 1, to_group)
@@ -116,5 +150,6 @@ def repack(ggml_type, raw: np.ndarray, dims: tuple[int, ...]) -> int:
     """Repack a weight's rows (raw: writable u8 bytes of a `repackable` weight) in place; its G."""
     n_in, n_out = dims
     G = repack_group(n_out)
-    _repack_in_place(KINDS[ggml_type], raw.reshape(-1), n_out, n_in // 256 * BLOCKS[ggml_type], G)
+    k = KINDS[ggml_type]
+    _repack_in_place(k, raw.reshape(-1), n_out, n_in // _ELEMS[k] * _BLOCK[k], G)
     return G
