@@ -84,6 +84,20 @@ def test_softcap_is_cap_tanh_x_over_cap():
         ops.softcap(x, 0.0)
 
 
+@pytest.mark.parametrize("n_tok,window,hd", [(1, 0, 128), (1, 0, 72), (5, 0, 64), (3, 4, 64)])
+def test_short_attention_on_the_calling_thread_is_the_parallel_one(n_tok, window, hd):
+    # below _SERIAL_WORK attention runs serially (_attention_1): the same arithmetic, bit for bit
+    rng = np.random.default_rng(n_tok + hd)
+    kc, vc = (rng.standard_normal((40, 2, hd)).astype(np.float16).view(np.uint16) for _ in range(2))
+    q = rng.standard_normal((n_tok, 4, hd)).astype(np.float32).astype(np.float16).astype(np.float32)
+    outs = [np.full((n_tok, 4, hd), np.nan, np.float32) for _ in range(2)]
+    for out, kernel in zip(outs, (ops._attention, ops._attention_1)):
+        kernel(out, q, kc, vc, 20, n_tok, np.float32(0.125), window, 2, ops.F16_TO_F32, n_tok == 1, np.float32(0),
+               ops._NO_SINKS)
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    assert 1 * 4 * 21 * (2 * 128) < ops._SERIAL_WORK                    # (a decode token at this size: serial)
+
+
 def test_attention_refuses_bad_shapes():
     k = np.zeros((8, 3, 16), np.uint16)
     with pytest.raises(ops.RamforgeError):

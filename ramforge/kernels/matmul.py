@@ -121,15 +121,17 @@ def _reference_kernel(t):
     return made_for(_matmul, t)
 
 
-def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
-    """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements.
+def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
+           repacked: int = 0) -> np.ndarray:
+    """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements
+    (repacked: in kernels.repack's groups of that many rows).
 
     Quantized weights take the integer-dot kernel (kernels.qmatmul), float weights the float path.
     """
     k = kernels_for(ggml_type)
     view = current_view()
     if k.qdot is not None:
-        return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=view)
+        return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=view, repacked=repacked)
     return float_matmul(y, x, ggml_type, raw, n_out, n_in, view[0] if view is not None else x.shape[0])
 
 

@@ -305,9 +305,9 @@ def _sum_lanes16(a, o, stride):
                + ((a[o + 3 * stride] + a[o + 11 * stride]) + (a[o + 7 * stride] + a[o + 15 * stride]))))
 
 
-@njit(cache=True, parallel=True)
-def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single, softcap, sinks):
-    # out f32[n_tok, n_head, hd_v]; q f32[n_tok, n_head, hd_k] (already f16-rounded)
+@njit(cache=True, inline="always")
+def _attend(job, out, q, k_cache, v_cache, pos0, kq_scale, window, gqa, f16, single, softcap, sinks):
+    # query job = t * n_head + h: out f32[n_tok, n_head, hd_v]; q f32[n_tok, n_head, hd_k] (already f16-rounded)
     # k_cache u16[n_ctx, n_head_kv, hd_k], v_cache u16[n_ctx, n_head_kv, hd_v]: f16 bits
     # f16 f32[65536]: the value of each f16 bit pattern (for head-dim tails)
     # sinks f32[n_head] or empty: a per-head logit in the softmax's max and sum only (gpt-oss; expf)
@@ -320,49 +320,67 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
     vk = hd_k - hd_k % nl                                # the vector part of a KQ dot
     vv = hd_v - hd_v % 16
     qf, kf, vf = q.reshape(-1), k_cache.reshape(-1), v_cache.reshape(-1)
-    n_kv_max = pos0 + n_tok
-    for job in prange(n_tok * n_head):
-        t, h = job // n_head, job % n_head
-        kvh = h // gqa
-        p = pos0 + t
-        j0 = 0 if window <= 0 else max(0, p - window + 1)
-        scores = np.empty(n_kv_max, np.float32)
-        acc = np.zeros(nl * hd_v, np.float32)
-        qo = (t * n_head + h) * hd_k
-        mx = np.float32(-np.inf)
-        for j in range(j0, p + 1):
-            ko = (j * n_kv + kvh) * hd_k
-            s = np.float32(_f16_vd(kf, ko, qf, qo, vk) if single else _f16_tb(kf, ko, qf, qo, vk))
-            if vk < hd_k:                                # ggml's scalar tail, in float64
-                sd = np.float64(s)
-                for d in range(vk, hd_k):
-                    sd += np.float64(qf[qo + d] * f16[kf[ko + d]])
-                s = np.float32(sd)
-            if softcap > 0:                              # gemma2: cap * tanhf(s * (1/cap)), three ggml ops
-                s = np.float32(math.tanh(s * (np.float32(1.0) / softcap))) * softcap
-            s *= kq_scale
-            scores[j] = s
-            if s > mx:
-                mx = s
-        if sinks.size:
-            mx = max(mx, sinks[h])
-        total = _softmax_exp(scores, j0, p, mx)
-        if sinks.size:
-            total += np.float64(math.exp(sinks[h] - mx))   # a float32 argument: libm's expf, as ggml
-        inv = np.float32(1.0 / total)
-        for j in range(j0, p + 1):
-            pj = f16[_f32_to_half_bits(scores[j] * inv)]    # probabilities meet V as f16
-            vo = (j * n_kv + kvh) * hd_v
-            lo = (j % nl) * hd_v
-            _axpy_f16(acc, lo, pj, vf, vo, vv)
-            for d in range(vv, hd_v):
-                acc[lo + d] += pj * f16[vf[vo + d]]
-        for d in range(hd_v):
-            if single:                                   # 4 accumulators: (a0 + a2) + (a1 + a3), lanewise
-                for ln in range(16):
-                    acc[ln * hd_v + d] = (acc[ln * hd_v + d] + acc[(32 + ln) * hd_v + d]) + \
-                        (acc[(16 + ln) * hd_v + d] + acc[(48 + ln) * hd_v + d])
-            out[t, h, d] = _sum_lanes16(acc, d, hd_v)
+    t, h = job // n_head, job % n_head
+    kvh = h // gqa
+    p = pos0 + t
+    j0 = 0 if window <= 0 else max(0, p - window + 1)
+    scores = np.empty(p + 1, np.float32)
+    acc = np.zeros(nl * hd_v, np.float32)
+    qo = (t * n_head + h) * hd_k
+    mx = np.float32(-np.inf)
+    for j in range(j0, p + 1):
+        ko = (j * n_kv + kvh) * hd_k
+        s = np.float32(_f16_vd(kf, ko, qf, qo, vk) if single else _f16_tb(kf, ko, qf, qo, vk))
+        if vk < hd_k:                                # ggml's scalar tail, in float64
+            sd = np.float64(s)
+            for d in range(vk, hd_k):
+                sd += np.float64(qf[qo + d] * f16[kf[ko + d]])
+            s = np.float32(sd)
+        if softcap > 0:                              # gemma2: cap * tanhf(s * (1/cap)), three ggml ops
+            s = np.float32(math.tanh(s * (np.float32(1.0) / softcap))) * softcap
+        s *= kq_scale
+        scores[j] = s
+        if s > mx:
+            mx = s
+    if sinks.size:
+        mx = max(mx, sinks[h])
+    total = _softmax_exp(scores, j0, p, mx)
+    if sinks.size:
+        total += np.float64(math.exp(sinks[h] - mx))   # a float32 argument: libm's expf, as ggml
+    inv = np.float32(1.0 / total)
+    for j in range(j0, p + 1):
+        pj = f16[_f32_to_half_bits(scores[j] * inv)]    # probabilities meet V as f16
+        vo = (j * n_kv + kvh) * hd_v
+        lo = (j % nl) * hd_v
+        _axpy_f16(acc, lo, pj, vf, vo, vv)
+        for d in range(vv, hd_v):
+            acc[lo + d] += pj * f16[vf[vo + d]]
+    if single:                                       # 4 accumulators: (a0 + a2) + (a1 + a3), lanewise
+        for ln in range(16):                         # (d innermost: contiguous, vectorized)
+            for d in range(hd_v):
+                acc[ln * hd_v + d] = (acc[ln * hd_v + d] + acc[(32 + ln) * hd_v + d]) + \
+                    (acc[(16 + ln) * hd_v + d] + acc[(48 + ln) * hd_v + d])
+    for d in range(hd_v):
+        out[t, h, d] = _sum_lanes16(acc, d, hd_v)
+
+
+@njit(cache=True, parallel=True)
+def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single, softcap, sinks):
+    # every (token, head) query in parallel (_attend)
+    for job in prange(n_tok * q.shape[1]):
+        _attend(job, out, q, k_cache, v_cache, pos0, kq_scale, window, gqa, f16, single, softcap, sinks)
+
+
+@njit(cache=True)
+def _attention_1(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single, softcap, sinks):
+    # the same on the calling thread: a short one-token attention costs less than a parallel region's
+    # wake-up and barrier (which a busy core stretches to a scheduler slice)
+    for job in range(n_tok * q.shape[1]):
+        _attend(job, out, q, k_cache, v_cache, pos0, kq_scale, window, gqa, f16, single, softcap, sinks)
+
+
+_SERIAL_WORK = 1 << 21       # query-key-dim products (n_tok * n_head * n_kv * (hd_k + hd_v)) below which
+#                              attention runs on the calling thread (~0.3 ms)
 
 
 def _cache_type(slab: np.ndarray, head_dim: int) -> str:
@@ -401,8 +419,10 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     qr = q.astype(np.float16).astype(np.float32)          # q meets an F16 cache as f16
     view = current_view()                                # llama.cpp's batch, when the engine sets one
     single = (view[0] if view is not None else n_tok) == 1
-    _attention(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32,
-               single, np.float32(softcap), sk)
+    work = n_tok * n_head * (pos0 + n_tok) * (hd_k + v_cache.shape[2])
+    kernel = _attention_1 if work < _SERIAL_WORK else _attention
+    kernel(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32,
+           single, np.float32(softcap), sk)
     return out
 
 

@@ -51,6 +51,9 @@ from .gemv8 import _vgemv8, gemv8_ok
 from .naming import made_for
 from .quantize import quantize_activation
 from .registry import kernels_for
+from .gemvrep import _vgemv_rep
+from .repack import KINDS as REPACK_KINDS
+from .repack import _unpack_rows
 from .rows import _prow, _vrow, _vrow_raw, _vrows8
 from .tunpack import FAST, _vunpack
 from .tiles import (LANES_MODE, SIGNED, TILE_ROWS, TT, UNSIGNED, _tile_acts, _vprep, _vtile, tile_from, tile_mode,
@@ -65,9 +68,9 @@ _GROUP_FROM_TOKENS = 4        # ... of at least this many (a single token: one r
 
 
 @njit(cache=True, inline="always")
-def _bound(c, n_out, n_chunks):
-    # first row of row range c of n_chunks: a multiple of 8 (whole 8-row groups), n_out at the end
-    return min(n_out, c * ((n_out + 7) // 8) // n_chunks * 8)
+def _bound(c, n_out, n_chunks, unit=8):
+    # first row of row range c of n_chunks: a multiple of unit (whole 8-row or repacked groups), n_out at the end
+    return min(n_out, c * ((n_out + unit - 1) // unit) // n_chunks * unit)
 
 
 @njit(cache=True, inline="always")
@@ -90,16 +93,21 @@ def _dot_group(vec, vid, rows8, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd,
                                  n_sb, bsum, t * n_sub, np.int64(vid), lanes, ilane)    # (one compile, all variants)
 
 
-def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool):
+def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool, rep: int):
     """The kernel of type gt for tokens in variants lo (below the split) and hi (the rest): `packed`,
     each row dotted straight from its blocks (RawRow intrinsics; few tokens, vector IR), else
-    `group` rows unpacked at a time, then dotted with every token (a token's quants stay in L1)."""
+    `group` rows unpacked at a time, then dotted with every token (a token's quants stay in L1).
+    rep: the weight is repacked in groups of rep rows (repack.py; 0: rows in order), which one-token
+    matmuls read as they lie (_vgemv_rep) and the rest reads back into row order 8 rows at a time."""
     qd = kernels_for(gt).qdot
     tid, (sb, nbytes), sub, one = int(gt), GGML_BLOCK[gt], qd.sub, lo == hi
     vlo, vhi, r8lo, r8hi = int(lo), int(hi), vec and lo in _ROWS8, vec and hi in _ROWS8
     rlo, rhi = (int(raw_row_id(qd.raw, lo)), int(raw_row_id(qd.raw, hi))) if packed else (-1, -1)
     k_scales = sb > 32 and not (packed and scales_in_registers(qd.raw))   # else a packed row's scales: unpacked first
     g8 = packed and one and gemv8_ok(rhi)     # 8 packed rows at once (the repacked gemv's lanes)
+    grep = packed and one and rep > 0         # a repacked group's rows at once, read as repacked
+    kind = REPACK_KINDS.get(gt, 0)            # (repack.py's layouts)
+    unit = rep if rep else 8                  # rows a range starts on
     # token tiles (tiles.py) in lo's variant where it has them, batches only: every token for one
     # variant, else those below the split (a repacked type's gemm; its gemv takes at most 3 tokens)
     tiles_on = vec and not packed and tiled(lo)
@@ -148,8 +156,17 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
             imn = np.zeros(group * n_sub, dtype=np.int32)
             wd = np.empty(group * n_sb, dtype=np.float32)       # super-block scales and mins
             wm = np.zeros(group * n_sb, dtype=np.float32)
-            r_end = _bound(c + 1, n_out, n_chunks)
-            if g8:                                              # 8 rows a call, all tokens
+            r_end = _bound(c + 1, n_out, n_chunks, unit)
+            rows = np.empty(_GROUP_ROWS * row_bytes if rep and not grep else 0, dtype=np.uint8)  # in row order
+            if grep:                                            # rep rows a call, all tokens
+                yrep = np.empty(rep, dtype=np.float32)
+                for r0 in range(_bound(c, n_out, n_chunks, unit), r_end, rep):
+                    for t in range(n_tok):
+                        _vgemv_rep(kind, rep, raw, r0 * row_bytes, n_sb, aq, t * n_in, ad, t * n_sb, bsum, t * n_sub,
+                                   yrep, 0)
+                        for i in range(rep):
+                            y[t, r0 + i] = yrep[i]
+            elif g8:                                            # 8 rows a call, all tokens
                 yrow = np.empty(8, dtype=np.float32)
                 for r0 in range(_bound(c, n_out, n_chunks), r_end, 8):
                     for t in range(n_tok):
@@ -158,16 +175,22 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                         for i in range(8):
                             y[t, r0 + i] = yrow[i]
             elif packed:                                        # (group 1)
-                for r in range(_bound(c, n_out, n_chunks), r_end):
+                src, r_start = rows if rep else raw, _bound(c, n_out, n_chunks, unit)
+                for r in range(r_start, r_end):
+                    ro = r * row_bytes
+                    if rep:                                     # 8 rows back in row order
+                        ro = (r - r_start) % _GROUP_ROWS * row_bytes
+                        if ro == 0:
+                            _unpack_rows(kind, raw, r // rep * rep * row_bytes, rep, n_sb, r % rep, _GROUP_ROWS, rows)
                     if k_scales:
                         for b in range(n_sb):
-                            _row_scales(tid, raw, r * row_bytes + b * nbytes, b, isc, imn, wd, wm)
+                            _row_scales(tid, src, ro + b * nbytes, b, isc, imn, wd, wm)
                     for t in range(n_tok):
                         if one or t >= split:
-                            y[t, r] = _vrow_raw(rhi, raw, r * row_bytes, aq, t * n_in, isc, imn, wd, wm, ad, am,
+                            y[t, r] = _vrow_raw(rhi, src, ro, aq, t * n_in, isc, imn, wd, wm, ad, am,
                                                 t * n_sb, n_sb, bsum, t * n_sub)
                         else:
-                            y[t, r] = _vrow_raw(rlo, raw, r * row_bytes, aq, t * n_in, isc, imn, wd, wm, ad, am,
+                            y[t, r] = _vrow_raw(rlo, src, ro, aq, t * n_in, isc, imn, wd, wm, ad, am,
                                                 t * n_sb, n_sb, bsum, t * n_sub)
             else:
                 wq = np.empty(group * n_in, dtype=np.int8)     # the group's unpacked rows
@@ -176,14 +199,17 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                 ilane = np.empty(16, dtype=np.int64)
                 corr = np.zeros(group * n_sub if tmode == SIGNED else 0, dtype=np.int32)  # signed tiles' row terms
                 tout = np.empty(TILE_ROWS * TT, dtype=np.float32)              # a tile call's results
-                for r0 in range(_bound(c, n_out, n_chunks), r_end, group):
+                src = rows if rep else raw
+                for r0 in range(_bound(c, n_out, n_chunks, unit), r_end, group):
                     nr = min(group, r_end - r0)
+                    if rep:                                     # the group's rows back in row order
+                        _unpack_rows(kind, raw, r0 // rep * rep * row_bytes, rep, n_sb, r0 % rep, nr, rows)
                     for i in range(nr):
+                        so = i * row_bytes if rep else (r0 + i) * row_bytes
                         if fast:
-                            _vunpack(tid, raw, (r0 + i) * row_bytes, n_sb, wq, i * n_in, isc, imn, i * n_sub, wd, wm,
-                                     i * n_sb)
+                            _vunpack(tid, src, so, n_sb, wq, i * n_in, isc, imn, i * n_sub, wd, wm, i * n_sb)
                         else:
-                            _unpack_row(tid, vec, raw, (r0 + i) * row_bytes, n_sb, wq[i * n_in:(i + 1) * n_in],
+                            _unpack_row(tid, vec, src, so, n_sb, wq[i * n_in:(i + 1) * n_in],
                                         isc[i * n_sub:(i + 1) * n_sub], imn[i * n_sub:(i + 1) * n_sub],
                                         wd[i * n_sb:(i + 1) * n_sb], wm[i * n_sb:(i + 1) * n_sb])
                     for t in range(n_tok):
@@ -198,16 +224,16 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                     if tiles_on:
                         _tile_group(nr, r0, y, wq, n_in, isc, imn, n_sub, wd, wm, n_sb, corr, act, adt, bst, tout,
                                     t_end)
-    return made_for(_qmatmul, gt, "vec" if vec else "plain", lo, hi, "packed" if packed else "grouped")
+    return made_for(_qmatmul, gt, "vec" if vec else "plain", lo, hi, "packed" if packed else "grouped", f"rep{rep}")
 
 
-_KERNELS: dict[tuple, object] = {}      # (type, vector, lo, hi, packed) -> numba dispatcher, as made
+_KERNELS: dict[tuple, object] = {}      # (type, vector, lo, hi, packed, rep) -> numba dispatcher, as made
 
 
-def _kernel(t: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool):
-    """The kernel of (t, vec, lo, hi, packed), made on first use; numba compiles it on its first call,
-    for t and these variants alone, and caches it on disk."""
-    key = (t, vec, lo, hi, packed)
+def _kernel(t: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool, rep: int = 0):
+    """The kernel of (t, vec, lo, hi, packed, rep), made on first use; numba compiles it on its first
+    call, for t and these variants alone, and caches it on disk."""
+    key = (t, vec, lo, hi, packed, rep)
     if key not in _KERNELS:
         _KERNELS[key] = _make_kernel(*key)
     return _KERNELS[key]
@@ -243,7 +269,7 @@ def _quantized(x: np.ndarray, act, sub: int, pos_ties: int):
 # ---------------------------------------------------------------- public entry point
 
 @functools.lru_cache(maxsize=4096)
-def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_threads: int, vec: bool):
+def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_threads: int, vec: bool, rep: int):
     """What a call's shape decides, computed once per shape: (type, row bytes, act, sub, Q8_1 sums?,
     pos_ties, kernel, split, n_chunks, group); refusals raise."""
     k = kernels_for(ggml_type)
@@ -262,15 +288,16 @@ def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_
     # few tokens: dot the packed rows, where both variants have a packed-row intrinsic
     packed = vec and group == 1 and raw_row_id(qd.raw, v_lo) >= 0 and raw_row_id(qd.raw, v_hi) >= 0
     pos_ties = split if qd.repack and n_out % 8 == 0 else 0
-    return (t, n_in // be * bb, k.act, qd.sub, qd.mins == Q8_1_SUM, pos_ties, _kernel(t, vec, v_lo, v_hi, packed),
+    return (t, n_in // be * bb, k.act, qd.sub, qd.mins == Q8_1_SUM, pos_ties, _kernel(t, vec, v_lo, v_hi, packed, rep),
             split, max(1, min(n_out, _CHUNKS_PER_THREAD * n_threads)), group)
 
 
 def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
-            vector: bool | None = None, view: tuple[int, int] | None = None) -> np.ndarray:
+            vector: bool | None = None, view: tuple[int, int] | None = None, repacked: int = 0) -> np.ndarray:
     """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements,
     by integer dots as llama.cpp. vector: LLVM vector intrinsics (default: not RAMFORGE_PORTABLE=1).
-    view (v_n, off): the tokens are rows off.. of a batch of v_n, and get that batch's arithmetic."""
+    view (v_n, off): the tokens are rows off.. of a batch of v_n, and get that batch's arithmetic.
+    repacked: W's rows are in repack.py's groups of that many rows (repack.repack), else 0."""
     if (not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != n_in or not isinstance(y, np.ndarray)
             or y.shape != (x.shape[0], n_out) or y.dtype != np.float32):
         raise RamforgeError(f"matmul shapes: x {getattr(x, 'shape', x)}, y {getattr(y, 'shape', y)} "
@@ -279,7 +306,7 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
     v_n, v_off = view if view is not None and 0 <= view[1] and view[1] + n_tok <= view[0] else (n_tok, 0)
     vec = VECTOR if vector is None else bool(vector)
     t, row_bytes, act, sub, q81, pos_ties, kernel, split, n_chunks, group = _plan(
-        ggml_type, n_out, n_in, n_tok, v_n, v_off, numba.get_num_threads(), vec)
+        ggml_type, n_out, n_in, n_tok, v_n, v_off, numba.get_num_threads(), vec, repacked)
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.size != n_out * row_bytes:
         got = f"{raw.size:,} ({raw.dtype})" if isinstance(raw, np.ndarray) else type(raw).__name__
         raise RamforgeError(f"{t.name} weight of {n_out} x {n_in} needs {n_out * row_bytes:,} B, got {got}")

@@ -32,11 +32,12 @@ class QTensor:
     ggml_type: GGMLType
     dims: tuple[int, ...]             # GGUF order: dims[0] is the row length
     data: np.ndarray                  # uint8 packed rows, or f32[dims[0]] for a vector
+    repacked: int = 0                 # rows in kernels.repack's groups of this many (0: in file order)
 
     @timed(lambda self, y, x: f"matvec {self.ggml_type.name}")
     def rows(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """y f32[n_tok, dims[1]] = x f32[n_tok, dims[0]] @ W^T."""
-        return matmul(y, x, self.ggml_type, self.data, self.dims[1], self.dims[0])
+        return matmul(y, x, self.ggml_type, self.data, self.dims[1], self.dims[0], self.repacked)
 
     @timed("embedding")
     def get_rows(self, ids, out: np.ndarray) -> np.ndarray:

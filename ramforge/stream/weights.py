@@ -3,9 +3,12 @@
 A reader thread reads the next items of the current pass (layers, then output-projection chunks)
 into a bounded pool of reusable, budget-charged buffers while the current layer computes. A pass
 is a cyclic scan, so after the last item the reader goes on with the first ones of the next pass.
+A layer's repackable matrices (kernels.repack: Q4_K) are repacked in place once read, pinned at
+load, streamed on the reader thread (same size: nothing more to charge); mmap views stay as the file.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -17,6 +20,7 @@ from ..errors import InternalError, check_token_ids
 from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile
 from ..kernels.dequant import dequantize
+from ..kernels.repack import repack, repack_group, repackable
 from ..memory import MemoryBudget
 from ..models import ffn_norm
 from ..models.weights import (EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_name, layer_names, layer_tensors,
@@ -25,6 +29,8 @@ from ..plan import ALIGN, SMALL, Plan, block_row_bytes, is_expert_tensor, span_o
 from ..profiling import ExpertRecord, LayerRecord, PassRecord
 from .experts import DEFAULT_POLICY, ExpertCache, Policy
 from .io import IOMode, ModelFile, aligned_empty
+
+REPACK_OFF = os.environ.get("RAMFORGE_NO_REPACK", "").strip() not in ("", "0")   # keep file order (A/B runs)
 
 
 class _Reader(threading.Thread):
@@ -45,12 +51,14 @@ class _Reader(threading.Thread):
             job = self.jobs.get()
             if job is None:
                 return
-            key, segments = job
+            key, segments, post = job
             buf = self.free.get()
             t0, n, err = time.perf_counter(), 0, None
             try:
                 for off, length, at in segments:
                     n += self.file.read_into(off, buf[at:at + length])
+                if post is not None:
+                    post(buf)
             except BaseException as e:      # handed to the consumer, which raises it
                 err = e
             self.done.put((key, buf, err, n, time.perf_counter() - t0))
@@ -78,6 +86,7 @@ class Weights:
         self._charges, self._reader, self._pass, self._cursor = [], None, [], 0
         self._inflight: list = []          # keys submitted and not yet taken, in order
         self._held: dict[int, Layer] = {}  # the layers `layer()` holds now
+        self._rep: dict[int, dict] = {}     # layer -> its repackable matrices (_repackable)
         self.record: PassRecord | None = None   # the pass being profiled
         try:
             self._load()
@@ -125,6 +134,9 @@ class Weights:
         self.rope_factors_long, self.rope_factors_short = self._vector(SMALL[2]), self._vector(SMALL[3])  # LongRoPE
         self.token_embd = self.resident.get("token_embd.weight") if a == 0 else None
         self.output = self.resident.get(self.out_name) if last else None
+        out = self.resident.get("output.weight")          # (a tied embedding keeps its rows for get_rows)
+        if out is not None and not self.mmap and not REPACK_OFF and repackable(out.ggml_type, out.dims):
+            out.repacked = repack(out.ggml_type, out.data, out.dims)
         if p.embd_row_bytes:
             self._charge("embedding rows", p.embd_row_bytes)
         self.spans = {i: span_of(i, [t for n, t in f.tensors.items() if n.startswith(f"blk.{i}.")
@@ -156,7 +168,23 @@ class Weights:
         for off, n, at in s.segments:
             self.file.read_into(off, buf[at:at + n])
             self.file.drop_cache(off, n)
+        self._repack(il, buf)
         return self._layer_from(il, buf)
+
+    def _repackable(self, il: int) -> dict:
+        """Layer il's matrices that take kernels.repack's layout, name -> tensor (none where tensors are
+        file views)."""
+        if il not in self._rep:
+            ts = [self.f.tensors.get(gguf_name(s, il)) for s in self.tensors]
+            self._rep[il] = {} if self.mmap or REPACK_OFF else {
+                t.name: t for t in ts if t is not None and repackable(t.ggml_type, t.dims)}
+        return self._rep[il]
+
+    def _repack(self, il: int, buf: np.ndarray) -> None:
+        """Repack layer il's repackable matrices in its buffer, in place (after every read of it)."""
+        for t in self._repackable(il).values():
+            at = self.spans[il].offsets[t.name]
+            repack(t.ggml_type, buf[at:at + t.nbytes], t.dims)
 
     def _layer_from(self, il: int, buf: np.ndarray | None) -> Layer:
         layer = Layer(il, self.layer_names)
@@ -169,7 +197,8 @@ class Weights:
             if len(t.dims) == 1:
                 layer.tensors[s] = QTensor(name, GGMLType.F32, t.dims, dequantize(t.ggml_type, raw, n_elements=t.n_elements))
             else:
-                layer.tensors[s] = QTensor(name, t.ggml_type, t.dims, raw)
+                rep = repack_group(t.dims[1]) if buf is not None and name in self._repackable(il) else 0
+                layer.tensors[s] = QTensor(name, t.ggml_type, t.dims, raw, rep)
         return layer
 
     # ---- passes ---------------------------------------------------------------------------
@@ -180,16 +209,25 @@ class Weights:
         t = self.f.tensors[self.out_name]
         rb = block_row_bytes(t)
         rows = max(1, (self.plan.buffer_bytes - 2 * ALIGN) // rb)
+        rows = rows // 16 * 16 if rows >= 16 else rows        # whole repacked groups (_out_repack)
         return [(r, min(t.dims[1], r + rows)) for r in range(0, t.dims[1], rows)]
 
     def _job(self, key):
         if key[0] == "L":
-            return key, self.spans[key[1]].segments
+            il = key[1]
+            return key, self.spans[il].segments, (lambda buf: self._repack(il, buf)) if self._repackable(il) else None
         t = self.f.tensors[self.out_name]
         rb = block_row_bytes(t)
         r0, r1 = key[1]
         lo, n = self.file.span(t.offset + r0 * rb, (r1 - r0) * rb)
-        return key, [(lo, n, 0)]
+        return key, [(lo, n, 0)], self._out_repack(t, r0, r1, t.offset + r0 * rb - lo)
+
+    def _out_repack(self, t, r0: int, r1: int, skip: int):
+        """The reader's repacking of output rows r0..r1 read at `skip` in a buffer (None: kept in file order)."""
+        dims = (t.dims[0], r1 - r0)
+        if self.mmap or REPACK_OFF or t.name != "output.weight" or not repackable(t.ggml_type, dims):
+            return None
+        return lambda buf: repack(t.ggml_type, buf[skip:skip + (r1 - r0) * block_row_bytes(t)], dims)
 
     def begin_pass(self, logits: bool) -> None:
         """Start a forward pass; the reader may already hold its first items from the last one."""
@@ -300,7 +338,8 @@ class Weights:
             with self._take(("O", (r0, r1)), f"output[{r0}:{r1}]") as buf:
                 lo, _ = self.file.span(t.offset + r0 * rb, (r1 - r0) * rb)
                 skip = t.offset + r0 * rb - lo
-                part = QTensor(t.name, t.ggml_type, (t.dims[0], r1 - r0), buf[skip:skip + (r1 - r0) * rb])
+                rep = repack_group(r1 - r0) if self._out_repack(t, r0, r1, skip) else 0
+                part = QTensor(t.name, t.ggml_type, (t.dims[0], r1 - r0), buf[skip:skip + (r1 - r0) * rb], rep)
                 part.rows(y[:, r0:r1], x)
         return y
 

@@ -1,0 +1,261 @@
+"""The gemv of one repacked group (repack.py's layouts) . one token, the group's G rows in the lanes
+of <G x i32> / <G x float> vectors, in the float steps of the kernel llama.cpp runs for the type:
+Q4_K its repacked gemv (variants.K32_GROUPS256, as gemv8.py), Q5_K, Q6_K and Q8_0 their vec_dot
+(K32_LANES_KSUM, K16_LANES_OFF32, B32_LANES, as codegen._row_codegen: 8 f32 lanes per row, here 8
+vectors of G rows, one per lane, then hsum_float_8). The integer parts are exact: vpdpbusd (Q4_K,
+Q8_0) or pmaddubsw + vpdpwssd with the sub-block scales (Q5_K, Q6_K) per 4 quants of every row, where
+the target has them; generic IR elsewhere.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .llvmir import (I8, I16, I32, I64, dtypes_are, fma_fn, half_to_float, has_avx2, has_avx512_vnni, has_vnni,
+                     native_half, quad_lanes, splat)
+
+
+def _c64(v):
+    return ir.Constant(I64, v)
+
+
+def _load(builder, p, off, ty):
+    return builder.load(builder.bitcast(builder.gep(p, [off]), ty.as_pointer()), align=1)
+
+
+def _dpbusd(context, builder, acc, w, a):
+    """<G x i32> acc + per lane the 4 products of unsigned w and signed a (<4G x i8>): vpdpbusd where
+    the target has VNNI (512 bits, or two 256-bit halves), else the products' quad sums."""
+    n = acc.type.count
+    if n == 16 and has_avx512_vnni(context) or n == 8 and has_vnni(context):
+        vt, bits = ir.VectorType(I8, 4 * n), 32 * n
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [acc.type, vt, vt]),
+                                            f"llvm.x86.avx512.vpdpbusd.{bits}")
+        return builder.call(fn, [acc, w, a])
+    if n == 16 and has_vnni(context):
+        def half(v, h, m):
+            return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, m), list(range(h * m, h * m + m))))
+        lo = _dpbusd(context, builder, half(acc, 0, 8), half(w, 0, 32), half(a, 0, 32))
+        hi = _dpbusd(context, builder, half(acc, 1, 8), half(w, 1, 32), half(a, 1, 32))
+        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 16), list(range(16))))
+    wt = ir.VectorType(I32, 4 * n)
+    return builder.add(acc, quad_lanes(builder, builder.mul(builder.zext(w, wt), builder.sext(a, wt))))
+
+
+def _k4_scales(builder, blk, G):
+    """The 8 sub-block scales and 8 mins (<G x i8> each, one lane per row) of a Q4_K / Q5_K group's
+    super-block at blk, from its 12 planes at 4G (repack.py): j < 4: q[j] & 63, q[j+4] & 63; j >= 4:
+    (q[j+4] & 15) | (q[j-4] >> 6) << 4, (q[j+4] >> 4) | (q[j] >> 6) << 4 (blocks._k4_scale_min)."""
+    VB = ir.VectorType(I8, 4 * G)
+
+    def bytes_(v):
+        return ir.Constant(VB, [v] * (4 * G))
+
+    def sub_of(v, j):                          # lanes j*G..j*G+G-1 of a <4G x i8> quad of planes
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, G), list(range(j * G, j * G + G))))
+    p0, p1, p2 = (_load(builder, blk, _c64(k * G), VB) for k in (4, 8, 12))
+    six, hi2 = bytes_(63), builder.shl(builder.lshr(p0, bytes_(6)), bytes_(4))
+    sc_lo, mn_lo = builder.and_(p0, six), builder.and_(p1, six)               # scales / mins 0-3
+    sc_hi = builder.or_(builder.and_(p2, bytes_(15)), hi2)                    # 4-7: low 4 bits in 8-11
+    mn_hi = builder.or_(builder.lshr(p2, bytes_(4)), builder.shl(builder.lshr(p1, bytes_(6)), bytes_(4)))
+    return ([sub_of(lo if j < 4 else hi, j % 4) for j in range(8)] for lo, hi in ((sc_lo, sc_hi), (mn_lo, mn_hi)))
+
+
+def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb):
+    """<G x float>: the Q4_K group at gp (i8*) . one token (aq i8*, ad float* per super-block, bs i32*
+    per 32), as ggml_gemv_q4_K_8x8_q8_K: per row and super-block sacc = fma(float(isum), d_w*d_a, sacc),
+    macc = fma(float(msum), dmin_w*d_a, macc); sacc - macc."""
+    VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
+    fma = fma_fn(builder, FG)
+    sacc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
+    macc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
+    native = native_half(context)
+
+    def bytes_(v):
+        return ir.Constant(VB, [v] * (4 * G))
+
+    with cgutils.for_range(builder, n_sb) as loop:
+        b = loop.index
+        blk = builder.gep(gp, [builder.mul(b, _c64(G * 144))])
+        a0 = builder.gep(aq, [builder.mul(b, _c64(256))])
+        da = splat(builder, builder.load(builder.gep(ad, [b])), FG)
+        dw = half_to_float(context, builder, _load(builder, blk, _c64(0), ir.VectorType(I16, G)), native)
+        dm = half_to_float(context, builder, _load(builder, blk, _c64(2 * G), ir.VectorType(I16, G)), native)
+        sc, mn = ([builder.zext(v, LG) for v in vs] for vs in _k4_scales(builder, blk, G))
+        isum = ir.Constant(LG, [0] * G)
+        for c in range(4):                     # sub-blocks 2c (low nibbles) and 2c+1 (high)
+            acc = [ir.Constant(LG, [0] * G)] * 2
+            for k in range(8):
+                w = _load(builder, blk, _c64(16 * G + (8 * c + k) * 4 * G), VB)
+                for h, wv in enumerate((builder.and_(w, bytes_(15)), builder.lshr(w, bytes_(4)))):
+                    a = builder.bitcast(splat(builder, _load(builder, a0, _c64(64 * c + 32 * h + 4 * k), I32), LG), VB)
+                    acc[h] = _dpbusd(context, builder, acc[h], wv, a)
+            isum = builder.add(isum, builder.add(builder.mul(acc[0], sc[2 * c]), builder.mul(acc[1], sc[2 * c + 1])))
+        msum = ir.Constant(LG, [0] * G)
+        for j in range(8):
+            bj = builder.load(builder.gep(bs, [builder.add(builder.mul(b, _c64(8)), _c64(j))]))
+            msum = builder.add(msum, builder.mul(mn[j], splat(builder, bj, LG)))
+        builder.store(builder.call(fma, [builder.sitofp(isum, FG), builder.fmul(da, dw), builder.load(sacc)]), sacc)
+        builder.store(builder.call(fma, [builder.sitofp(msum, FG), builder.fmul(dm, da), builder.load(macc)]), macc)
+    return builder.fsub(builder.load(sacc), builder.load(macc))
+
+
+def _dot_scaled(context, builder, acc, w, a, sc):
+    """<G x i32> acc + per lane the 4 products of unsigned w (<= 63) and signed a, times the lane's
+    scale sc (<G x i8>): pmaddubsw then vpdpwssd (or pmaddwd and an add) on x86, else generic IR."""
+    n = acc.type.count
+    vt, v16, wide = ir.VectorType(I8, 4 * n), ir.VectorType(I16, 2 * n), n == 16
+    if has_avx2(context) and (not wide or has_avx512_vnni(context)):
+        s16 = builder.sext(sc, ir.VectorType(I16, n))
+        s16 = builder.shuffle_vector(s16, s16, ir.Constant(ir.VectorType(I32, 2 * n), [i // 2 for i in range(2 * n)]))
+        ub = "llvm.x86.avx512.pmaddubs.w.512" if wide else "llvm.x86.avx2.pmadd.ub.sw"
+        p = builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [vt, vt]), ub), [w, a])
+        if has_vnni(context):
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [acc.type, v16, v16]),
+                                                f"llvm.x86.avx512.vpdpwssd.{32 * n}")
+            return builder.call(fn, [acc, p, s16])
+        wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [v16, v16]),
+                                            "llvm.x86.avx2.pmadd.wd")
+        return builder.add(acc, builder.call(wd, [p, s16]))
+    wt = ir.VectorType(I32, 4 * n)
+    d = quad_lanes(builder, builder.mul(builder.zext(w, wt), builder.sext(a, wt)))
+    return builder.add(acc, builder.mul(d, builder.sext(sc, acc.type)))
+
+
+def _q6_k(context, builder, G, gp, aq, ad, bs, n_sb):
+    """<G x float>: the Q6_K group at gp (i8*) . one token (bs: i32* per 16), as ggml_vec_dot_q6_K_q8_K
+    row by row: lane l of a row's 8 = sum over chunks c of sc * (products 32c+4l..+3) less 32 *
+    (bsum*sc of sub-blocks 2l, 2l+1); facc_l = fma(d_a*d_w, float(lane l), facc_l) per super-block;
+    the row's result hsum_float_8 of its facc."""
+    VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
+    SG = ir.VectorType(I8, G)
+    fma = fma_fn(builder, FG)
+    facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(8)]
+    native = native_half(context)
+
+    def bytes_(v):
+        return ir.Constant(VB, [v] * (4 * G))
+
+    with cgutils.for_range(builder, n_sb) as loop:
+        b = loop.index
+        blk = builder.gep(gp, [builder.mul(b, _c64(G * 210))])
+        a0 = builder.gep(aq, [builder.mul(b, _c64(256))])
+        d = builder.fmul(splat(builder, builder.load(builder.gep(ad, [b])), FG),
+                         half_to_float(context, builder, _load(builder, blk, _c64(0), ir.VectorType(I16, G)), native))
+        sc = [_load(builder, blk, _c64((2 + j) * G), SG) for j in range(16)]
+        iacc = [ir.Constant(LG, [0] * G)] * 8
+        for n in range(2):
+            for k in range(8):
+                v = 18 * G + (n * 8 + k) * 12 * G
+                qa, qb, qh = (_load(builder, blk, _c64(v + i * 4 * G), VB) for i in range(3))
+                for m in range(4):             # chunk c = 4n + m: ql nibble | 2 bits of qh << 4
+                    lo = qa if m % 2 == 0 else qb
+                    lo = builder.and_(lo, bytes_(15)) if m < 2 else builder.lshr(lo, bytes_(4))
+                    hi = builder.and_(builder.lshr(qh, bytes_(2 * m)) if m else qh, bytes_(3))
+                    w = builder.or_(lo, builder.shl(hi, bytes_(4)))
+                    c = 4 * n + m
+                    a = builder.bitcast(splat(builder, _load(builder, a0, _c64(32 * c + 4 * k), I32), LG), VB)
+                    iacc[k] = _dot_scaled(context, builder, iacc[k], w, a, sc[2 * c + k // 4])
+        for k in range(8):                     # less 32 * (bsum*sc) of sub-blocks 2k, 2k+1
+            corr = ir.Constant(LG, [0] * G)
+            for j in (2 * k, 2 * k + 1):
+                bj = builder.load(builder.gep(bs, [builder.add(builder.mul(b, _c64(16)), _c64(j))]))
+                corr = builder.add(corr, builder.mul(builder.sext(sc[j], LG), splat(builder, bj, LG)))
+            lane = builder.sub(iacc[k], builder.shl(corr, ir.Constant(LG, [5] * G)))
+            builder.store(builder.call(fma, [d, builder.sitofp(lane, FG), builder.load(facc[k])]), facc[k])
+    f = [builder.load(p) for p in facc]        # hsum_float_8: ((f0+f4) + (f2+f6)) + ((f1+f5) + (f3+f7))
+    t = [builder.fadd(f[4 + i], f[i]) for i in range(4)]
+    return builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
+
+
+def _q5_k(context, builder, G, gp, aq, ad, bs, n_sb):
+    """<G x float>: the Q5_K group at gp (i8*) . one token (bs: i32* per 32), as ggml_vec_dot_q5_K_q8_K
+    row by row: lane l of a row's 8 = sum over sub-blocks c of sc * (products 32c+4l..+3);
+    facc_l = fma(d_a*d_w, float(lane l), facc_l) and summs = fma(-(d_a*dmin_w), float(msum), summs) per
+    super-block; the row's result hsum_float_8 of its facc + summs."""
+    VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
+    fma = fma_fn(builder, FG)
+    facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(9)]   # 8: summs
+    native = native_half(context)
+
+    def bytes_(v):
+        return ir.Constant(VB, [v] * (4 * G))
+
+    with cgutils.for_range(builder, n_sb) as loop:
+        b = loop.index
+        blk = builder.gep(gp, [builder.mul(b, _c64(G * 176))])
+        a0 = builder.gep(aq, [builder.mul(b, _c64(256))])
+        da = splat(builder, builder.load(builder.gep(ad, [b])), FG)
+        dw, dm = (half_to_float(context, builder, _load(builder, blk, _c64(o), ir.VectorType(I16, G)), native)
+                  for o in (0, 2 * G))
+        sc, mn = _k4_scales(builder, blk, G)
+        for k in range(8):                     # lane k: chunk c's low nibbles (sub-block 2c), high (2c+1),
+            qh = _load(builder, blk, _c64(144 * G + k * 4 * G), VB)        # each | a bit of qh << 4
+            iacc = ir.Constant(LG, [0] * G)
+            for c in range(4):
+                q = _load(builder, blk, _c64(16 * G + (8 * c + k) * 4 * G), VB)
+                for h, nib in enumerate((builder.and_(q, bytes_(15)), builder.lshr(q, bytes_(4)))):
+                    j = 2 * c + h
+                    bit = builder.and_(builder.lshr(qh, bytes_(j)) if j else qh, bytes_(1))
+                    w = builder.or_(nib, builder.shl(bit, bytes_(4)))
+                    a = builder.bitcast(splat(builder, _load(builder, a0, _c64(32 * j + 4 * k), I32), LG), VB)
+                    iacc = _dot_scaled(context, builder, iacc, w, a, sc[j])
+            builder.store(builder.call(fma, [builder.fmul(da, dw), builder.sitofp(iacc, FG), builder.load(facc[k])]),
+                          facc[k])
+        msum = ir.Constant(LG, [0] * G)
+        for j in range(8):
+            bj = builder.load(builder.gep(bs, [builder.add(builder.mul(b, _c64(8)), _c64(j))]))
+            msum = builder.add(msum, builder.mul(builder.zext(mn[j], LG), splat(builder, bj, LG)))
+        builder.store(builder.call(fma, [builder.fneg(builder.fmul(da, dm)), builder.sitofp(msum, FG),
+                                         builder.load(facc[8])]), facc[8])
+    f = [builder.load(p) for p in facc]        # hsum_float_8 + summs
+    t = [builder.fadd(f[4 + i], f[i]) for i in range(4)]
+    return builder.fadd(builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3])), f[8])
+
+
+def _q8_0(context, builder, G, gp, aq, ad, bs, n_sb):
+    """<G x float>: the Q8_0 group at gp (i8*; quants stored + 128, repack.py) . one token (ad: float*
+    per block of 32), as ggml_vec_dot_q8_0_q8_0 row by row: lane l of a row's 8 = products 4l..4l+3 of
+    the block; facc_l = fma(d_a*d_w, float(lane l), facc_l) per block; hsum_float_8 of the row's facc."""
+    VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
+    fma = fma_fn(builder, FG)
+    facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(8)]
+    native = native_half(context)
+    zero, ones = ir.Constant(LG, [0] * G), ir.Constant(VB, [1] * (4 * G))
+    with cgutils.for_range(builder, n_sb) as loop:
+        b = loop.index
+        blk = builder.gep(gp, [builder.mul(b, _c64(G * 34))])
+        a0 = builder.gep(aq, [builder.mul(b, _c64(32))])
+        d = builder.fmul(splat(builder, builder.load(builder.gep(ad, [b])), FG),
+                         half_to_float(context, builder, _load(builder, blk, _c64(0), ir.VectorType(I16, G)), native))
+        for k in range(8):
+            a = builder.bitcast(splat(builder, _load(builder, a0, _c64(4 * k), I32), LG), VB)
+            w = _load(builder, blk, _c64(2 * G + k * 4 * G), VB)
+            s = builder.shl(_dpbusd(context, builder, zero, ones, a), ir.Constant(LG, [7] * G))   # 128 * sum a
+            lane = builder.sub(_dpbusd(context, builder, zero, w, a), s)
+            builder.store(builder.call(fma, [d, builder.sitofp(lane, FG), builder.load(facc[k])]), facc[k])
+    f = [builder.load(p) for p in facc]        # hsum_float_8
+    t = [builder.fadd(f[4 + i], f[i]) for i in range(4)]
+    return builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
+
+
+@intrinsic(prefer_literal=True)
+def _vgemv_rep(typingctx, kind, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo):
+    """y[yo:yo+G] (f32) = the repacked group of G rows (a constant: 8 or 16) of the type `kind` (a
+    constant, repack.KINDS: 0 Q4_K, 1 Q6_K, 2 Q5_K, 3 Q8_0) at raw[go:] . the token at aq[ao:] (ad: its
+    super-block scales at to, bsum: its sums per sub-block at bo)."""
+    arrays = (types.uint8, types.int8, types.float32, types.int32, types.float32)
+    if not all(isinstance(v, types.IntegerLiteral) for v in (kind, G)) or G.literal_value not in (8, 16) or \
+            not dtypes_are((raw, aq, ad, bsum, y), arrays):
+        return None
+    g, body = G.literal_value, (_q4_k, _q6_k, _q5_k, _q8_0)[kind.literal_value]
+
+    def codegen(context, builder, sig, args):
+        def base(k, o):
+            return builder.gep(context.make_array(sig.args[k])(context, builder, args[k]).data, [args[o]])
+        out = body(context, builder, g, base(2, 3), base(5, 6), base(7, 8), base(9, 10), args[4])
+        builder.store(out, builder.bitcast(base(11, 12), out.type.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.void(kind, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo), codegen

@@ -1,0 +1,155 @@
+"""Q4_K, Q5_K, Q6_K and Q8_0 weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks Q4_K
+(q4_K_8x8): groups of G rows (16, or 8 where the rows are not a multiple of 16) interleaved so that
+one vector load holds 4 quant bytes of every row of the group, and the rows sit in the lanes of one
+<G x i32>. The integer sums are exact, so their order is free; the float steps stay those of the
+kernel llama.cpp runs (gemvrep.py). A repacked tensor is as large as its rows, group g at its rows'
+own offset, so a layer repacks in place (`repack`); batches read rows back into row order
+(`_unpack_rows`) and take the unpacking path.
+
+A group's super-block b lies at b*G*B from the group's start (B: the type's block bytes):
+  Q4_K (B = 144)
+    [0, 2G)      d     f16[G]     row r's super-block scale
+    [2G, 4G)     dmin  f16[G]
+    [4G, 16G)    12 planes u8[G]: plane p, byte r = row r's scales[p] (the 6-bit packing kept)
+    [16G, 144G)  32 vectors u8[4G]: vector v, bytes 4r..4r+3 = row r's qs[4v..4v+3]
+                 (qs[32c + j]: low nibble element 64c + j, high nibble 64c + 32 + j)
+  Q5_K (B = 176): d, dmin, 12 planes as Q4_K, then
+    [16G, 144G)  32 vectors u8[4G]: vector v, bytes 4r..4r+3 = row r's qs[4v..4v+3]
+    [144G, 176G) 8 vectors u8[4G]: vector k, bytes 4r..4r+3 = row r's qh[4k..4k+3] (bit j: sub-block j)
+  Q6_K (B = 210)
+    [0, 2G)      d     f16[G]
+    [2G, 18G)    16 planes i8[G]: plane j, byte r = row r's scale of sub-block j
+    [18G, 210G)  48 vectors u8[4G], 3 per (half n, quad k), bytes 4r..4r+3 of row r's
+                 ql[64n+4k..], ql[64n+32+4k..], qh[32n+4k..]: elements 128n + 32m + 4k.. (m = 0..3)
+  Q8_0 (B = 34, a block of 32): d f16[G], then 8 vectors u8[4G]: vector k, bytes 4r..4r+3 = row r's
+                 qs[4k..4k+3] + 128 (offset binary: unsigned for vpdpbusd, less 128 * the sums after)
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+from ramforge.gguf.constants import GGMLType
+
+from .llvmir import I32, dtypes_are
+
+Q4_K, Q5_K, Q6_K, Q8_0 = GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0
+KINDS = {Q4_K: 0, Q6_K: 1, Q5_K: 2, Q8_0: 3}     # the types with a repacked layout, as the kernels name them
+_BLOCK = (144, 210, 176, 34)             # their block bytes, by kind (Q4_K: d, dmin f16, scales u8[12],
+#                                          qs u8[128]; Q6_K: ql u8[128], qh u8[64], scales i8[16], d f16;
+#                                          Q5_K: d, dmin, scales u8[12], qh u8[32], qs u8[128]; Q8_0: d,
+#                                          qs i8[32])
+_ELEMS = (256, 256, 256, 32)             # elements per block
+BLOCKS = {t: _BLOCK[k] for t, k in KINDS.items()}
+
+
+def repack_group(n_out: int) -> int:
+    """The group size G of a repacked tensor of n_out rows (16, or 8), 0 where it cannot be repacked
+    (rows not a multiple of 8: llama.cpp keeps those unrepacked too)."""
+    return 16 if n_out % 16 == 0 else 8 if n_out % 8 == 0 else 0
+
+
+def repackable(ggml_type, dims: tuple[int, ...]) -> bool:
+    """Whether a weight of this type and GGUF dims (row length, rows) takes the repacked layout."""
+    return (ggml_type in BLOCKS and len(dims) == 2 and dims[0] % _ELEMS[KINDS[ggml_type]] == 0
+            and repack_group(dims[1]) > 0)
+
+
+@intrinsic
+def _copy4(typingctx, src, so, dst, do, flip):
+    """dst[do:do+4] = src[so:so+4] ^ flip (u8 arrays; one unaligned 32-bit load and store)."""
+    if not dtypes_are((src, dst), (types.uint8, types.uint8)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        def at(k, o):
+            data = context.make_array(sig.args[k])(context, builder, args[k]).data
+            return builder.bitcast(builder.gep(data, [args[o]]), I32.as_pointer())
+        v = builder.xor(builder.load(at(0, 1), align=1), builder.trunc(args[4], I32))
+        builder.store(v, at(2, 3), align=1)
+        return context.get_dummy_value()
+    return types.void(src, so, dst, do, flip), codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mv(a, ao, b, bo, n, to_group, flip=0):
+    # n bytes between a[ao:] (row order) and b[bo:] (the group), either way, each xor flip
+    if n == 4:
+        if to_group:
+            _copy4(a, ao, b, bo, flip * 0x01010101)
+        else:
+            _copy4(b, bo, a, ao, flip * 0x01010101)
+        return
+    for i in range(n):
+        if to_group:
+            b[bo + i] = a[ao + i] ^ flip
+        else:
+            a[ao + i] = b[bo + i] ^ flip
+
+
+@njit(cache=True, nogil=True)
+def _move_block(kind, row, so, grp, do, G, r, to_group):
+    # one row's block (at row[so:]) <-> row r of a group's super-block (at grp[do:]), either way
+    if kind == 3:                               # Q8_0: d, then 4-byte quads + 128
+        _mv(row, so, grp, do + 2 * r, 2, to_group)
+        for k in range(8):
+            _mv(row, so + 2 + 4 * k, grp, do + 2 * G + k * 4 * G + 4 * r, 4, to_group, 0x80)
+    elif kind == 1:
+        _mv(row, so + 208, grp, do + 2 * r, 2, to_group)
+        for j in range(16):
+            _mv(row, so + 192 + j, grp, do + (2 + j) * G + r, 1, to_group)
+        for n in range(2):
+            for k in range(8):
+                v = do + 18 * G + (n * 8 + k) * 12 * G + 4 * r
+                _mv(row, so + 64 * n + 4 * k, grp, v, 4, to_group)
+                _mv(row, so + 64 * n + 32 + 4 * k, grp, v + 4 * G, 4, to_group)
+                _mv(row, so + 128 + 32 * n + 4 * k, grp, v + 8 * G, 4, to_group)
+    else:
+        q5 = 32 if kind == 2 else 0                 # Q5_K: qh u8[32] before qs
+        _mv(row, so, grp, do + 2 * r, 2, to_group)
+        _mv(row, so + 2, grp, do + 2 * G + 2 * r, 2, to_group)
+        for p in range(12):
+            _mv(row, so + 4 + p, grp, do + (4 + p) * G + r, 1, to_group)
+        for v in range(32):
+            _mv(row, so + 16 + q5 + 4 * v, grp, do + 16 * G + v * 4 * G + 4 * r, 4, to_group)
+        for k in range(q5 // 4):
+            _mv(row, so + 16 + 4 * k, grp, do + 144 * G + k * 4 * G + 4 * r, 4, to_group)
+
+
+@njit(cache=True, nogil=True)
+def _pack_group(kind, rows, out, o, G, n_sb):
+    # rows u8[G * n_sb * B] (G rows in row order) -> out[o:o + G*n_sb*B] in the group layout
+    B = _BLOCK[kind]
+    for b in range(n_sb):
+        for r in range(G):
+            _move_block(kind, rows, r * n_sb * B + b * B, out, o + b * G * B, G, r, True)
+
+
+@njit(cache=True, nogil=True)
+def _unpack_rows(kind, raw, o, G, n_sb, r_lo, nr, rows):
+    # rows r_lo..r_lo+nr of the group at raw[o:] -> rows u8[nr * n_sb * B], in row order
+    B = _BLOCK[kind]
+    for i in range(nr):
+        for b in range(n_sb):
+            _move_block(kind, rows, i * n_sb * B + b * B, raw, o + b * G * B, G, r_lo + i, False)
+
+
+@njit(cache=True, nogil=True)
+def _repack_in_place(kind, raw, n_out, row_bytes, G):
+    # raw u8[n_out * row_bytes]: every group of G rows into the group layout, in place
+    n_sb = row_bytes // _BLOCK[kind]
+    tmp = np.empty(G * row_bytes, dtype=np.uint8)
+    for g in range(n_out // G):
+        o = g * G * row_bytes
+        tmp[:] = raw[o:o + G * row_bytes]
+        _pack_group(kind, tmp, raw, o, G, n_sb)
+
+
+def repack(ggml_type, raw: np.ndarray, dims: tuple[int, ...]) -> int:
+    """Repack a weight's rows (raw: writable u8 bytes of a `repackable` weight) in place; its G."""
+    n_in, n_out = dims
+    G = repack_group(n_out)
+    k = KINDS[ggml_type]
+    _repack_in_place(k, raw.reshape(-1), n_out, n_in // _ELEMS[k] * _BLOCK[k], G)
+    return G

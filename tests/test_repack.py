@@ -1,0 +1,125 @@
+"""Repacked Q4_K, Q5_K, Q6_K and Q8_0 weights (kernels.repack, kernels.gemvrep): the layout round-trips, a repacked
+weight multiplies bit for bit as its rows in file order at every token count and path (and, -m oracle,
+as ggml's mul_mat), and the engine repacks pinned and streamed layers (not mmap views) without
+changing a logit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ramforge.engine import Engine
+from ramforge.gguf.constants import GGMLType
+from ramforge.gguf.reader import GGUFFile
+from ramforge.kernels import qmatmul as qm
+from ramforge.kernels import repack as rp
+from ramforge.memory import MemoryBudget
+from ramforge.plan import plan_for_budget
+from tests.test_qmatmul import _ids, weight
+
+Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K
+TYPES = [Q4_K, Q6_K, GGMLType.Q5_K, GGMLType.Q8_0]
+SHAPES = [(48, 512), (40, 256), (64, 768), (24, 256)]      # G = 16, 8, 16, 8; odd super-block counts
+
+
+def _repacked(t, raw, n_out, n_in):
+    rep = raw.copy()
+    return rep, rp.repack(t, rep, (n_in, n_out))
+
+
+def test_group_size_and_eligibility():
+    assert [rp.repack_group(n) for n in (32, 48, 40, 24, 37)] == [16, 16, 8, 8, 0]
+    assert rp.repackable(Q4_K, (256, 40)) and not rp.repackable(Q4_K, (256, 37))
+    assert rp.repackable(Q6_K, (256, 40)) and not rp.repackable(GGMLType.Q3_K, (256, 40))
+    assert not rp.repackable(Q4_K, (256, 40, 2))
+
+
+@pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
+@pytest.mark.parametrize("n_out,n_in", SHAPES)
+def test_layout_round_trips(t, n_out, n_in):
+    raw = weight(t, n_out, n_in, seed=n_out)
+    rep, G = _repacked(t, raw, n_out, n_in)
+    assert not np.array_equal(rep, raw) and rep.size == raw.size
+    rb = n_in // rp._ELEMS[rp.KINDS[t]] * rp.BLOCKS[t]
+    back = np.empty(8 * rb, np.uint8)
+    for r0 in range(0, n_out, 8):
+        rp._unpack_rows(rp.KINDS[t], rep, r0 // G * G * rb, G, n_in // rp._ELEMS[rp.KINDS[t]], r0 % G, 8, back)
+        assert np.array_equal(back, raw[r0 * rb:(r0 + 8) * rb]), r0
+
+
+@pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
+@pytest.mark.parametrize("vector", [True, False])
+@pytest.mark.parametrize("n_out,n_in", SHAPES)
+def test_repacked_equals_file_order_bit_for_bit(t, n_out, n_in, vector):
+    # the gemv (1-3 tokens), the packed rows of a split batch view, and the unpacking path (4+)
+    raw = weight(t, n_out, n_in, seed=n_in + n_out)
+    rep, G = _repacked(t, raw, n_out, n_in)
+    for n_tok in (1, 2, 3, 4, 5, 8, 9, 17):
+        x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
+        for view in (None, (n_tok + 4, 2)) if n_tok < 4 else (None,):
+            want = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=vector,
+                              view=view)
+            got = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, rep, n_out, n_in, vector=vector,
+                             view=view, repacked=G)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (n_tok, view)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
+def test_repacked_gemv_is_llama_cpps(ggml, t):
+    for n_out, n_in in SHAPES:
+        raw = weight(t, n_out, n_in, seed=7 + n_out)
+        rep, G = _repacked(t, raw, n_out, n_in)
+        for n_tok in (1, 2, 3, 5):
+            x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
+            want = ggml.matmul(t, raw, x, n_out, n_in)
+            got = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, rep, n_out, n_in, repacked=G)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (n_out, n_in, n_tok)
+
+
+@pytest.fixture(scope="module")
+def ggml():
+    from tests.test_qmatmul import _GGML
+
+    return _GGML()
+
+
+@pytest.fixture(scope="module")
+def q4k_model():
+    from tools.make_models import ensure_model
+
+    return ensure_model("llama", "Q4_K_M")
+
+
+PROMPT = [1, 415, 4996, 17354, 1701, 29916, 432, 17204, 975, 278, 17366]
+
+
+def _run(path, **kw):
+    with Engine.load(path, n_ctx=64, **kw) as e:
+        reps = {n: t.repacked for L in e.weights.pinned.values() for n, t in L.tensors.items()}
+        return e.eval(PROMPT, all_logits=True, aligned=True), list(e.generate(PROMPT, 6)), reps
+
+
+def test_engine_repacks_pinned_and_streamed_layers_alike(q4k_model):
+    pinned = _run(q4k_model)
+    assert any(pinned[2].values()), "no Q4_K matrix was repacked"
+    with GGUFFile(q4k_model) as f:
+        lo = plan_for_budget(f, None, 64).min_budget
+    for kw in ({"budget": MemoryBudget(lo)}, {"io": "mmap"}):
+        other = _run(q4k_model, **kw)
+        assert np.array_equal(other[0], pinned[0]) and other[1] == pinned[1], kw
+    assert not any(_run(q4k_model, io="mmap")[2].values())          # file views stay in file order
+
+
+def test_output_matrix_is_repacked_resident_and_streamed(q4k_model):
+    # the output projection (its own tensor, not a tied embedding) repacks resident and per streamed chunk
+    with GGUFFile(q4k_model) as f:
+        t = f.tensors.get("output.weight")
+        full = plan_for_budget(f, None, 64)
+    if t is None or not rp.repackable(t.ggml_type, t.dims):
+        pytest.skip("this model's output matrix is tied or of a type without a repacked layout")
+    with Engine.load(q4k_model, n_ctx=64) as e:
+        assert e.weights.output is not None and e.weights.output.repacked
+        want = e.eval(PROMPT, all_logits=True, aligned=True)
+    with Engine.load(q4k_model, n_ctx=64, budget=MemoryBudget(full.min_budget)) as e:
+        assert e.weights.output is None                                  # streamed in row chunks
+        assert np.array_equal(e.eval(PROMPT, all_logits=True, aligned=True), want)
