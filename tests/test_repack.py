@@ -1,7 +1,7 @@
 """Repacked Q4_K, Q5_K, Q6_K and Q8_0 weights (kernels.repack, kernels.gemvrep): the layout round-trips, a repacked
 weight multiplies bit for bit as its rows in file order at every token count and path (and, -m oracle,
-as ggml's mul_mat), and the engine repacks pinned and streamed layers (not mmap views) without
-changing a logit."""
+as ggml's mul_mat), and the engine repacks pinned layers (streamed ones only when asked: not mmap views)
+without changing a logit."""
 from __future__ import annotations
 
 import numpy as np
@@ -99,7 +99,10 @@ def _run(path, **kw):
         return e.eval(PROMPT, all_logits=True, aligned=True), list(e.generate(PROMPT, 6)), reps
 
 
-def test_engine_repacks_pinned_and_streamed_layers_alike(q4k_model):
+@pytest.mark.parametrize("streamed_too", [False, True])
+def test_engine_repacks_pinned_and_streamed_layers_alike(q4k_model, streamed_too, monkeypatch):
+    import ramforge.stream.weights as sw
+    monkeypatch.setattr(sw, "REPACK_STREAMED", streamed_too)          # RAMFORGE_REPACK_STREAMED=1
     pinned = _run(q4k_model)
     assert any(pinned[2].values()), "no Q4_K matrix was repacked"
     with GGUFFile(q4k_model) as f:
@@ -110,8 +113,12 @@ def test_engine_repacks_pinned_and_streamed_layers_alike(q4k_model):
     assert not any(_run(q4k_model, io="mmap")[2].values())          # file views stay in file order
 
 
-def test_output_matrix_is_repacked_resident_and_streamed(q4k_model):
-    # the output projection (its own tensor, not a tied embedding) repacks resident and per streamed chunk
+@pytest.mark.parametrize("streamed_too", [False, True])
+def test_output_matrix_is_repacked_resident_and_streamed(q4k_model, streamed_too, monkeypatch):
+    # the output projection (its own tensor, not a tied embedding) repacks resident, and per streamed
+    # chunk when asked (RAMFORGE_REPACK_STREAMED=1)
+    import ramforge.stream.weights as sw
+    monkeypatch.setattr(sw, "REPACK_STREAMED", streamed_too)
     with GGUFFile(q4k_model) as f:
         t = f.tensors.get("output.weight")
         full = plan_for_budget(f, None, 64)

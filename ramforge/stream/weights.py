@@ -3,8 +3,11 @@
 A reader thread reads the next items of the current pass (layers, then output-projection chunks)
 into a bounded pool of reusable, budget-charged buffers while the current layer computes. A pass
 is a cyclic scan, so after the last item the reader goes on with the first ones of the next pass.
-A layer's repackable matrices (kernels.repack: Q4_K) are repacked in place once read, pinned at
-load, streamed on the reader thread (same size: nothing more to charge); mmap views stay as the file.
+A pinned layer's repackable matrices (kernels.repack: Q4_K, Q5_K, Q6_K, Q8_0) and a resident output
+matrix are repacked in place once read at load (same size: nothing more to charge). Streamed layers and
+output chunks stay in file order: out of core the reader thread's repacking (~1.4 GB/s of one core)
+cost more than the faster decode gained (3B Q4_K_M at --ram 512M: 5.4 against 1.3 s/token);
+RAMFORGE_REPACK_STREAMED=1 repacks them on the reader thread for A/B runs. mmap views stay as the file.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from .experts import DEFAULT_POLICY, ExpertCache, Policy
 from .io import IOMode, ModelFile, aligned_empty
 
 REPACK_OFF = os.environ.get("RAMFORGE_NO_REPACK", "").strip() not in ("", "0")   # keep file order (A/B runs)
+REPACK_STREAMED = not REPACK_OFF and os.environ.get("RAMFORGE_REPACK_STREAMED", "").strip() not in ("", "0")
 
 
 class _Reader(threading.Thread):
@@ -169,7 +173,7 @@ class Weights:
             self.file.read_into(off, buf[at:at + n])
             self.file.drop_cache(off, n)
         self._repack(il, buf)
-        return self._layer_from(il, buf)
+        return self._layer_from(il, buf, True)
 
     def _repackable(self, il: int) -> dict:
         """Layer il's matrices that take kernels.repack's layout, name -> tensor (none where tensors are
@@ -186,7 +190,7 @@ class Weights:
             at = self.spans[il].offsets[t.name]
             repack(t.ggml_type, buf[at:at + t.nbytes], t.dims)
 
-    def _layer_from(self, il: int, buf: np.ndarray | None) -> Layer:
+    def _layer_from(self, il: int, buf: np.ndarray | None, repacked: bool = False) -> Layer:
         layer = Layer(il, self.layer_names)
         for s in self.tensors:
             name = gguf_name(s, il)
@@ -197,7 +201,7 @@ class Weights:
             if len(t.dims) == 1:
                 layer.tensors[s] = QTensor(name, GGMLType.F32, t.dims, dequantize(t.ggml_type, raw, n_elements=t.n_elements))
             else:
-                rep = repack_group(t.dims[1]) if buf is not None and name in self._repackable(il) else 0
+                rep = repack_group(t.dims[1]) if repacked and buf is not None and name in self._repackable(il) else 0
                 layer.tensors[s] = QTensor(name, t.ggml_type, t.dims, raw, rep)
         return layer
 
@@ -215,7 +219,7 @@ class Weights:
     def _job(self, key):
         if key[0] == "L":
             il = key[1]
-            return key, self.spans[il].segments, (lambda buf: self._repack(il, buf)) if self._repackable(il) else None
+            return key, self.spans[il].segments, (lambda buf: self._repack(il, buf)) if REPACK_STREAMED and self._repackable(il) else None
         t = self.f.tensors[self.out_name]
         rb = block_row_bytes(t)
         r0, r1 = key[1]
@@ -225,7 +229,7 @@ class Weights:
     def _out_repack(self, t, r0: int, r1: int, skip: int):
         """The reader's repacking of output rows r0..r1 read at `skip` in a buffer (None: kept in file order)."""
         dims = (t.dims[0], r1 - r0)
-        if self.mmap or REPACK_OFF or t.name != "output.weight" or not repackable(t.ggml_type, dims):
+        if self.mmap or not REPACK_STREAMED or t.name != "output.weight" or not repackable(t.ggml_type, dims):
             return None
         return lambda buf: repack(t.ggml_type, buf[skip:skip + (r1 - r0) * block_row_bytes(t)], dims)
 
@@ -299,7 +303,7 @@ class Weights:
                 self.record.layers.append(LayerRecord(il, True, compute_s=time.perf_counter() - t0))
             return
         with self._take(("L", il), il) as buf:
-            self._held[il] = layer = self._layer_from(il, buf)
+            self._held[il] = layer = self._layer_from(il, buf, REPACK_STREAMED)
             try:
                 yield layer
             finally:
