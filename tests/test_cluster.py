@@ -282,8 +282,9 @@ def test_killed_stage_fails_the_request_then_recovers(ray_local, tiny):
         survivors = p.ray.get([p.actors[0].info.remote(), p.actors[2].info.remote()], timeout=60)
         assert [(i["charged"], i["n_past"]) for i in survivors] == [(idle[0], 0), (idle[2], 0)]
         _check_identical(p, LONG, ref)                    # after Ray restarted it
-        infos = p.stage_info()
-        assert infos[1]["pid"] != killed and [i["charged"] for i in infos] == idle
+        infos = p.stage_info()                            # each holds its idle charge and the same KV growth
+        grown = {i["charged"] - i["idle"] for i in infos}     # (one layer each): the restarted one too
+        assert infos[1]["pid"] != killed and [i["idle"] for i in infos] == idle and len(grown) == 1 and grown != {0}
 
 
 @pytest.mark.slow

@@ -11,6 +11,8 @@ tokenizer, timings), so api.Model, the CLI and the servers drive it unchanged.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import threading
 import time
@@ -140,6 +142,18 @@ def _initialized() -> bool:
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _reap(pid: int) -> bool:
+    """SIGKILL a hung stage's process, run as a Ray task on its node; only a Ray worker's (its title)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if not fh.read().startswith(b"ray::"):
+                return False
+        os.kill(pid, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
 
 
 class _Hung(Exception):
@@ -295,14 +309,26 @@ class Pipeline:
             raise self._hung(refs) from None
 
     def _hung(self, chain) -> StageFailed:
-        """The first stage of `chain` whose call has not returned: killed (Ray restarts it, its charges
-        go with its process), so the calls queued behind it on the others fail and they can recover."""
+        """The first stage of `chain` whose call has not returned, killed on its node (Ray restarts it;
+        its charges go with its process), so the calls queued behind it on the others fail and they
+        can recover. ray.kill alone waits on the stuck process's answer, and ray.cancel of a call
+        waiting on another's result aborts the driver (Ray 2.40): a task on its node sends SIGKILL."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         ready, _ = self.ray.wait(list(chain), num_returns=len(chain), timeout=0)
         i = next((k for k, r in enumerate(chain) if r not in ready), len(chain) - 1)
+        info = self.infos[i]
         try:
-            self.ray.kill(self.actors[i], no_restart=False)
-        except Exception:  # noqa: BLE001 - already gone: Ray restarts it or reports it dead
-            pass
+            reap = self.ray.remote(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                info["node_id"], soft=False))(_reap)
+            if not self.ray.get(reap.remote(info["pid"]), timeout=60):
+                raise ProcessLookupError
+        except Exception:  # noqa: BLE001 - its node is gone too, or the pid is no stage: Ray's own kill
+            log.warning("stage %d: no process %s to kill on its node; asking Ray", i, info["pid"])
+            try:
+                self.ray.kill(self.actors[i], no_restart=False)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
         a, b = self.cluster_plan.stages[i].layers
         return StageFailed(f"stage {i} (layers {a}-{b - 1}) did not answer within {self.stage_timeout:g} s "
                            f"(--stage-timeout); the request is aborted, the stage restarted, the others reset",
@@ -362,8 +388,8 @@ class Pipeline:
         """Rewind every stage after a failed request; a restarted stage comes back empty (its load
         reruns), one still down fails this request too."""
         self._await_restarts()
-        charged = self._get([a.recover.remote() for a in self.actors], None, "recovering")
-        self.infos = self._get([a.info.remote() for a in self.actors], None, "recovering")
+        charged = self._get([a.recover.remote() for a in self.actors], self.start_timeout, "recovering")
+        self.infos = self._get([a.info.remote() for a in self.actors], self.start_timeout, "recovering")
         for info, c in zip(self.infos, charged):
             if c != info["idle"]:
                 log.warning("stage %d holds %d B after recovering, %d B idle", info["stage"], c, info["idle"])

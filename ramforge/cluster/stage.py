@@ -155,10 +155,11 @@ class Stage:
         return os.getpid()
 
     def recover(self) -> int:
-        """After a failed request: drop what a pass had in flight and the cached positions; the bytes
-        charged (back to the idle level)."""
+        """After a failed request: drop what a pass had in flight, the cached positions and the KV
+        cache's grown charge; the bytes charged (back to the idle level)."""
         self._ready().weights.abort()
         self.engine.kv.n_past = 0
+        self.engine.kv.shrink(0)
         return self.budget.current
 
     def close(self) -> None:
