@@ -201,6 +201,7 @@ def test_two_stages_equal_one_process(ray_local, rid):
     ref = _reference(path, prompt)
     with Pipeline(path, 2, n_ctx=256, batch=BATCH) as p:
         assert len(p.infos) == 2 and p.infos[0]["layers"][0] == 0 and p.infos[1]["layers"][1] == p.hp.n_layer
+        assert [i["gomp_spincount"] for i in p.infos] == ["10000"] * 2       # cluster.STAGE_ENV reached them
         _check_identical(p, prompt, ref)
         for pr in compare(rec, p).prompts:
             assert pr.tokens_equal and pr.max_rel <= 1e-4 and pr.greedy_equal, pr

@@ -162,7 +162,8 @@ def cluster_options(command):
     return command
 
 
-def cluster_of(ray_address, stages, stage_ram, ray_timeout=15.0, stage_timeout=300.0, placement="spread") -> dict | None:
+def cluster_of(ray_address, stages, stage_ram, ray_timeout=15.0, stage_timeout=300.0,
+               placement="spread") -> dict | None:
     """cluster.Pipeline's keywords from --ray, --stages, --stage-ram, --ray-timeout, --stage-timeout and
     --placement (None without --ray)."""
     if ray_address is None:

@@ -40,6 +40,11 @@ from .stage import Stage, identity
 # variables: RAY_max_direct_call_object_size=2097152 RAY_worker_niceness=0.
 RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 2 << 20, "task_rpc_inlined_bytes_limit": 16 << 20,
                      "worker_niceness": 0}
+# A stage's OpenMP threads (numba's omp layer, libgomp) spin 300,000 times (milliseconds) for more work
+# after each parallel loop. Between tokens a stage waits for the other stages: that spin takes the
+# cores from the stage computing now when they share a machine. 10,000 still spans the gaps between
+# the loops of one pass. Measured: docs/DISTRIBUTED.md. A runtime_env's own env_vars win.
+STAGE_ENV = {"GOMP_SPINCOUNT": "10000"}
 DEFAULT_PORT = 6379                 # the GCS port of `ray start --head`
 CLIENT_PORT = 10001                 # Ray Client's, for ray://
 IN_FLIGHT_PER_STAGE = 2             # chunks submitted ahead of the last stage's results, per stage
@@ -238,9 +243,10 @@ class Pipeline:
         here = str(Path(model).expanduser().resolve()) if Path(model).expanduser().is_file() else model
         nodes = place(len(cp.stages), self._nodes(), placement, warn=not self._owns_ray)
         remote = self.ray.remote(Stage)
+        env = {**(runtime_env or {}), "env_vars": {**STAGE_ENV, **(runtime_env or {}).get("env_vars", {})}}
         self.actors = [remote.options(num_cpus=0, max_restarts=max_restarts, max_task_retries=0,
                                       scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[s.index], soft=False),
-                                      **({"runtime_env": runtime_env} if runtime_env else {})).remote(
+                                      runtime_env=env).remote(
             s.index, (stage_models or [here] * len(cp.stages))[s.index], s.layers, s.budget, n_ctx, io, n_threads,
             expect, self.batch) for s in cp.stages]
         self._ids = {a._actor_id.hex(): i for i, a in enumerate(self.actors)}

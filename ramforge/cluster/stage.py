@@ -132,7 +132,8 @@ class Stage:
                 "verdict": e.plan.verdict, "batch": e.plan.batch, "n_ctx": e.n_ctx, "n_past": e.n_past,
                 "budget": self.budget.limit, "charged": self.budget.current, "idle": self.idle,
                 "peak": self.budget.peak, "planned_peak": e.plan.planned_peak, "load_s": e.timings.load_s,
-                "busy_s": self.busy_s, "passes": self.passes, "nice": self.nice, "node_id": _ray_node()}
+                "busy_s": self.busy_s, "passes": self.passes, "nice": self.nice, "node_id": _ray_node(),
+                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
 
     def forward(self, inp, pos0: int, chunk: Chunk) -> np.ndarray | None:
         """Run one chunk at positions pos0..: positions from pos0 on are forgotten first (a new
