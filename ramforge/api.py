@@ -76,8 +76,9 @@ class Model:
     its default graph does; flash_attn, if given, must say the same.
     ray: run the model as a pipeline of `stages` layer ranges on Ray (ramforge.cluster): True (a new
     local cluster, or $RAY_ADDRESS), an address (HOST:PORT, ray://HOST:PORT, "auto"), or a dict of
-    cluster.Pipeline's keywords with "address"; each stage under stage_ram (one size, or one per
-    stage; default: ram), its own KV cache. Greedy and seeded output equal the single process's.
+    cluster.Pipeline's keywords with "address" (connect_timeout, stage_timeout, placement, ...); each
+    stage under stage_ram (one size, or one per stage; default: ram), its own KV cache. Greedy and
+    seeded output equal the single process's.
     """
 
     sampler_chain = LCPP    # llama-cpp-python's chain order and penalty window (ramforge.sampling)

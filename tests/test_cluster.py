@@ -125,9 +125,43 @@ def test_cli_errors_are_one_line(tiny):
                               capture_output=True, text=True, timeout=120)
     for args, needle in ((("--ray", "127.0.0.1:1"), "cannot reach the Ray cluster at 127.0.0.1:1"),
                          (("--ray", "--stages", "0"), "--stages 0: a model of 3 layers splits into 1 to 3"),
-                         (("--ray", "--stage-ram", "1M"), "stage 0 (layers 0-0) needs at least")):
+                         (("--ray", "--stage-ram", "1M"), "stage 0 (layers 0-0) needs at least"),
+                         (("--ray", "--stage-timeout", "0"), "Invalid value for '--stage-timeout'")):
         r = run(*args)
-        assert r.returncode == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.returncode in (1, 2) and needle in r.stderr, r.stderr
+        assert r.returncode == 2 or len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_an_address_that_answers_but_is_no_ray_head_fails_within_the_timeout(tiny):
+    """A port that accepts and says nothing (a firewall's, another service's): ray.init alone retries
+    for minutes; --ray-timeout bounds it, one line naming the address and what to check."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("0.0.0.0", 0))
+    port, held = srv.getsockname()[1], []
+    threading.Thread(target=lambda: [held.append(srv.accept()) for _ in range(64)], daemon=True).start()
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "ramforge", "run", tiny, "-p", "Hi", "-n", "2", "--ray",
+                        f"127.0.0.1:{port}", "--ray-timeout", "3"], capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    srv.close()
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"cannot connect to the Ray cluster at 127.0.0.1:{port}: its port answers but Ray did not join within " \
+           "3 s" in r.stderr and "ray start --head" in r.stderr and "--ray-timeout" in r.stderr, r.stderr
+    assert took < 3 + 20, took                   # the bound plus the interpreter's start and imports
+
+
+def test_stages_go_one_per_node_or_share_or_are_refused():
+    from ramforge.cluster.pipeline import place
+    from ramforge.errors import ClusterError
+
+    assert place(2, ["a", "b", "c"]) == ["a", "b"]
+    assert place(3, ["a", "b"]) == ["a", "b", "a"]
+    with pytest.raises(ClusterError, match="3 stages, one per node, but the Ray cluster has 2 nodes: add nodes"):
+        place(3, ["a", "b"], "strict")
+    with pytest.raises(ClusterError, match="has 1 node: "):
+        place(2, ["a"], "strict")
 
 
 def test_plan_stages_json(tiny):
@@ -167,6 +201,7 @@ def test_two_stages_equal_one_process(ray_local, rid):
     ref = _reference(path, prompt)
     with Pipeline(path, 2, n_ctx=256, batch=BATCH) as p:
         assert len(p.infos) == 2 and p.infos[0]["layers"][0] == 0 and p.infos[1]["layers"][1] == p.hp.n_layer
+        assert [i["gomp_spincount"] for i in p.infos] == ["10000"] * 2       # cluster.STAGE_ENV reached them
         _check_identical(p, prompt, ref)
         for pr in compare(rec, p).prompts:
             assert pr.tokens_equal and pr.max_rel <= 1e-4 and pr.greedy_equal, pr
@@ -198,6 +233,21 @@ def test_stage_with_another_file_is_refused_at_start(ray_local, tiny):
     with pytest.raises(StageMismatch, match="stage 1 on .*: its model file \\(sha256\\)") as e:
         Pipeline(tiny, 2, n_ctx=64, stage_models=[tiny, other])
     assert e.value.stage == 1
+
+
+def test_a_stage_running_another_ramforge_version_is_refused_at_start(ray_local, tiny, tmp_path):
+    """The stage actors' ramforge says 9.9.9-worker (a sitecustomize in their runtime_env patches it):
+    refused before loading, both versions in the message, typed across the process boundary."""
+    from ramforge import _version
+    from ramforge.cluster import Pipeline
+
+    (tmp_path / "sitecustomize.py").write_text("import ramforge._version as v\nv.__version__ = '9.9.9-worker'\n")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"env_vars": {"PYTHONPATH": f"{tmp_path}:{repo}"}}
+    with pytest.raises(StageMismatch, match=rf"stage [01] on .*: its ramforge version is 9.9.9-worker, the driver's is "
+                                            rf"{_version.__version__}; refusing to start") as e:
+        Pipeline(tiny, 2, n_ctx=64, runtime_env=env)
+    assert e.value.stage in (0, 1)              # whichever Ray reports first
 
 
 @pytest.mark.slow
@@ -233,5 +283,36 @@ def test_killed_stage_fails_the_request_then_recovers(ray_local, tiny):
         survivors = p.ray.get([p.actors[0].info.remote(), p.actors[2].info.remote()], timeout=60)
         assert [(i["charged"], i["n_past"]) for i in survivors] == [(idle[0], 0), (idle[2], 0)]
         _check_identical(p, LONG, ref)                    # after Ray restarted it
-        infos = p.stage_info()
-        assert infos[1]["pid"] != killed and [i["charged"] for i in infos] == idle
+        infos = p.stage_info()                            # each holds its idle charge and the same KV growth
+        grown = {i["charged"] - i["idle"] for i in infos}     # (one layer each): the restarted one too
+        assert infos[1]["pid"] != killed and [i["idle"] for i in infos] == idle and len(grown) == 1 and grown != {0}
+
+
+@pytest.mark.slow
+def test_hung_stage_fails_the_request_within_the_timeout_then_recovers(ray_local, tiny):
+    """A stage stopped (SIGSTOP: alive, not answering) mid-generation: the request fails after
+    stage_timeout naming it, the others give back their charges, the stuck one is restarted."""
+    from ramforge.cluster import Pipeline
+
+    ref = _reference(tiny, LONG)
+    with Pipeline(tiny, 3, n_ctx=256, batch=BATCH, max_restarts=2, stage_timeout=4) as p:
+        p.ubatch = UBATCH
+        idle = [i["idle"] for i in p.infos]
+        gen = p.generate(LONG, 12)
+        assert [next(gen) for _ in range(3)] == ref[1][:3]
+        stuck = p.infos[1]["pid"]
+        os.kill(stuck, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(StageFailed, match=r"stage 1 \(layers 1-1\) did not answer within 4 s") as e:
+                list(gen)
+            assert e.value.stage == 1 and time.monotonic() - t0 < 4 + 10
+            survivors = p.ray.get([p.actors[0].info.remote(), p.actors[2].info.remote()], timeout=60)
+            assert [(i["charged"], i["n_past"]) for i in survivors] == [(idle[0], 0), (idle[2], 0)]
+        finally:
+            try:
+                os.kill(stuck, signal.SIGCONT)
+            except ProcessLookupError:               # killed by the pipeline, as it should be
+                pass
+        _check_identical(p, LONG, ref)                    # after Ray restarted it
+        assert p.stage_info()[1]["pid"] != stuck

@@ -147,19 +147,31 @@ def cluster_options(command):
                      help="With --ray: the number of stages (layer ranges), one actor each, spread over the nodes."),
         click.option("--stage-ram", default=None,
                      help="With --ray: each stage's budget, one size for all or one per stage (4G,8G); default --ram."),
+        click.option("--ray-timeout", type=click.FloatRange(min=0, min_open=True), default=15.0, show_default=True,
+                     help="With --ray ADDRESS: seconds to reach and join the cluster before giving up."),
+        click.option("--stage-timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
+                     show_default=True,
+                     help="With --ray: seconds a chunk may take through the stages before the stage still on it "
+                          "is declared hung (the request fails, the stage restarts)."),
+        click.option("--placement", type=click.Choice(["spread", "strict"]), default="spread", show_default=True,
+                     help="With --ray: one stage per node; with fewer nodes than stages they share nodes (spread) "
+                          "or the start is refused (strict)."),
     ]
     for o in reversed(opts):
         command = o(command)
     return command
 
 
-def cluster_of(ray_address, stages, stage_ram) -> dict | None:
-    """cluster.Pipeline's keywords from --ray, --stages and --stage-ram (None without --ray)."""
+def cluster_of(ray_address, stages, stage_ram, ray_timeout=15.0, stage_timeout=300.0,
+               placement="spread") -> dict | None:
+    """cluster.Pipeline's keywords from --ray, --stages, --stage-ram, --ray-timeout, --stage-timeout and
+    --placement (None without --ray)."""
     if ray_address is None:
         if stage_ram is not None:
             raise click.UsageError("--stage-ram needs --ray")
         return None
-    return {"address": None if ray_address == "local" else ray_address, "stages": stages, "stage_ram": stage_ram}
+    return {"address": None if ray_address == "local" else ray_address, "stages": stages, "stage_ram": stage_ram,
+            "connect_timeout": ray_timeout, "stage_timeout": stage_timeout, "placement": placement}
 
 
 def kv_options(command):

@@ -31,7 +31,7 @@ from .console import (cluster_of, cluster_options, ctx_option, drafter_of, exper
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
 def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, kv_type, kv_type_k, kv_type_v,
         lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages,
-        stage_ram, profile, memory_report, as_json, **sampling):
+        stage_ram, ray_timeout, stage_timeout, placement, profile, memory_report, as_json, **sampling):
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr.
 
     With --ray, the model runs as --stages layer ranges on a Ray cluster (ramforge.cluster); the
@@ -42,7 +42,7 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
 
     params = sampler_params(sampling)      # a bad value fails before the model loads
     drafter = drafter_of(lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min)
-    cluster = cluster_of(ray_address, stages, stage_ram)
+    cluster = cluster_of(ray_address, stages, stage_ram, ray_timeout, stage_timeout, placement)
     if cluster is not None and (profile or memory_report):
         raise click.UsageError("--profile and --memory-report are not supported with --ray")
     PROFILE.enabled = profile

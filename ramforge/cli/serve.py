@@ -50,7 +50,8 @@ def _loopback(host: str) -> bool:
 @cluster_options
 def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
           slot_save_path, cache_ram, kv_type, kv_type_k, kv_type_v, lookup, lookup_ngram, lookup_fixed, draft_model,
-          draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram):
+          draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram,
+          ray_timeout, stage_timeout, placement):
     """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time.
 
     MODEL (a path, a store name or `default`) is loaded before the server starts; without it the
@@ -80,7 +81,7 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     spec = dict(lookup=lookup, lookup_ngram=lookup_ngram, lookup_fixed=lookup_fixed, draft=draft_model,
                 draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min)
     drafter_of(**spec)                              # conflicting or bad options fail here, as one line
-    cluster = cluster_of(ray_address, stages, stage_ram)
+    cluster = cluster_of(ray_address, stages, stage_ram, ray_timeout, stage_timeout, placement)
     if cluster is not None and (lookup is not None or draft_model is not None):
         raise click.UsageError("--lookup and --draft are not supported with --ray")
     if cluster is not None and (slot_save_path is not None or cache_ram is not None):
@@ -99,7 +100,7 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     if cluster is not None:                         # Ray connected from this (the main) thread, once for every model
         from ..cluster import connect
 
-        ray = connect(cluster["address"])
+        ray = connect(cluster["address"], cluster["connect_timeout"])
     try:
         _serve(cfg, model, host, port, api_key, request_timeout, log_level)
     finally:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
 
 import numpy as np
@@ -75,6 +76,15 @@ def _unnice() -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 
+def _ray_node() -> str | None:
+    """The Ray node this stage runs on (None outside Ray)."""
+    ray = sys.modules.get("ray")
+    try:
+        return ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 - not in a Ray worker
+        return None
+
+
 class Stage:
     """Layers [a, b) of `model` in this process. forward() takes a chunk (ubatch.Chunk) at position
     pos0: token ids for the first stage, hidden states f32[n, n_embd] otherwise; it returns hidden
@@ -122,7 +132,8 @@ class Stage:
                 "verdict": e.plan.verdict, "batch": e.plan.batch, "n_ctx": e.n_ctx, "n_past": e.n_past,
                 "budget": self.budget.limit, "charged": self.budget.current, "idle": self.idle,
                 "peak": self.budget.peak, "planned_peak": e.plan.planned_peak, "load_s": e.timings.load_s,
-                "busy_s": self.busy_s, "passes": self.passes, "nice": self.nice}
+                "busy_s": self.busy_s, "passes": self.passes, "nice": self.nice, "node_id": _ray_node(),
+                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
 
     def forward(self, inp, pos0: int, chunk: Chunk) -> np.ndarray | None:
         """Run one chunk at positions pos0..: positions from pos0 on are forgotten first (a new
@@ -145,10 +156,11 @@ class Stage:
         return os.getpid()
 
     def recover(self) -> int:
-        """After a failed request: drop what a pass had in flight and the cached positions; the bytes
-        charged (back to the idle level)."""
+        """After a failed request: drop what a pass had in flight, the cached positions and the KV
+        cache's grown charge; the bytes charged (back to the idle level)."""
         self._ready().weights.abort()
         self.engine.kv.n_past = 0
+        self.engine.kv.shrink(0)
         return self.budget.current
 
     def close(self) -> None:
