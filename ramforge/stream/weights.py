@@ -28,9 +28,13 @@ from .io import IOMode, ModelFile, aligned_empty
 
 
 class _Reader(threading.Thread):
-    """Reads (key, segments) jobs into free buffers, in order; results come back in the same order."""
+    """Reads jobs into free buffers, in order; results come back in the same order. A job is (key,
+    segments) into this reader's own buffers from its file (the weights), or (key, segments, pool) into
+    another pool's (the KV cache's spill, memory.kv_spill): anything with `free` and `done` queues and
+    `read(key, offset, out) -> bytes`. Each pool keeps jobs in flight <= its buffers, so no job waits
+    for a buffer and one pool's jobs never hold up another's."""
 
-    def __init__(self, file: ModelFile, buffers: list[np.ndarray]):
+    def __init__(self, file: ModelFile | None, buffers: list[np.ndarray]):
         super().__init__(name="ramforge-reader", daemon=True)
         self.file = file
         self.free: queue.Queue = queue.Queue()
@@ -40,20 +44,23 @@ class _Reader(threading.Thread):
         self.done: queue.Queue = queue.Queue()
         self.start()
 
+    def read(self, key, offset: int, out: np.ndarray) -> int:
+        return self.file.read_into(offset, out)
+
     def run(self) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            key, segments = job
-            buf = self.free.get()
+            key, segments, pool = job if len(job) == 3 else (*job, self)
+            buf = pool.free.get()
             t0, n, err = time.perf_counter(), 0, None
             try:
                 for off, length, at in segments:
-                    n += self.file.read_into(off, buf[at:at + length])
+                    n += pool.read(key, off, buf[at:at + length])
             except BaseException as e:      # handed to the consumer, which raises it
                 err = e
-            self.done.put((key, buf, err, n, time.perf_counter() - t0))
+            pool.done.put((key, buf, err, n, time.perf_counter() - t0))
 
     def stop(self) -> None:
         self.jobs.put(None)
@@ -171,6 +178,11 @@ class Weights:
             else:
                 layer.tensors[s] = QTensor(name, t.ggml_type, t.dims, raw)
         return layer
+
+    @property
+    def reader(self) -> "_Reader | None":
+        """The reader thread of the streamed layers (None when nothing streams); the KV spill shares it."""
+        return self._reader
 
     # ---- passes ---------------------------------------------------------------------------
     def _out_streamed(self) -> bool:
