@@ -113,7 +113,7 @@ def test_the_buffers_hold_the_caches_own_bytes_for_each_type(tk, tv):
 
 
 def test_rollback_and_speculative_decoding_match_the_cache_in_ram(tiny):
-    prompt = IDS[:360]
+    prompt = IDS[:400]                                         # the cached sequence: its prefix is reused
 
     def drafter(ids):                                          # mostly rejected: each pass rolls back
         return np.array([5, 9, 11, 13], np.intc)
@@ -123,7 +123,7 @@ def test_rollback_and_speculative_decoding_match_the_cache_in_ram(tiny):
             eng.eval(IDS, all_logits=True)
             eng.reset(100)                                         # back past the positions in the files
             a = eng.eval(IDS[100:400], all_logits=True)
-            toks = list(eng.generate(prompt, 6, draft=drafter, stop_on_eog=False))
+            toks = list(eng.generate(prompt, 8, draft=drafter, stop_on_eog=False, reuse_prefix=True))
             outs.append((a, toks, eng.timings.spec.drafted))
             assert isinstance(eng.kv, SpilledKVCache) == spill
     (a0, t0, d0), (a1, t1, d1) = outs
