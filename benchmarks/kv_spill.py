@@ -1,12 +1,13 @@
 """The KV cache spilled to storage against the same context in RAM: a long prompt under a small budget.
 
     python benchmarks/kv_spill.py [MODEL] [--ctx 4096] [--prompt 4000] [--gen 8] [--ram 64M]
-                                  [--kv-type f16] [--modes spill ram] [--json]
+                                  [--kv-type f16] [--modes spill auto ram] [--json]
 
 Each mode runs in a fresh process with the model file evicted from the page cache first (as
 `dd if=F iflag=nocache count=0`): the prompt (--prompt tokens, aligned as llama.cpp splits it), then
---gen greedy tokens under --profile's records. `spill`: --ram as given, the KV cache spilled (forced).
-`ram`: the cache in RAM, the budget raised by exactly the difference between the whole cache and the
+--gen greedy tokens under --profile's records. `spill`: --ram as given, the KV cache spilled (forced: the least tail in RAM, 320 positions a layer for
+f16 at chunks of 64). `auto`: --ram as given, spilled only if the budget cannot hold the cache (its tail
+then holds what the cache in RAM would have). `ram`: the cache in RAM, the budget raised by exactly the difference between the whole cache and the
 spilled cache's charge, so the weights get the same room in both. Reported per mode: prefill seconds,
 seconds per decode token (the first decode pass left out), weight and KV bytes read per decode token,
 the managed peak against the budget, and whether the decode tokens agree.
@@ -41,7 +42,7 @@ def child(model: str, mode: str, ctx: int, n_prompt: int, gen: int, ram: str, ki
     b = MemoryBudget(budget)
     t0 = time.perf_counter()
     with Engine.load(model, n_ctx=ctx, budget=b, type_k=kind, type_v=kind, n_threads=threads,
-                     kv_spill=(mode == "spill") or False) as eng:
+                     kv_spill={"spill": True, "auto": None, "ram": False}[mode]) as eng:
         load_s = time.perf_counter() - t0
         ids = [(7 * i) % (eng.hp.n_vocab - 3) + 2 for i in range(n_prompt)]
         PROFILE.enabled = True
@@ -53,7 +54,7 @@ def child(model: str, mode: str, ctx: int, n_prompt: int, gen: int, ram: str, ki
         decode = [p for p in s["passes"] if p["kind"] == "decode"][1:]      # the first decode pass warms up
         n = max(len(decode), 1)
         return {"mode": mode, "model": model, "ctx": ctx, "prompt": n_prompt, "kv_type": kind, "budget": budget,
-                "spilled": bool(eng.plan.kv_spill), "load_s": load_s,
+                "spilled": bool(eng.plan.kv_spill), "kv_tail": eng.plan.kv_tail, "load_s": load_s,
                 "prefill_s": sum(p["seconds"] for p in prefill),
                 "prefill_kv_bytes": sum(p["kv_bytes_read"] for p in prefill),
                 "s_per_token": sum(p["seconds"] for p in decode) / n,
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ram", default="64M")
     ap.add_argument("--kv-type", default="f16")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--modes", nargs="+", choices=["spill", "ram"], default=["spill", "ram"])
+    ap.add_argument("--modes", nargs="+", choices=["spill", "auto", "ram"], default=["spill", "auto", "ram"])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -94,13 +95,13 @@ def main(argv=None) -> int:
             print(r.stderr, file=sys.stderr)
             return r.returncode
         rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
-    if len(rows) == 2:
-        rows[0]["same_tokens"] = rows[1]["same_tokens"] = rows[0]["tokens"] == rows[1]["tokens"]
+    for r in rows:
+        r["same_tokens"] = r["tokens"] == rows[-1]["tokens"]          # against the last mode (ram by default)
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0
     for r in rows:
-        print(f"{r['mode']:5s} ctx {r['ctx']} prompt {r['prompt']} {r['kv_type']} budget {r['budget'] / 2**20:.1f} MiB "
+        print(f"{r['mode']:5s} (tail {r['kv_tail']}) ctx {r['ctx']} prompt {r['prompt']} {r['kv_type']} budget {r['budget'] / 2**20:.1f} MiB "
               f"(KV charged {r['kv_charged'] / 2**20:.1f} of {r['kv_whole'] / 2**20:.1f} MiB, peak "
               f"{r['managed_peak'] / 2**20:.1f} MiB, {r['pinned']}/{r['n_layer']} layers pinned): prefill "
               f"{r['prefill_s']:.1f} s; decode {r['s_per_token']:.3f} s/token, weights "

@@ -251,7 +251,7 @@ class Engine:
             if plan.kv_spill:
                 kv = SpilledKVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, a, type_k,
                                     type_v, plan.batch, kv_spill if isinstance(kv_spill, (str, os.PathLike)) else None,
-                                    weights.reader, layer_windows(hp, module, (a, b)))
+                                    weights.reader, layer_windows(hp, module, (a, b)), plan.kv_tail)
                 charges.append(kv)        # closed (files removed, reader stopped) with the engine
             else:
                 kv = KVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,

@@ -224,7 +224,7 @@ class Plan:
 
 def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: int = DEFAULT_BATCH,
               layers: tuple[int, int] | None = None, hit_rate: float | None = None, type_k: str = "f16",
-              type_v: str = "f16", kv_spill: bool = False) -> Plan:
+              type_v: str = "f16", kv_spill: bool = False, kv_tail: int | None = None) -> Plan:
     """hit_rate: the expert cache hit rate for expected_bytes_per_token; by default the share of all
     experts the cache holds (what routing spread evenly over the experts would hit)."""
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
@@ -253,7 +253,7 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     kv_pos = bytes_per_position(b - a, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, type_k, type_v)
     kv = n_ctx * kv_pos
     if kv_spill:                       # the tails and the read buffers (memory.kv_spill)
-        lay = spill_layout(n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, type_k, type_v, batch)
+        lay = spill_layout(n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, type_k, type_v, batch, kv_tail)
         kv = lay.charged(b - a)
     state = state_bytes(hp, batch, n_ctx)
     small = sum(4 * f.tensors[n].n_elements for n in SMALL                # kept as float32
@@ -372,22 +372,24 @@ MOE_STATE_SHARE = 8
 def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
                     layers: tuple[int, int] | None = None, batch: int | None = None,
                     hit_rate: float | None = None, type_k: str = "f16", type_v: str = "f16",
-                    kv_spill: bool | None = False) -> Plan:
+                    kv_spill: bool | None = False, kv_tail: int | None = None) -> Plan:
     """The plan with the largest prompt chunk that fits the budget: 64 down to 1 tokens; for a mixture
     of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget.
     kv_spill: True spills the KV cache to storage, None does where the budget cannot hold it for n_ctx
-    (then, where spilling does not fit either, the plan holds the positions the budget allows)."""
+    (then, where spilling does not fit either, the plan holds the positions the budget allows); when it
+    spills by itself, its RAM tail holds as many positions as the cache in RAM would have held, so a
+    context the budget held before reads nothing back. kv_tail: the tail's positions (default: the least)."""
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
         raise InvalidArgument(f"an expert hit rate is a fraction from 0 to 1, got {hit_rate}")
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
     moe = hp.n_expert > 0
     batches = (batch,) if batch else BATCHES
     for b in (MOE_BATCHES if moe and not batch else ()) + batches:
-        p = make_plan(f, budget, n_ctx, b, layers, hit_rate, type_k, type_v, bool(kv_spill))
+        p = make_plan(f, budget, n_ctx, b, layers, hit_rate, type_k, type_v, bool(kv_spill), kv_tail)
         grown = b > BATCHES[0]                    # a mixture's chunk past 64: only with a small state
         if p.verdict != "insufficient" and not (grown and budget and p.state_bytes * MOE_STATE_SHARE > budget):
             break
-    p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v, bool(kv_spill)).min_budget
+    p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v, bool(kv_spill), kv_tail).min_budget
     if kv_spill:
         p.notes.append(f"the KV cache spills to storage: {p.kv_tail} recent positions of each layer in RAM, the older "
                        f"ones in a spill file per layer ({p.kv_spill_file_bytes:,} B on disk), read back per token "
@@ -401,6 +403,10 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
         if p.verdict == "insufficient" and kv_spill is None:
             # the budget cannot hold the whole context's KV cache: spill it to storage
             q = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True)
+            tail = (fit * p.kv_bytes_per_pos - (q.kv_bytes - q.kv_tail * p.kv_bytes_per_pos)) // p.kv_bytes_per_pos
+            if q.verdict != "insufficient" and tail > q.kv_tail:     # the tail takes what the RAM cache would have
+                q2 = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True, tail)
+                q = q2 if q2.verdict != "insufficient" else q
             if q.verdict != "insufficient":
                 q.max_ctx = p.max_ctx
                 q.notes.append(f"the budget cannot hold the KV cache of {p.n_ctx:,} positions in RAM ({p.min_budget:,} B "

@@ -129,12 +129,13 @@ class SpilledKVCache:
 
     def __init__(self, budget: MemoryBudget, n_layer: int, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int,
                  first_layer: int = 0, type_k: str | int = "f16", type_v: str | int = "f16", batch: int = 64,
-                 directory: str | None = None, reader=None, windows: list[int] | None = None):
+                 directory: str | None = None, reader=None, windows: list[int] | None = None,
+                 tail: int | None = None):
         self.type_k, self.type_v = kv_type(type_k), kv_type(type_v)
         rbk, rbv = row_bytes(self.type_k, hd_k), row_bytes(self.type_v, hd_v)
         self.n_ctx, self.first, self.budget, self.n_layer = n_ctx, first_layer, budget, n_layer
         self.bytes_per_pos = n_layer * n_head_kv * (rbk + rbv)
-        self.lay = lay = spill_layout(n_ctx, n_head_kv, hd_k, hd_v, self.type_k, self.type_v, batch)
+        self.lay = lay = spill_layout(n_ctx, n_head_kv, hd_k, hd_v, self.type_k, self.type_v, batch, tail)
         self.windows = list(windows or [0] * n_layer)
         self.shape_k, self.shape_v = (n_head_kv, rbk // 2 if self.type_k == "f16" else rbk), \
                                      (n_head_kv, rbv // 2 if self.type_v == "f16" else rbv)
@@ -150,6 +151,7 @@ class SpilledKVCache:
         self._items: list = []     # (layer, segments) of this pass not yet submitted
         self._inflight: list[int] = []
         self._held = None          # (layer, buffer, k view, v view) of the layer in attention
+        self._direct = False       # this pass's positions all in the rings, unwrapped: attention reads them there
         try:
             self.k = self._ring(lay.kpos, self.dt_k, self.shape_k)
             self.v = self._ring(lay.vpos, self.dt_v, self.shape_v)
@@ -206,6 +208,11 @@ class SpilledKVCache:
         types) into the ring, and make layer il's buffer whole: its spilled rows (read meanwhile), the ring's."""
         i, n = il - self.first, k.shape[0]
         self._release()
+        if self._direct:                         # slot = position: the rings are the cache
+            store_rows(self.k[i, pos0:pos0 + n], k, self.type_k, True)
+            store_rows(self.v[i, pos0:pos0 + n], v, self.type_v, False)
+            self._held = (i, None, self.k[i], self.v[i])
+            return
         _, buf, kb, vb = self._held = self._take(i)
         store_rows(kb[pos0:pos0 + n], k, self.type_k, True)
         store_rows(vb[pos0:pos0 + n], v, self.type_v, False)
@@ -267,7 +274,8 @@ class SpilledKVCache:
         to = self.lay.spilled_at(pos0, n, self.spilled)
         if to > self.spilled:
             self._flush(to)
-        self._items = [(i, self._segments(i, pos0)) for i in range(self.n_layer)]
+        self._direct = self.spilled == 0 and pos0 + n <= self.lay.tail
+        self._items = [] if self._direct else [(i, self._segments(i, pos0)) for i in range(self.n_layer)]
         self._fill()
 
     def end_pass(self) -> None:
@@ -278,7 +286,8 @@ class SpilledKVCache:
     def abort(self) -> None:
         """After an error mid-pass (or at close): every buffer back in the pool, nothing in flight."""
         if self._held is not None:
-            self.free.put(self._held[1])
+            if self._held[1] is not None:
+                self.free.put(self._held[1])
             self._held = None
         self._items = []
         while self._inflight:
@@ -328,7 +337,8 @@ class SpilledKVCache:
 
     def _release(self) -> None:
         if self._held is not None:
-            self.free.put(self._held[1])
+            if self._held[1] is not None:
+                self.free.put(self._held[1])
             self._held = None
             self._fill()
 

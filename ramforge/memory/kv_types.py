@@ -90,10 +90,12 @@ def _up(n: int) -> int:
 
 
 def spill_layout(n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str, type_v: str,
-                 batch: int) -> SpillLayout:
-    """The layout of a spilled cache for chunks of up to `batch` tokens (see SpillLayout)."""
+                 batch: int, tail: int | None = None) -> SpillLayout:
+    """The layout of a spilled cache for chunks of up to `batch` tokens (see SpillLayout); tail: the
+    positions a layer keeps in RAM, if more than the least (whole groups, at most the context's)."""
     kpos = n_head_kv * row_bytes(kv_type(type_k), hd_k)
     vpos = n_head_kv * row_bytes(kv_type(type_v), hd_v)
     g = math.lcm(SPILL_ALIGN // math.gcd(SPILL_ALIGN, kpos), SPILL_ALIGN // math.gcd(SPILL_ALIGN, vpos))
-    tail = -(-(max(CHUNK, g) + batch) // g) * g     # room for a chunk beside a group not yet written
+    least = -(-(max(CHUNK, g) + batch) // g) * g    # room for a chunk beside a group not yet written
+    tail = least if tail is None else max(least, min(tail, n_ctx + g - 1) // g * g)
     return SpillLayout(kpos, vpos, g, tail, _up(n_ctx * kpos), _up(n_ctx * vpos))
