@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from .kernels.matmul import batch_view
 from .kernels.ops import rms_norm, softcap
 from .memory import MemoryBudget
 from .memory.kv_cache import KVCache
-from .memory.kv_spill import SpilledKVCache
+from .memory.kv_spill import SpilledKVCache, spill_dir, spill_mode
 from .models import ALIASES, ARCHITECTURES
 from .models.config import HParams
 from .models.config import MOE_ARCHS, NO_CAPS, SOFTCAPS
@@ -81,15 +80,6 @@ def kv_types(type_k=None, type_v=None, env: dict | None = None) -> tuple[str, st
             raise InvalidArgument(f"RAMFORGE_KV_TYPE={raw!r}: one KV type, or two as K,V")
         dk, dv = kv_type(parts[0]), kv_type(parts[-1])
     return kv_type(dk if type_k is None else type_k), kv_type(dv if type_v is None else type_v)
-
-
-def _spill_mode(kv_spill) -> bool | None:
-    """Engine.load's kv_spill as the plan takes it: None (when needed), True or False."""
-    if kv_spill is None or isinstance(kv_spill, bool):
-        return kv_spill
-    if isinstance(kv_spill, (str, os.PathLike)) and str(kv_spill).strip():
-        return True
-    raise InvalidArgument(f"kv_spill must be None, True, False or a directory, got {kv_spill!r}")
 
 
 def arch_module(arch: str):
@@ -230,9 +220,8 @@ class Engine:
             hp = HParams.from_metadata(md, n_vocab_of(f))
             extra = _refuse_unsupported_keys(md, hp.arch)
             _refuse_unknown_tensors(f, hp, module)
-            spill = _spill_mode(kv_spill)
             plan = plan_for_budget(f, budget.available, n_ctx, layers, batch, type_k=type_k, type_v=type_v,
-                                   kv_spill=spill)
+                                   kv_spill=spill_mode(kv_spill))
             if plan.verdict == "insufficient":
                 raise BudgetTooSmall(budget.available, plan.min_budget, plan.n_ctx)
             # reading the weights releases the GIL: meanwhile build the tokenizer (~0.15 s for a 262k
@@ -250,8 +239,8 @@ class Engine:
             a, b = plan.layers
             if plan.kv_spill:
                 kv = SpilledKVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, a, type_k,
-                                    type_v, plan.batch, kv_spill if isinstance(kv_spill, (str, os.PathLike)) else None,
-                                    weights.reader, layer_windows(hp, module, (a, b)), plan.kv_tail)
+                                    type_v, plan.batch, spill_dir(kv_spill), weights.reader,
+                                    layer_windows(hp, module, (a, b)), plan.kv_tail)
                 charges.append(kv)        # closed (files removed, reader stopped) with the engine
             else:
                 kv = KVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ramforge.engine import Engine
-from ramforge.errors import ContextLengthExceeded, KVSpillError
+from ramforge.errors import ContextLengthExceeded, InvalidArgument, KVSpillError
 from ramforge.memory import MemoryBudget
 from ramforge.memory.kv_cache import KVCache
 from ramforge.memory.kv_spill import SpilledKVCache
@@ -185,6 +185,9 @@ def test_an_unwritable_directory_is_a_clear_error_and_leaks_nothing(tiny, tmp_pa
     with pytest.raises(KVSpillError, match="not writable") as e:
         Engine.load(tiny, n_ctx=1024, budget=b, kv_spill=str(tmp_path / "file" / "sub"))
     assert e.value.path == str(tmp_path / "file" / "sub") and b.current == 0
+    with pytest.raises(InvalidArgument, match="kv_spill"):
+        Engine.load(tiny, n_ctx=1024, budget=b, kv_spill=3)
+    assert b.current == 0
 
 
 def test_a_full_disk_is_a_clear_error_with_the_numbers(tiny, tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ..errors import ContextLengthExceeded, InternalError, KVSpillError
+from ..errors import ContextLengthExceeded, InternalError, InvalidArgument, KVSpillError
 from ..kernels.kvquant import store_rows
 from ..profiling import LayerRecord
 from ..stream.io import aligned_empty
@@ -102,6 +102,20 @@ def _free_bytes(directory: str) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+def spill_mode(kv_spill) -> bool | None:
+    """Engine.load's kv_spill as the plan takes it: None (when needed), True or False; InvalidArgument else."""
+    if kv_spill is None or isinstance(kv_spill, bool):
+        return kv_spill
+    if isinstance(kv_spill, (str, os.PathLike)) and str(kv_spill).strip():
+        return True
+    raise InvalidArgument(f"kv_spill must be None, True, False or a directory, got {kv_spill!r}")
+
+
+def spill_dir(kv_spill) -> str | None:
+    """The directory Engine.load's kv_spill names, if it names one."""
+    return os.fspath(kv_spill) if isinstance(kv_spill, (str, os.PathLike)) else None
 
 
 def spill_directory(parent: str | None, needed: int) -> str:
