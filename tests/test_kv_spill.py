@@ -231,3 +231,13 @@ def test_default_model_spilled_gives_the_in_ram_logits(default_model):
         g1 = eng.eval([5])[-1]
         assert eng.kv.spilled > 0 and eng.kv.bytes_read > 0 and b.peak <= b.limit
     assert np.array_equal(got, want) and np.array_equal(g1, w1) and b.current == 0
+
+
+def test_the_server_passes_its_kv_spill_on(tiny):
+    from ramforge.server.common import ServerConfig
+    from ramforge.server.manager import ModelManager
+    m = ModelManager(ServerConfig(kv_spill=True))._load(str(tiny), 1024)
+    try:
+        assert isinstance(m.engine.kv, SpilledKVCache)
+    finally:
+        m.close()
