@@ -377,8 +377,8 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
     of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget.
     kv_spill: True spills the KV cache to storage, None does where the budget cannot hold it for n_ctx
     (then, where spilling does not fit either, the plan holds the positions the budget allows); when it
-    spills by itself, its RAM tail holds as many positions as the cache in RAM would have held, so a
-    context the budget held before reads nothing back. kv_tail: the tail's positions (default: the least)."""
+    spills by itself, its RAM tail takes the budget the weights leave (a pinned weight byte saves a read
+    every token, a tail position only past it). kv_tail: the tail's positions (default: the least)."""
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
         raise InvalidArgument(f"an expert hit rate is a fraction from 0 to 1, got {hit_rate}")
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
@@ -403,10 +403,12 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
         if p.verdict == "insufficient" and kv_spill is None:
             # the budget cannot hold the whole context's KV cache: spill it to storage
             q = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True)
-            tail = (fit * p.kv_bytes_per_pos - (q.kv_bytes - q.kv_tail * p.kv_bytes_per_pos)) // p.kv_bytes_per_pos
-            if q.verdict != "insufficient" and tail > q.kv_tail:     # the tail takes what the RAM cache would have
+            # a weight byte in RAM saves a byte read every token, a tail position's only past it: the tail
+            # takes what the weights leave (everything, where they are all resident)
+            tail = q.kv_tail + (budget - q.planned_peak) // q.kv_bytes_per_pos if q.verdict != "insufficient" else 0
+            if tail > q.kv_tail:
                 q2 = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True, tail)
-                q = q2 if q2.verdict != "insufficient" else q
+                q = q2 if q2.verdict != "insufficient" and q2.pinned == q.pinned else q
             if q.verdict != "insufficient":
                 q.max_ctx = p.max_ctx
                 q.notes.append(f"the budget cannot hold the KV cache of {p.n_ctx:,} positions in RAM ({p.min_budget:,} B "

@@ -67,10 +67,12 @@ def test_auto_spill_under_the_budget_reads_only_the_windows_and_leaks_nothing():
         p = plan_for_budget(f, limit, 1024, kv_spill=None)
         off = plan_for_budget(f, limit, 1024, kv_spill=False)
         near = plan_for_budget(f, whole - 300_000, 1024, kv_spill=None)
+        least = plan_for_budget(f, whole - 300_000, 1024, kv_spill=True)
     assert p.kv_spill and p.kv_read_bytes_per_token > 0 and any("spills" in n for n in p.notes)
     assert not off.kv_spill and off.kv_positions < 1024
-    # spilling by itself, the tail holds what the cache in RAM would have: more where the budget is nearer
-    assert near.kv_spill and near.kv_tail > p.kv_tail and near.kv_bytes <= (near.max_ctx // 256 * 256) * near.kv_bytes_per_pos
+    # spilling by itself, the tail takes what the weights leave (the same layers pinned as with the least)
+    assert near.kv_spill and near.kv_tail > least.kv_tail and near.pinned == least.pinned
+    assert least.planned_peak < near.planned_peak <= near.budget
     b = MemoryBudget(limit)
     with Engine.load(path, n_ctx=1024, budget=b) as eng:
         kv = eng.kv
