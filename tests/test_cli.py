@@ -56,7 +56,7 @@ def test_plan_verdicts(ram, verdict, kv_positions, spill):
     # a budget short of the whole context's KV cache spills it to storage (its tails and read buffers
     # charged); with --kv-spill off the cache grows as the context fills: the plan holds the positions it can
     assert p["kv_spill"] == (ram == "30M" and spill is None)
-    want = (spill_layout(2048, 1, 256, 256, "f16", "f16", p["batch"]).charged(18) if p["kv_spill"]
+    want = (spill_layout(2048, 1, 256, 256, "f16", "f16", p["batch"], p["kv_tail"]).charged(18) if p["kv_spill"]
             else 18 * kv_positions * 1 * (256 + 256) * 2)
     assert p["kv_positions"] == kv_positions and p["kv_bytes"] == want
     if verdict != "insufficient":
