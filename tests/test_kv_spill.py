@@ -51,6 +51,24 @@ def test_spilled_cache_gives_the_in_ram_logits(tiny, ram_logits, tmp_path):
     assert b.current == 0
 
 
+def test_a_failed_read_mid_pass_leaks_nothing_and_the_next_eval_resumes(tiny, ram_logits, monkeypatch):
+    _, decode = ram_logits
+    b = MemoryBudget()
+    with Engine.load(tiny, n_ctx=1024, budget=b, kv_spill=True) as eng:
+        eng.eval(IDS)
+        before, kv = b.current, eng.kv
+
+        def broken(key, offset, out):
+            raise KVSpillError(f"{kv.files[key].path}: read failed (injected)", kv.files[key].path)
+        monkeypatch.setattr(kv, "read", broken)
+        with pytest.raises(KVSpillError, match="injected"):
+            eng.eval([5])
+        assert b.current == before and not kv._inflight and kv._held is None and eng.n_past == len(IDS)
+        monkeypatch.undo()
+        assert np.array_equal(eng.eval([5])[-1], decode[0])
+    assert b.current == 0
+
+
 def test_auto_spill_under_the_budget_reads_only_the_windows_and_leaks_nothing():
     """gemma3's sliding layers (window 8 on 5 of 6 layers) read only their window; a budget short of the
     whole cache spills by itself; the managed peak stays under it; a failed eval leaks nothing."""
