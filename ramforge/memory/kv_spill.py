@@ -150,7 +150,10 @@ class SpilledKVCache:
         self.n_ctx, self.first, self.budget, self.n_layer = n_ctx, first_layer, budget, n_layer
         self.bytes_per_pos = n_layer * n_head_kv * (rbk + rbv)
         self.lay = lay = spill_layout(n_ctx, n_head_kv, hd_k, hd_v, self.type_k, self.type_v, batch, tail)
-        self.windows = list(windows or [0] * n_layer)
+        self.windows = list(windows or [0] * n_layer)      # each layer's attention window (0: all positions)
+        if len(self.windows) != n_layer or n_ctx <= 0 or n_layer <= 0:
+            raise InvalidArgument(f"a spilled KV cache of {n_layer} layers and {n_ctx} positions: "
+                                  f"{len(self.windows)} windows given")
         self.shape_k, self.shape_v = (n_head_kv, rbk // 2 if self.type_k == "f16" else rbk), \
                                      (n_head_kv, rbv // 2 if self.type_v == "f16" else rbv)
         self.dt_k, self.dt_v = (np.uint16 if t == "f16" else np.uint8 for t in (self.type_k, self.type_v))
