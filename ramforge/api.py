@@ -74,6 +74,9 @@ class Model:
     their names (default: $RAMFORGE_KV_TYPE, else f16); a quantized cache is read as llama.cpp's flash
     attention reads it (llama-cpp-python's `flash_attn=True`, which a quantized V needs), an f16 one as
     its default graph does; flash_attn, if given, must say the same.
+    kv_spill: the KV cache spilled to storage (a file per layer, read back each token, bit-exact): None
+    (default) when the budget cannot hold it for the whole context, True always, a directory always (its
+    files there), False never (ramforge.memory.kv_spill).
     ray: run the model as a pipeline of `stages` layer ranges on Ray (ramforge.cluster): True (a new
     local cluster, or $RAY_ADDRESS), an address (HOST:PORT, ray://HOST:PORT, "auto"), or a dict of
     cluster.Pipeline's keywords with "address" (connect_timeout, stage_timeout, placement, ...); each
@@ -87,7 +90,7 @@ class Model:
                  n_threads: int | None = None, seed: int | None = None, verbose: bool = False, io: str = "direct",
                  chat_template: str | None = None, n_ubatch: int = 512, expert_policy: str | None = None,
                  expert_prefetch: bool = True, draft_model=None, type_k: int | str | None = None,
-                 type_v: int | str | None = None, flash_attn: bool | None = None, ray=None, stages: int = 2,
+                 type_v: int | str | None = None, kv_spill: bool | str | None = None, flash_attn: bool | None = None, ray=None, stages: int = 2,
                  stage_ram=None):
         from .engine import Engine
         from .speculative import DraftModel, check_draft_length
@@ -105,6 +108,8 @@ class Model:
                 raise InvalidArgument("a draft model is not supported with ray= (a pipeline of stages)")
             if type_k is not None or type_v is not None:
                 raise InvalidArgument("type_k / type_v are not supported with ray= (the stages keep f16 caches)")
+            if kv_spill:
+                raise InvalidArgument("kv_spill is not supported with ray= (the stages keep their caches in RAM)")
             self.engine = _pipeline(path_or_name, ray, stages, stage_ram if stage_ram is not None else ram,
                                     n_ctx, io, n_threads)
             draft_model = None
@@ -115,7 +120,7 @@ class Model:
             if ray is None or ray is False:
                 self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads,
                                           expert_policy=expert_policy, expert_prefetch=expert_prefetch,
-                                          type_k=type_k, type_v=type_v)
+                                          type_k=type_k, type_v=type_v, kv_spill=kv_spill)
         except BaseException:
             if isinstance(draft_model, DraftModel):
                 draft_model.close()

@@ -22,11 +22,12 @@ from .kernels.matmul import batch_view
 from .kernels.ops import rms_norm, softcap
 from .memory import MemoryBudget
 from .memory.kv_cache import KVCache
+from .memory.kv_spill import SpilledKVCache, spill_dir, spill_mode
 from .models import ALIASES, ARCHITECTURES
 from .models.config import HParams
 from .models.config import MOE_ARCHS, NO_CAPS, SOFTCAPS
 from .models.weights import ModelError, gguf_name, layer_tensors
-from .plan import UBATCH, Plan, n_vocab_of, plan_for_budget, state_shapes
+from .plan import UBATCH, Plan, layer_windows, n_vocab_of, plan_for_budget, state_shapes
 from .profiling import KERNELS, PROFILE, PassRecord
 from .runtime import bind
 from .ubatch import Chunk, chunks
@@ -178,7 +179,7 @@ class Engine:
     module: object
     plan: Plan
     weights: Weights
-    kv: KVCache
+    kv: KVCache | SpilledKVCache
     state: State
     tokenizer: object
     budget: MemoryBudget
@@ -197,11 +198,15 @@ class Engine:
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
              io: IOMode | str = IOMode.DIRECT, layers: tuple[int, int] | None = None,
              n_threads: int | None = None, expert_policy: str | None = None, expert_prefetch: bool = True,
-             type_k: str | int | None = None, type_v: str | int | None = None) -> "Engine":
+             type_k: str | int | None = None, type_v: str | int | None = None,
+             kv_spill: bool | str | None = None) -> "Engine":
         """Plan under the budget, then read what stays resident. layers=(a, b) runs only that range.
         expert_policy ("lru", "lfu"; default stream.experts.DEFAULT_POLICY) and expert_prefetch: the
         expert cache, where experts stream apart from their layers. type_k, type_v: the KV cache types
-        ("f16", "q8_0", "q4_0" or their ggml ids; default $RAMFORGE_KV_TYPE, else f16), see kv_types."""
+        ("f16", "q8_0", "q4_0" or their ggml ids; default $RAMFORGE_KV_TYPE, else f16), see kv_types.
+        kv_spill: None spills the KV cache to storage (memory.kv_spill, files in a temporary directory) when
+        the budget cannot hold it for the whole context; True always; a path: always, its files there;
+        False never (growing past what the budget holds fails with KVBudgetExceeded)."""
         from .runtime import set_threads
         from .tokenizer import load_tokenizer
 
@@ -215,7 +220,8 @@ class Engine:
             hp = HParams.from_metadata(md, n_vocab_of(f))
             extra = _refuse_unsupported_keys(md, hp.arch)
             _refuse_unknown_tensors(f, hp, module)
-            plan = plan_for_budget(f, budget.available, n_ctx, layers, batch, type_k=type_k, type_v=type_v)
+            plan = plan_for_budget(f, budget.available, n_ctx, layers, batch, type_k=type_k, type_v=type_v,
+                                   kv_spill=spill_mode(kv_spill))
             if plan.verdict == "insufficient":
                 raise BudgetTooSmall(budget.available, plan.min_budget, plan.n_ctx)
             # reading the weights releases the GIL: meanwhile build the tokenizer (~0.15 s for a 262k
@@ -231,14 +237,20 @@ class Engine:
         charges = []
         try:
             a, b = plan.layers
-            kv = KVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,
-                         type_k=type_k, type_v=type_v)
+            if plan.kv_spill:
+                kv = SpilledKVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, a, type_k,
+                                    type_v, plan.batch, spill_dir(kv_spill), weights.reader,
+                                    layer_windows(hp, module, (a, b)), plan.kv_tail)
+                charges.append(kv)        # closed (files removed, reader stopped) with the engine
+            else:
+                kv = KVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,
+                             type_k=type_k, type_v=type_v)
             charges.append(kv.charge)
             charges.append(budget.charge("activations", plan.state_bytes))
             state = State.allocate(hp, plan.batch)
         except BaseException:
             for c in charges:
-                c.release()
+                (c.close if isinstance(c, SpilledKVCache) else c.release)()
             weights.close()
             raise
         eng = cls(str(path), hp, module, plan, weights, kv, state, tokenizer, budget, extra, _charges=charges,
@@ -361,13 +373,19 @@ class Engine:
         bind(self.n_threads)                        # numba's thread settings, in this thread
         rec = PassRecord(n, kind or ("prefill" if n > 1 else "decode")) if PROFILE.enabled else None
         self.weights.record = rec
+        spill = self.kv if isinstance(self.kv, SpilledKVCache) else None
         k0 = (KERNELS.seconds, KERNELS.calls)
         sw = Stopwatch().start()
         try:
             self.weights.begin_pass(logits=rows is not None)
+            if spill:                                # its older positions' reads start beside the weights'
+                spill.record = rec
+                spill.begin_pass(self.kv.n_past, n)
             fill(self.state.x[:n])
             with batch_view(*view) if view else contextlib.nullcontext():
                 self.module.forward(self, self.state, n, self.kv.n_past, out=only)
+            if spill:
+                spill.end_pass()
             self.kv.n_past += n
             if rows is not None:             # the output matmul: rows of the whole batch, or one row alone
                 v = (view or (n, 0)) if only is None else None
@@ -376,6 +394,8 @@ class Engine:
             else:
                 res = None
         except BaseException:
+            if spill:
+                spill.abort()
             self.weights.abort()
             raise
         if rec:
@@ -459,8 +479,8 @@ class Engine:
         return logits
 
     def close(self) -> None:
-        for c in self._charges:
-            c.release()
+        for c in self._charges:       # a spilled cache first: it reads with the weights' reader thread
+            (c.close if isinstance(c, SpilledKVCache) else c.release)()
         self._charges.clear()
         self.weights.close()
         while self.closing:

@@ -163,6 +163,15 @@ class KVBudgetExceeded(BudgetExceeded):
                      f"of {budget:,} B; raise --ram, lower --ctx, or use a quantized cache (--kv-type q8_0)",)
 
 
+class KVSpillError(RamforgeError):
+    """The KV cache's spill directory cannot be used: not writable, or the disk cannot hold the spill
+    files (`path`, `needed` and `free` bytes, where known)."""
+
+    def __init__(self, message: str, path: str, needed: int | None = None, free: int | None = None):
+        self.path, self.needed, self.free = path, needed, free
+        super().__init__(message)
+
+
 class BudgetTooSmall(OutOfBudget):
     """The budget cannot hold even one layer plus the working set."""
 
@@ -219,6 +228,7 @@ HTTP_STATUS: tuple[tuple[type[RamforgeError], int], ...] = (
     (ServerBusy, 503),
     (ClusterError, 503),
     (ClientDisconnected, 499),
+    (KVSpillError, 507),              # the spill directory's disk, not the request
     (RamforgeError, 500),
 )
 

@@ -14,6 +14,11 @@ The engine allocates exactly what the plan says, so `ramforge plan` is the runti
   for n_ctx, the plan is made for the positions it holds (kv_positions, whole chunks of 256), and
   growing past them fails with a budget error naming the position. max_ctx: the longest context
   the budget holds at all (smallest chunk, nothing pinned).
+- where the budget cannot hold the KV cache for n_ctx (or when asked), the cache spills to storage
+  (memory.kv_spill): the fixed part holds a tail of recent positions per layer and two read buffers of
+  one layer's cache at n_ctx instead of the whole cache; each token reads the older positions back
+  (kv_read_bytes_per_token at a full context). A budget that holds neither plans for the positions
+  it holds, as above.
 A mixture of experts that does not fit whole streams its experts apart from their layers: a layer's
 read span holds its dense tensors (attention, norms, router, shared expert); each expert (its rows
 of gate, up and down: three aligned segments) is read alone into an expert cache of whole slots,
@@ -31,7 +36,7 @@ from .gguf.constants import GGML_BLOCK, Keys
 from .gguf.reader import GGUFFile, TensorInfo
 from .models import ffn_norm, is_executable
 from .models.config import FUSED_PROJECTIONS, HParams
-from .memory.kv_types import CHUNK, bytes_per_position, kv_type
+from .memory.kv_types import CHUNK, bytes_per_position, kv_type, spill_layout
 
 DEFAULT_CTX = 4096          # as llama-cli: the default context, capped by the model's own
 DEFAULT_BATCH = 64          # prompt tokens per forward chunk
@@ -178,6 +183,10 @@ class Plan:
     n_ctx_train: int = 0                          # the model's trained context
     kv_positions: int = 0                         # the positions kv_bytes holds: n_ctx, or fewer where the
                                                   # budget holds only those (growth past them fails)
+    kv_spill: bool = False                        # the KV cache spills to storage (kv_bytes: its tails and buffers)
+    kv_tail: int = 0                              # positions of each layer in RAM (the most recent ones)
+    kv_spill_file_bytes: int = 0                  # the spill files on disk (all layers)
+    kv_read_bytes_per_token: int = 0              # K/V read back per decode token at a full context
 
     @property
     def kv_bytes_per_1k(self) -> int:
@@ -215,7 +224,7 @@ class Plan:
 
 def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: int = DEFAULT_BATCH,
               layers: tuple[int, int] | None = None, hit_rate: float | None = None, type_k: str = "f16",
-              type_v: str = "f16") -> Plan:
+              type_v: str = "f16", kv_spill: bool = False, kv_tail: int | None = None) -> Plan:
     """hit_rate: the expert cache hit rate for expected_bytes_per_token; by default the share of all
     experts the cache holds (what routing spread evenly over the experts would hit)."""
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
@@ -243,6 +252,9 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     big = [n for n in big if n in persistent]
     kv_pos = bytes_per_position(b - a, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, type_k, type_v)
     kv = n_ctx * kv_pos
+    if kv_spill:                       # the tails and the read buffers (memory.kv_spill)
+        lay = spill_layout(n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, type_k, type_v, batch, kv_tail)
+        kv = lay.charged(b - a)
     state = state_bytes(hp, batch, n_ctx)
     small = sum(4 * f.tensors[n].n_elements for n in SMALL                # kept as float32
                 if n in f.tensors and (b == hp.n_layer or n != "output_norm.weight"))
@@ -271,6 +283,11 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
              kv, state, small, "resident", min_budget, resident_budget, expert_count=(b - a) * hp.n_expert,
              type_k=kv_type(type_k), type_v=kv_type(type_v), kv_bytes_per_pos=kv_pos, n_ctx_train=hp.n_ctx_train,
              kv_positions=n_ctx)
+    if kv_spill:
+        p.kv_spill, p.kv_tail, p.kv_spill_file_bytes = True, lay.tail, (b - a) * lay.buffer_bytes
+        pos0 = n_ctx - 1                                 # a decode token at a full context
+        p.kv_read_bytes_per_token = sum(lay.read_bytes(pos0, 1, lay.spilled_at(pos0, 1), w)
+                                        for w in layer_windows(hp, None, (a, b)))
     outside = sum(persistent.values()) - sum(persistent[n] for n in big)          # norms, rope factors
     p.active_bytes_per_token = (sum(t.nbytes for x in by_layer.values() for t in x) - expert_total
                                 + (expert_total * k // hp.n_expert if hp.n_expert else 0) + outside
@@ -324,6 +341,19 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     return p
 
 
+def layer_windows(hp: HParams, module, layers: tuple[int, int]) -> list[int]:
+    """Each layer's attention window (0: the whole context), as the architecture's forward pass passes
+    it (its is_swa); module: the architecture's module, imported here when None."""
+    if module is None:
+        import importlib
+
+        from .models import ALIASES, ARCHITECTURES
+        name = ARCHITECTURES.get(ALIASES.get(hp.arch, hp.arch))
+        module = importlib.import_module(f"ramforge.models.{name}") if name else None
+    swa = getattr(module, "is_swa", None)
+    return [hp.sliding_window if swa is not None and swa(hp, il) else 0 for il in range(*layers)]
+
+
 def block_row_bytes(t: TensorInfo) -> int:
     """Bytes of one row (dims[0] elements) of a 2-D tensor."""
     be, bb = GGML_BLOCK[t.ggml_type]
@@ -341,29 +371,54 @@ MOE_STATE_SHARE = 8
 
 def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
                     layers: tuple[int, int] | None = None, batch: int | None = None,
-                    hit_rate: float | None = None, type_k: str = "f16", type_v: str = "f16") -> Plan:
+                    hit_rate: float | None = None, type_k: str = "f16", type_v: str = "f16",
+                    kv_spill: bool | None = False, kv_tail: int | None = None) -> Plan:
     """The plan with the largest prompt chunk that fits the budget: 64 down to 1 tokens; for a mixture
-    of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget."""
+    of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget.
+    kv_spill: True spills the KV cache to storage, None does where the budget cannot hold it for n_ctx
+    (then, where spilling does not fit either, the plan holds the positions the budget allows); when it
+    spills by itself, its RAM tail takes the budget the weights leave (a pinned weight byte saves a read
+    every token, a tail position only past it). kv_tail: the tail's positions (default: the least)."""
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
         raise InvalidArgument(f"an expert hit rate is a fraction from 0 to 1, got {hit_rate}")
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
     moe = hp.n_expert > 0
     batches = (batch,) if batch else BATCHES
     for b in (MOE_BATCHES if moe and not batch else ()) + batches:
-        p = make_plan(f, budget, n_ctx, b, layers, hit_rate, type_k, type_v)
+        p = make_plan(f, budget, n_ctx, b, layers, hit_rate, type_k, type_v, bool(kv_spill), kv_tail)
         grown = b > BATCHES[0]                    # a mixture's chunk past 64: only with a small state
         if p.verdict != "insufficient" and not (grown and budget and p.state_bytes * MOE_STATE_SHARE > budget):
             break
-    p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v).min_budget   # smallest chunk
+    p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v, bool(kv_spill), kv_tail).min_budget
+    if kv_spill:
+        p.notes.append(f"the KV cache spills to storage: {p.kv_tail} recent positions of each layer in RAM, the older "
+                       f"ones in a spill file per layer ({p.kv_spill_file_bytes:,} B on disk), read back per token "
+                       f"(at a full context {p.kv_read_bytes_per_token:,} B of K/V per decode token)")
     if budget is not None:                      # the longest context the budget holds (smallest chunk, no pins)
         b1 = batches[-1]
         per = p.kv_bytes_per_pos + state_bytes(hp, b1, 2) - state_bytes(hp, b1, 1)   # cache + attention scores
         base = make_plan(f, None, 1, b1, layers, None, type_k, type_v).min_budget - per
         p.max_ctx = max(0, (budget - base) // per)
         fit = min(p.max_ctx, p.n_ctx) // CHUNK * CHUNK
-        if p.verdict == "insufficient" and fit >= CHUNK:
+        if p.verdict == "insufficient" and kv_spill is None:
+            # the budget cannot hold the whole context's KV cache: spill it to storage
+            q = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True)
+            # a weight byte in RAM saves a byte read every token, a tail position's only past it: the tail
+            # takes what the weights leave (everything, where they are all resident)
+            tail = q.kv_tail + (budget - q.planned_peak) // q.kv_bytes_per_pos if q.verdict != "insufficient" else 0
+            if tail > q.kv_tail:
+                q2 = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True, tail)
+                q = q2 if q2.verdict != "insufficient" and q2.pinned == q.pinned else q
+            if q.verdict != "insufficient":
+                q.max_ctx = p.max_ctx
+                q.notes.append(f"the budget cannot hold the KV cache of {p.n_ctx:,} positions in RAM ({p.min_budget:,} B "
+                               f"would); it spills (--kv-spill off: hold the {fit:,} positions the budget allows)")
+                return q
+            if fit < CHUNK:                      # nothing holds the context: the smaller minimum is the one to meet
+                p.min_budget = min(p.min_budget, q.min_budget)
+        if p.verdict == "insufficient" and fit >= CHUNK and not kv_spill:
             # the KV cache grows as the context fills: plan for the positions the budget holds
-            q = plan_for_budget(f, budget, fit, layers, batch, hit_rate, type_k, type_v)
+            q = plan_for_budget(f, budget, fit, layers, batch, hit_rate, type_k, type_v, False)
             if q.verdict != "insufficient":
                 q.n_ctx, q.max_ctx, q.min_budget = p.n_ctx, p.max_ctx, p.min_budget
                 q.notes.append(f"the budget holds the KV cache of {fit:,} of the {p.n_ctx:,} positions (it is charged "

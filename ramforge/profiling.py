@@ -63,6 +63,7 @@ class PassRecord:
     kind: str                 # "prefill" or "decode"
     layers: list[LayerRecord] = field(default_factory=list)
     experts: list[ExpertRecord] = field(default_factory=list)     # streamed experts, per layer
+    kv: list[LayerRecord] = field(default_factory=list)           # spilled K/V read back, per layer (kv_spill)
     seconds: float = 0.0      # wall time, compiling left out
     kernel_s: float = 0.0     # of which inside compiled kernels called from Python (KERNELS)
     kernel_calls: int = 0     # those calls (a kernel's calls of other kernels are inlined or native)
@@ -78,7 +79,13 @@ class PassRecord:
 
     @property
     def wait_s(self) -> float:
-        return sum(r.wait_s for r in self.layers) + sum(r.wait_s for r in self.experts)
+        return (sum(r.wait_s for r in self.layers) + sum(r.wait_s for r in self.experts)
+                + sum(r.wait_s for r in self.kv))
+
+    @property
+    def kv_bytes_read(self) -> int:
+        """Spilled K/V read back for this pass (apart from bytes_read, the weights')."""
+        return sum(r.bytes_read for r in self.kv)
 
 
 class KernelClock:
@@ -167,14 +174,19 @@ class Profile:
             "storage_gb_s": total_read / read_s / 1e9 if read_s > 0 else 0.0,
             "wait_s": sum(p.wait_s for p in self.passes),
             "bytes_per_decode_token": (sum(p.bytes_read for p in decode) / len(decode)) if decode else 0,
+            # a spilled KV cache (memory.kv_spill): K/V read back, apart from the weights
+            "kv_bytes_read": sum(p.kv_bytes_read for p in self.passes),
+            "kv_read_s": sum(r.read_s for p in self.passes for r in p.kv),
+            "kv_bytes_per_decode_token": (sum(p.kv_bytes_read for p in decode) / len(decode)) if decode else 0,
             # speculative decoding: batched verifications, and what every pass after the prompt read
             "verify_passes": sum(p.kind == "verify" for p in self.passes),
             "bytes_after_prompt": sum(p.bytes_read for p in self.passes if p.kind != "prefill"),
             **per_decode_token(decode),
             "passes": [{"kind": p.kind, "n_tokens": p.n_tokens, "seconds": p.seconds, "bytes_read": p.bytes_read,
+                        "kv_bytes_read": p.kv_bytes_read,
                         "wait_s": p.wait_s, "kernel_s": p.kernel_s, "kernel_calls": p.kernel_calls,
                         "python_s": p.python_s,
-                        "layers": [vars(r) for r in p.layers],
+                        "layers": [vars(r) for r in p.layers], "kv": [vars(r) for r in p.kv],
                         "experts": [r.as_dict() for r in p.experts]} for p in self.passes],
             "experts": experts.as_dict() if any(p.experts for p in self.passes) else None,
         }

@@ -54,6 +54,7 @@ def memory_report(eng) -> dict:
         "managed_current": eng.budget.current, "managed_peak": eng.budget.peak, "budget": eng.budget.limit,
         "planned_peak": eng.plan.planned_peak,                    # at a full context (the KV cache grows as it fills)
         "kv_charged": eng.kv.nbytes, "kv_full": eng.kv.full_bytes, "kv_types": [eng.kv.type_k, eng.kv.type_v],
+        "kv_spill": getattr(eng.kv, "dir", None),                # the spill files' directory, if it spills
         "rss": psutil.Process().memory_info().rss,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "model_file_bytes": size, "page_cache_bytes": resident,
@@ -78,6 +79,8 @@ def render_memory(m: dict) -> None:
         t.add_row(name, "unlimited" if v is None else f"{v:,}", "" if v is None else format_bytes(v))
     err.print(t)
     err.print(f"page cache holds {100 * m['page_cache_fraction']:.1f}% of the model file")
+    if m.get("kv_spill"):
+        err.print(f"the KV cache spills to {m['kv_spill']} (charged: its tails and read buffers)")
 
 
 def render_profile(p: dict, timings: dict) -> None:
@@ -96,12 +99,14 @@ def render_profile(p: dict, timings: dict) -> None:
         render_experts(last, p["experts"], len([q for q in passes if q["experts"]]))
     t = Table(title="per token")
     # kernel ms: inside compiled kernels; python ms: the rest of the pass (orchestration, I/O wait)
-    for c in ("pass", "kind", "tokens", "ms", "kernel ms", "python ms", "kernel calls", "bytes read", "wait ms"):
+    spilled = p.get("kv_bytes_read", 0) > 0      # a spilled KV cache: its K/V read back, beside the weights
+    for c in ("pass", "kind", "tokens", "ms", "kernel ms", "python ms", "kernel calls", "bytes read",
+              *(("KV bytes read",) if spilled else ()), "wait ms"):
         t.add_column(c, justify="right")
     for i, q in enumerate(passes):
         t.add_row(str(i), q["kind"], str(q["n_tokens"]), f"{q['seconds'] * 1e3:.1f}", f"{q['kernel_s'] * 1e3:.1f}",
                   f"{q['python_s'] * 1e3:.1f}", str(q["kernel_calls"]), f"{q['bytes_read']:,}",
-                  f"{q['wait_s'] * 1e3:.2f}")
+                  *((f"{q.get('kv_bytes_read', 0):,}",) if spilled else ()), f"{q['wait_s'] * 1e3:.2f}")
     err.print(t)
     t = Table(title="compute by op class")
     t.add_column("op"), t.add_column("calls", justify="right"), t.add_column("s", justify="right")
@@ -111,6 +116,10 @@ def render_profile(p: dict, timings: dict) -> None:
     err.print(f"layers: {p['hits']} hits (pinned), {p['misses']} misses (streamed); "
               f"{format_bytes(p['bytes_per_decode_token'])} streamed per decode token; storage "
               f"{p['storage_gb_s']:.2f} GB/s over {format_bytes(p['bytes_read'])}; I/O wait {p['wait_s']:.3f} s")
+    if spilled:
+        err.print(f"KV cache spilled: {format_bytes(p['kv_bytes_per_decode_token'])} of K/V read back per decode "
+                  f"token (weights: {format_bytes(p['bytes_per_decode_token'])}); "
+                  f"{format_bytes(p['kv_bytes_read'])} in all, {p['kv_read_s']:.3f} s reading")
     if any(q["kind"] == "decode" for q in passes):
         err.print(f"python overhead per decode token: {p['decode_python_s'] * 1e3:.2f} ms "
                   f"({100 * p['decode_python_fraction']:.1f}% of the token's {p['decode_token_s'] * 1e3:.2f} ms); "

@@ -44,15 +44,21 @@ def test_support_lists_types():
     assert ramforge("support").returncode == 0
 
 
-@pytest.mark.parametrize("ram,verdict,kv_positions", [("1G", "resident", 2048), ("100M", "streaming", 2048),
-                                                      ("30M", "streaming", 1280), ("8M", "insufficient", 2048)])
-def test_plan_verdicts(ram, verdict, kv_positions):
-    r = ramforge("plan", "default", "--ram", ram, "--ctx", "2048", "--json")
+@pytest.mark.parametrize("ram,verdict,kv_positions,spill", [
+    ("1G", "resident", 2048, None), ("100M", "streaming", 2048, None), ("30M", "streaming", 2048, None),
+    ("30M", "streaming", 1280, "off"), ("8M", "insufficient", 2048, None)])
+def test_plan_verdicts(ram, verdict, kv_positions, spill):
+    from ramforge.memory.kv_types import spill_layout
+    r = ramforge("plan", "default", "--ram", ram, "--ctx", "2048", "--json", *(("--kv-spill", spill) if spill else ()))
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)
     assert p["verdict"] == verdict and p["n_ctx"] == 2048
-    # the KV cache grows as the context fills: a budget short of 2048 positions plans for those it holds
-    assert p["kv_positions"] == kv_positions and p["kv_bytes"] == 18 * kv_positions * 1 * (256 + 256) * 2
+    # a budget short of the whole context's KV cache spills it to storage (its tails and read buffers
+    # charged); with --kv-spill off the cache grows as the context fills: the plan holds the positions it can
+    assert p["kv_spill"] == (ram == "30M" and spill is None)
+    want = (spill_layout(2048, 1, 256, 256, "f16", "f16", p["batch"], p["kv_tail"]).charged(18) if p["kv_spill"]
+            else 18 * kv_positions * 1 * (256 + 256) * 2)
+    assert p["kv_positions"] == kv_positions and p["kv_bytes"] == want
     if verdict != "insufficient":
         assert p["planned_peak"] <= p["budget"]
         assert p["planned_peak"] == (p["kv_bytes"] + p["state_bytes"] + p["small_bytes"] + p["n_buffers"] * p["buffer_bytes"]

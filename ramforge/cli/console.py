@@ -50,7 +50,7 @@ def load_tokenizer_of(model):
 
 
 def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, expert_prefetch=True, drafter=None,
-                cluster=None, kv=(None, None)):
+                cluster=None, kv=(None, None), kv_spill=None):
     """The engine under --ram; a DraftModel drafter is loaded first, resident under the same budget
     (the target then plans with what is left), and closed with the engine. cluster: cluster.Pipeline's
     keywords (--ray, --stages, --stage-ram): the model as stages on Ray instead. kv: the KV cache
@@ -66,12 +66,15 @@ def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, e
             raise click.UsageError("--lookup and --draft are not supported with --ray")
         if kv != (None, None) and tuple(kv) != ("f16", "f16"):
             raise click.UsageError("--kv-type is not supported with --ray (the stages keep f16 caches)")
+        if kv_spill:
+            raise click.UsageError("--kv-spill is not supported with --ray")
         return Pipeline(model or "default", n_ctx=ctx, io=io, n_threads=threads,
                         **{**cluster, "stage_ram": cluster.get("stage_ram") or ram})
     budget = MemoryBudget(parse_memory_size(ram) if ram else None)
     if not isinstance(drafter, DraftModel):
         eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
-                          expert_policy=expert_cache, expert_prefetch=expert_prefetch, type_k=kv[0], type_v=kv[1])
+                          expert_policy=expert_cache, expert_prefetch=expert_prefetch, type_k=kv[0], type_v=kv[1],
+                          kv_spill=kv_spill)
         if drafter is not None:
             _checked(eng, lambda: check_draft_length(drafter, eng.n_ctx))
         return eng
@@ -80,7 +83,8 @@ def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, e
     drafter.attach(Engine.load, budget, ctx, threads)
     try:
         eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
-                          expert_policy=expert_cache, expert_prefetch=expert_prefetch, type_k=kv[0], type_v=kv[1])
+                          expert_policy=expert_cache, expert_prefetch=expert_prefetch, type_k=kv[0], type_v=kv[1],
+                          kv_spill=kv_spill)
     except BaseException:
         drafter.close()
         raise
@@ -188,6 +192,23 @@ def kv_options(command):
     for o in reversed(opts):
         command = o(command)
     return command
+
+
+def spill_option(command):
+    """--kv-spill [DIR]: spill the KV cache to storage (memory.kv_spill)."""
+    return click.option(
+        "--kv-spill", "kv_spill", is_flag=False, flag_value="on", default=None, metavar="[DIR|off]",
+        help="Spill the KV cache to storage: older positions in a file per layer, read back each token (bit-exact "
+             "with the cache in RAM). Alone: always, in a temporary directory; DIR: always, its files under DIR; "
+             "off: never. Default: when the budget cannot hold the cache for the whole context.")(command)
+
+
+def spill_of(value: str | None):
+    """--kv-spill's value as Engine.load's kv_spill: None (when needed), True, False or a directory."""
+    if value is None or value.strip().lower() == "auto":
+        return None
+    v = value.strip()
+    return {"on": True, "off": False}.get(v.lower(), v)
 
 
 def kv_types_of(kv_type, kv_type_k, kv_type_v, env: dict | None = None, ollama: bool = False) -> tuple[str, str]:

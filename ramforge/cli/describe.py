@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..gguf.constants import GGMLType, Keys
 from ..memory.size import format_bytes, parse_memory_size
-from .console import kv_options, kv_types_of, open_gguf, out, short, summarise
+from .console import kv_options, kv_types_of, open_gguf, out, short, spill_of, spill_option, summarise
 
 
 @click.command()
@@ -112,9 +112,10 @@ def support(as_json):
 @click.option("--latency-ms", type=click.FloatRange(min=0), default=0.2, show_default=True,
               help="With --stages: one-way latency of a hop between stages.")
 @kv_options
+@spill_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms, kv_type,
-         kv_type_k, kv_type_v, as_json):
+         kv_type_k, kv_type_v, kv_spill, as_json):
     """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget."""
     from ..plan import plan_for_budget
     from ..stream.io import probe_read_speed
@@ -125,7 +126,9 @@ def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s
     budget = parse_memory_size(ram)
     tk, tv = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with open_gguf(model) as f:
-        p = plan_for_budget(f, budget, ctx, hit_rate=hit_rate, type_k=tk, type_v=tv)
+        spill = spill_of(kv_spill)
+        p = plan_for_budget(f, budget, ctx, hit_rate=hit_rate, type_k=tk, type_v=tv,
+                            kv_spill=None if spill is None else bool(spill))
     info = p.to_json()
     if probe_io:
         bw = probe_read_speed(p.path)
@@ -142,10 +145,15 @@ def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s
             (f"pinned layers ({len(p.pinned)} of {len(p.layer_bytes)})", sum(p.layer_bytes[i - p.layers[0]] for i in p.pinned)),
             (f"stream buffers ({p.n_buffers})", p.n_buffers * p.buffer_bytes),
             (f"KV cache (K {p.type_k}, V {p.type_v}, {p.kv_positions:,} positions"
-             f"{'' if p.kv_positions == p.n_ctx else f' of ctx {p.n_ctx:,}'}; charged as they fill)", p.kv_bytes),
+             f"{'' if p.kv_positions == p.n_ctx else f' of ctx {p.n_ctx:,}'}; charged as they fill)", p.kv_bytes)
+            if not p.kv_spill else
+            (f"KV cache spilled (K {p.type_k}, V {p.type_v}, ctx {p.n_ctx:,}): {p.kv_tail} recent positions a layer "
+             f"and 2 read buffers in RAM", p.kv_bytes),
             ("KV cache per 1k tokens", p.kv_bytes_per_1k), (f"activations (batch {p.batch})", p.state_bytes),
             ("planned peak (managed)", p.planned_peak), ("streamed per token (at most)", p.streamed_bytes_per_token),
             ("active weights per token", p.active_bytes_per_token),
+            *([("KV spill files on disk", p.kv_spill_file_bytes),
+               ("KV read back per token (at a full context)", p.kv_read_bytes_per_token)] if p.kv_spill else []),
             ("fully resident needs", p.resident_budget), ("minimum budget", p.min_budget)]
     if p.experts_apart:
         rows[5:5] = [(f"expert cache ({p.expert_slots} of {p.expert_count} experts, {format_bytes(p.expert_slot_bytes)} each)",

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..params import sampler_params
 from .console import (cluster_of, cluster_options, ctx_option, drafter_of, expert_options, io_option, kv_options,
-                      kv_types_of, load_engine,
+                      kv_types_of, load_engine, spill_of, spill_option,
                       ram_option, sampler_options, speculative_options, threads_option)
 
 
@@ -30,8 +30,8 @@ from .console import (cluster_of, cluster_options, ctx_option, drafter_of, exper
 @click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
 def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, kv_type, kv_type_k, kv_type_v,
-        lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages,
-        stage_ram, ray_timeout, stage_timeout, placement, profile, memory_report, as_json, **sampling):
+        kv_spill, lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address,
+        stages, stage_ram, ray_timeout, stage_timeout, placement, profile, memory_report, as_json, **sampling):
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr.
 
     With --ray, the model runs as --stages layer ranges on a Ray cluster (ramforge.cluster); the
@@ -49,7 +49,7 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
     PROFILE.reset()
     kv = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with compile_notice(), load_engine(model, ctx, ram, io, threads, expert_cache, expert_prefetch, drafter,
-                                       cluster, kv) as eng:
+                                       cluster, kv, spill_of(kv_spill)) as eng:
         sampler = Sampler(params, eng.hp.n_vocab, chain=LLAMA, tokenizer=eng.tokenizer)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
@@ -94,9 +94,10 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
 @io_option
 @expert_options
 @kv_options
+@spill_option
 @click.option("--json", "as_json", is_flag=True)
 def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_prefetch, kv_type, kv_type_k, kv_type_v,
-          as_json):
+          kv_spill, as_json):
     """Prefill and decode speed, and the weight bandwidth decode achieves (greedy, after a warm-up)."""
     import numba
 
@@ -107,7 +108,7 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
     c0 = COMPILE.seconds
     kv = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with compile_notice(), load_engine(model, prompt_tokens + gen + 8, ram, io, threads, expert_cache,
-                                       expert_prefetch, None, kv) as eng:
+                                       expert_prefetch, None, kv, spill_of(kv_spill)) as eng:
         base = eng.tokenizer.encode("The history of the printing press begins in the fifteenth century, when ",
                                     add_special=False)
         ids = ([eng.tokenizer.bos_id] if eng.tokenizer.add_bos else []) + (base * prompt_tokens)[:prompt_tokens]
@@ -148,7 +149,9 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
 @ram_option
 @threads_option
 @kv_options
-def chat(model, template_file, system, max_tokens, ctx, ram, threads, kv_type, kv_type_k, kv_type_v, **sampling):
+@spill_option
+def chat(model, template_file, system, max_tokens, ctx, ram, threads, kv_type, kv_type_k, kv_type_v, kv_spill,
+         **sampling):
     """An interactive chat with history and streaming output; /exit (or Ctrl-D) quits."""
     from ..api import Model
     from ..sampling import LLAMA
@@ -158,7 +161,7 @@ def chat(model, template_file, system, max_tokens, ctx, ram, threads, kv_type, k
     history = [{"role": "system", "content": system}] if system else []
     type_k, type_v = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with Model(model or "default", ram=ram, n_ctx=ctx or 4096, n_threads=threads, chat_template=template,
-               type_k=type_k, type_v=type_v) as m:
+               type_k=type_k, type_v=type_v, kv_spill=spill_of(kv_spill)) as m:
         m.sampler_chain = LLAMA                 # the CLI samples as llama.cpp's common_sampler
         click.echo(f"chatting with {m.path}; /exit to quit", err=True)
         while True:

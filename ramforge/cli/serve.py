@@ -7,7 +7,8 @@ import click
 
 from ..errors import InvalidArgument, MissingExtra
 from ..memory.size import parse_memory_size
-from .console import cluster_of, cluster_options, drafter_of, kv_options, kv_types_of, speculative_options
+from .console import (cluster_of, cluster_options, drafter_of, kv_options, kv_types_of, speculative_options, spill_of,
+                      spill_option)
 
 
 def _loopback(host: str) -> bool:
@@ -46,11 +47,12 @@ def _loopback(host: str) -> bool:
               help="A prompt cache of this size (its own budget, e.g. 2G): conversations resume instead of "
                    "recomputing their prompt.")
 @kv_options
+@spill_option
 @speculative_options
 @cluster_options
 def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
-          slot_save_path, cache_ram, kv_type, kv_type_k, kv_type_v, lookup, lookup_ngram, lookup_fixed, draft_model,
-          draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram,
+          slot_save_path, cache_ram, kv_type, kv_type_k, kv_type_v, kv_spill, lookup, lookup_ngram, lookup_fixed,
+          draft_model, draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram,
           ray_timeout, stage_timeout, placement):
     """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time.
 
@@ -90,10 +92,12 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     type_k, type_v = kv_types_of(kv_type, kv_type_k, kv_type_v, ollama=True)
     if cluster is not None and (type_k, type_v) != ("f16", "f16"):
         raise click.UsageError("--kv-type is not supported with --ray (the stages keep f16 caches)")
+    if cluster is not None and spill_of(kv_spill):
+        raise click.UsageError("--kv-spill is not supported with --ray")
     cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
                        preload=model is not None, slot_save_path=slot_save_path, cache_ram=cache_ram,
-                       type_k=type_k, type_v=type_v,
+                       type_k=type_k, type_v=type_v, kv_spill=spill_of(kv_spill),
                        speculative=spec if lookup is not None or draft_model is not None else None,
                        cluster=cluster)
     ray = None

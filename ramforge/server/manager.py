@@ -113,7 +113,8 @@ class ModelManager:
 
     def _kv_types(self) -> dict:
         """Model's type_k / type_v (none for a pipeline on Ray, whose stages keep f16 caches)."""
-        return {} if self.cfg.cluster else {"type_k": self.cfg.type_k, "type_v": self.cfg.type_v}
+        return {} if self.cfg.cluster else {"type_k": self.cfg.type_k, "type_v": self.cfg.type_v,
+                                            "kv_spill": self.cfg.kv_spill}
 
     async def ensure(self, name: str | None, num_ctx: int | None = None) -> tuple[Loaded, float]:
         """The loaded model for `name` (loading or swapping as needed) and the seconds spent loading."""

@@ -38,9 +38,14 @@ REPACK_STREAMED = not REPACK_OFF and os.environ.get("RAMFORGE_REPACK_STREAMED", 
 
 
 class _Reader(threading.Thread):
-    """Reads (key, segments) jobs into free buffers, in order; results come back in the same order."""
+    """Reads jobs into free buffers, in order; results come back in the same order. A job is
+    (key, segments, post, pool): read into a free buffer of pool, then post(buf) if given. pool None is
+    this reader's own buffers, from its file (the weights); another pool (the KV cache's spill,
+    memory.kv_spill) is anything with `free` and `done` queues and `read(key, offset, out) -> bytes`.
+    Each pool keeps jobs in flight <= its buffers, so no job waits for a buffer and one pool's jobs
+    never hold up another's."""
 
-    def __init__(self, file: ModelFile, buffers: list[np.ndarray]):
+    def __init__(self, file: ModelFile | None, buffers: list[np.ndarray]):
         super().__init__(name="ramforge-reader", daemon=True)
         self.file = file
         self.free: queue.Queue = queue.Queue()
@@ -50,22 +55,26 @@ class _Reader(threading.Thread):
         self.done: queue.Queue = queue.Queue()
         self.start()
 
+    def read(self, key, offset: int, out: np.ndarray) -> int:
+        return self.file.read_into(offset, out)
+
     def run(self) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            key, segments, post = job
-            buf = self.free.get()
+            key, segments, post, pool = job
+            pool = pool or self
+            buf = pool.free.get()
             t0, n, err = time.perf_counter(), 0, None
             try:
                 for off, length, at in segments:
-                    n += self.file.read_into(off, buf[at:at + length])
+                    n += pool.read(key, off, buf[at:at + length])
                 if post is not None:
                     post(buf)
             except BaseException as e:      # handed to the consumer, which raises it
                 err = e
-            self.done.put((key, buf, err, n, time.perf_counter() - t0))
+            pool.done.put((key, buf, err, n, time.perf_counter() - t0))
 
     def stop(self) -> None:
         self.jobs.put(None)
@@ -205,6 +214,11 @@ class Weights:
                 layer.tensors[s] = QTensor(name, t.ggml_type, t.dims, raw, rep)
         return layer
 
+    @property
+    def reader(self) -> "_Reader | None":
+        """The reader thread of the streamed layers (None when nothing streams); the KV spill shares it."""
+        return self._reader
+
     # ---- passes ---------------------------------------------------------------------------
     def _out_streamed(self) -> bool:
         return self.plan.layers[1] == self.hp.n_layer and self.output is None
@@ -248,7 +262,7 @@ class Weights:
         while self._pass and len(self._inflight) < len(self._buffers):
             key = self._pass[self._cursor % len(self._pass)]
             self._cursor += 1
-            self._reader.jobs.put(self._job(key))
+            self._reader.jobs.put((*self._job(key), None))
             self._inflight.append(key)
 
     def _drain(self) -> None:
