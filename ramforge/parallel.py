@@ -116,7 +116,13 @@ def eval_batch(eng, batch) -> dict[int, np.ndarray]:
                     if len(cur) > B:
                         raise NotReproduced(f"a ubatch of {len(cur)} sequences exceeds the engine's chunk of {B} "
                                             f"tokens under this budget")
-                    parts = [Chunk(0, len(cur), (len(cur), 0), slice(0, len(cur)), None, "decode")]
+                    want = [i for i, s in enumerate(cur) if left[s] == n]      # rows with logits (outputs)
+                    N = len(cur)
+                    if want and want != list(range(want[0], want[-1] + 1)):
+                        raise NotReproduced(f"the outputs of sequences {cur} are not contiguous rows of their ubatch")
+                    rows = slice(want[0], want[-1] + 1) if want else None
+                    only = None if len(want) == N else (rows or slice(N, N))    # llama.cpp's inp_out_ids
+                    parts = [Chunk(0, N, (N, 0), rows, only, "decode")]
                 res = []
                 for c in parts:
                     kv.ub = pl.part(c.start, c.stop)
@@ -133,7 +139,7 @@ def eval_batch(eng, batch) -> dict[int, np.ndarray]:
                 done[s] += n
                 left[s] -= n
                 if left[s] == 0:
-                    out[s] = res[-1][i if len(cur) > 1 else -1].copy()
+                    out[s] = res[-1][i - want[0] if len(cur) > 1 else -1].copy()
     finally:
         for s in order:
             _sync_tokens(eng, s)

@@ -1,0 +1,142 @@
+"""Several sequences in one KV cache (ramforge.parallel) against llama.cpp's batched decode, and
+llama-server's context shift, replayed from tests/fixtures/parallel/ (tools/record_parallel.py).
+
+The records of the small synthetic F16 models replay in CI; the others (Q8_0 weights, the 270m model)
+are slow; `-m oracle` re-records a case live through llama-cpp-python's low-level API and compares."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ramforge.engine import Engine
+from ramforge.errors import ContextLengthExceeded, InvalidArgument, NotReproduced
+
+FIX = Path(__file__).parent / "fixtures" / "parallel"
+RECORDS = sorted(FIX.glob("*.json"))
+FAST = ("llama-tiny-f16-par2", "llama-tiny-f16-par4", "llama-tiny-f16-shift", "gemma3-linear-f16-par4")
+
+
+def _load(p: Path) -> dict:
+    return json.loads(p.read_text())
+
+
+def _model(rec: dict):
+    from tools.record_parallel import model_file
+    return model_file(rec["model"]["id"])
+
+
+def _sha(row: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(row, np.float32).tobytes()).hexdigest()[:16]
+
+
+def replay(eng: Engine, steps: list) -> list[str]:
+    """Feed the record's steps; the mismatches (empty: every logits row bit-exact)."""
+    bad = []
+    for i, st in enumerate(steps):
+        if "rm" in st:
+            eng.seq_rm(*st["rm"])
+        elif "add" in st:
+            eng.seq_add(*st["add"])
+        else:
+            for s, _, p0 in st["decode"]:
+                assert eng.seq_pos_max(s) + 1 == p0, f"step {i}: sequence {s} at {eng.seq_pos_max(s) + 1}, record {p0}"
+            got = eng.eval_batch([(s, t) for s, t, _ in st["decode"]])
+            for s, want in st["out"].items():
+                row = got[int(s)]
+                if _sha(row) != want["sha"][0]:
+                    top = want["top_ids"][0][0]
+                    bad.append(f"step {i} seq {s}: argmax {int(np.argmax(row))} vs {top}, "
+                               f"top {row[top]!r} vs {want['top_vals'][0][0]!r}")
+    return bad
+
+
+def _params():
+    for p in RECORDS:
+        marks = [] if p.stem in FAST else [pytest.mark.slow]
+        yield pytest.param(p, marks=marks, id=p.stem)
+
+
+@pytest.mark.parametrize("path", _params())
+def test_replay_equals_llama_cpp(path):
+    rec = _load(path)
+    o = rec["oracle"]
+    with Engine.load(_model(rec), n_ctx=o["n_ctx"], n_seq=o["n_seq_max"]) as eng:
+        assert eng.n_ctx == o["n_ctx"] // o["n_seq_max"]
+        assert replay(eng, rec["steps"]) == []
+
+
+@pytest.mark.parametrize("path", [p for p in _params() if p.values[0].stem.endswith("-shift")])
+def test_generate_context_shift_equals_llama_server(path):
+    """Engine.generate(context_shift=True) shifts where llama-server does and yields its greedy tokens."""
+    rec = _load(path)
+    steps = rec["steps"]
+    prompt = steps[0]["decode"][0][1]
+    want = [s["out"]["0"]["top_ids"][0][0] for s in steps if "out" in s]
+    with Engine.load(_model(rec), n_ctx=rec["oracle"]["n_ctx"]) as eng:
+        got = list(eng.generate(prompt, len(want), stop_on_eog=False, context_shift=True,
+                                n_keep=rec["oracle"]["n_keep"]))
+        assert got == want
+        assert eng.kv.celled and eng.n_past < eng.n_ctx
+
+
+def test_single_sequence_cells_equal_plain_path():
+    """A sequence in KV cells (no holes) computes as the plain path, bit for bit; a reset returns to it."""
+    from tools.make_models import ensure_model
+    with Engine.load(ensure_model("llama", "f16"), n_ctx=256) as eng:
+        prompt = [1, 15043, 29892, 920, 526]
+        a = eng.eval(prompt, aligned=True)[-1]
+        b = eng.eval([29871])[-1]
+        eng.reset(0)
+        eng.kv.cells_on()
+        assert np.array_equal(eng.eval_batch([(0, prompt)])[0], a)
+        assert np.array_equal(eng.eval([29871])[-1], b)
+        assert eng.tokens == prompt + [29871]
+        eng.seq_rm(0, 3, -1)                                  # a tail removed: plain again
+        assert not eng.kv.celled and eng.n_past == 3 and eng.tokens == prompt[:3]
+
+
+def test_bad_input_is_refused():
+    from tools.make_models import ensure_model
+    with Engine.load(ensure_model("llama", "f16"), n_ctx=512, n_seq=2) as eng:
+        assert eng.n_ctx == 256
+        with pytest.raises(InvalidArgument):
+            eng.eval_batch([(2, [1])])                        # sequence id out of range
+        with pytest.raises(InvalidArgument):
+            eng.eval_batch([(0, [1]), (0, [2])])
+        with pytest.raises(InvalidArgument):
+            list(eng.generate([1, 2], 4, context_shift=True, n_keep=256))
+        with pytest.raises(NotReproduced):                    # outputs of two sequences not contiguous rows
+            eng.eval_batch([(0, [1, 2]), (1, [3, 4])])
+        with pytest.raises(ContextLengthExceeded):
+            eng.eval_batch([(1, [1] * 257)])
+        assert eng.seq_pos_max(1) == -1
+
+
+def test_shift_refused_where_not_reproduced():
+    """A sliding-window model whose window cache would reuse other cells, a quantized K cache: refused."""
+    from tools.make_models import ensure_model
+    with Engine.load(ensure_model("gemma3-linear", "f16"), n_ctx=256) as eng:
+        eng.eval_batch([(0, list(range(1, 30)))])
+        eng.seq_rm(0, 5, 15)
+        eng.seq_add(0, 15, 29, -10)
+        with pytest.raises(NotReproduced):
+            eng.eval_batch([(0, [7])])
+    with Engine.load(ensure_model("llama", "f16"), n_ctx=256, type_k="q8_0", type_v="q8_0") as eng:
+        eng.eval([1, 2, 3], aligned=True)
+        with pytest.raises(NotReproduced):
+            eng.seq_add(0, 1, 3, -1)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("mid,case", [("llama-tiny-f16", "par4"), ("llama-tiny-f16", "shift")])
+def test_live_oracle(mid, case):
+    """Recorded again now through llama-cpp-python: ramforge replays it bit-exactly."""
+    from tools.record_parallel import record
+    rec = record(mid, case)
+    o = rec["oracle"]
+    with Engine.load(_model(rec), n_ctx=o["n_ctx"], n_seq=o["n_seq_max"]) as eng:
+        assert replay(eng, rec["steps"]) == []
