@@ -87,7 +87,7 @@ class Model:
                  chat_template: str | None = None, n_ubatch: int = 512, expert_policy: str | None = None,
                  expert_prefetch: bool = True, draft_model=None, type_k: int | str | None = None,
                  type_v: int | str | None = None, flash_attn: bool | None = None, ray=None, stages: int = 2,
-                 stage_ram=None):
+                 stage_ram=None, context_shift: bool = False):
         from .engine import Engine
         from .speculative import DraftModel, check_draft_length
 
@@ -120,6 +120,10 @@ class Model:
                 draft_model.close()
             raise
         self.draft_model = draft_model
+        if context_shift and (ray is not None and ray is not False):
+            self.engine.close()
+            raise InvalidArgument("context_shift is not supported with ray= (the KV caches live in the stages)")
+        self.context_shift = bool(context_shift)     # llama-server's --context-shift (Engine.generate)
         if isinstance(draft_model, DraftModel):
             self.engine.closing.append(draft_model.close)
         if draft_model is not None:
@@ -195,7 +199,7 @@ class Model:
     # ---- generation --------------------------------------------------------------------------
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
                special: bool = True, logprobs: int | None = None, logprobs_style: str = LCPP_LOGPROBS,
-               grammar=None, **sampling) -> Iterator[Response]:
+               grammar=None, n_keep: int | None = None, **sampling) -> Iterator[Response]:
         """Yield a Response per piece of text; the last one has done=True and the totals.
 
         sampling: the sampler parameters by the names of ramforge.params' table (temperature, top_k,
@@ -204,7 +208,11 @@ class Model:
         carries the `logprobs.Step`s of its tokens (every generated token, the end-of-generation one
         excluded), computed as `logprobs_style` (ramforge.logprobs) does. grammar: GBNF text
         (llama.cpp's dialect), a compiled ramforge.structured.Grammar or a llama_cpp.LlamaGrammar;
-        errors.GrammarError when it is invalid. With a grammar the draft model is not used."""
+        errors.GrammarError when it is invalid. With a grammar the draft model is not used.
+        n_keep: the tokens a context shift keeps (Model(context_shift=True); -1: the prompt; default 0),
+        as llama-server's n_keep; InvalidArgument beyond the context."""
+        if n_keep is not None and not (isinstance(n_keep, int) and -1 <= n_keep < self.n_ctx):
+            raise InvalidArgument(f"n_keep = {n_keep!r} is beyond the context of {self.n_ctx} tokens")
         params = sampler_params(sampling, defaults={"seed": self.seed})
         grammar = self.compile_grammar(grammar)
         stops = stop_strings(stop)
@@ -226,7 +234,8 @@ class Model:
             return new
         eng, dec, hold = self.engine, self.tokenizer.stream(), max((len(s) for s in stops), default=1) - 1
         text, sent, out, finish = "", 0, [], "length"
-        gen = eng.generate(ids, max_tokens, rec or sampler, reuse_prefix=True,
+        shift = {"context_shift": True, "n_keep": n_keep or 0} if self.context_shift else {}
+        gen = eng.generate(ids, max_tokens, rec or sampler, reuse_prefix=True, **shift,
                            draft=self.draft_model if grammar is None else None,
                            outputs_all=rec is not None and logprobs_style == LCPP_LOGPROBS)  # as logits_all=True
         for tok in gen:

@@ -447,6 +447,7 @@ class Engine:
         if not prompt:
             raise EmptyPrompt("the prompt is empty: at least one token (e.g. BOS) is needed")
         if context_shift:
+            n_keep = len(prompt) if n_keep == -1 else n_keep        # llama-server's -1: the whole prompt
             if not (isinstance(n_keep, int) and 0 <= n_keep < self.n_ctx):
                 raise InvalidArgument(f"n_keep = {n_keep!r} is beyond the context of {self.n_ctx} tokens")
             if draft is not None or outputs_all:

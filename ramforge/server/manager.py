@@ -104,7 +104,7 @@ class ModelManager:
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
         model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx if n_ctx is not None else self.cfg.n_ctx,
                       n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter,
-                      ray=self.cfg.cluster, **self._kv_types())
+                      ray=self.cfg.cluster, context_shift=self.cfg.context_shift, **self._kv_types())
         if self.cfg.cache_ram:                      # one per loaded model: states fit only their model
             from ..session import PromptCache
 
@@ -273,7 +273,7 @@ class Job:
                                             f"{mdl.n_ctx}; shorten it or raise num_ctx / --ctx")
             if max_tokens is None or max_tokens < 0:
                 max_tokens = room
-            elif clamp:
+            elif clamp and not mdl.context_shift:
                 max_tokens = min(max_tokens, room)
             job.it = mdl.stream(ids, max_tokens, stop=stop or None, **sampling)
             if chat:
