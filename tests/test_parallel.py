@@ -140,3 +140,96 @@ def test_live_oracle(mid, case):
     o = rec["oracle"]
     with Engine.load(_model(rec), n_ctx=o["n_ctx"], n_seq=o["n_seq_max"]) as eng:
         assert replay(eng, rec["steps"]) == []
+
+
+def test_model_context_shift_greedy_equals_llama_server():
+    """api.Model(context_shift=True): a greedy stream past the context equals llama-server's tokens;
+    n_keep beyond the context is refused; without the shift the same request does not fit."""
+    import ramforge
+    rec = _load(FIX / "llama-tiny-f16-shift.json")
+    steps = rec["steps"]
+    prompt = steps[0]["decode"][0][1]
+    want = [s["out"]["0"]["top_ids"][0][0] for s in steps if "out" in s]
+    with ramforge.Model(str(_model(rec)), n_ctx=256, context_shift=True) as m:
+        last = list(m.stream(prompt, len(want), temperature=0, repeat_penalty=1.0, n_keep=rec["oracle"]["n_keep"]))[-1]
+        got = last.tokens
+        assert got == want[:len(got)] and len(got) > 256 - len(prompt), (len(got), last.finish_reason)
+        with pytest.raises(InvalidArgument):
+            list(m.stream(prompt, 4, n_keep=256))
+    with ramforge.Model(str(_model(rec)), n_ctx=256) as m:
+        with pytest.raises(ContextLengthExceeded):
+            list(m.stream(prompt, 300, temperature=0))
+
+
+@pytest.mark.slow
+def test_servers_context_shift():
+    """serve --context-shift: both APIs generate past the context; num_keep / n_keep beyond it is a 400."""
+    import httpx
+    import uvicorn
+
+    from ramforge.server.app import create_app
+    from ramforge.server.common import ServerConfig
+    from tests.serving import serving
+    app = create_app(ServerConfig(ram="400M", n_ctx=256, keep_alive=600, context_shift=True))
+    with serving(uvicorn.Server(uvicorn.Config(app, log_level="warning"))) as (url, _):
+        http = httpx.Client(base_url=url, timeout=300)
+        r = http.post("/api/generate", json={"model": "default", "prompt": "Once upon a time", "stream": False,
+                                             "options": {"temperature": 0, "num_predict": 270, "num_keep": 4}})
+        assert r.status_code == 200 and r.json()["eval_count"] == 270, r.text
+        r = http.post("/api/generate", json={"model": "default", "prompt": "Hi", "stream": False,
+                                             "options": {"num_predict": 4, "num_keep": 300}})
+        assert r.status_code == 400 and "n_keep" in r.text
+        r = http.post("/v1/completions", json={"model": "default", "prompt": "Hi", "max_tokens": 4, "n_keep": 999})
+        assert r.status_code == 400 and "n_keep" in r.text
+        r = http.post("/v1/completions", json={"model": "default", "prompt": "Once", "max_tokens": 260,
+                                               "temperature": 0, "n_keep": 2})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 260, r.text
+
+
+def test_batcher_joins_and_leaves_between_passes():
+    """Five concurrent greedy requests on four slots: each answer equals a replay of the scheduler's
+    passes through eval_batch on a fresh engine; the fifth waits for a slot; all slots end free."""
+    import threading
+
+    from ramforge.batcher import Batcher
+    from ramforge.errors import ServerBusy
+    from tools.make_models import ensure_model
+    path = ensure_model("llama", "f16")
+    prompts = [[1, 15043, 29892], [1, 450, 4996, 17354, 1701], [1, 3532], [1, 1724, 338, 278], [1, 376, 1576]]
+    lens = [6, 9, 3, 7, 5]
+    with Engine.load(path, n_ctx=1024, n_seq=4) as eng:
+        b = Batcher(eng, log=True)
+        got = [None] * 5
+
+        def run(i):
+            got[i] = list(b.generate(prompts[i], lens[i], stop_on_eog=False))
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(5)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert b.free == [0, 1, 2, 3] and not b.active and (eng.kv.cell_pos < 0).all()
+        b.max_wait = 0.01
+        b.free.clear()
+        with pytest.raises(ServerBusy):
+            b.generate([1, 2], 2)
+        b.free[:] = [0, 1, 2, 3]
+        b.close()
+        schedule = b.schedule
+    assert [len(g) for g in got] == lens
+    segs = []
+    with Engine.load(path, n_ctx=1024, n_seq=4) as eng:
+        cur = {}
+        for batch in schedule:
+            for s, t in batch:
+                if len(t) > 1 or s not in cur:                  # a request joins this slot
+                    eng.seq_rm(s, -1, -1)
+                    cur[s] = []
+                    segs.append((t, cur[s]))
+            out = eng.eval_batch(batch)
+            for s, _ in batch:
+                cur[s].append(int(np.argmax(out[s])))
+    assert len(schedule) < sum(lens)                            # passes were shared
+    for i, p in enumerate(prompts):
+        seg = next(o for t, o in segs if t == p)
+        assert seg[:lens[i]] == got[i]
