@@ -233,3 +233,53 @@ def test_batcher_joins_and_leaves_between_passes():
     for i, p in enumerate(prompts):
         seg = next(o for t, o in segs if t == p)
         assert seg[:lens[i]] == got[i]
+
+
+@pytest.mark.slow
+def test_serve_parallel_through_the_openai_client():
+    """serve --parallel 4 with gemma-3-270m: four concurrent greedy requests through the official
+    openai client share passes; each answer is what a replay of the server's passes through
+    eval_batch gives; the slots are free afterwards, and the lock was not held while they generated."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+    import uvicorn
+
+    from ramforge.resolve import default_model_path
+    from ramforge.server.app import create_app
+    from ramforge.server.common import ServerConfig
+    from tests.serving import serving
+    app = create_app(ServerConfig(model="default", ram="600M", n_ctx=1024, keep_alive=600, parallel=4))
+    prompts = ["Name three colours.", "Count to five.", "What is the capital of France?", "Say hello."]
+    with serving(uvicorn.Server(uvicorn.Config(app, log_level="warning"))) as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        m = app.state.manager
+        client.completions.create(model="default", prompt="Hi", max_tokens=1)      # load the model
+        model = m.current.model
+        model.batcher.schedule = []
+
+        def ask(p):
+            return client.completions.create(model="default", prompt=p, max_tokens=12, temperature=0,
+                                             extra_body={"repeat_penalty": 1.0})
+        with ThreadPoolExecutor(4) as ex:
+            answers = list(ex.map(ask, prompts))
+        schedule = list(model.batcher.schedule)
+        assert m.busy == 0 and model.batcher.free == [0, 1, 2, 3] and not m.lock.locked()
+        ids = [model.tokenize(p, add_bos=True) for p in prompts]
+        detok = model.detokenize
+    assert len(schedule) < sum(a.usage.completion_tokens for a in answers)     # passes were shared
+    with Engine.load(default_model_path(), n_ctx=1024, n_seq=4) as eng:
+        cur, segs = {}, []
+        for batch in schedule:
+            for s, t in batch:
+                if len(t) > 1 or s not in cur:
+                    eng.seq_rm(s, -1, -1)
+                    cur[s] = []
+                    segs.append((list(t), cur[s]))
+            out = eng.eval_batch(batch)
+            for s, _ in batch:
+                cur[s].append(int(np.argmax(out[s])))
+    for p, a in zip(ids, answers):
+        seg = next(o for t, o in segs if t == p)
+        n = a.usage.completion_tokens
+        assert a.choices[0].text == detok(seg[:n]).decode("utf-8", "replace")
