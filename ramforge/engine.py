@@ -238,7 +238,8 @@ class Engine:
             a, b = plan.layers
             if not (isinstance(n_seq, int) and 1 <= n_seq <= 64):
                 raise InvalidArgument(f"n_seq = {n_seq!r}: between 1 and 64 sequences")
-            rows = plan.n_ctx if n_seq == 1 else n_seq * pad_cells(plan.n_ctx // n_seq)
+            # llama.cpp: n_ctx_seq = PAD(PAD(n_ctx, 256) / n_seq, 256) (llama_context, kv_unified off)
+            rows = plan.n_ctx if n_seq == 1 else n_seq * pad_cells(max(1, pad_cells(plan.n_ctx) // n_seq))
             kv = KVCache(budget, b - a, rows, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,
                          type_k=type_k, type_v=type_v, n_seq=n_seq)
             charges.append(kv.charge)

@@ -17,7 +17,8 @@ from ramforge.errors import ContextLengthExceeded, InvalidArgument, NotReproduce
 
 FIX = Path(__file__).parent / "fixtures" / "parallel"
 RECORDS = sorted(FIX.glob("*.json"))
-FAST = ("llama-tiny-f16-par2", "llama-tiny-f16-par4", "llama-tiny-f16-shift", "gemma3-linear-f16-par4")
+FAST = ("llama-tiny-f16-par2", "llama-tiny-f16-par4", "llama-tiny-f16-shift", "gemma3-linear-f16-par4",
+        "llama-tiny-f16-par4-q8kv")
 
 
 def _load(p: Path) -> dict:
@@ -64,7 +65,8 @@ def _params():
 def test_replay_equals_llama_cpp(path):
     rec = _load(path)
     o = rec["oracle"]
-    with Engine.load(_model(rec), n_ctx=o["n_ctx"], n_seq=o["n_seq_max"]) as eng:
+    with Engine.load(_model(rec), n_ctx=o["n_ctx"], n_seq=o["n_seq_max"], type_k=o.get("type_k", "f16"),
+                     type_v=o.get("type_v", "f16")) as eng:
         assert eng.n_ctx == o["n_ctx"] // o["n_seq_max"]
         assert replay(eng, rec["steps"]) == []
 

@@ -45,10 +45,10 @@ SHIFT_AFTER = 24            # tokens generated after the first context shift
 # model id -> (make_models spec, type) or None: the default gemma-3-270m
 MODELS = {"llama-tiny-f16": ("llama", "f16"), "gemma3-linear-f16": ("gemma3-linear", "f16"),
           "llama-tiny-q8_0": ("llama", "q8_0"), "gemma3-270m": None}
-CASES = ("par2", "par4", "shift")
+CASES = ("par2", "par4", "shift", "par4-q8kv")     # par4-q8kv: par4 with Q8_0 K and V (flash attention)
 # ramforge refuses (NotReproduced) a shift where llama.cpp's sliding-window cache reuses cells whose keys
 # left a window shorter than the context (gemma3-linear's 8): no record for it
-SKIP = {("gemma3-linear-f16", "shift")}
+SKIP = {("gemma3-linear-f16", "shift"), ("gemma3-linear-f16", "par4-q8kv"), ("llama-tiny-q8_0", "par4-q8kv")}
 PROMPTS = [[1, 15043, 29892, 920], [1, 450, 4996, 17354, 1701, 29916, 432], [1, 3532, 29879, 6778, 13],
            [1, 1724, 338, 278, 7483, 310], [1, 376, 1576, 2355, 1497, 29892, 263, 4177, 6520]]
 
@@ -70,7 +70,7 @@ def prompts_for(mid: str, n_vocab: int) -> list[list[int]]:
 class Oracle:
     """A llama.cpp context driven through llama_batch / llama_decode / llama_memory_seq_*."""
 
-    def __init__(self, path: Path, n_ctx: int, n_seq: int):
+    def __init__(self, path: Path, n_ctx: int, n_seq: int, q8kv: bool = False):
         import llama_cpp as L
         self.L = L
         L.llama_backend_init()
@@ -80,7 +80,9 @@ class Oracle:
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 512, 512, n_seq
         cp.n_threads = cp.n_threads_batch = N_THREADS
         cp.kv_unified = False
-        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if q8kv else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        if q8kv:
+            cp.type_k = cp.type_v = 8                        # GGML_TYPE_Q8_0
         self.ctx = L.llama_init_from_model(self.model, cp)
         self.mem = L.llama_get_memory(self.ctx)
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
@@ -164,16 +166,18 @@ def record_shift(o: Oracle, n_ctx: int) -> list:
 def record(mid: str, case: str) -> dict:
     import llama_cpp
     path = model_file(mid)
-    n_seq = {"par2": 2, "par4": 4, "shift": 1}[case]
+    n_seq = {"par2": 2, "par4": 4, "shift": 1, "par4-q8kv": 4}[case]
     n_ctx = 256 * n_seq
-    o = Oracle(path, n_ctx, n_seq)
+    q8kv = case.endswith("q8kv")
+    o = Oracle(path, n_ctx, n_seq, q8kv)
     try:
         steps = record_shift(o, n_ctx) if case == "shift" else record_par(o, n_seq)
     finally:
         o.close()
     return {"format": FORMAT, "model": {"id": mid, "spec": MODELS[mid]}, "case": case,
             "oracle": {"llama_cpp_python": llama_cpp.__version__, "n_ctx": n_ctx, "n_seq_max": n_seq,
-                       "kv_unified": False, "flash_attn": False, "n_batch": 512, "n_ubatch": 512,
+                       "kv_unified": False, "flash_attn": q8kv, "type_k": "q8_0" if q8kv else "f16",
+                       "type_v": "q8_0" if q8kv else "f16", "n_batch": 512, "n_ubatch": 512,
                        "n_threads": N_THREADS, "n_keep": N_KEEP if case == "shift" else None, "cpu": _cpu_name(),
                        "recorder": f"python tools/record_parallel.py {mid} --case {case}"},
             "steps": steps}
