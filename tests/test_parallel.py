@@ -285,3 +285,19 @@ def test_serve_parallel_through_the_openai_client():
         seg = next(o for t, o in segs if t == p)
         n = a.usage.completion_tokens
         assert a.choices[0].text == detok(seg[:n]).decode("utf-8", "replace")
+
+
+def test_cli_run_context_shift():
+    """`ramforge run --context-shift --keep N` generates past --ctx; without it the request does not fit."""
+    from click.testing import CliRunner
+
+    from ramforge.cli import cli
+    from tools.make_models import ensure_model
+    path = str(ensure_model("llama", "f16"))
+    args = ["run", path, "-p", "Once upon a time", "-n", "300", "--ctx", "256", "--temp", "0", "--json"]
+    r = CliRunner().invoke(cli, args + ["--context-shift", "--keep", "4"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output.strip().splitlines()[-1])
+    assert out["timings"]["gen_tokens"] > 256 or out.get("finish_reason") == "stop", out
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code != 0 and isinstance(r.exception, ContextLengthExceeded)
