@@ -228,7 +228,8 @@ class Model:
         if max_tokens is None or max_tokens < 0:
             max_tokens = self.n_ctx - len(ids)
         if self.batcher is not None and (logprobs is not None or self.cache is not None):
-            raise InvalidArgument("logprobs and the prompt cache are not supported with parallel requests (n_seq > 1)")
+            raise InvalidArgument("logprobs and the prompt cache are not supported with parallel requests "
+                                  "(n_seq > 1)")
         if self.cache is not None:
             self.cache.resume(self.engine, ids)
         sampler = Sampler(params, self.engine.hp.n_vocab, chain=self.sampler_chain, tokenizer=self.tokenizer,

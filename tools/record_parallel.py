@@ -19,9 +19,7 @@ Each step is stored with the tokens it fed (so a replay feeds the same) and, per
 from __future__ import annotations
 
 import argparse
-import ctypes
 import fnmatch
-import json
 import os
 import sys
 import time

@@ -55,9 +55,10 @@ def _loopback(host: str) -> bool:
 @speculative_options
 @cluster_options
 def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
-          slot_save_path, cache_ram, parallel, context_shift, kv_type, kv_type_k, kv_type_v, lookup, lookup_ngram, lookup_fixed, draft_model,
-          draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram):
-    """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time.
+          slot_save_path, cache_ram, parallel, context_shift, kv_type, kv_type_k, kv_type_v, lookup, lookup_ngram,
+          lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram):
+    """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time (or --parallel N
+    together).
 
     MODEL (a path, a store name or `default`) is loaded before the server starts; without it the
     default model loads on the first request. Requests may name `default` or any name from

@@ -11,8 +11,6 @@ for the sliding layers). NEOX-style RoPE.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..kernels.matmul import shared_input
 from ..kernels.ops import attention, rms_norm, rope
 from . import gemma3

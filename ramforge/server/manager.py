@@ -312,7 +312,8 @@ class Job:
                 polled = time.monotonic()
                 if await request.is_disconnected():
                     raise ClientDisconnected("client disconnected")
-            r = await (anyio.to_thread.run_sync(next, self.it, None) if self.shared else self.m.call(next, self.it, None))
+            step = anyio.to_thread.run_sync if self.shared else self.m.call      # --parallel: off the worker
+            r = await step(next, self.it, None)
 
     async def collect(self, request: Request | None = None):
         """The final Response with the whole text (non-streaming requests); closes the job."""
