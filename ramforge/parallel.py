@@ -203,8 +203,9 @@ def seq_cp(eng, src: int, dst: int) -> None:
     _cells_on(eng)
     S = kv.n_ctx_seq
     a, b = slice(src * S, (src + 1) * S), slice(dst * S, (dst + 1) * S)
-    kv.reserve((dst + 1) * S if (kv.cell_pos[a] >= 0).any() else kv.capacity)
-    kv.k[:, b], kv.v[:, b] = kv.k[:, a], kv.v[:, a]
+    if (kv.cell_pos[a] >= 0).any():                          # (an empty source: only the cells)
+        kv.reserve((dst + 1) * S)
+        kv.k[:, b], kv.v[:, b] = kv.k[:, a], kv.v[:, a]
     kv.cell_pos[b], kv.cell_shift[b], kv.cell_tok[b] = kv.cell_pos[a], kv.cell_shift[a], kv.cell_tok[a]
     kv.heads[dst] = kv.heads[src]
     _sync_tokens(eng, dst)

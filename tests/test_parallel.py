@@ -18,7 +18,7 @@ from ramforge.errors import ContextLengthExceeded, InvalidArgument, NotReproduce
 FIX = Path(__file__).parent / "fixtures" / "parallel"
 RECORDS = sorted(FIX.glob("*.json"))
 FAST = ("llama-tiny-f16-par2", "llama-tiny-f16-par4", "llama-tiny-f16-shift", "gemma3-linear-f16-par4",
-        "llama-tiny-f16-par4-q8kv")
+        "llama-tiny-f16-par4-q8kv", "llama-tiny-f16-cp2")
 
 
 def _load(p: Path) -> dict:
@@ -42,6 +42,8 @@ def replay(eng: Engine, steps: list) -> list[str]:
             eng.seq_rm(*st["rm"])
         elif "add" in st:
             eng.seq_add(*st["add"])
+        elif "cp" in st:
+            eng.seq_cp(*st["cp"])
         else:
             for s, _, p0 in st["decode"]:
                 assert eng.seq_pos_max(s) + 1 == p0, f"step {i}: sequence {s} at {eng.seq_pos_max(s) + 1}, record {p0}"

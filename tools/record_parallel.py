@@ -13,6 +13,7 @@ Cases:
   llama-server's update_slots orders a batch), and more shared passes follow.
 - shift: one sequence (n_ctx 256) generating greedily past its context with llama-server's context
   shift (pre_decode: n_keep + BOS kept, half the rest discarded: seq_rm, seq_add, the K-shift).
+- cp2: sequence 0's prompt, seq_cp(0, 1) (a whole stream copied), then both go on from other tokens.
 Each step is stored with the tokens it fed (so a replay feeds the same) and, per output, the sha256
 (16 hex digits) of the float32 logits row, its argmax and top values (record_kv.summarize).
 """
@@ -43,7 +44,7 @@ SHIFT_AFTER = 24            # tokens generated after the first context shift
 # model id -> (make_models spec, type) or None: the default gemma-3-270m
 MODELS = {"llama-tiny-f16": ("llama", "f16"), "gemma3-linear-f16": ("gemma3-linear", "f16"),
           "llama-tiny-q8_0": ("llama", "q8_0"), "gemma3-270m": None}
-CASES = ("par2", "par4", "shift", "par4-q8kv")     # par4-q8kv: par4 with Q8_0 K and V (flash attention)
+CASES = ("par2", "par4", "shift", "par4-q8kv", "cp2")   # par4-q8kv: par4 with Q8_0 K and V (flash attention)
 # ramforge refuses (NotReproduced) a shift where llama.cpp's sliding-window cache reuses cells whose keys
 # left a window shorter than the context (gemma3-linear's 8): no record for it
 SKIP = {("gemma3-linear-f16", "shift"), ("gemma3-linear-f16", "par4-q8kv"), ("llama-tiny-q8_0", "par4-q8kv")}
@@ -139,6 +140,17 @@ def record_par(o: Oracle, n_seq: int) -> list:
     return steps
 
 
+def record_cp(o: Oracle) -> list:
+    steps, last = [], {}
+    _decode_step(o, [(0, prompts_for("", o.n_vocab)[1])], steps, last)
+    o.L.llama_memory_seq_cp(o.mem, 0, 1, -1, -1)
+    steps.append({"cp": [0, 1]})
+    last[1] = 13 % o.n_vocab
+    for _ in range(N_STEPS):
+        _decode_step(o, [(s, [last[s]]) for s in range(2)], steps, last)
+    return steps
+
+
 def record_shift(o: Oracle, n_ctx: int) -> list:
     """llama-server's generation loop of one slot with --context-shift, n_keep = N_KEEP."""
     steps, last = [], {}
@@ -164,12 +176,13 @@ def record_shift(o: Oracle, n_ctx: int) -> list:
 def record(mid: str, case: str) -> dict:
     import llama_cpp
     path = model_file(mid)
-    n_seq = {"par2": 2, "par4": 4, "shift": 1, "par4-q8kv": 4}[case]
+    n_seq = {"par2": 2, "par4": 4, "shift": 1, "par4-q8kv": 4, "cp2": 2}[case]
     n_ctx = 256 * n_seq
     q8kv = case.endswith("q8kv")
     o = Oracle(path, n_ctx, n_seq, q8kv)
     try:
-        steps = record_shift(o, n_ctx) if case == "shift" else record_par(o, n_seq)
+        steps = (record_shift(o, n_ctx) if case == "shift" else record_cp(o) if case == "cp2"
+                 else record_par(o, n_seq))
     finally:
         o.close()
     return {"format": FORMAT, "model": {"id": mid, "spec": MODELS[mid]}, "case": case,
