@@ -105,7 +105,8 @@ def eval_batch(eng, batch) -> dict[int, np.ndarray]:
             pl = place(kv, [(s, n) for s in cur], single=n == 1, window=window, swa_size=swa_size)
             kv.cell_tok[pl.rows] = ids
             try:
-                kv.reserve(int(pl.rows.max()) + 1)
+                for s in cur:                                # each slot charged for its own cells
+                    kv.reserve(int(pl.rows[pl.stream == s].max()) - s * kv.n_ctx_seq + 1, s)
                 if len(cur) == 1:
                     s = cur[0]
                     want = done[s] + n == toks[s].size
@@ -203,9 +204,11 @@ def seq_cp(eng, src: int, dst: int) -> None:
     _cells_on(eng)
     S = kv.n_ctx_seq
     a, b = slice(src * S, (src + 1) * S), slice(dst * S, (dst + 1) * S)
+    n = kv.caps[src]                                         # the source's charged rows
     if (kv.cell_pos[a] >= 0).any():                          # (an empty source: only the cells)
-        kv.reserve((dst + 1) * S)
-        kv.k[:, b], kv.v[:, b] = kv.k[:, a], kv.v[:, a]
+        kv.reserve(n, dst)
+        kv.k[:, dst * S:dst * S + n], kv.v[:, dst * S:dst * S + n] = kv.k[:, src * S:src * S + n], \
+            kv.v[:, src * S:src * S + n]
     kv.cell_pos[b], kv.cell_shift[b], kv.cell_tok[b] = kv.cell_pos[a], kv.cell_shift[a], kv.cell_tok[a]
     kv.heads[dst] = kv.heads[src]
     _sync_tokens(eng, dst)
@@ -243,15 +246,15 @@ def apply_k_shift(eng) -> None:
     if not kv.cell_shift.any():
         return
     args = _shift_rope(eng)
-    n_rows = min(kv.capacity, kv.n_ctx)
-    shift = kv.cell_shift[:n_rows]
+    S = kv.n_ctx_seq
+    every = np.concatenate([np.arange(s * S, s * S + c) for s, c in enumerate(kv.caps)])   # charged rows
     for il in range(*eng.layers):
         base, neox, ff, scale = args(il)
         unit = _rope_params(eng.hp.rope_dim, float(base), scale)[1] == np.float32(1.0)
-        rows = np.nonzero(shift)[0] if unit else np.arange(n_rows)   # rope by 0 is the identity at magnitude 1
+        rows = every[kv.cell_shift[every] != 0] if unit else every   # rope by 0 is the identity at magnitude 1
         i = il - kv.first
         x = kv.k[i, rows].view(np.float16).astype(np.float32)       # f32[n, n_head_kv, hd_k]
-        rope(x, shift[rows].astype(np.int32), eng.hp.rope_dim, base, neox, ff, scale)
+        rope(x, kv.cell_shift[rows].astype(np.int32), eng.hp.rope_dim, base, neox, ff, scale)
         kv.k[i, rows] = x.astype(np.float16).view(np.uint16)
     kv.cell_shift[:] = 0
 

@@ -303,3 +303,15 @@ def test_cli_run_context_shift():
     assert out["timings"]["gen_tokens"] > 256 or out.get("finish_reason") == "stop", out
     r = CliRunner().invoke(cli, args)
     assert r.exit_code != 0 and isinstance(r.exception, ContextLengthExceeded)
+
+
+def test_each_slot_is_charged_for_its_own_cells():
+    """A sequence's cells are charged to the budget in its own stream (whole chunks), not as rows up to
+    its stream's place in the cache; seq_rm keeps the charge (as the plain path's reset)."""
+    from tools.make_models import ensure_model
+    with Engine.load(ensure_model("llama", "f16"), n_ctx=1024, n_seq=4) as eng:
+        kv = eng.kv
+        eng.eval_batch([(3, [1, 2, 3])])
+        assert kv.caps == [0, 0, 0, kv.chunk] and kv.nbytes == kv.chunk * kv.bytes_per_pos
+        eng.eval_batch([(0, [1]), (1, [1])])
+        assert kv.caps == [kv.chunk, kv.chunk, 0, kv.chunk] and kv.nbytes == 3 * kv.chunk * kv.bytes_per_pos

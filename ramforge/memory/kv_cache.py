@@ -39,11 +39,11 @@ class KVCache:
         self.k = self._slab(n_layer, n_ctx, n_head_kv, self.type_k, rbk)
         self.v = self._slab(n_layer, n_ctx, n_head_kv, self.type_v, rbv)
         self.charge = budget.charge("kv cache", 0)
-        self.capacity = 0          # positions charged so far
         self.n_past = 0            # positions 0..n_past-1 hold valid entries (plain); sequence 0's pos_max + 1 (cells)
         if n_seq < 1 or n_ctx % n_seq:
             raise InvalidArgument(f"{n_seq} sequences cannot share {n_ctx} KV cells evenly")
         self.n_seq, self.n_ctx_seq = n_seq, n_ctx // n_seq
+        self.caps = [0] * n_seq    # rows charged so far in each stream (sequence), whole chunks
         self.cell_pos = np.full(n_ctx, -1, np.int32)
         self.cell_shift = np.zeros(n_ctx, np.int32)
         self.cell_tok = np.zeros(n_ctx, np.int32)       # the token of each cell (the engine's bookkeeping)
@@ -75,25 +75,31 @@ class KVCache:
                 f"{self.n_past} cached + {n_new} new tokens exceed the context of {self.n_ctx_seq}; raise --ctx")
         self.reserve(self.n_past + n_new)
 
-    def reserve(self, positions: int) -> None:
-        """Charge the budget for the first `positions` positions (rounded up to whole chunks, at most n_ctx)."""
-        if positions <= self.capacity:
+    @property
+    def capacity(self) -> int:
+        """Positions charged so far (stream 0's rows: the plain path's)."""
+        return self.caps[0]
+
+    def reserve(self, positions: int, stream: int = 0) -> None:
+        """Charge the budget for the first `positions` rows of a stream (rounded up to whole chunks, at
+        most n_ctx_seq); each stream (a sequence's slot) is charged for its own rows."""
+        if positions <= self.caps[stream]:
             return
-        cap = min(self.n_ctx, -(-positions // self.chunk) * self.chunk)
-        want = cap * self.bytes_per_pos
+        cap = min(self.n_ctx_seq, -(-positions // self.chunk) * self.chunk)
+        want = (sum(self.caps) - self.caps[stream] + cap) * self.bytes_per_pos
         try:
             self.charge.settle(want)
         except BudgetExceeded as e:
             raise KVBudgetExceeded(self.n_past, positions, want - self.charge.nbytes, e.current, e.budget) from None
-        self.capacity = cap
+        self.caps[stream] = cap
 
     def shrink(self, positions: int) -> None:
-        """Give back whole chunks past `positions` (never below the positions held): what an eval that
-        failed had reserved."""
-        cap = min(self.capacity, max(-(-max(positions, self.n_past) // self.chunk) * self.chunk, 0))
-        if cap < self.capacity:
-            self.charge.settle(min(cap, self.n_ctx) * self.bytes_per_pos)
-            self.capacity = cap
+        """Give back stream 0's whole chunks past `positions` (never below the positions held): what an
+        eval that failed had reserved."""
+        cap = min(self.caps[0], max(-(-max(positions, self.n_past) // self.chunk) * self.chunk, 0))
+        if cap < self.caps[0]:
+            self.caps[0] = cap
+            self.charge.settle(sum(self.caps) * self.bytes_per_pos)
 
     def store(self, il: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """Write f32 keys/values for positions pos0.. (rounded to the cache types, as llama.cpp's cache);
