@@ -90,8 +90,8 @@ class Model:
                  n_threads: int | None = None, seed: int | None = None, verbose: bool = False, io: str = "direct",
                  chat_template: str | None = None, n_ubatch: int = 512, expert_policy: str | None = None,
                  expert_prefetch: bool = True, draft_model=None, type_k: int | str | None = None,
-                 type_v: int | str | None = None, kv_spill: bool | str | None = None, flash_attn: bool | None = None, ray=None, stages: int = 2,
-                 stage_ram=None):
+                 type_v: int | str | None = None, kv_spill: bool | str | None = None, flash_attn: bool | None = None,
+                 ray=None, stages: int = 2, stage_ram=None, context_shift: bool = False, n_seq: int = 1):
         from .engine import Engine
         from .speculative import DraftModel, check_draft_length
 
@@ -120,12 +120,24 @@ class Model:
             if ray is None or ray is False:
                 self.engine = Engine.load(self.path, n_ctx=n_ctx, budget=self.budget, io=io, n_threads=n_threads,
                                           expert_policy=expert_policy, expert_prefetch=expert_prefetch,
-                                          type_k=type_k, type_v=type_v, kv_spill=kv_spill)
+                                          type_k=type_k, type_v=type_v, kv_spill=kv_spill, n_seq=n_seq)
         except BaseException:
             if isinstance(draft_model, DraftModel):
                 draft_model.close()
             raise
         self.draft_model = draft_model
+        if context_shift and (ray is not None and ray is not False):
+            self.engine.close()
+            raise InvalidArgument("context_shift is not supported with ray= (the KV caches live in the stages)")
+        self.context_shift = bool(context_shift)     # llama-server's --context-shift (Engine.generate)
+        self.batcher = None                          # n_seq > 1: requests share passes (ramforge.batcher)
+        if n_seq > 1:
+            from .batcher import Batcher
+            if draft_model is not None or self.context_shift:
+                self.engine.close()
+                raise InvalidArgument("n_seq > 1 (parallel requests) with a draft model or context_shift is "
+                                      "not supported")
+            self.batcher = Batcher(self.engine)
         if isinstance(draft_model, DraftModel):
             self.engine.closing.append(draft_model.close)
         if draft_model is not None:
@@ -201,7 +213,7 @@ class Model:
     # ---- generation --------------------------------------------------------------------------
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
                special: bool = True, logprobs: int | None = None, logprobs_style: str = LCPP_LOGPROBS,
-               grammar=None, **sampling) -> Iterator[Response]:
+               grammar=None, n_keep: int | None = None, **sampling) -> Iterator[Response]:
         """Yield a Response per piece of text; the last one has done=True and the totals.
 
         sampling: the sampler parameters by the names of ramforge.params' table (temperature, top_k,
@@ -210,13 +222,20 @@ class Model:
         carries the `logprobs.Step`s of its tokens (every generated token, the end-of-generation one
         excluded), computed as `logprobs_style` (ramforge.logprobs) does. grammar: GBNF text
         (llama.cpp's dialect), a compiled ramforge.structured.Grammar or a llama_cpp.LlamaGrammar;
-        errors.GrammarError when it is invalid. With a grammar the draft model is not used."""
+        errors.GrammarError when it is invalid. With a grammar the draft model is not used.
+        n_keep: the tokens a context shift keeps (Model(context_shift=True); -1: the prompt; default 0),
+        as llama-server's n_keep; InvalidArgument beyond the context."""
+        if n_keep is not None and not (isinstance(n_keep, int) and -1 <= n_keep < self.n_ctx):
+            raise InvalidArgument(f"n_keep = {n_keep!r} is beyond the context of {self.n_ctx} tokens")
         params = sampler_params(sampling, defaults={"seed": self.seed})
         grammar = self.compile_grammar(grammar)
         stops = stop_strings(stop)
         ids = self.tokenize(prompt, add_bos=True, special=special) if isinstance(prompt, str) else list(prompt)
         if max_tokens is None or max_tokens < 0:
             max_tokens = self.n_ctx - len(ids)
+        if self.batcher is not None and (logprobs is not None or self.cache is not None):
+            raise InvalidArgument("logprobs and the prompt cache are not supported with parallel requests "
+                                  "(n_seq > 1)")
         if self.cache is not None:
             self.cache.resume(self.engine, ids)
         sampler = Sampler(params, self.engine.hp.n_vocab, chain=self.sampler_chain, tokenizer=self.tokenizer,
@@ -232,9 +251,13 @@ class Model:
             return new
         eng, dec, hold = self.engine, self.tokenizer.stream(), max((len(s) for s in stops), default=1) - 1
         text, sent, out, finish = "", 0, [], "length"
-        gen = eng.generate(ids, max_tokens, rec or sampler, reuse_prefix=True,
+        shift = {"context_shift": True, "n_keep": n_keep or 0} if self.context_shift else {}
+        if self.batcher is not None:                   # a slot of the shared passes
+            gen = self.batcher.generate(ids, max_tokens, sampler) if max_tokens > 0 else iter(())
+        else:
+            gen = eng.generate(ids, max_tokens, rec or sampler, reuse_prefix=True, **shift,
                            draft=self.draft_model if grammar is None else None,
-                           outputs_all=rec is not None and logprobs_style == LCPP_LOGPROBS)  # as logits_all=True
+                               outputs_all=rec is not None and logprobs_style == LCPP_LOGPROBS)  # logits_all=True
         for tok in gen:
             out.append(tok)
             text += dec.feed(tok)
@@ -251,6 +274,9 @@ class Model:
             text += dec.flush()
         gen.close()
         t = eng.timings
+        if self.batcher is not None:                   # the engine's timings are every slot's
+            yield Response(text[sent:], None, True, finish, len(ids), len(ids), len(out), tokens=out)
+            return
         yield Response(text[sent:], None, True, finish, len(ids), t.prompt_tokens, len(out), t.prompt_s, t.gen_s,
                        t.load_s, out, t.compile_s, speculative=t.spec.as_dict() if t.spec is not None else None,
                        logprobs=steps())
@@ -425,6 +451,8 @@ class Model:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
+        if getattr(self, "batcher", None) is not None:
+            self.batcher.close()
         self.engine.close()
 
     def __enter__(self) -> "Model":

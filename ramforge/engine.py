@@ -14,15 +14,17 @@ from typing import Iterator
 import numpy as np
 
 from .errors import (BudgetTooSmall, ContextLengthExceeded, EmptyPrompt, InexactWarning, InvalidArgument,
-                     UnsupportedArch, check_token_ids)
+                     NotReproduced, UnsupportedArch, check_token_ids)
 from .gguf.constants import Keys
 from .gguf.reader import GGUFFile
 from .jit import Stopwatch, prepare_in_background
 from .kernels.matmul import batch_view
 from .kernels.ops import rms_norm, softcap
 from .memory import MemoryBudget
+from .memory.cells import pad_cells
 from .memory.kv_cache import KVCache
 from .memory.kv_spill import SpilledKVCache, spill_dir, spill_mode
+from . import parallel
 from .models import ALIASES, ARCHITECTURES
 from .models.config import HParams
 from .models.config import MOE_ARCHS, NO_CAPS, SOFTCAPS
@@ -193,20 +195,23 @@ class Engine:
     _load_compile_s: float = 0.0                    # compile seconds of the load, reported by the first generate
     n_threads: int = 0                              # kernel threads (runtime.bind in the thread of each pass)
     closing: list = field(default_factory=list)     # callables close() runs too (a draft model's close)
+    seq_tokens: dict = field(default_factory=dict)  # the token ids of sequences 1.. (parallel.py; 0's: tokens)
 
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
              io: IOMode | str = IOMode.DIRECT, layers: tuple[int, int] | None = None,
              n_threads: int | None = None, expert_policy: str | None = None, expert_prefetch: bool = True,
              type_k: str | int | None = None, type_v: str | int | None = None,
-             kv_spill: bool | str | None = None) -> "Engine":
+             kv_spill: bool | str | None = None, n_seq: int = 1) -> "Engine":
         """Plan under the budget, then read what stays resident. layers=(a, b) runs only that range.
         expert_policy ("lru", "lfu"; default stream.experts.DEFAULT_POLICY) and expert_prefetch: the
         expert cache, where experts stream apart from their layers. type_k, type_v: the KV cache types
         ("f16", "q8_0", "q4_0" or their ggml ids; default $RAMFORGE_KV_TYPE, else f16), see kv_types.
         kv_spill: None spills the KV cache to storage (memory.kv_spill, files in a temporary directory) when
         the budget cannot hold it for the whole context; True always; a path: always, its files there;
-        False never (growing past what the budget holds fails with KVBudgetExceeded)."""
+        False never (growing past what the budget holds fails with KVBudgetExceeded).
+        n_seq > 1: that many sequences (parallel.py), each a stream of PAD(n_ctx / n_seq, 256) KV cells
+        as llama.cpp's non-unified cache (llama-server --parallel N); the cache stays in RAM."""
         from .runtime import set_threads
         from .tokenizer import load_tokenizer
 
@@ -237,14 +242,21 @@ class Engine:
         charges = []
         try:
             a, b = plan.layers
+            if not (isinstance(n_seq, int) and 1 <= n_seq <= 64):
+                raise InvalidArgument(f"n_seq = {n_seq!r}: between 1 and 64 sequences")
+            if plan.kv_spill and n_seq > 1:
+                raise InvalidArgument(f"{n_seq} parallel sequences need their KV cells in RAM, and the cache "
+                                      f"spills to storage: --kv-spill off (or a larger --ram), or one sequence")
             if plan.kv_spill:
                 kv = SpilledKVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, a, type_k,
                                     type_v, plan.batch, spill_dir(kv_spill), weights.reader,
                                     layer_windows(hp, module, (a, b)), plan.kv_tail)
                 charges.append(kv)        # closed (files removed, reader stopped) with the engine
             else:
-                kv = KVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,
-                             type_k=type_k, type_v=type_v)
+                # llama.cpp: n_ctx_seq = PAD(PAD(n_ctx, 256) / n_seq, 256) (llama_context, kv_unified off)
+                rows = plan.n_ctx if n_seq == 1 else n_seq * pad_cells(max(1, pad_cells(plan.n_ctx) // n_seq))
+                kv = KVCache(budget, b - a, rows, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,
+                             type_k=type_k, type_v=type_v, n_seq=n_seq)
             charges.append(kv.charge)
             charges.append(budget.charge("activations", plan.state_bytes))
             state = State.allocate(hp, plan.batch)
@@ -266,7 +278,8 @@ class Engine:
 
     @property
     def n_ctx(self) -> int:
-        return self.kv.n_ctx
+        """The context of one sequence (of the whole cache with one sequence)."""
+        return self.kv.n_ctx_seq
 
     @property
     def n_past(self) -> int:
@@ -274,6 +287,9 @@ class Engine:
 
     def reset(self, n_past: int = 0) -> None:
         """Forget cached positions from n_past on (0: the whole context)."""
+        if self.kv.celled:
+            parallel.seq_rm(self, 0, max(0, n_past), -1)
+            return
         self.kv.n_past = max(0, min(n_past, self.kv.n_past))
         del self.tokens[self.kv.n_past:]
         if self._prompt and len(self._prompt[0]) > self.kv.n_past:
@@ -298,6 +314,10 @@ class Engine:
         if toks.size == 0:
             raise EmptyPrompt("eval needs at least one token")
         check_token_ids(toks, self.hp.n_vocab)
+        if self.kv.celled:                          # sequence 0 in KV cells (a context shift, parallel sequences)
+            if all_logits or outputs_all:
+                raise NotReproduced("all logits of a sequence held in shifted or shared KV cells")
+            return self.eval_batch([(0, toks)])[0][None]
         with self._kv_room(toks.size):
             B, out = self.plan.batch, []
             for c in chunks(toks.size, self.kv.n_past, B, self.ubatch, all_logits=all_logits, aligned=aligned,
@@ -386,7 +406,8 @@ class Engine:
                 self.module.forward(self, self.state, n, self.kv.n_past, out=only)
             if spill:
                 spill.end_pass()
-            self.kv.n_past += n
+            if self.kv.ub is None:                  # a cells pass (parallel.eval_batch) keeps its own books
+                self.kv.n_past += n
             if rows is not None:             # the output matmul: rows of the whole batch, or one row alone
                 v = (view or (n, 0)) if only is None else None
                 with batch_view(v[0], v[1] + rows.start) if v else contextlib.nullcontext():
@@ -412,8 +433,26 @@ class Engine:
         logits = self.weights.output_rows(np.empty((n, self.hp.n_vocab), np.float32), s.hn[:n])
         return softcap(logits, self.hp.final_softcap) if self.hp.final_softcap else logits
 
+    # llama.cpp's memory API over KV cells (parallel.py): several sequences, positions moved and removed
+    def eval_batch(self, batch) -> dict:
+        """One llama_decode of [(seq_id, tokens), ...]: {seq_id: its last logits f32[n_vocab]}."""
+        return parallel.eval_batch(self, batch)
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
+        parallel.seq_rm(self, seq_id, p0, p1)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        parallel.seq_add(self, seq_id, p0, p1, delta)
+
+    def seq_cp(self, src: int, dst: int) -> None:
+        parallel.seq_cp(self, src, dst)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return parallel.seq_pos_max(self, seq_id)
+
     def generate(self, prompt: list[int], max_tokens: int, sampler=None, stop_on_eog: bool = True,
-                 reuse_prefix: bool = False, draft=None, outputs_all: bool = False) -> Iterator[int]:
+                 reuse_prefix: bool = False, draft=None, outputs_all: bool = False,
+                 context_shift: bool = False, n_keep: int = 0) -> Iterator[int]:
         """Yield up to max_tokens sampled tokens after the prompt (greedy when sampler is None).
 
         reuse_prefix keeps the cached keys/values of the longest common prefix of the prompt and the
@@ -426,10 +465,22 @@ class Engine:
         DraftModel, or any callable input_ids -> draft ids (llama-cpp-python's LlamaDraftModel shape).
         The prompt is then evaluated as llama-cpp-python does with a draft model (every token an output).
         outputs_all: so too without one (llama-cpp-python's `logits_all=True`, which its logprobs need).
+        context_shift: when the context is full, keep n_keep tokens (+ BOS) and drop half of the rest, as
+        llama-server's --context-shift (parallel.context_shift), and go on.
         """
         if not prompt:
             raise EmptyPrompt("the prompt is empty: at least one token (e.g. BOS) is needed")
-        if len(prompt) + max_tokens > self.n_ctx:
+        if context_shift:
+            n_keep = len(prompt) if n_keep == -1 else n_keep        # llama-server's -1: the whole prompt
+            if not (isinstance(n_keep, int) and 0 <= n_keep < self.n_ctx):
+                raise InvalidArgument(f"n_keep = {n_keep!r} is beyond the context of {self.n_ctx} tokens")
+            if draft is not None or outputs_all:
+                raise InvalidArgument("context_shift with a drafter or all logits is not supported")
+            if isinstance(self.kv, SpilledKVCache):
+                self.kv.cells_on()                                  # refused: the shift needs the cache in RAM
+            if len(prompt) >= self.n_ctx:
+                raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens does not fit the context of {self.n_ctx}")
+        elif len(prompt) + max_tokens > self.n_ctx:
             raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens + {max_tokens} to generate exceed the "
                                         f"context of {self.n_ctx}; raise --ctx or lower --max-tokens")
         logits = self._prompt_logits(prompt, reuse_prefix, outputs_all=outputs_all or draft is not None)
@@ -449,6 +500,8 @@ class Engine:
                 yield tok
                 if self.timings.gen_tokens == max_tokens:
                     break
+                if context_shift and self.kv.pos_max(0) + 2 >= self.n_ctx:    # llama-server's pre_decode
+                    parallel.context_shift(self, n_keep)
                 logits = self.eval([tok])[-1]
         finally:
             sw.stop()

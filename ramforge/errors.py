@@ -57,6 +57,10 @@ class ContextLengthExceeded(InvalidArgument):
     """A prompt (plus generation) does not fit the context window."""
 
 
+class NotReproduced(Unsupported):
+    """A computation llama.cpp does in a way ramforge does not reproduce bit for bit (refused, not approximated)."""
+
+
 class ServerBusy(RamforgeError):
     """The server's queue for the model is full; retry later."""
 

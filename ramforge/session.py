@@ -239,7 +239,9 @@ class PromptCache:
         mine = _common(engine.tokens, prompt)
         st, n = self.best(prompt)
         if engine.n_past > mine:                        # the prompt would cut the sequence: keep it
-            self.put(save_state(engine))
+            engine.kv.plain_again()
+            if not engine.kv.celled:                    # (a context-shifted one cannot be saved: KVCache.export)
+                self.put(save_state(engine))
         if st is None or n <= mine:
             self.hits += mine > 0
             self.misses += mine == 0

@@ -26,12 +26,18 @@ from .console import (cluster_of, cluster_options, ctx_option, drafter_of, exper
 @kv_options
 @speculative_options
 @cluster_options
+@click.option("--context-shift", is_flag=True,
+              help="When generation fills the context, keep --keep tokens (+ BOS) and drop half of the rest, as "
+                   "llama-server's --context-shift.")
+@click.option("--keep", "n_keep", type=click.IntRange(min=-1), default=0, show_default=True,
+              help="Tokens a context shift keeps (-1: the prompt).")
 @click.option("--profile", is_flag=True, help="Per-layer I/O and per-op compute tables on stderr (and in --json).")
 @click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
 def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, kv_type, kv_type_k, kv_type_v,
         kv_spill, lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address,
-        stages, stage_ram, ray_timeout, stage_timeout, placement, profile, memory_report, as_json, **sampling):
+        stages, stage_ram, ray_timeout, stage_timeout, placement, context_shift, n_keep, profile, memory_report,
+        as_json, **sampling):
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr.
 
     With --ray, the model runs as --stages layer ranges on a Ray cluster (ramforge.cluster); the
@@ -45,6 +51,9 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
     cluster = cluster_of(ray_address, stages, stage_ram, ray_timeout, stage_timeout, placement)
     if cluster is not None and (profile or memory_report):
         raise click.UsageError("--profile and --memory-report are not supported with --ray")
+    if context_shift and (cluster is not None or drafter is not None):
+        raise click.UsageError("--context-shift is not supported with --ray or speculative decoding")
+    shift = {"context_shift": True, "n_keep": n_keep} if context_shift else {}
     PROFILE.enabled = profile
     PROFILE.reset()
     kv = kv_types_of(kv_type, kv_type_k, kv_type_v)
@@ -53,7 +62,7 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
         sampler = Sampler(params, eng.hp.n_vocab, chain=LLAMA, tokenizer=eng.tokenizer)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
-        for tok in eng.generate(ids, max_tokens, sampler, draft=drafter):
+        for tok in eng.generate(ids, max_tokens, sampler, draft=drafter, **shift):
             out.append(tok)
             if not as_json:
                 sys.stdout.write(dec.feed(tok))

@@ -46,15 +46,22 @@ def _loopback(host: str) -> bool:
 @click.option("--cache-ram", default=None,
               help="A prompt cache of this size (its own budget, e.g. 2G): conversations resume instead of "
                    "recomputing their prompt.")
+@click.option("-np", "--parallel", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Slots: up to N requests decode together, one pass over the weights for all (continuous "
+                   "batching); each slot holds PAD(ctx / N, 256) tokens, as llama-server's --parallel N.")
+@click.option("--context-shift", is_flag=True,
+              help="When generation fills the context, keep n_keep / num_keep tokens (+ BOS) and drop half of the "
+                   "rest, as llama-server's --context-shift.")
 @kv_options
 @spill_option
 @speculative_options
 @cluster_options
 def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
-          slot_save_path, cache_ram, kv_type, kv_type_k, kv_type_v, kv_spill, lookup, lookup_ngram, lookup_fixed,
-          draft_model, draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram,
+          slot_save_path, cache_ram, parallel, context_shift, kv_type, kv_type_k, kv_type_v, kv_spill, lookup,
+          lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram,
           ray_timeout, stage_timeout, placement):
-    """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time.
+    """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time (or --parallel N
+    together).
 
     MODEL (a path, a store name or `default`) is loaded before the server starts; without it the
     default model loads on the first request. Requests may name `default` or any name from
@@ -86,6 +93,12 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     cluster = cluster_of(ray_address, stages, stage_ram, ray_timeout, stage_timeout, placement)
     if cluster is not None and (lookup is not None or draft_model is not None):
         raise click.UsageError("--lookup and --draft are not supported with --ray")
+    if parallel > 1 and (cluster is not None or context_shift or cache_ram is not None or slot_save_path is not None
+                         or lookup is not None or draft_model is not None):
+        raise click.UsageError("--parallel is not supported with --ray, --context-shift, --cache-ram, "
+                               "--slot-save-path or speculative decoding")
+    if cluster is not None and context_shift:
+        raise click.UsageError("--context-shift is not supported with --ray (the KV caches live in the stages)")
     if cluster is not None and (slot_save_path is not None or cache_ram is not None):
         raise click.UsageError("--slot-save-path and --cache-ram are not supported with --ray (the KV caches "
                                "live in the stages)")
@@ -97,7 +110,8 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
     cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
                        preload=model is not None, slot_save_path=slot_save_path, cache_ram=cache_ram,
-                       type_k=type_k, type_v=type_v, kv_spill=spill_of(kv_spill),
+                       type_k=type_k, type_v=type_v, kv_spill=spill_of(kv_spill), context_shift=context_shift,
+                       parallel=parallel,
                        speculative=spec if lookup is not None or draft_model is not None else None,
                        cluster=cluster)
     ray = None

@@ -231,7 +231,9 @@ def _qdot(raw, o, kind, qq, qd, qo, nb, lanes):
 
 @njit(cache=True, parallel=True)
 def _flash(out, qh, qq, qd, kraw, vraw, pos0, n_tok, n_head, n_kv, hd_k, hd_v, kt, vt, rbk, rbv,
-           scale, softcap, window, sinks):
+           scale, softcap, window, sinks, cptr, cidx):
+    # cptr i32[n_tok+1], cidx i32[...] (or both empty): token t reads the cache rows cidx[cptr[t]:cptr[t+1]]
+    # (llama.cpp's visible KV cells, in cell order) instead of positions j0..pos0+t
     # out f32[n_tok, n_head, hd_v]; kraw, vraw: the layer's cache bytes (u8, flat), rows of rbk / rbv bytes
     # in the order (position, kv head); qh f32[n_tok*n_head*hd_k]: q f16-rounded (an F16 K), or
     # qq i8 / qd f32: q as Q8_0 blocks (a quantized K)
@@ -251,7 +253,11 @@ def _flash(out, qh, qq, qd, kraw, vraw, pos0, n_tok, n_head, n_kv, hd_k, hd_v, k
         M = np.float32(-np.inf)
         S = np.float32(0.0)
         row = t * n_head + h
-        for j in range(j0, p + 1):
+        a, b = j0, p + 1
+        if cptr.size:
+            a, b = np.int64(cptr[t]), np.int64(cptr[t + 1])
+        for m in range(a, b):
+            j = np.int64(cidx[m]) if cptr.size else m
             ko = (j * n_kv + kvh) * rbk
             if kt == F16:
                 sd = np.float64(_f16_vd(k16, ko // 2, qh, row * hd_k, vk))
@@ -307,18 +313,20 @@ def _flash(out, qh, qq, qd, kraw, vraw, pos0, n_tok, n_head, n_kv, hd_k, hd_v, k
 _NO_SINKS = np.empty(0, np.float32)
 _EMPTY_F = np.empty(0, np.float32)
 _EMPTY_I = np.empty(0, np.int8)
+_EMPTY_I32 = np.empty(0, np.int32)
 
 
 def flash_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_type: str,
                     v_type: str, pos0: int, kq_scale: float, window: int = 0, softcap: float = 0.0,
-                    sinks: np.ndarray | None = None) -> np.ndarray:
+                    sinks: np.ndarray | None = None, cells: tuple | None = None) -> np.ndarray:
     """Causal attention of q (f32[n_tok, n_head, hd_k], positions pos0..) over cache rows 0..pos0+n_tok-1
     as ggml's CPU flash_attn_ext computes it (see the module docstring). k_cache: the layer's K rows
-    (u16[n_ctx, n_kv, hd_k] f16 bits, or u8[n_ctx, n_kv, row_bytes] of k_type), v_cache likewise."""
+    (u16[n_ctx, n_kv, hd_k] f16 bits, or u8[n_ctx, n_kv, row_bytes] of k_type), v_cache likewise.
+    cells: (ptr, idx) as ops.attention's: the rows each token reads, in cell order (pos0, window unused)."""
     n_tok, n_head, hd_k = q.shape
     hd_v = out.shape[2]
     n_kv = k_cache.shape[1]
-    if (n_kv == 0 or n_head % n_kv or pos0 + n_tok > k_cache.shape[0] or v_cache.shape[:2] != k_cache.shape[:2]
+    if (n_kv == 0 or n_head % n_kv or (cells is None and pos0 + n_tok > k_cache.shape[0]) or v_cache.shape[:2] != k_cache.shape[:2]
             or k_cache.shape[2] * k_cache.itemsize != row_bytes(k_type, hd_k)
             or v_cache.shape[2] * v_cache.itemsize != row_bytes(v_type, hd_v)
             or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous) or out.shape[:2] != (n_tok, n_head)):
@@ -340,7 +348,7 @@ def flash_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
     scale = f(kq_scale) / f(softcap) if softcap else f(kq_scale)
     _flash(out, qh, qq, qd, k_cache.reshape(-1).view(np.uint8), v_cache.reshape(-1).view(np.uint8), pos0, n_tok,
            n_head, n_kv, hd_k, hd_v, kt, vt, k_cache.shape[2] * k_cache.itemsize, v_cache.shape[2] * v_cache.itemsize,
-           scale, f(softcap), window, sk)
+           scale, f(softcap), window, sk, *((_EMPTY_I32, _EMPTY_I32) if cells is None else cells))
     nv = rotation(v_type, hd_v, False)
     if nv:                                          # the output rotated back (V was stored rotated)
         _fwht(out.reshape(-1), nv)

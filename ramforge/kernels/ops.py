@@ -383,6 +383,83 @@ _SERIAL_WORK = 1 << 21       # query-key-dim products (n_tok * n_head * n_kv * (
 #                              attention runs on the calling thread (~0.3 ms)
 
 
+@njit(cache=True, parallel=True)
+def _attention_cells(out, q, k_cache, v_cache, ptr, idx, kq_scale, gqa, f16, single, softcap, sinks):
+    # as _attention, token t over the cache rows idx[ptr[t]:ptr[t+1]] (ascending; i32), the cells llama.cpp's
+    # KQ mask leaves visible; a row's lane is its cell index (row % nl), masked cells add exact zeros
+    n_tok, n_head, n_kv = q.shape[0], q.shape[1], k_cache.shape[1]
+    hd_k, hd_v = q.shape[2], v_cache.shape[2]
+    nl = 64 if single else 16
+    vk = hd_k - hd_k % nl
+    vv = hd_v - hd_v % 16
+    qf, kf, vf = q.reshape(-1), k_cache.reshape(-1), v_cache.reshape(-1)
+    for job in prange(n_tok * n_head):
+        t, h = job // n_head, job % n_head
+        kvh = h // gqa
+        a, b = ptr[t], ptr[t + 1]
+        base = idx[a] - idx[a] % 16
+        L = idx[b - 1] + 1 - base
+        scores = np.empty(L, np.float32)
+        vis = np.zeros(L, np.bool_)
+        acc = np.zeros(nl * hd_v, np.float32)
+        qo = (t * n_head + h) * hd_k
+        mx = np.float32(-np.inf)
+        for m in range(a, b):
+            j = idx[m]
+            ko = (j * n_kv + kvh) * hd_k
+            s = np.float32(_f16_vd(kf, ko, qf, qo, vk) if single else _f16_tb(kf, ko, qf, qo, vk))
+            if vk < hd_k:
+                sd = np.float64(s)
+                for d in range(vk, hd_k):
+                    sd += np.float64(qf[qo + d] * f16[kf[ko + d]])
+                s = np.float32(sd)
+            if softcap > 0:
+                s = np.float32(math.tanh(s * (np.float32(1.0) / softcap))) * softcap
+            s *= kq_scale
+            scores[j - base] = s
+            vis[j - base] = True
+            if s > mx:
+                mx = s
+        if sinks.size:
+            mx = max(mx, sinks[h])
+        total = 0.0                                      # as _softmax_exp: per 16 cells, masked ones 0
+        lanes = np.zeros(16, np.float32)
+        for k in range(0, L, 16):
+            full = k + 16 <= L
+            if full:
+                for i in range(16):
+                    if not vis[k + i]:
+                        full = False
+                        break
+            if full:
+                total += np.float64(_exp_sub16(scores, k, mx))
+                continue
+            for i in range(16):
+                e = np.float32(0.0)
+                if k + i < L and vis[k + i]:
+                    e = _expf(scores[k + i] - mx)
+                    scores[k + i] = e
+                lanes[i] = e
+            total += np.float64(_sum_lanes16(lanes, 0, 1))
+        if sinks.size:
+            total += np.float64(math.exp(sinks[h] - mx))
+        inv = np.float32(1.0 / total)
+        for m in range(a, b):
+            j = idx[m]
+            pj = f16[_f32_to_half_bits(scores[j - base] * inv)]
+            vo = (j * n_kv + kvh) * hd_v
+            lo = (j % nl) * hd_v
+            _axpy_f16(acc, lo, pj, vf, vo, vv)
+            for d in range(vv, hd_v):
+                acc[lo + d] += pj * f16[vf[vo + d]]
+        for d in range(hd_v):
+            if single:
+                for ln in range(16):
+                    acc[ln * hd_v + d] = (acc[ln * hd_v + d] + acc[(32 + ln) * hd_v + d]) + \
+                        (acc[(16 + ln) * hd_v + d] + acc[(48 + ln) * hd_v + d])
+            out[t, h, d] = _sum_lanes16(acc, d, hd_v)
+
+
 def _cache_type(slab: np.ndarray, head_dim: int) -> str:
     """The KV cache type of a layer's slab (memory.kv_cache.KVCache): f16 bits, or Q8_0 / Q4_0 rows by their size."""
     if slab.dtype == np.uint16:
@@ -395,7 +472,8 @@ def _cache_type(slab: np.ndarray, head_dim: int) -> str:
 
 @timed("attention")
 def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
-              kq_scale: float, window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+              kq_scale: float, window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None,
+              cells: tuple | None = None) -> np.ndarray:
     """Causal attention of n_tok queries at positions pos0.. over the cache rows 0..pos0+n_tok-1.
 
     window > 0 masks keys at distance >= window (llama.cpp's standard sliding window); softcap > 0
@@ -404,19 +482,33 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     (ggml_soft_max_add_sinks), as gpt-oss. An F16 cache is read as llama.cpp's default graph reads it
     (no flash attention: KQ and KQV matmuls, a softmax); a Q8_0 / Q4_0 K or V cache as its flash
     attention does (kernels/kvquant.py).
+
+    cells (memory.KVCache.visible): (ptr i32[n_tok+1], idx i32[...], single): token t attends to the
+    cache rows idx[ptr[t]:ptr[t+1]] (ascending, the window already applied; pos0 and window unused),
+    lane = row, as llama.cpp's masked attention over KV cells; single: one query per stream (vec_dot).
     """
     n_tok, n_head, hd_k = q.shape
+    if cells is not None:
+        ptr, idx, _ = cells
+        if (ptr.shape != (n_tok + 1,) or ptr[0] != 0 or ptr[-1] != idx.size or (np.diff(ptr) <= 0).any()
+                or idx.size and (idx.min() < 0 or idx.max() >= k_cache.shape[0])):
+            raise RamforgeError(f"attention: cells {ptr.shape} / {idx.shape} for {n_tok} tokens, cache {k_cache.shape}")
     if not (k_cache.dtype == np.uint16 and v_cache.dtype == np.uint16):     # a quantized cache: flash attention
         return flash_attention(out, q, k_cache, v_cache, _cache_type(k_cache, hd_k), _cache_type(v_cache, out.shape[2]),
-                               pos0, kq_scale, window, softcap, sinks)
+                               pos0, kq_scale, window, softcap, sinks, cells=None if cells is None else cells[:2])
     n_kv = k_cache.shape[1]
-    if (n_kv == 0 or n_head % n_kv or k_cache.shape[2] != hd_k or pos0 + n_tok > k_cache.shape[0]
+    if (n_kv == 0 or n_head % n_kv or k_cache.shape[2] != hd_k
+            or (cells is None and pos0 + n_tok > k_cache.shape[0])
             or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous)):
         raise RamforgeError(f"attention: q {q.shape}, k cache {k_cache.shape}, pos0 {pos0}")
     sk = _NO_SINKS if sinks is None else np.ascontiguousarray(sinks, np.float32)
     if sk.size not in (0, n_head):
         raise RamforgeError(f"attention: {sk.size} sinks for {n_head} heads")
     qr = q.astype(np.float16).astype(np.float32)          # q meets an F16 cache as f16
+    if cells is not None:
+        _attention_cells(out, qr, k_cache, v_cache, cells[0], cells[1], np.float32(kq_scale), n_head // n_kv,
+                         F16_TO_F32, bool(cells[2]), np.float32(softcap), sk)
+        return out
     view = current_view()                                # llama.cpp's batch, when the engine sets one
     single = (view[0] if view is not None else n_tok) == 1
     work = n_tok * n_head * (pos0 + n_tok) * (hd_k + v_cache.shape[2])

@@ -213,6 +213,30 @@ class SpilledKVCache:
     def shrink(self, positions: int) -> None:
         """Nothing to give back: the charge does not grow."""
 
+    # KVCache's plain path (row = position, one sequence); KV cells (memory/cells.py) need the cache in RAM
+    ub, celled, n_seq = None, False, 1
+
+    @property
+    def n_ctx_seq(self) -> int:
+        return self.n_ctx
+
+    def positions(self, pos0: int, n: int) -> np.ndarray:
+        return np.arange(pos0, pos0 + n, dtype=np.int32)
+
+    def visible(self, window: int = 0) -> None:
+        return None
+
+    def pos_max(self, s: int) -> int:
+        return self.n_past - 1 if s == 0 else -1
+
+    def plain_again(self) -> None:
+        """Always plain."""
+
+    def cells_on(self) -> None:
+        raise InvalidArgument("a context shift, parallel sequences or a moved or removed middle of the sequence "
+                              "need the KV cache in RAM, and it spills to storage: --kv-spill off (with a larger "
+                              "--ram or a smaller --ctx)")
+
     def layer(self, il: int) -> tuple[np.ndarray, np.ndarray]:
         """(k, v) of model layer il at positions 0..n_ctx-1: the read buffer `store` filled (valid for the
         positions attention reads in this pass)."""

@@ -37,7 +37,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
     (out: as llama.forward)."""
     hp, w, kv = m.hp, m.weights, m.kv
-    pos = np.arange(pos0, pos0 + n, dtype=np.int32)
+    pos = kv.positions(pos0, n)                                 # i32[n]
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
     q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
     att = s.att[:n]                                             # f32[n, n_head, hd_v]
@@ -51,7 +51,8 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)    # both kinds of layer scaled
             rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
             kv.store(il, pos0, k, v)
-            attention(att, q, *kv.layer(il), pos0, kq_scale, hp.sliding_window if swa else 0, sinks=L.attn_sinks.data)
+            win = hp.sliding_window if swa else 0
+            attention(att, q, *kv.layer(il), pos0, kq_scale, win, sinks=L.attn_sinks.data, cells=kv.visible(win))
             L.attn_output.rows(xb, att.reshape(n, -1))
             xb += L.attn_output_bias.data
             x, xb, rows = output_rows(hp, il, out, x, xb)

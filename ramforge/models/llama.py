@@ -43,7 +43,7 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
     out: the rows wanted from the model's last layer; after its attention only they go on (llama.cpp's
     inp_out_ids), computed as a batch of their own."""
     hp, w, kv = m.hp, m.weights, m.kv
-    pos = np.arange(pos0, pos0 + n, dtype=np.int32)
+    pos = kv.positions(pos0, n)                                 # i32[n]
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
     q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
     att, gate, up = s.att[:n], s.gate[:n], s.up[:n]             # f32[n, n_head, hd_v], f32[n, n_ff]
@@ -59,7 +59,7 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
             rope(q, pos, hp.rope_dim, hp.rope_base, neox, ff, hp.rope_scale)
             rope(k, pos, hp.rope_dim, hp.rope_base, neox, ff, hp.rope_scale)
             kv.store(il, pos0, k, v)
-            attention(att, q, *kv.layer(il), pos0, kq_scale)
+            attention(att, q, *kv.layer(il), pos0, kq_scale, cells=kv.visible(0))
             L.attn_output.rows(xb, att.reshape(n, -1))
             x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
             with rows:

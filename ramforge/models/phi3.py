@@ -52,7 +52,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
     (out: as llama.forward)."""
     hp, w, kv = m.hp, m.weights, m.kv
-    pos = np.arange(pos0, pos0 + n, dtype=np.int32)
+    pos = kv.positions(pos0, n)                                 # i32[n]
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
     q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
     att, gate, up = s.att[:n], s.gate[:n], s.up[:n]             # f32[n, n_head, hd], f32[n, n_ff]
@@ -71,7 +71,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             rope(k, pos, hp.rope_dim, hp.rope_base, ROPE_NEOX, ff, hp.rope_scale)
             q *= q_scale
             kv.store(il, pos0, k, v)
-            attention(att, q, *kv.layer(il), pos0, 1.0)
+            attention(att, q, *kv.layer(il), pos0, 1.0, cells=kv.visible(0))
             L.attn_output.rows(xb, att.reshape(n, -1))
             x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
             with rows:

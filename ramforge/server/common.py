@@ -55,6 +55,8 @@ class ServerConfig:
     slot_save_path: str | None = None  # where POST /slots/0?action=save|restore files live (None: refused)
     cache_ram: str | int | None = None  # the prompt cache's own budget (session.PromptCache); None: none
     cluster: dict | None = None       # cluster.Pipeline's keywords (--ray, --stages, --stage-ram); None: one process
+    parallel: int = 1                 # --parallel N: requests share passes in N slots (ramforge.batcher)
+    context_shift: bool = False       # --context-shift: llama-server's, when generation fills the context
     type_k: str = "f16"               # KV cache types (--kv-type*, $RAMFORGE_KV_TYPE, $OLLAMA_KV_CACHE_TYPE)
     type_v: str = "f16"
     kv_spill: bool | str | None = None  # the KV cache to storage (--kv-spill; memory.kv_spill): None when needed

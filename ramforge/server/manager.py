@@ -70,6 +70,7 @@ class ModelManager:
         self.startup_name, self.aliases = _served_name(cfg.model)
         self._locate_lock = threading.Lock()
         self.reap_interval = 1.0
+        self.busy = 0                               # --parallel: jobs generating without the lock (Job.shared)
 
     # ---- the worker thread
     async def call(self, fn: Callable, *args, **kwargs):
@@ -104,7 +105,8 @@ class ModelManager:
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
         model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx if n_ctx is not None else self.cfg.n_ctx,
                       n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter,
-                      ray=self.cfg.cluster, **self._kv_types())
+                      ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
+                      **self._kv_types())
         if self.cfg.cache_ram:                      # one per loaded model: states fit only their model
             from ..session import PromptCache
 
@@ -123,6 +125,9 @@ class ModelManager:
         if cur is not None and cur.path == path and num_ctx in (None, cur.ctx_key, cur.model.n_ctx):
             cur.name = served
             return cur, 0.0
+        if self.busy:
+            raise ServerBusy(f"{self.busy} parallel requests are generating with {cur.name}; another model or "
+                             f"context loads when they are done, retry later")
         await self.unload()                         # first, so that one model at a time fits the budget
         t0 = time.perf_counter()
         model = await self.call(self._load, path, num_ctx)
@@ -175,10 +180,10 @@ class ModelManager:
                                                                 max(0.05, cur.expires - time.monotonic()))
             await asyncio.sleep(wait)
             cur = self.current
-            if cur is not None and time.monotonic() >= cur.expires and not self.lock.locked():
+            if cur is not None and time.monotonic() >= cur.expires and not self.lock.locked() and not self.busy:
                 async with self.lock:
                     cur = self.current
-                    if cur is not None and time.monotonic() >= cur.expires:
+                    if cur is not None and time.monotonic() >= cur.expires and not self.busy:
                         try:
                             await self.unload()
                         except Exception:  # noqa: BLE001 - keep reaping; the model is dropped either way
@@ -246,6 +251,7 @@ class Job:
         self.it = None
         self.first = None
         self.closed = False
+        self.shared = False        # --parallel: the lock is let go once the request has its slot's stream
 
     @classmethod
     async def start(cls, manager: ModelManager, *, model: str | None, num_ctx: int | None,
@@ -274,12 +280,18 @@ class Job:
                                             f"{mdl.n_ctx}; shorten it or raise num_ctx / --ctx")
             if max_tokens is None or max_tokens < 0:
                 max_tokens = room
-            elif clamp:
+            elif clamp and not mdl.context_shift:
                 max_tokens = min(max_tokens, room)
             job.it = mdl.stream(ids, max_tokens, stop=stop or None, **sampling)
             if chat:
                 job.it = mdl.split_reasoning(job.it)
-            job.first = await manager.call(next, job.it, None)
+            if getattr(mdl, "batcher", None) is not None:   # --parallel: the others join the shared passes
+                job.shared = True
+                manager.busy += 1
+                manager.lock.release()
+                job.first = await anyio.to_thread.run_sync(next, job.it, None)
+            else:
+                job.first = await manager.call(next, job.it, None)
         except BaseException:
             await job.close()
             raise
@@ -301,7 +313,8 @@ class Job:
                 polled = time.monotonic()
                 if await request.is_disconnected():
                     raise ClientDisconnected("client disconnected")
-            r = await self.m.call(next, self.it, None)
+            step = anyio.to_thread.run_sync if self.shared else self.m.call      # --parallel: off the worker
+            r = await step(next, self.it, None)
 
     async def collect(self, request: Request | None = None):
         """The final Response with the whole text (non-streaming requests); closes the job."""
@@ -334,11 +347,17 @@ class Job:
         async def _close():
             try:
                 if self.it is not None:
-                    await self.m.call(self.it.close)
+                    await (anyio.to_thread.run_sync(self.it.close) if self.shared else self.m.call(self.it.close))
             except Exception:  # noqa: BLE001 - never keep the lock over a failed close
                 log.exception("closing a generation failed")
             finally:
-                await self.m.release(self.keep_alive)
+                if self.shared:                     # the lock is not held; keep_alive for the reaper
+                    self.m.busy -= 1
+                    ka = self.m.cfg.keep_alive if self.keep_alive is None else self.keep_alive
+                    if self.m.current is not None:
+                        self.m.current.keep(max(ka, 0.0))
+                else:
+                    await self.m.release(self.keep_alive)
 
         with anyio.CancelScope(shield=True):
             await asyncio.shield(_close())

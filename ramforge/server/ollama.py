@@ -57,8 +57,8 @@ class Options(_SamplerOptions):
     num_ctx: int | None = Field(None, ge=1, le=MAX_CTX)
     num_predict: int | None = Field(None, ge=-2, le=MAX_PREDICT)
     stop: str | list[str] | None = None
+    num_keep: int | None = Field(None, ge=-1, le=MAX_CTX)   # a context shift's kept tokens (serve --context-shift)
     # llama.cpp-runner knobs with no meaning here: accepted, ignored
-    num_keep: int | None = None
     num_batch: int | None = None
     num_gpu: int | None = None
     main_gpu: int | None = None
@@ -123,7 +123,8 @@ class _Generating(Strict):
 
     def sampling(self, opts: Options) -> dict:
         """Model.stream's keywords: the options' sampler parameters, logprobs and the grammar."""
-        return {**opts.sampling(), **self.logprob_args(), "grammar": self._gbnf}
+        keep = {} if opts.num_keep is None else {"n_keep": opts.num_keep}
+        return {**opts.sampling(), **self.logprob_args(), "grammar": self._gbnf, **keep}
 
 
 class GenerateRequest(_Generating):

@@ -73,6 +73,7 @@ class _Common(_SamplerFields):
     n: int | None = Field(None, ge=1, le=1)
     stop: str | list[str] | None = None
     user: str | None = None
+    n_keep: int | None = Field(None, ge=-1, le=MAX_CTX)   # llama-server's: a context shift's kept tokens
     grammar: str | None = None           # llama-server's extensions: GBNF, or a JSON schema
     json_schema: dict | None = None
     _gbnf: str | None = PrivateAttr(None)
@@ -93,7 +94,7 @@ class _Common(_SamplerFields):
 
     def generation(self) -> dict:
         """Model.stream's keywords: the sampler parameters and the grammar (None: unconstrained)."""
-        return {**self.sampling(), "grammar": self._gbnf}
+        return {**self.sampling(), "grammar": self._gbnf, **({} if self.n_keep is None else {"n_keep": self.n_keep})}
 
     @property
     def include_usage(self) -> bool:

@@ -1,0 +1,140 @@
+"""Continuous batching: several generations in one engine (Engine.load(n_seq=N)), one slot (sequence)
+each, every pass over the weights one llama_decode of them all (parallel.eval_batch).
+
+A scheduler thread builds each pass as llama-server's update_slots does: one token of every
+decoding slot, then the prompt of at most one joining request (eval_batch evaluates one multi-token
+sequence per batch; a second joining prompt waits for the next pass). A request joins and leaves
+between passes; a finished or abandoned one's cells are freed (seq_rm) and its slot taken by the next.
+A request waits at most `max_wait` seconds for a slot, then gets ServerBusy (503) with the reason.
+`schedule` logs every pass's batch (seq_id, tokens), so a test can replay it through eval_batch.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from .errors import ContextLengthExceeded, EmptyPrompt, InvalidArgument, ServerBusy, check_token_ids
+
+
+@dataclass
+class _Req:
+    slot: int
+    prompt: list[int]
+    max_tokens: int
+    sampler: object
+    stop_on_eog: bool
+    out: queue.Queue = field(default_factory=queue.Queue)   # ids, then None (done) or an exception
+    history: list = field(default_factory=list)
+    next_tok: int | None = None                             # sampled, to be evaluated in the next pass
+    n_gen: int = 0
+    cancelled: bool = False
+
+
+class Batcher:
+    """>>> b = Batcher(Engine.load(path, n_ctx=1024, n_seq=4))      # doctest: +SKIP
+    >>> list(b.generate(ids, 16))                                    # doctest: +SKIP"""
+
+    def __init__(self, engine, max_wait: float = 30.0, log: bool = False):
+        self.eng, self.max_wait = engine, max_wait
+        self.free = list(range(engine.kv.n_seq))
+        self.joining: list[_Req] = []
+        self.active: dict[int, _Req] = {}
+        self.cond = threading.Condition()
+        self.closed = False
+        self.schedule: list | None = [] if log else None
+        self.thread = threading.Thread(target=self._loop, name="ramforge-batcher", daemon=True)
+        self.thread.start()
+
+    def generate(self, prompt: list[int], max_tokens: int, sampler=None, stop_on_eog: bool = True) -> Iterator[int]:
+        """Yield up to max_tokens tokens after prompt (greedy when sampler is None), as Engine.generate,
+        computed in the shared passes. Closing the iterator early frees the slot."""
+        if not prompt:
+            raise EmptyPrompt("the prompt is empty")
+        check_token_ids(np.asarray(prompt, np.int64), self.eng.hp.n_vocab)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidArgument(f"max_tokens = {max_tokens!r}: at least 1")
+        if len(prompt) + max_tokens > self.eng.n_ctx:
+            raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens + {max_tokens} exceed a slot's context "
+                                        f"of {self.eng.n_ctx}")
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.free or self.closed, timeout=self.max_wait) or self.closed:
+                raise ServerBusy(f"all {self.eng.kv.n_seq} slots stayed busy for {self.max_wait:g} s; retry later")
+            req = _Req(self.free.pop(0), list(prompt), max_tokens, sampler, stop_on_eog, history=list(prompt))
+            self.joining.append(req)
+            self.cond.notify_all()
+        return self._stream(req)
+
+    def _stream(self, req: _Req) -> Iterator[int]:
+        try:
+            while True:
+                item = req.out.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            req.cancelled = True
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.closed or self.joining or self.active)
+                if self.closed:
+                    return
+                for s in [s for s, r in self.active.items() if r.cancelled]:
+                    self._release(self.active.pop(s), None)
+                batch = [(s, [r.next_tok]) for s, r in sorted(self.active.items())]
+                join = self.joining.pop(0) if self.joining else None
+                if join is not None:
+                    self.active[join.slot] = join
+                    batch.append((join.slot, join.prompt))
+            if not batch:
+                continue
+            reqs = [self.active[s] for s, _ in batch]
+            try:
+                logits = self.eng.eval_batch(batch)
+            except BaseException as e:                      # every request of the pass gets the error
+                with self.cond:
+                    for r in reqs:
+                        self._release(self.active.pop(r.slot), e)
+                continue
+            if self.schedule is not None:
+                self.schedule.append(batch)
+            with self.cond:
+                for r in reqs:
+                    self._step(r, logits[r.slot])
+
+    def _step(self, r: _Req, logits: np.ndarray) -> None:
+        """Sample r's next token from its logits; finish it on EOG or its max_tokens (under cond)."""
+        tok = int(np.argmax(logits)) if r.sampler is None else r.sampler.sample(logits, r.history)
+        if r.cancelled or (r.stop_on_eog and self.eng.tokenizer.is_eog(tok)):
+            self._release(self.active.pop(r.slot), None)
+            return
+        r.history.append(tok)
+        r.n_gen += 1
+        r.out.put(tok)
+        if r.n_gen >= r.max_tokens:
+            self._release(self.active.pop(r.slot), None)
+        else:
+            r.next_tok = tok
+
+    def _release(self, r: _Req, err) -> None:
+        """Free r's cells and slot (under cond); its stream ends (with err, if any)."""
+        self.eng.seq_rm(r.slot, -1, -1)
+        self.free.append(r.slot)
+        self.free.sort()
+        r.out.put(err)
+        self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        self.thread.join()
+        for r in list(self.active.values()) + self.joining:
+            r.out.put(None)

@@ -1,0 +1,124 @@
+"""KV cells as llama.cpp 0.3.36's llama_kv_cache keeps them, in the configuration llama-server runs
+with an explicit `--parallel N`: kv_unified = false, one stream of cells per sequence (N streams of
+n_ctx_seq = PAD(n_ctx / N, 256) cells; one stream of n_ctx cells for a single sequence).
+
+A cell holds a position (-1: empty) and the pending K-shift of seq_add. A ubatch's tokens are
+placed by find_slot (from the stream's head, holes filled, the head restarting at 0 when enough
+cells before it are free); attention for a token runs over its stream's cells in cell order with
+a mask, so the SIMD lane of a key is its cell index (`Placement.visible`: the visible cells of
+each token, ascending). Streams sit one after another in the cache's rows (stream s: rows
+s*n_ctx_seq ..), each a multiple of 256 cells, so a row's lane (row % 16, row % 64) is its cell's.
+
+The sliding-window cache of a model with a window (llama.cpp's iswa, a second set of cells) may
+reuse a cell whose key left the window where this cache finds an empty one: `find_slot` checks both
+rules and refuses (NotReproduced) where they would place a token differently.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ContextLengthExceeded, NotReproduced
+
+PAD = 256           # llama.cpp pads n_ctx and n_ctx_seq to 256 cells
+
+
+def pad_cells(n: int) -> int:
+    return -(-n // PAD) * PAD
+
+
+def find_slot(pos: np.ndarray, head: int, n: int, window: int = 0) -> list[int] | None:
+    """llama_kv_cache::find_slot (non-contiguous) for n tokens of the one sequence of a stream whose
+    cell positions are pos (i32[size], -1 empty): the cell indices, or None if the stream is full.
+    window > 0: the sliding-window cache's rule (a cell whose key is out of the window is free too)."""
+    size = pos.size
+    live = pos >= 0
+    used = int(live.sum())
+    pmax1 = int(pos.max()) + 1 if used else 0            # seq_pos_max + 1
+    if head > used + 2 * n:
+        head = 0
+    if n > size:
+        return None
+    idxs, tested = [], 0
+    while True:
+        if head + 1 > size:
+            tested += size - head
+            head = 0
+            continue
+        idx = head
+        head += 1
+        tested += 1
+        if pos[idx] < 0 or (window > 0 and pmax1 - pos[idx] >= window):
+            idxs.append(idx)
+            if len(idxs) == n:
+                return idxs
+        if tested >= size:
+            return None
+
+
+@dataclass
+class Placement:
+    """Where a ubatch's tokens go. rows i64[n]: cache rows (stream * n_ctx_seq + cell); pos i32[n];
+    stream i32[n]; single: llama.cpp's attention matmuls for this ubatch have one column per stream
+    (ggml_vec_dot_f16) rather than several (tinyBLAS)."""
+
+    rows: np.ndarray
+    pos: np.ndarray
+    stream: np.ndarray
+    n_ctx_seq: int
+    single: bool
+    _vis: dict = field(default_factory=dict)
+
+    def part(self, a: int, b: int) -> "Placement":
+        """Tokens [a, b) of the ubatch (a chunk computed as its rows)."""
+        return Placement(self.rows[a:b], self.pos[a:b], self.stream[a:b], self.n_ctx_seq, self.single)
+
+    def visible(self, cell_pos: np.ndarray, window: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(ptr i32[n+1], idx i32[...]): token t sees cache rows idx[ptr[t]:ptr[t+1]], ascending: its
+        stream's non-empty cells at positions <= its own (and within the window), as llama.cpp's KQ mask."""
+        got = self._vis.get(window)
+        if got is None:
+            S, parts, ptr = self.n_ctx_seq, [], [0]
+            for p, s in zip(self.pos, self.stream):
+                base = int(s) * S
+                cp = cell_pos[base:base + S]
+                m = (cp >= 0) & (cp <= p)
+                if window > 0:
+                    m &= (p - cp) < window
+                parts.append(np.nonzero(m)[0].astype(np.int32) + np.int32(base))
+                ptr.append(ptr[-1] + parts[-1].size)
+            got = (np.asarray(ptr, np.int32), np.concatenate(parts) if parts else np.empty(0, np.int32))
+            self._vis[window] = got
+        return got
+
+
+def place(kv, seqs: list[tuple[int, int]], single: bool, window: int, swa_size: int) -> Placement:
+    """Place a ubatch: seqs lists (stream, n_tokens) in ubatch order, each continuing its sequence at
+    seq_pos_max + 1. Finds every stream's cells first (ContextLengthExceeded if one is full), then
+    writes positions and heads (llama_kv_cache::apply_ubatch)."""
+    S = kv.n_ctx_seq
+    found = []
+    for s, n in seqs:
+        cp = kv.cell_pos[s * S:(s + 1) * S]
+        idxs = find_slot(cp, kv.heads[s], n)
+        if idxs is None:
+            raise ContextLengthExceeded(f"sequence {s}: no room for {n} more tokens in its {S} KV cells "
+                                        f"({int((cp >= 0).sum())} used); remove tokens (seq_rm) or raise --ctx")
+        if window > 0:
+            alt = find_slot(cp, kv.heads[s], n, window)
+            if alt != idxs or max(idxs) >= swa_size:
+                raise NotReproduced(
+                    f"sequence {s}: llama.cpp's sliding-window cache would place these {n} tokens in other cells "
+                    f"(it reuses cells whose keys left the window of {window}); not reproduced")
+        p0 = int(cp.max()) + 1 if (cp >= 0).any() else 0
+        found.append((s, idxs, np.arange(p0, p0 + n, dtype=np.int32)))
+    rows, pos, strm = [], [], []
+    for s, idxs, p in found:
+        r = np.asarray(idxs, np.int64) + s * S
+        kv.cell_pos[r] = p
+        kv.heads[s] = idxs[-1] + 1
+        rows.append(r)
+        pos.append(p)
+        strm.append(np.full(len(idxs), s, np.int32))
+    return Placement(np.concatenate(rows), np.concatenate(pos), np.concatenate(strm), S, single)
