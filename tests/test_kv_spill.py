@@ -261,3 +261,26 @@ def test_the_server_passes_its_kv_spill_on(tiny):
         assert isinstance(m.engine.kv, SpilledKVCache)
     finally:
         m.close()
+
+
+def test_run_with_kv_spill_prints_the_tokens_of_the_cache_in_ram(tiny, tmp_path):
+    """`ramforge run --kv-spill DIR` (and bare --kv-spill) generates what the cache in RAM does; a context
+    shift, which moves KV cells, is refused with a spilled cache, naming the fix."""
+    from click.testing import CliRunner
+
+    from ramforge.cli import cli
+    base = ["run", str(tiny), "-p", "Once upon a time", "-n", "12", "--ctx", "512", "--temp", "0", "--json"]
+    outs = []
+    for extra in (["--kv-spill", "off"], ["--kv-spill", str(tmp_path)], ["--kv-spill"]):
+        r = CliRunner().invoke(cli, base + extra)
+        assert r.exit_code == 0, r.output
+        outs.append(json.loads(r.output.strip().splitlines()[-1])["completion_tokens"])
+    assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 12
+    assert not os.listdir(tmp_path)                  # the spill's files are gone with the engine
+    r = CliRunner().invoke(cli, base + ["--kv-spill", "--context-shift"])
+    assert r.exit_code != 0 and "--kv-spill off" in str(r.exception)
+
+
+def test_parallel_sequences_are_refused_with_a_spilled_cache(tiny):
+    with pytest.raises(InvalidArgument, match="--kv-spill off"):
+        Engine.load(tiny, n_ctx=1024, kv_spill=True, n_seq=2)

@@ -24,6 +24,7 @@ from .console import (cluster_of, cluster_options, ctx_option, drafter_of, exper
 @threads_option
 @expert_options
 @kv_options
+@spill_option
 @speculative_options
 @cluster_options
 @click.option("--context-shift", is_flag=True,
