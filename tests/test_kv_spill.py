@@ -284,3 +284,12 @@ def test_run_with_kv_spill_prints_the_tokens_of_the_cache_in_ram(tiny, tmp_path)
 def test_parallel_sequences_are_refused_with_a_spilled_cache(tiny):
     with pytest.raises(InvalidArgument, match="--kv-spill off"):
         Engine.load(tiny, n_ctx=1024, kv_spill=True, n_seq=2)
+
+
+def test_serve_refuses_kv_spill_with_parallel_slots_or_a_context_shift(tiny):
+    from click.testing import CliRunner
+
+    from ramforge.cli import cli
+    for extra in (["--parallel", "2"], ["--context-shift"]):
+        r = CliRunner().invoke(cli, ["serve", str(tiny), "--kv-spill", *extra])
+        assert r.exit_code == 2 and "--kv-spill is not supported with --parallel or --context-shift" in r.output

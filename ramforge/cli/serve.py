@@ -97,6 +97,9 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
                          or lookup is not None or draft_model is not None):
         raise click.UsageError("--parallel is not supported with --ray, --context-shift, --cache-ram, "
                                "--slot-save-path or speculative decoding")
+    if spill_of(kv_spill) not in (None, False) and (parallel > 1 or context_shift):
+        raise click.UsageError("--kv-spill is not supported with --parallel or --context-shift (their KV cells "
+                               "stay in RAM): --kv-spill off, or leave it out")
     if cluster is not None and context_shift:
         raise click.UsageError("--context-shift is not supported with --ray (the KV caches live in the stages)")
     if cluster is not None and (slot_save_path is not None or cache_ram is not None):
