@@ -34,6 +34,8 @@ REPRODUCED_BUILD = "AVX512 = 1"
 def _param(rec):
     m = rec["model"]
     marks = [pytest.mark.oracle] if m["source"] == "synthetic" and m["type"] not in FLOAT_TYPES else []
+    if m["source"] != "synthetic":        # the real model's full record (~2 min): slow; in CI its prompts are
+        marks.append(pytest.mark.slow)    # test_api's and test_streaming's, its logprobs test_logprobs'
     if REPRODUCED_BUILD not in rec["oracle"].get("system_info", ""):
         marks.append(pytest.mark.skip(reason=f"{m['id']} was recorded by a llama.cpp build without AVX-512, whose "
                                              "rounding ramforge does not reproduce; re-record it on an AVX-512 "

@@ -170,6 +170,16 @@ def moe_f16(request):
     return ensure_model(request.param, "F16")
 
 
+# the refusals rewrite the file with gguf-py (~8 s each, its vocabulary arrays): the first architecture
+# in CI, every one with -m slow
+@pytest.fixture(scope="module", params=[pytest.param(s, marks=[pytest.mark.slow] if i else [])
+                                        for i, s in enumerate(MOE_SPECS)])
+def moe_edit(request):
+    from tools.make_models import ensure_model
+
+    return ensure_model(request.param, "F16")
+
+
 def _arch(path) -> str:
     from ramforge.gguf.reader import GGUFFile
 
@@ -185,10 +195,10 @@ def _refused(path, err, needle):
 
 
 @pytest.mark.parametrize("used,needle", [(0, "between 1 and"), (99, "between 1 and")])
-def test_expert_used_count_out_of_range_is_refused(tmp_path, moe_f16, used, needle):
+def test_expert_used_count_out_of_range_is_refused(tmp_path, moe_edit, used, needle):
     gguf = pytest.importorskip("gguf")
-    arch = _arch(moe_f16)
-    p = _edit(tmp_path, moe_f16, kv={f"{arch}.expert_used_count": (used, gguf.GGUFValueType.UINT32)})
+    arch = _arch(moe_edit)
+    p = _edit(tmp_path, moe_edit, kv={f"{arch}.expert_used_count": (used, gguf.GGUFValueType.UINT32)})
     _refused(p, ConfigError, f"{arch}.expert_used_count = {used}: .*{needle} {arch}.expert_count")
 
 
@@ -199,18 +209,18 @@ def test_expert_count_is_required_by_qwen_moe(tmp_path):
     _refused(p, ConfigError, "qwen3moe.expert_count is missing")
 
 
-def test_experts_of_the_wrong_count_are_refused(tmp_path, moe_f16):
+def test_experts_of_the_wrong_count_are_refused(tmp_path, moe_edit):
     gguf = pytest.importorskip("gguf")
-    arch = _arch(moe_f16)
+    arch = _arch(moe_edit)
     name = "blk.1.ffn_up_exps.weight"
-    p = _edit_tensor(tmp_path, moe_f16, name, lambda a: a[:-1])       # one expert short
+    p = _edit_tensor(tmp_path, moe_edit, name, lambda a: a[:-1])       # one expert short
     _refused(p, ModelError, rf"{name} .* holds \d+ experts .* {arch}.expert_count is \d+")
     del gguf
 
 
-def test_router_of_the_wrong_shape_is_refused(tmp_path, moe_f16):
+def test_router_of_the_wrong_shape_is_refused(tmp_path, moe_edit):
     name = "blk.0.ffn_gate_inp.weight"
-    p = _edit_tensor(tmp_path, moe_f16, name, lambda a: a[:, :-32])   # rows 32 short of n_embd
+    p = _edit_tensor(tmp_path, moe_edit, name, lambda a: a[:, :-32])   # rows 32 short of n_embd
     _refused(p, ModelError, rf"{name} has shape .*the router maps")
 
 

@@ -315,7 +315,12 @@ def test_kernel_matches_integer_reference_and_float_path(t, n_tok):
         assert np.array_equal(ym, y)
 
 
-@pytest.mark.parametrize("t", INT_TYPES, ids=_ids(INT_TYPES))
+# one type of each family in CI (each compiles its portable kernels: ~10 s a type); every type with -m slow
+VECTOR_CI = ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "IQ2_XS"]
+
+
+@pytest.mark.parametrize("t", [pytest.param(t, id=t.name, marks=[] if t.name in VECTOR_CI else [pytest.mark.slow])
+                               for t in INT_TYPES])
 def test_vector_path_equals_portable_bit_for_bit(t):
     k = REGISTRY[t]
     n_in = N_IN if k.block_elems > 32 else N_IN + 32          # an odd block count where it can be

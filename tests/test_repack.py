@@ -46,8 +46,10 @@ def test_layout_round_trips(t, n_out, n_in):
         assert np.array_equal(back, raw[r0 * rb:(r0 + 8) * rb]), r0
 
 
-@pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
-@pytest.mark.parametrize("vector", [True, False])
+# the portable kernels (vector=False) of Q4_K in CI, of every type with -m slow (~8 s of compiles a type)
+@pytest.mark.parametrize("t,vector", [pytest.param(t, v, id=f"{t.name}-{'vector' if v else 'portable'}",
+                                                   marks=[] if v or t == Q4_K else [pytest.mark.slow])
+                                      for t in TYPES for v in (True, False)])
 @pytest.mark.parametrize("n_out,n_in", SHAPES)
 def test_repacked_equals_file_order_bit_for_bit(t, n_out, n_in, vector):
     # the gemv (1-3 tokens), the packed rows of a split batch view, and the unpacking path (4+)

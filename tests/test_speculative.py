@@ -29,7 +29,7 @@ RECORDS = [json.loads(p.read_text()) for p in sorted(SPEC_DIR.glob("*.json"))]
 # gpt-oss's sinks and experts, qwen3moe); the rest (minutes of 150k-vocabulary output matmuls) is
 # marked slow, the quantized synthetic ones oracle (their files need llama.cpp's quantizer)
 CI_FLOAT = {"llama-tiny-f16", "gemma2-tiny-f16", "gpt-oss-tiny-f16", "qwen3moe-tiny-f16"}
-CI_GEMMA = {"code", "copy"}
+CI_GEMMA = {"copy"}
 
 
 def _params():
