@@ -168,6 +168,7 @@ def child_parallel(model: str, ram: str, n: int, n_prompt: int, gen: int, ctx: i
                 "streamed_per_pass_plan": eng.plan.streamed_bytes_per_token,
                 "managed_peak": budget.peak, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 "tokens": toks}
+    rec["charged_after_close"] = budget.current                       # a leak if not 0
     rec["replay"] = replay(model, ctx, n, schedule, ps, gen)          # after the budgeted engine closed
     return rec
 
@@ -224,11 +225,14 @@ def report(rows: list[dict]) -> None:
                   f"{med(r['bytes_per_pass'] for r in g) / 2**20:8.1f} {med(r['bytes_per_token'] for r in g) / 2**20:9.1f} "
                   f"{med(r['wait_s'] for r in g):10.2f} {max(r['managed_peak'] for r in g) / 2**20:8.1f} "
                   f"{cache / 2**20:9.1f} ({100 * cache / r0['file_size']:3.0f}%) "
-                  f"{f'{rep}/{total}':>8s} {f'{solo}/{total}':>6s}")
+                  f"{f'{rep}/{total}':>8s} {f'{solo}/{total}' if g[0]['same_as_solo'] is not None else '-':>6s}")
         r0 = next(r for r in rows if r["ram"] == ram)
         print(f"  --ram {ram}: {r0['pinned']}/{r0['n_layer']} layers pinned, plan streams "
               f"{r0['streamed_per_pass_plan'] / 2**20:.1f} MiB per pass")
     for r in rows:
+        if r.get("charged_after_close"):
+            print(f"round {r['rep']} --ram {r['ram']} N={r['n']}: {r['charged_after_close']:,} B still charged after "
+                  f"the engine closed (a leak)")
         if r["compile_s"] > 0.05:
             print(f"round {r['rep']} --ram {r['ram']} N={r['n']}: {r['compile_s']:.2f} s of compiling in the timed round")
         for i, t in enumerate(r["tokens"]):
