@@ -440,7 +440,7 @@ def test_swiglu_oai_is_ggmls_scalar_formula_with_libm_expf():
 
 
 def test_attention_sinks_join_the_softmax_only():
-    from ramforge.kernels.ops import attention
+    from ramforge.kernels.attention import attention
     rng = np.random.default_rng(3)
     n_head, n_kv, hd, n = 4, 2, 64, 6
     q = rng.standard_normal((n, n_head, hd)).astype(np.float32)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ramforge.kernels import attention as attn
 from ramforge.kernels import ops
 
 
@@ -11,7 +12,7 @@ from ramforge.kernels import ops
 def test_f16_widening_intrinsic_is_exact_for_every_bit_pattern(widen):
     from numba import njit
 
-    fn = ops._widen16_auto if widen == "auto" else ops._widen16_int
+    fn = attn._widen16_auto if widen == "auto" else attn._widen16_int
 
     @njit
     def widen_all(src, dst):
@@ -20,7 +21,7 @@ def test_f16_widening_intrinsic_is_exact_for_every_bit_pattern(widen):
     bits = np.arange(1 << 16, dtype=np.uint16)
     got = np.empty(1 << 16, np.float32)
     widen_all(bits, got)
-    want = ops.F16_TO_F32
+    want = attn.F16_TO_F32
     nan = np.isnan(want)
     assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32)) and np.isnan(got[nan]).all()
 
@@ -55,7 +56,7 @@ def test_attention_matches_reference(hd, pos0, n_tok, window):
     q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
     out = np.full((n_tok, n_head, hd), np.nan, np.float32)
     scale = 1 / np.sqrt(hd)
-    ops.attention(out, q, k16.view(np.uint16), v16.view(np.uint16), pos0, scale, window)
+    attn.attention(out, q, k16.view(np.uint16), v16.view(np.uint16), pos0, scale, window)
     want = attention_reference(q, k16, v16, pos0, scale, window)
     np.testing.assert_allclose(out, want, rtol=2e-3, atol=2e-3)
 
@@ -68,10 +69,10 @@ def test_softcapped_attention_matches_reference(n_tok, softcap):
     v16 = rng.standard_normal((n_ctx, 2, hd)).astype(np.float16)
     q = (rng.standard_normal((n_tok, 4, hd)) * 1.5).astype(np.float32)       # |q.k| up to ~50: capped
     out = np.full((n_tok, 4, hd), np.nan, np.float32)
-    ops.attention(out, q, k16.view(np.uint16), v16.view(np.uint16), 10, 0.5, 0, softcap)
+    attn.attention(out, q, k16.view(np.uint16), v16.view(np.uint16), 10, 0.5, 0, softcap)
     np.testing.assert_allclose(out, attention_reference(q, k16, v16, 10, 0.5, 0, softcap), rtol=2e-3, atol=2e-3)
     plain = np.empty_like(out)
-    ops.attention(plain, q, k16.view(np.uint16), v16.view(np.uint16), 10, 0.5, 0)
+    attn.attention(plain, q, k16.view(np.uint16), v16.view(np.uint16), 10, 0.5, 0)
     assert np.abs(plain - out).max() > 0.05                              # the cap changed the attention
 
 
@@ -91,20 +92,20 @@ def test_short_attention_on_the_calling_thread_is_the_parallel_one(n_tok, window
     kc, vc = (rng.standard_normal((40, 2, hd)).astype(np.float16).view(np.uint16) for _ in range(2))
     q = rng.standard_normal((n_tok, 4, hd)).astype(np.float32).astype(np.float16).astype(np.float32)
     outs = [np.full((n_tok, 4, hd), np.nan, np.float32) for _ in range(2)]
-    for out, kernel in zip(outs, (ops._attention, ops._attention_1)):
-        kernel(out, q, kc, vc, 20, n_tok, np.float32(0.125), window, 2, ops.F16_TO_F32, n_tok == 1, np.float32(0),
-               ops._NO_SINKS)
+    for out, kernel in zip(outs, (attn._attention, attn._attention_1)):
+        kernel(out, q, kc, vc, 20, n_tok, np.float32(0.125), window, 2, attn.F16_TO_F32, n_tok == 1, np.float32(0),
+               attn._NO_SINKS)
     assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
-    assert 1 * 4 * 21 * (2 * 128) < ops._SERIAL_WORK                    # (a decode token at this size: serial)
+    assert 1 * 4 * 21 * (2 * 128) < attn._SERIAL_WORK                    # (a decode token at this size: serial)
 
 
 def test_attention_refuses_bad_shapes():
     k = np.zeros((8, 3, 16), np.uint16)
     with pytest.raises(ops.RamforgeError):
-        ops.attention(np.zeros((1, 4, 16), np.float32), np.zeros((1, 4, 16), np.float32), k, k, 0, 1.0)
+        attn.attention(np.zeros((1, 4, 16), np.float32), np.zeros((1, 4, 16), np.float32), k, k, 0, 1.0)
     k = np.zeros((8, 2, 16), np.uint16)
     with pytest.raises(ops.RamforgeError):
-        ops.attention(np.zeros((1, 4, 16), np.float32), np.zeros((1, 4, 16), np.float32), k, k, 8, 1.0)
+        attn.attention(np.zeros((1, 4, 16), np.float32), np.zeros((1, 4, 16), np.float32), k, k, 8, 1.0)
 
 
 def test_ggml_vector_exp_is_within_its_stated_error():

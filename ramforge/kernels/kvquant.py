@@ -322,7 +322,7 @@ def flash_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
     """Causal attention of q (f32[n_tok, n_head, hd_k], positions pos0..) over cache rows 0..pos0+n_tok-1
     as ggml's CPU flash_attn_ext computes it (see the module docstring). k_cache: the layer's K rows
     (u16[n_ctx, n_kv, hd_k] f16 bits, or u8[n_ctx, n_kv, row_bytes] of k_type), v_cache likewise.
-    cells: (ptr, idx) as ops.attention's: the rows each token reads, in cell order (pos0, window unused)."""
+    cells: (ptr, idx) as attention.attention's: the rows each token reads, in cell order (pos0, window unused)."""
     n_tok, n_head, hd_k = q.shape
     hd_v = out.shape[2]
     n_kv = k_cache.shape[1]

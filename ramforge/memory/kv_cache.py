@@ -21,7 +21,7 @@ from .kv_types import CHUNK, kv_type, row_bytes
 
 class KVCache:
     """k[il]: [n_ctx, n_head_kv, row] of f16 bits (u16, row = hd_k) or quantized blocks (u8, row = the
-    row's bytes); v[il] likewise. `layer(il)` gives a layer's pair; ops.attention reads the type from
+    row's bytes); v[il] likewise. `layer(il)` gives a layer's pair; kernels.attention reads the type from
     the dtype and row size.
 
     Two modes. Plain (celled False): one sequence, row p = position p, positions 0..n_past-1.
@@ -123,7 +123,7 @@ class KVCache:
         return np.arange(pos0, pos0 + n, dtype=np.int32) if self.ub is None else self.ub.pos
 
     def visible(self, window: int = 0):
-        """ops.attention's `cells` for the pass (None on the plain path): see cells.Placement.visible."""
+        """kernels.attention's `cells` for the pass (None on the plain path): see cells.Placement.visible."""
         return None if self.ub is None else (*self.ub.visible(self.cell_pos, window), self.ub.single)
 
     def cells_on(self) -> None:

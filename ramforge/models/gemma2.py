@@ -12,7 +12,8 @@ for the sliding layers). NEOX-style RoPE.
 from __future__ import annotations
 
 from ..kernels.matmul import shared_input
-from ..kernels.ops import attention, rms_norm, rope
+from ..kernels.attention import attention
+from ..kernels.ops import rms_norm, rope
 from . import gemma3
 from .weights import output_rows
 

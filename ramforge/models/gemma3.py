@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from ..kernels.matmul import shared_input
-from ..kernels.ops import attention, geglu, rms_norm, rope
+from ..kernels.attention import attention
+from ..kernels.ops import geglu, rms_norm, rope
 from .weights import output_rows
 
 ROPE_NEOX = True

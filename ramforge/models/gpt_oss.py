@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.ops import attention, rms_norm, rope
+from ..kernels.attention import attention
+from ..kernels.ops import rms_norm, rope
 from . import llama, moe
 from .weights import EXPERT_TENSORS, output_rows, project_qkv
 

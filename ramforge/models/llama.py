@@ -12,7 +12,8 @@ import math
 import numpy as np
 
 from ..kernels.matmul import shared_input
-from ..kernels.ops import attention, rms_norm, rope, swiglu
+from ..kernels.attention import attention
+from ..kernels.ops import rms_norm, rope, swiglu
 from . import moe
 from .weights import EXPERT_TENSORS, output_rows, project_qkv
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.ops import attention, rms_norm, rope, swiglu
+from ..kernels.attention import attention
+from ..kernels.ops import rms_norm, rope, swiglu
 from .weights import output_rows
 
 ROPE_NEOX = True
