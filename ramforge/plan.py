@@ -64,7 +64,7 @@ def n_vocab_of(f: GGUFFile) -> int:
 
 
 def state_shapes(hp: HParams, batch: int) -> dict[str, tuple[int, ...]]:
-    """engine.State's buffers (4-byte elements: float32, the expert ids int32) for chunks of `batch` tokens."""
+    """state.State's buffers (4-byte elements: float32, the expert ids int32) for chunks of `batch` tokens."""
     b, d, k = batch, hp.n_embd, hp.n_expert_used
     shapes = {
         "x": (b, d), "xb": (b, d), "q": (b, hp.n_head, hp.head_dim_k), "k": (b, hp.n_head_kv, hp.head_dim_k),
@@ -83,7 +83,7 @@ def state_shapes(hp: HParams, batch: int) -> dict[str, tuple[int, ...]]:
 
 
 def state_bytes(hp: HParams, batch: int, n_ctx: int) -> int:
-    """Run state for `batch` tokens (engine.State, see state_shapes) plus matmul and attention scratch."""
+    """Run state for `batch` tokens (state.State, see state_shapes) plus matmul and attention scratch."""
     state = sum(math.prod(s) for s in state_shapes(hp, batch).values())
     # matmul activations; per head: attention scores and up to 64 accumulator lanes; per token of a
     # routed batch its sorted experts (index, probability, sort stack)
