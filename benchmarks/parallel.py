@@ -176,21 +176,11 @@ def child_parallel(model: str, ram: str, n: int, n_prompt: int, gen: int, ctx: i
 def replay(model: str, ctx: int, n: int, schedule: list, ps: list[list[int]], gen: int) -> list[list[int]]:
     """The scheduler's passes (Batcher(log=True)) again through Engine.eval_batch on a fresh engine in RAM,
     greedy: each request's tokens as the batched decode computes them (tests/test_parallel.py's replay)."""
-    import numpy as np
-
+    from ramforge.batcher import replay as replay_passes
     from ramforge.engine import Engine
 
-    segs, cur = [], {}
     with Engine.load(model, n_ctx=ctx, n_seq=n) as eng:
-        for batch in schedule:
-            for s, t in batch:
-                if len(t) > 1 or s not in cur:                  # a request joins this slot
-                    eng.seq_rm(s, -1, -1)
-                    cur[s] = []
-                    segs.append((list(t), cur[s]))
-            out = eng.eval_batch(batch)
-            for s, _ in batch:
-                cur[s].append(int(np.argmax(out[s])))
+        segs = replay_passes(eng, schedule)
     return [next(o for t, o in segs if t == p)[:gen] for p in ps]
 
 

@@ -138,3 +138,20 @@ class Batcher:
         self.thread.join()
         for r in list(self.active.values()) + self.joining:
             r.out.put(None)
+
+
+def replay(eng, schedule: list) -> list[tuple[list[int], list[int]]]:
+    """A Batcher(log=True)'s passes again through eng.eval_batch (eng loaded with as many sequences),
+    greedy: [(a request's prompt, the tokens the batched decode gives it)], in the order they joined.
+    A multi-token entry (or a slot's first) is a request joining that slot: its cells are freed first."""
+    segs, cur = [], {}
+    for batch in schedule:
+        for s, t in batch:
+            if len(t) > 1 or s not in cur:
+                eng.seq_rm(s, -1, -1)
+                cur[s] = []
+                segs.append((list(t), cur[s]))
+        out = eng.eval_batch(batch)
+        for s, _ in batch:
+            cur[s].append(int(np.argmax(out[s])))
+    return segs

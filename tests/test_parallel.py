@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ramforge.batcher import replay as replay_passes
 from ramforge.engine import Engine
 from ramforge.errors import ContextLengthExceeded, InvalidArgument, NotReproduced
 
@@ -221,21 +222,11 @@ def test_batcher_joins_and_leaves_between_passes():
         b.close()
         schedule = b.schedule
     assert [len(g) for g in got] == lens
-    segs = []
     with Engine.load(path, n_ctx=1024, n_seq=4) as eng:
-        cur = {}
-        for batch in schedule:
-            for s, t in batch:
-                if len(t) > 1 or s not in cur:                  # a request joins this slot
-                    eng.seq_rm(s, -1, -1)
-                    cur[s] = []
-                    segs.append((t, cur[s]))
-            out = eng.eval_batch(batch)
-            for s, _ in batch:
-                cur[s].append(int(np.argmax(out[s])))
+        segs = replay_passes(eng, schedule)
     assert len(schedule) < sum(lens)                            # passes were shared
     for i, p in enumerate(prompts):
-        seg = next(o for t, o in segs if t == p)
+        seg = next(o for t, o in segs if t == list(p))
         assert seg[:lens[i]] == got[i]
 
 
@@ -273,16 +264,7 @@ def test_serve_parallel_through_the_openai_client():
         detok = model.detokenize
     assert len(schedule) < sum(a.usage.completion_tokens for a in answers)     # passes were shared
     with Engine.load(default_model_path(), n_ctx=1024, n_seq=4) as eng:
-        cur, segs = {}, []
-        for batch in schedule:
-            for s, t in batch:
-                if len(t) > 1 or s not in cur:
-                    eng.seq_rm(s, -1, -1)
-                    cur[s] = []
-                    segs.append((list(t), cur[s]))
-            out = eng.eval_batch(batch)
-            for s, _ in batch:
-                cur[s].append(int(np.argmax(out[s])))
+        segs = replay_passes(eng, schedule)
     for p, a in zip(ids, answers):
         seg = next(o for t, o in segs if t == p)
         n = a.usage.completion_tokens

@@ -19,7 +19,60 @@ from .cells import Placement
 from .kv_types import CHUNK, kv_type, row_bytes
 
 
-class KVCache:
+class KVBase:
+    """What every KV cache answers (KVCache; memory.kv_spill.SpilledKVCache): its charge, the context
+    check, and the plain path's positions (row = position, one sequence); a subclass sets charge, n_ctx,
+    n_ctx_seq, n_past, bytes_per_pos, and `reserve`. Only KVCache enters the cells mode (ub, celled)."""
+
+    ub: Placement | None = None     # the placement of the cells pass being computed (None: plain path)
+    celled = False
+    n_seq = 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes charged now (whole chunks of positions)."""
+        return self.charge.nbytes
+
+    @property
+    def full_bytes(self) -> int:
+        """Bytes of the cache at n_ctx positions."""
+        return self.n_ctx * self.bytes_per_pos
+
+    def check_room(self, n_new: int) -> None:
+        """Refuse n_new more positions past the context; grow the charge to hold them (KVBudgetExceeded
+        naming the position reached if the budget cannot)."""
+        if self.n_past + n_new > self.n_ctx_seq:
+            raise ContextLengthExceeded(
+                f"{self.n_past} cached + {n_new} new tokens exceed the context of {self.n_ctx_seq}; raise --ctx")
+        self.reserve(self.n_past + n_new)
+
+    def positions(self, pos0: int, n: int) -> np.ndarray:
+        """i32[n]: the positions of the pass's tokens."""
+        return np.arange(pos0, pos0 + n, dtype=np.int32) if self.ub is None else self.ub.pos
+
+    def visible(self, window: int = 0):
+        """kernels.attention's `cells` for the pass (None on the plain path): see cells.Placement.visible."""
+        return None if self.ub is None else (*self.ub.visible(self.cell_pos, window), self.ub.single)
+
+    def pos_max(self, s: int) -> int:
+        """llama_memory_seq_pos_max: the largest position of sequence s, -1 if it has none."""
+        if not self.celled:
+            return self.n_past - 1 if s == 0 else -1
+        return int(self.stream_pos(s).max())
+
+    def plain_again(self) -> None:
+        """Back to the plain mode where the cells are what it keeps: stream 0 holds positions 0..m-1 in
+        cells 0..m-1 with its head at most m, the other streams are empty, no K-shift pending."""
+        if not self.celled:
+            return
+        cp, m = self.stream_pos(0), self.pos_max(0) + 1
+        if (self.heads[0] <= m and not self.cell_shift.any() and (self.cell_pos[self.n_ctx_seq:] < 0).all()
+                and (cp[:m] == np.arange(m)).all() and (cp[m:] < 0).all()):
+            self.celled = False
+        self.n_past = self.pos_max(0) + 1 if self.celled else m
+
+
+class KVCache(KVBase):
     """k[il]: [n_ctx, n_head_kv, row] of f16 bits (u16, row = hd_k) or quantized blocks (u8, row = the
     row's bytes); v[il] likewise. `layer(il)` gives a layer's pair; kernels.attention reads the type from
     the dtype and row size.
@@ -56,24 +109,6 @@ class KVCache:
         if kind == "f16":
             return np.zeros((n_layer, n_ctx, n_head_kv, rb // 2), np.uint16)
         return np.zeros((n_layer, n_ctx, n_head_kv, rb), np.uint8)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes charged now (whole chunks of positions)."""
-        return self.charge.nbytes
-
-    @property
-    def full_bytes(self) -> int:
-        """Bytes of the cache at n_ctx positions."""
-        return self.n_ctx * self.bytes_per_pos
-
-    def check_room(self, n_new: int) -> None:
-        """Refuse n_new more positions past the context; grow the charge to hold them (KVBudgetExceeded
-        naming the position reached if the budget cannot)."""
-        if self.n_past + n_new > self.n_ctx_seq:
-            raise ContextLengthExceeded(
-                f"{self.n_past} cached + {n_new} new tokens exceed the context of {self.n_ctx_seq}; raise --ctx")
-        self.reserve(self.n_past + n_new)
 
     @property
     def capacity(self) -> int:
@@ -118,14 +153,6 @@ class KVCache:
         store_rows(self.k[i, pos0:pos0 + n], k, self.type_k, True)
         store_rows(self.v[i, pos0:pos0 + n], v, self.type_v, False)
 
-    def positions(self, pos0: int, n: int) -> np.ndarray:
-        """i32[n]: the positions of the pass's tokens."""
-        return np.arange(pos0, pos0 + n, dtype=np.int32) if self.ub is None else self.ub.pos
-
-    def visible(self, window: int = 0):
-        """kernels.attention's `cells` for the pass (None on the plain path): see cells.Placement.visible."""
-        return None if self.ub is None else (*self.ub.visible(self.cell_pos, window), self.ub.single)
-
     def cells_on(self) -> None:
         """Enter the cells mode: the plain sequence becomes stream 0's cells 0..n_past-1, head n_past."""
         if not self.celled:
@@ -139,23 +166,6 @@ class KVCache:
     def stream_pos(self, s: int) -> np.ndarray:
         """The cell positions of stream s (a view)."""
         return self.cell_pos[s * self.n_ctx_seq:(s + 1) * self.n_ctx_seq]
-
-    def pos_max(self, s: int) -> int:
-        """llama_memory_seq_pos_max: the largest position of sequence s, -1 if it has none."""
-        if not self.celled:
-            return self.n_past - 1 if s == 0 else -1
-        return int(self.stream_pos(s).max())
-
-    def plain_again(self) -> None:
-        """Back to the plain mode where the cells are what it keeps: stream 0 holds positions 0..m-1 in
-        cells 0..m-1 with its head at most m, the other streams are empty, no K-shift pending."""
-        if not self.celled:
-            return
-        cp, m = self.stream_pos(0), self.pos_max(0) + 1
-        if (self.heads[0] <= m and not self.cell_shift.any() and (self.cell_pos[self.n_ctx_seq:] < 0).all()
-                and (cp[:m] == np.arange(m)).all() and (cp[m:] < 0).all()):
-            self.celled = False
-        self.n_past = self.pos_max(0) + 1 if self.celled else m
 
     def layer(self, il: int) -> tuple[np.ndarray, np.ndarray]:
         """(k, v) slabs of model layer il."""

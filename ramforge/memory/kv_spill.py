@@ -25,11 +25,12 @@ import time
 
 import numpy as np
 
-from ..errors import ContextLengthExceeded, InternalError, InvalidArgument, KVSpillError
+from ..errors import InternalError, InvalidArgument, KVSpillError
 from ..kernels.kvquant import store_rows
 from ..profiling import LayerRecord
-from ..stream.io import aligned_empty
+from ..stream.io import aligned_empty, read_full
 from .budget import MemoryBudget
+from .kv_cache import KVBase
 from .kv_types import SPILL_ALIGN, SPILL_BUFFERS, kv_type, row_bytes, spill_layout
 
 
@@ -54,18 +55,8 @@ class SpillFile:
             raise _spill_error(e, path, nbytes) from None
 
     def read_into(self, offset: int, out: np.ndarray) -> int:
-        view, done = memoryview(out).cast("B"), 0
-        while done < len(view):
-            try:
-                n = os.preadv(self.fd, [view[done:]], offset + done)
-            except OSError as e:
-                raise KVSpillError(f"{self.path}: read of {len(view) - done:,} B at offset {offset + done:,} "
-                                   f"failed: {e.strerror or e}", self.path) from None
-            if n <= 0:
-                raise KVSpillError(f"{self.path}: short read at offset {offset + done:,}: got {done:,} of "
-                                   f"{len(view):,} B (the spill file was truncated?)", self.path)
-            done += n
-        return done
+        return read_full(self.fd, out, offset, out.nbytes, lambda m: KVSpillError(f"{self.path}: {m}", self.path),
+                         "the spill file was truncated?")
 
     def write(self, offset: int, data: np.ndarray) -> None:
         view, done = memoryview(data).cast("B"), 0
@@ -137,7 +128,7 @@ def spill_directory(parent: str | None, needed: int) -> str:
     return d
 
 
-class SpilledKVCache:
+class SpilledKVCache(KVBase):
     """k[i], v[i]: layer i's ring of the `tail` most recent positions [tail, n_head_kv, row] (f16 bits u16,
     or quantized blocks u8), position p at slot p % tail; positions 0..spilled-1 are in the files."""
 
@@ -148,6 +139,7 @@ class SpilledKVCache:
         self.type_k, self.type_v = kv_type(type_k), kv_type(type_v)
         rbk, rbv = row_bytes(self.type_k, hd_k), row_bytes(self.type_v, hd_v)
         self.n_ctx, self.first, self.budget, self.n_layer = n_ctx, first_layer, budget, n_layer
+        self.n_ctx_seq = n_ctx
         self.bytes_per_pos = n_layer * n_head_kv * (rbk + rbv)
         self.lay = lay = spill_layout(n_ctx, n_head_kv, hd_k, hd_v, self.type_k, self.type_v, batch, tail)
         self.windows = list(windows or [0] * n_layer)      # each layer's attention window (0: all positions)
@@ -192,45 +184,12 @@ class SpilledKVCache:
         raw = aligned_empty(self.n_layer * self.lay.tail * pos_bytes)
         return raw.view(dtype).reshape(self.n_layer, self.lay.tail, *shape)
 
-    # ---- KVCache's interface ---------------------------------------------------------------
-    @property
-    def nbytes(self) -> int:
-        return self.charge.nbytes
-
-    @property
-    def full_bytes(self) -> int:
-        """Bytes of the whole cache at n_ctx positions (in RAM it would take this)."""
-        return self.n_ctx * self.bytes_per_pos
-
-    def check_room(self, n_new: int) -> None:
-        if self.n_past + n_new > self.n_ctx:
-            raise ContextLengthExceeded(
-                f"{self.n_past} cached + {n_new} new tokens exceed the context of {self.n_ctx}; raise --ctx")
-
+    # ---- KVBase's interface: everything is charged at construction, one sequence, row = position ----
     def reserve(self, positions: int) -> None:
         """Everything is charged at construction."""
 
     def shrink(self, positions: int) -> None:
         """Nothing to give back: the charge does not grow."""
-
-    # KVCache's plain path (row = position, one sequence); KV cells (memory/cells.py) need the cache in RAM
-    ub, celled, n_seq = None, False, 1
-
-    @property
-    def n_ctx_seq(self) -> int:
-        return self.n_ctx
-
-    def positions(self, pos0: int, n: int) -> np.ndarray:
-        return np.arange(pos0, pos0 + n, dtype=np.int32)
-
-    def visible(self, window: int = 0) -> None:
-        return None
-
-    def pos_max(self, s: int) -> int:
-        return self.n_past - 1 if s == 0 else -1
-
-    def plain_again(self) -> None:
-        """Always plain."""
 
     def cells_on(self) -> None:
         raise InvalidArgument("a context shift, parallel sequences or a moved or removed middle of the sequence "

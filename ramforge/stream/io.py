@@ -33,6 +33,21 @@ class ModelChanged(ModelFileError):
     """The model file changed on disk (size or mtime) while ramforge was using it."""
 
 
+def read_full(fd: int, out: np.ndarray, offset: int, want: int, error, hint: str) -> int:
+    """Fill the first `want` bytes of out (contiguous) from fd at offset, preadv by preadv (the GIL let go);
+    a failed or short read raises error(message), a short one with `hint` (what may have happened)."""
+    view, done = memoryview(out).cast("B"), 0
+    while done < want:
+        try:
+            n = os.preadv(fd, [view[done:]], offset + done)   # the whole rest: O_DIRECT lengths stay aligned
+        except OSError as e:
+            raise error(f"read of {want - done:,} B at offset {offset + done:,} failed: {e.strerror or e}") from None
+        if n <= 0:
+            raise error(f"short read at offset {offset + done:,}: got {done:,} of {want:,} B ({hint})")
+        done += n
+    return done
+
+
 def aligned_empty(nbytes: int, align: int = DIRECT_ALIGN) -> np.ndarray:
     """A uint8 buffer of nbytes whose address is a multiple of align."""
     raw = np.empty(nbytes + align, dtype=np.uint8)
@@ -92,19 +107,9 @@ class ModelFile:
 
         Under O_DIRECT an aligned span may run past EOF: only the bytes the file has are required.
         """
-        view = memoryview(out).cast("B")
-        want = min(len(view), self.size - offset) if self.direct else len(view)
-        done = 0
-        while done < want:
-            try:
-                n = os.preadv(self.fd, [view[done:]], offset + done)
-            except OSError as e:
-                raise IOError_(f"{self.path}: read of {want - done:,} B at offset {offset + done:,} failed: "
-                               f"{e.strerror or e}") from e
-            if n <= 0:
-                raise IOError_(f"{self.path}: short read at offset {offset + done:,}: got {done:,} of {want:,} B "
-                               f"(file truncated or changed while in use?)")
-            done += n
+        want = min(out.nbytes, self.size - offset) if self.direct else out.nbytes
+        done = read_full(self.fd, out, offset, want,
+                         lambda m: IOError_(f"{self.path}: {m}"), "file truncated or changed while in use?")
         self.bytes_read += done
         return done
 
