@@ -292,6 +292,31 @@ def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_
             split, max(1, min(n_out, _CHUNKS_PER_THREAD * n_threads)), group)
 
 
+_WARM_TOKENS = (1, 2, 3, 4, 5, 8, 9)    # every path _plan takes without a view: one token, packed rows, groups,
+#                                        whole / partial gemm tiles (n % 4), tiled K-quant batches (8+)
+
+
+def warm(shapes, vector: bool | None = None) -> int:
+    """Compile, or load from numba's disk cache, the kernels that matmuls of these weights take for any
+    batch without a view (no call is made); returns how many. shapes: (type, n_out, n_in, repacked)
+    tuples. A server calls it as it loads a model: a kernel compiled under a request holds the GIL,
+    and with it the event loop, for seconds. Shapes without an integer-dot kernel are skipped."""
+    vec = VECTOR if vector is None else bool(vector)
+    made = set()
+    for t, n_out, n_in, rep in shapes:
+        k = kernels_for(t)
+        if k.qdot is None or n_in % GGML_BLOCK[k.ggml_type][0]:
+            continue
+        for n in _WARM_TOKENS:
+            made.add(_plan(t, n_out, n_in, n, n, 0, numba.get_num_threads(), vec, rep)[6])
+    f32, i8 = numba.typeof(np.empty(1, np.float32)), numba.typeof(np.empty(1, np.int8))
+    sig = (numba.typeof(np.empty((1, 1), np.float32)), i8, f32, f32, numba.typeof(np.empty(1, np.int32)),
+           numba.typeof(np.empty(1, np.uint8))) + (numba.int64,) * 6
+    for kernel in made:
+        kernel.compile(sig)
+    return len(made)
+
+
 def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
             vector: bool | None = None, view: tuple[int, int] | None = None, repacked: int = 0) -> np.ndarray:
     """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements,

@@ -48,6 +48,15 @@ MIROSTAT_M = 100                     # llama-cpp-python and common_sampler_init 
 F32 = np.float32
 
 
+def warm(n_vocab: int) -> None:
+    """Compile (or load from numba's cache) the kernels of greedy picking and of the default chain,
+    with and without top-k, on a dummy row. A server calls it as it loads a model: a kernel compiled
+    on a request's first use holds the GIL for seconds, and its event loop with it."""
+    logits = np.random.default_rng(0).standard_normal(n_vocab).astype(F32)
+    for params in (SamplerParams(temperature=0.0), SamplerParams(seed=0), SamplerParams(top_k=0, seed=0)):
+        Sampler(params, n_vocab).sample(logits)
+
+
 class Sampler:
     """Picks the next token from one row of logits with llama.cpp's chain (see the module doc).
 

@@ -58,6 +58,20 @@ def _served_name(model: str | None) -> tuple[str, set[str]]:
     return model, {model}
 
 
+def _warm(model) -> None:
+    """Compile, or load from the disk cache, the sampler's kernels and the matmul kernels any batch of
+    this model may take: a kernel compiled under a request would hold the GIL, and the event loop with
+    it (/health, the read deadlines), for seconds. A pipeline on Ray warms in its stages."""
+    from ..kernels.qmatmul import warm
+    from ..sampling import warm as warm_sampler
+
+    warm_sampler(model.engine.hp.n_vocab)
+    weights = getattr(model.engine, "weights", None)
+    if weights is not None:
+        n = warm(weights.matmul_shapes())
+        log.debug("%d matmul kernels ready", n)
+
+
 class ModelManager:
     """The one resident model, the lock that serialises requests, and the worker thread."""
 
@@ -107,6 +121,7 @@ class ModelManager:
                       n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter,
                       ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
                       **self._kv_types())
+        _warm(model)
         if self.cfg.cache_ram:                      # one per loaded model: states fit only their model
             from ..session import PromptCache
 

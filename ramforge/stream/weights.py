@@ -214,6 +214,17 @@ class Weights:
                 layer.tensors[s] = QTensor(name, t.ggml_type, t.dims, raw, rep)
         return layer
 
+    def matmul_shapes(self) -> set[tuple]:
+        """(type, n_out, n_in, repacked) of the file's matrices as a pass may multiply by them, in file
+        order and in kernels.repack's groups where they may take it (kernels.qmatmul.warm)."""
+        out = set()
+        for t in self.f.tensors.values():
+            if len(t.dims) >= 2:
+                out.add((t.ggml_type, t.dims[1], t.dims[0], 0))
+                if len(t.dims) == 2 and repackable(t.ggml_type, t.dims):
+                    out.add((t.ggml_type, t.dims[1], t.dims[0], repack_group(t.dims[1])))
+        return out
+
     @property
     def reader(self) -> "_Reader | None":
         """The reader thread of the streamed layers (None when nothing streams); the KV spill shares it."""
