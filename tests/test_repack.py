@@ -17,7 +17,7 @@ from ramforge.plan import plan_for_budget
 from tests.test_qmatmul import _ids, weight
 
 Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K
-TYPES = [Q4_K, Q6_K, GGMLType.Q5_K, GGMLType.Q8_0]
+TYPES = [Q4_K, Q6_K, GGMLType.Q5_K, GGMLType.Q8_0, GGMLType.Q4_0]
 SHAPES = [(48, 512), (40, 256), (64, 768), (24, 256)]      # G = 16, 8, 16, 8; odd super-block counts
 
 

@@ -1,10 +1,10 @@
 """The gemv of one repacked group (repack.py's layouts) . one token, the group's G rows in the lanes
 of <G x i32> / <G x float> vectors, in the float steps of the kernel llama.cpp runs for the type:
-Q4_K its repacked gemv (variants.K32_GROUPS256, as gemv8.py), Q5_K, Q6_K and Q8_0 their vec_dot
-(K32_LANES_KSUM, K16_LANES_OFF32, B32_LANES, as codegen._row_codegen: 8 f32 lanes per row, here 8
-vectors of G rows, one per lane, then hsum_float_8). The integer parts are exact: vpdpbusd (Q4_K,
-Q8_0) or pmaddubsw + vpdpwssd with the sub-block scales (Q5_K, Q6_K) per 4 quants of every row, where
-the target has them; generic IR elsewhere.
+Q4_K and Q4_0 their repacked gemv (variants.K32_GROUPS256, B32_GROUPS32, as gemv8.py), Q5_K, Q6_K and
+Q8_0 their vec_dot (K32_LANES_KSUM, K16_LANES_OFF32, B32_LANES, as codegen._row_codegen: 8 f32 lanes
+per row, here 8 vectors of G rows, one per lane, then hsum_float_8). The integer parts are exact:
+vpdpbusd (Q4_K, Q4_0, Q8_0) or pmaddubsw + vpdpwssd with the sub-block scales (Q5_K, Q6_K) per 4
+quants of every row, where the target has them; generic IR elsewhere.
 """
 from __future__ import annotations
 
@@ -259,16 +259,43 @@ def _q8_0(context, builder, G, gp, aq, ad, bs, n_sb):
     return builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
 
 
+def _q4_0(context, builder, G, gp, aq, ad, bs, n_sb):
+    """<G x float>: the Q4_0 group at gp (i8*) . one token (ad: float* per block of 32, bs: i32* its
+    sums), as ggml_gemv_q4_0_8x8_q8_0 (variants.B32_GROUPS32): per row and block isum = the unsigned
+    nibbles' products less 8 * the block's sum, sacc = fma(float(isum), d_a*d_w, sacc)."""
+    VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
+    fma = fma_fn(builder, FG)
+    sacc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
+    native = native_half(context)
+    low, four = ir.Constant(VB, [15] * (4 * G)), ir.Constant(VB, [4] * (4 * G))
+    with cgutils.for_range(builder, n_sb) as loop:
+        b = loop.index
+        blk = builder.gep(gp, [builder.mul(b, _c64(G * 18))])
+        _prefetch(builder, blk, G * 18)
+        a0 = builder.gep(aq, [builder.mul(b, _c64(32))])
+        d = builder.fmul(splat(builder, builder.load(builder.gep(ad, [b])), FG),
+                         half_to_float(context, builder, _load(builder, blk, _c64(0), ir.VectorType(I16, G)), native))
+        isum = ir.Constant(LG, [0] * G)
+        for k in range(4):
+            w = _load(builder, blk, _c64(2 * G + k * 4 * G), VB)
+            for h, wv in enumerate((builder.and_(w, low), builder.lshr(w, four))):
+                a = builder.bitcast(splat(builder, _load(builder, a0, _c64(16 * h + 4 * k), I32), LG), VB)
+                isum = _dpbusd(context, builder, isum, wv, a)
+        s8 = builder.shl(splat(builder, builder.load(builder.gep(bs, [b])), LG), ir.Constant(LG, [3] * G))
+        builder.store(builder.call(fma, [builder.sitofp(builder.sub(isum, s8), FG), d, builder.load(sacc)]), sacc)
+    return builder.load(sacc)
+
+
 @intrinsic(prefer_literal=True)
 def _vgemv_rep(typingctx, kind, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo):
     """y[yo:yo+G] (f32) = the repacked group of G rows (a constant: 8 or 16) of the type `kind` (a
-    constant, repack.KINDS: 0 Q4_K, 1 Q6_K, 2 Q5_K, 3 Q8_0) at raw[go:] . the token at aq[ao:] (ad: its
+    constant, repack.KINDS: 0 Q4_K, 1 Q6_K, 2 Q5_K, 3 Q8_0, 4 Q4_0) at raw[go:] . the token at aq[ao:] (ad: its
     super-block scales at to, bsum: its sums per sub-block at bo)."""
     arrays = (types.uint8, types.int8, types.float32, types.int32, types.float32)
     if not all(isinstance(v, types.IntegerLiteral) for v in (kind, G)) or G.literal_value not in (8, 16) or \
             not dtypes_are((raw, aq, ad, bsum, y), arrays):
         return None
-    g, body = G.literal_value, (_q4_k, _q6_k, _q5_k, _q8_0)[kind.literal_value]
+    g, body = G.literal_value, (_q4_k, _q6_k, _q5_k, _q8_0, _q4_0)[kind.literal_value]
 
     def codegen(context, builder, sig, args):
         def base(k, o):

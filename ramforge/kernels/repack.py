@@ -1,5 +1,5 @@
-"""Q4_K, Q5_K, Q6_K and Q8_0 weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks Q4_K
-(q4_K_8x8): groups of G rows (16, or 8 where the rows are not a multiple of 16) interleaved so that
+"""Q4_0, Q4_K, Q5_K, Q6_K and Q8_0 weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks
+Q4_0 and Q4_K (q4_0_8x8, q4_K_8x8): groups of G rows (16, or 8 where the rows are not a multiple of 16) interleaved so that
 one vector load holds 4 quant bytes of every row of the group, and the rows sit in the lanes of one
 <G x i32>. The integer sums are exact, so their order is free; the float steps stay those of the
 kernel llama.cpp runs (gemvrep.py). A repacked tensor is as large as its rows, group g at its rows'
@@ -23,6 +23,8 @@ A group's super-block b lies at b*G*B from the group's start (B: the type's bloc
                  ql[64n+4k..], ql[64n+32+4k..], qh[32n+4k..]: elements 128n + 32m + 4k.. (m = 0..3)
   Q8_0 (B = 34, a block of 32): d f16[G], then 8 vectors u8[4G]: vector k, bytes 4r..4r+3 = row r's
                  qs[4k..4k+3] + 128 (offset binary: unsigned for vpdpbusd, less 128 * the sums after)
+  Q4_0 (B = 18, a block of 32): d f16[G], then 4 vectors u8[4G]: vector k, bytes 4r..4r+3 = row r's
+                 qs[4k..4k+3] (low nibbles elements 4k.., high 16 + 4k..)
 """
 from __future__ import annotations
 
@@ -34,13 +36,13 @@ from ramforge.gguf.constants import GGMLType
 
 from .llvmir import I32, dtypes_are
 
-Q4_K, Q5_K, Q6_K, Q8_0 = GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0
-KINDS = {Q4_K: 0, Q6_K: 1, Q5_K: 2, Q8_0: 3}     # the types with a repacked layout, as the kernels name them
-_BLOCK = (144, 210, 176, 34)             # their block bytes, by kind (Q4_K: d, dmin f16, scales u8[12],
+Q4_0, Q4_K, Q5_K, Q6_K, Q8_0 = GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0
+KINDS = {Q4_K: 0, Q6_K: 1, Q5_K: 2, Q8_0: 3, Q4_0: 4}     # the types with a repacked layout, as the kernels name them
+_BLOCK = (144, 210, 176, 34, 18)         # their block bytes, by kind (Q4_K: d, dmin f16, scales u8[12],
 #                                          qs u8[128]; Q6_K: ql u8[128], qh u8[64], scales i8[16], d f16;
 #                                          Q5_K: d, dmin, scales u8[12], qh u8[32], qs u8[128]; Q8_0: d,
-#                                          qs i8[32])
-_ELEMS = (256, 256, 256, 32)             # elements per block
+#                                          qs i8[32]; Q4_0: d, qs u8[16])
+_ELEMS = (256, 256, 256, 32, 32)             # elements per block
 BLOCKS = {t: _BLOCK[k] for t, k in KINDS.items()}
 
 
@@ -91,7 +93,11 @@ def _mv(a, ao, b, bo, n, to_group, flip=0):
 @njit(cache=True, nogil=True)
 def _move_block(kind, row, so, grp, do, G, r, to_group):
     # one row's block (at row[so:]) <-> row r of a group's super-block (at grp[do:]), either way
-    if kind == 3:                               # Q8_0: d, then 4-byte quads + 128
+    if kind == 4:                               # Q4_0: d, then 4-byte quads
+        _mv(row, so, grp, do + 2 * r, 2, to_group)
+        for k in range(4):
+            _mv(row, so + 2 + 4 * k, grp, do + 2 * G + k * 4 * G + 4 * r, 4, to_group)
+    elif kind == 3:                             # Q8_0: d, then 4-byte quads + 128
         _mv(row, so, grp, do + 2 * r, 2, to_group)
         for k in range(8):
             _mv(row, so + 2 + 4 * k, grp, do + 2 * G + k * 4 * G + 4 * r, 4, to_group, 0x80)
