@@ -121,7 +121,11 @@ class ModelManager:
                       n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter,
                       ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
                       **self._kv_types())
-        _warm(model)
+        try:
+            _warm(model)
+        except BaseException:
+            model.close()
+            raise
         if self.cfg.cache_ram:                      # one per loaded model: states fit only their model
             from ..session import PromptCache
 
