@@ -1,12 +1,13 @@
 """Weight throughput of the matmul kernels per quant type: float path vs integer-dot path.
 
-    python benchmarks/matvec.py [--n 4096] [--threads 2] [--batch 32] [--types Q4_0,Q4_K] [--llama] [--asm]
+    python benchmarks/matvec.py [--n 4096] [--threads 2] [--batch 32] [--types Q4_0,Q4_K] [--repacked] [--llama] [--asm]
 
 For an n x n weight of each executable quantized type (random blocks with finite, normal scales):
 GB/s of packed weight bytes per second for one token (a matvec) and, for a batch of `batch`
 tokens, the weight bytes times tokens per second (what a sequence of matvecs would have to
 stream to do the same work). "float" is kernels.matmul.matmul_reference (dequantize + f32 dot),
-"int" is kernels.qmatmul (int8 dots; "int-portable" its plain-loop twin with --portable);
+"int" is kernels.qmatmul (int8 dots; "int-portable" its plain-loop twin with --portable, "int-repacked"
+the repacked layout with --repacked);
 --llama adds llama.cpp's own mul_mat on the same weight (ggml's CPU backend, through ctypes).
 --asm compiles the kernel afresh and counts its vector integer multiply-add instructions.
 """
@@ -92,6 +93,9 @@ def _ggml_timer(api, t, raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int):
     api.build(g, y)
     return lambda: api.compute(api.backend, g)
 
+_REPACKED: dict = {}        # id(weight) -> (weight, its repacked copy, G)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=4096)
@@ -100,6 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--types", default="")
     ap.add_argument("--no-float", action="store_true", help="skip the (slow) float path")
     ap.add_argument("--portable", action="store_true", help="also time the plain-loop integer path")
+    ap.add_argument("--repacked", action="store_true",
+                    help="also time the repacked layout (kernels.repack; other types: '-')")
     ap.add_argument("--llama", action="store_true", help="also time llama.cpp's mul_mat (llama-cpp-python)")
     ap.add_argument("--asm", action="store_true")
     a = ap.parse_args(argv)
@@ -124,6 +130,18 @@ def main(argv=None) -> int:
     paths = [("int", lambda *p: qmatmul(*p, vector=True))]
     if a.portable:
         paths.append(("int-portable", lambda *p: qmatmul(*p, vector=False)))
+    if a.repacked:
+        from ramforge.kernels.repack import repack, repackable
+
+        def repacked(y, x, t, raw, n_out, n_in):
+            if not repackable(t, (n_in, n_out)):
+                return None
+            if id(raw) not in _REPACKED:
+                rep = raw.copy()
+                _REPACKED[id(raw)] = (raw, rep, repack(t, rep, (n_in, n_out)))
+            _, rep, g = _REPACKED[id(raw)]
+            return qmatmul(y, x, t, rep, n_out, n_in, vector=True, repacked=g)
+        paths.append(("int-repacked", repacked))
     if not a.no_float:
         paths.insert(0, ("float", matmul_reference))
     ggml = CpuBackend(a.threads) if a.llama else None
@@ -137,6 +155,9 @@ def main(argv=None) -> int:
         row = f"{t.name:8}{raw.nbytes / 1e6:7.1f}"
         for _, fn in paths:
             y1, yb = np.empty((1, n), np.float32), np.empty((nb, n), np.float32)
+            if fn(y1, x1, t, raw, n, n) is None:                # (not repackable)
+                row += f"{'-':>20}{'-':>20}"
+                continue
             t1 = best_time(lambda: fn(y1, x1, t, raw, n, n))
             tb = best_time(lambda: fn(yb, xb, t, raw, n, n), min_time=0.5, max_reps=40)
             row += f"{gb / t1:20.2f}{gb * nb / tb:20.2f}"

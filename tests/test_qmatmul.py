@@ -326,7 +326,7 @@ def test_vector_path_equals_portable_bit_for_bit(t):
     n_in = N_IN if k.block_elems > 32 else N_IN + 32          # an odd block count where it can be
     for n_out in (N_OUT, N_OUT + 3):
         raw = random_blocks(t, n_out * n_in // k.block_elems, seed=7)
-        for n_tok in (1, 2, 5, kv.TILED_FROM + 1, kt.TT + 1):          # (two token tiles, the last of 1)
+        for n_tok in (1, 2, 4, 5, kv.TILED_FROM + 1, kt.TT + 1):       # (two token tiles, the last of 1)
             x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
             yv = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=True)
             yp = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=False)

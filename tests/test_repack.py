@@ -71,7 +71,7 @@ def test_repacked_gemv_is_llama_cpps(ggml, t):
     for n_out, n_in in SHAPES:
         raw = weight(t, n_out, n_in, seed=7 + n_out)
         rep, G = _repacked(t, raw, n_out, n_in)
-        for n_tok in (1, 2, 3, 5):
+        for n_tok in (1, 2, 3, 4, 5):
             x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
             want = ggml.matmul(t, raw, x, n_out, n_in)
             got = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, rep, n_out, n_in, repacked=G)

@@ -46,9 +46,14 @@ def _lanes8(builder, vals, ty):
 
 
 def _to8(builder, v):
-    """<n x i32> (n >= 8) -> <8 x i32> of the same total: pair sums until 8 lanes."""
+    """<n x i32> (n a power of two) -> <8 x i32> of the same total: pair sums until 8 lanes, or
+    zeros after the n lanes where n < 8 (a gemm's group of 2 sub-blocks)."""
     while v.type.count > 8:
         v = pair_lanes(builder, v)
+    n = v.type.count
+    if n < 8:
+        zero = ir.Constant(v.type, [0] * n)
+        v = builder.shuffle_vector(v, zero, ir.Constant(ir.VectorType(I32, 8), list(range(n)) + [n] * (8 - n)))
     return v
 
 

@@ -77,10 +77,11 @@ def _k4_scales(builder, blk, G):
     return ([sub_of(lo if j < 4 else hi, j % 4) for j in range(8)] for lo, hi in ((sc_lo, sc_hi), (mn_lo, mn_hi)))
 
 
-def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb):
+def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb, grp=256):
     """<G x float>: the Q4_K group at gp (i8*) . one token (aq i8*, ad float* per super-block, bs i32*
-    per 32), as ggml_gemv_q4_K_8x8_q8_K: per row and super-block sacc = fma(float(isum), d_w*d_a, sacc),
-    macc = fma(float(msum), dmin_w*d_a, macc); sacc - macc."""
+    per 32), as ggml_gemv_q4_K_8x8_q8_K (grp 256): per row and super-block sacc = fma(float(isum),
+    d_w*d_a, sacc), macc = fma(float(msum), dmin_w*d_a, macc); sacc - macc. grp 64: the gemm's
+    (variants.K32_GROUPS64), the two fmas per 64 elements (sub-blocks 2c, 2c+1)."""
     VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
     fma = fma_fn(builder, FG)
     sacc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
@@ -99,6 +100,19 @@ def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb):
         dw = half_to_float(context, builder, _load(builder, blk, _c64(0), ir.VectorType(I16, G)), native)
         dm = half_to_float(context, builder, _load(builder, blk, _c64(2 * G), ir.VectorType(I16, G)), native)
         sc, mn = ([builder.zext(v, LG) for v in vs] for vs in _k4_scales(builder, blk, G))
+
+        def mins(j0, j1):                      # sum over sub-blocks j0..j1-1 of min * the token's bsum
+            msum = ir.Constant(LG, [0] * G)
+            for j in range(j0, j1):
+                bj = builder.load(builder.gep(bs, [builder.add(builder.mul(b, _c64(8)), _c64(j))]))
+                msum = builder.add(msum, builder.mul(mn[j], splat(builder, bj, LG)))
+            return msum
+
+        def fmas(isum, msum):
+            builder.store(builder.call(fma, [builder.sitofp(isum, FG), builder.fmul(da, dw), builder.load(sacc)]),
+                          sacc)
+            builder.store(builder.call(fma, [builder.sitofp(msum, FG), builder.fmul(dm, da), builder.load(macc)]),
+                          macc)
         isum = ir.Constant(LG, [0] * G)
         for c in range(4):                     # sub-blocks 2c (low nibbles) and 2c+1 (high)
             acc = [ir.Constant(LG, [0] * G)] * 2
@@ -108,12 +122,11 @@ def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb):
                     a = builder.bitcast(splat(builder, _load(builder, a0, _c64(64 * c + 32 * h + 4 * k), I32), LG), VB)
                     acc[h] = _dpbusd(context, builder, acc[h], wv, a)
             isum = builder.add(isum, builder.add(builder.mul(acc[0], sc[2 * c]), builder.mul(acc[1], sc[2 * c + 1])))
-        msum = ir.Constant(LG, [0] * G)
-        for j in range(8):
-            bj = builder.load(builder.gep(bs, [builder.add(builder.mul(b, _c64(8)), _c64(j))]))
-            msum = builder.add(msum, builder.mul(mn[j], splat(builder, bj, LG)))
-        builder.store(builder.call(fma, [builder.sitofp(isum, FG), builder.fmul(da, dw), builder.load(sacc)]), sacc)
-        builder.store(builder.call(fma, [builder.sitofp(msum, FG), builder.fmul(dm, da), builder.load(macc)]), macc)
+            if grp == 64:
+                fmas(isum, mins(2 * c, 2 * c + 2))
+                isum = ir.Constant(LG, [0] * G)
+        if grp == 256:
+            fmas(isum, mins(0, 8))
     return builder.fsub(builder.load(sacc), builder.load(macc))
 
 
@@ -286,16 +299,23 @@ def _q4_0(context, builder, G, gp, aq, ad, bs, n_sb):
     return builder.load(sacc)
 
 
+def _q4_k_gemm(context, builder, G, gp, aq, ad, bs, n_sb):
+    return _q4_k(context, builder, G, gp, aq, ad, bs, n_sb, grp=64)
+
+
+GEMM_Q4_K = 5         # _vgemv_rep's kind for Q4_K's layout in the repacked gemm's float steps
+
+
 @intrinsic(prefer_literal=True)
 def _vgemv_rep(typingctx, kind, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo):
     """y[yo:yo+G] (f32) = the repacked group of G rows (a constant: 8 or 16) of the type `kind` (a
-    constant, repack.KINDS: 0 Q4_K, 1 Q6_K, 2 Q5_K, 3 Q8_0, 4 Q4_0) at raw[go:] . the token at aq[ao:] (ad: its
+    constant, repack.KINDS: 0 Q4_K, 1 Q6_K, 2 Q5_K, 3 Q8_0, 4 Q4_0; or GEMM_Q4_K: Q4_K in its gemm's steps) at raw[go:] . the token at aq[ao:] (ad: its
     super-block scales at to, bsum: its sums per sub-block at bo)."""
     arrays = (types.uint8, types.int8, types.float32, types.int32, types.float32)
     if not all(isinstance(v, types.IntegerLiteral) for v in (kind, G)) or G.literal_value not in (8, 16) or \
             not dtypes_are((raw, aq, ad, bsum, y), arrays):
         return None
-    g, body = G.literal_value, (_q4_k, _q6_k, _q5_k, _q8_0, _q4_0)[kind.literal_value]
+    g, body = G.literal_value, (_q4_k, _q6_k, _q5_k, _q8_0, _q4_0, _q4_k_gemm)[kind.literal_value]
 
     def codegen(context, builder, sig, args):
         def base(k, o):

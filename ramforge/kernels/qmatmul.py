@@ -51,7 +51,7 @@ from .gemv8 import _vgemv8, gemv8_ok
 from .naming import made_for
 from .quantize import quantize_activation
 from .registry import kernels_for
-from .gemvrep import _vgemv_rep
+from .gemvrep import GEMM_Q4_K, _vgemv_rep
 from .repack import KINDS as REPACK_KINDS
 from .repack import _unpack_rows
 from .rows import _prow, _vrow, _vrow_raw, _vrows8
@@ -65,6 +65,8 @@ VECTOR = os.environ.get("RAMFORGE_PORTABLE", "").strip().lower() in ("", "0", "f
 _CHUNKS_PER_THREAD = 8        # row ranges per thread (load balance vs per-range scratch)
 _GROUP_ROWS = 8               # rows unpacked together for a batch of tokens ...
 _GROUP_FROM_TOKENS = 4        # ... of at least this many (a single token: one row at a time, in L1)
+_PACKED_GEMM_TOKENS = 4       # a repacked type's batch of this many, all in its gemm's arithmetic, reads
+#                               its rows packed token by token as 1-3 tokens do (a tile of 16 would be 3/4 idle)
 
 
 @njit(cache=True, inline="always")
@@ -107,6 +109,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
     g8 = packed and one and gemv8_ok(rhi)     # 8 packed rows at once (the repacked gemv's lanes)
     grep = packed and one and rep > 0         # a repacked group's rows at once, read as repacked
     kind = REPACK_KINDS.get(gt, 0)            # (repack.py's layouts)
+    gkind = GEMM_Q4_K if gt == GGMLType.Q4_K and hi == Variant.K32_GROUPS64 else kind    # _vgemv_rep's body
     unit = rep if rep else 8                  # rows a range starts on
     # token tiles (tiles.py) in lo's variant where it has them, batches only: every token for one
     # variant, else those below the split (a repacked type's gemm; its gemv takes at most 3 tokens)
@@ -162,7 +165,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                 yrep = np.empty(rep, dtype=np.float32)
                 for r0 in range(_bound(c, n_out, n_chunks, unit), r_end, rep):
                     for t in range(n_tok):
-                        _vgemv_rep(kind, rep, raw, r0 * row_bytes, n_sb, aq, t * n_in, ad, t * n_sb, bsum, t * n_sub,
+                        _vgemv_rep(gkind, rep, raw, r0 * row_bytes, n_sb, aq, t * n_in, ad, t * n_sb, bsum, t * n_sub,
                                    yrep, 0)
                         for i in range(rep):
                             y[t, r0 + i] = yrep[i]
@@ -284,9 +287,12 @@ def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_
     split = min(max(split - v_off, 0), n_tok)
     if split == 0 or split == n_tok:                # one variant for every token
         v_lo = v_hi = v_lo if split else v_hi
-    group = 1 if n_tok < _GROUP_FROM_TOKENS else _GROUP_ROWS
+    raw_ok = raw_row_id(qd.raw, v_lo) >= 0 and raw_row_id(qd.raw, v_hi) >= 0
+    few = n_tok < _GROUP_FROM_TOKENS or (n_tok == _PACKED_GEMM_TOKENS and vec and raw_ok and v_lo == v_hi
+                                         and qd.repack is not None and n_out % 8 == 0)
+    group = 1 if few else _GROUP_ROWS
     # few tokens: dot the packed rows, where both variants have a packed-row intrinsic
-    packed = vec and group == 1 and raw_row_id(qd.raw, v_lo) >= 0 and raw_row_id(qd.raw, v_hi) >= 0
+    packed = vec and group == 1 and raw_ok
     pos_ties = split if qd.repack and n_out % 8 == 0 else 0
     return (t, n_in // be * bb, k.act, qd.sub, qd.mins == Q8_1_SUM, pos_ties, _kernel(t, vec, v_lo, v_hi, packed, rep),
             split, max(1, min(n_out, _CHUNKS_PER_THREAD * n_threads)), group)

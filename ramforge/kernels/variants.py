@@ -172,6 +172,7 @@ class RawRow(IntEnum):
     IQ3_XXS_LANES = 21
     IQ3_S_LANES = 22
     IQ4_XS_LANES = 23       # its 16-value codebook looked up by one pshufb (x86 AVX2; elsewhere two tbl)
+    Q4_K_GROUPS64 = 24      # the repacked gemm's arithmetic, for a batch of 4 read packed (qmatmul._plan)
 
 
 _G, R = GGMLType, RawRow
@@ -188,6 +189,7 @@ RAW_ROWS: dict[RawRow, tuple[GGMLType, Variant]] = {
     R.IQ2_XXS_LANES: (_G.IQ2_XXS, V.K32_LANES_P3), R.IQ2_XS_LANES: (_G.IQ2_XS, V.K16_LANES_P3),
     R.IQ2_S_LANES: (_G.IQ2_S, V.K16_LANES_P3), R.IQ3_XXS_LANES: (_G.IQ3_XXS, V.K32_LANES_P2),
     R.IQ3_S_LANES: (_G.IQ3_S, V.K32_LANES), R.IQ4_XS_LANES: (_G.IQ4_XS, V.K32_LANES),
+    R.Q4_K_GROUPS64: (_G.Q4_K, V.K32_GROUPS64),
 }
 del _G, R
 _RAW_ROWS: tuple[tuple[GGMLType, Variant], ...] = tuple(RAW_ROWS[r] for r in RawRow)
