@@ -21,7 +21,7 @@ from .jit import Stopwatch, prepare_in_background
 from .kernels.matmul import batch_view
 from .kernels.ops import rms_norm, softcap
 from .memory import MemoryBudget
-from .memory.cells import pad_cells
+from .memory.cells import kv_rows
 from .memory.kv_cache import KVCache
 from .memory.kv_spill import SpilledKVCache, spill_dir, spill_mode
 from . import parallel
@@ -171,10 +171,16 @@ class Engine:
             hp = HParams.from_metadata(md, n_vocab_of(f))
             extra = _refuse_unsupported_keys(md, hp.arch)
             _refuse_unknown_tensors(f, hp, module)
+            if not (isinstance(n_seq, int) and 1 <= n_seq <= 64):
+                raise InvalidArgument(f"n_seq = {n_seq!r}: between 1 and 64 sequences")
             plan = plan_for_budget(f, budget.available, n_ctx, layers, batch, type_k=type_k, type_v=type_v,
                                    kv_spill=spill_mode(kv_spill))
+            pad = (kv_rows(plan.n_ctx, n_seq) - plan.n_ctx) * plan.kv_bytes_per_pos     # parallel streams' padding
+            if pad > 0 and budget.available is not None and not plan.kv_spill:          # out of the weights' share
+                plan = plan_for_budget(f, max(0, budget.available - pad), n_ctx, layers, batch, type_k=type_k,
+                                       type_v=type_v, kv_spill=False)
             if plan.verdict == "insufficient":
-                raise BudgetTooSmall(budget.available, plan.min_budget, plan.n_ctx)
+                raise BudgetTooSmall(budget.available, plan.min_budget + max(pad, 0), plan.n_ctx)
             # reading the weights releases the GIL: meanwhile build the tokenizer (~0.15 s for a 262k
             # vocabulary) and set numba up (~0.2 s) in threads
             tok = _InThread(load_tokenizer, md)
@@ -188,8 +194,6 @@ class Engine:
         charges = []
         try:
             a, b = plan.layers
-            if not (isinstance(n_seq, int) and 1 <= n_seq <= 64):
-                raise InvalidArgument(f"n_seq = {n_seq!r}: between 1 and 64 sequences")
             if plan.kv_spill and n_seq > 1:
                 raise InvalidArgument(f"{n_seq} parallel sequences need their KV cells in RAM, and the cache "
                                       f"spills to storage: --kv-spill off (or a larger --ram), or one sequence")
@@ -199,9 +203,7 @@ class Engine:
                                     layer_windows(hp, module, (a, b)), plan.kv_tail)
                 charges.append(kv)        # closed (files removed, reader stopped) with the engine
             else:
-                # llama.cpp: n_ctx_seq = PAD(PAD(n_ctx, 256) / n_seq, 256) (llama_context, kv_unified off)
-                rows = plan.n_ctx if n_seq == 1 else n_seq * pad_cells(max(1, pad_cells(plan.n_ctx) // n_seq))
-                kv = KVCache(budget, b - a, rows, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,
+                kv = KVCache(budget, b - a, kv_rows(plan.n_ctx, n_seq), hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,
                              type_k=type_k, type_v=type_v, n_seq=n_seq)
             charges.append(kv.charge)
             charges.append(budget.charge("activations", plan.state_bytes))

@@ -297,3 +297,17 @@ def test_each_slot_is_charged_for_its_own_cells():
         assert kv.caps == [0, 0, 0, kv.chunk] and kv.nbytes == kv.chunk * kv.bytes_per_pos
         eng.eval_batch([(0, [1]), (1, [1])])
         assert kv.caps == [kv.chunk, kv.chunk, 0, kv.chunk] and kv.nbytes == 3 * kv.chunk * kv.bytes_per_pos
+
+
+def test_plan_leaves_room_for_every_streams_padded_cells():
+    """n_ctx 512 over 4 sequences is 4 streams of 256 cells (1024 rows): the plan under a budget takes
+    the padding's bytes out of the weights' share, so every stream can fill up. At 64M gemma's plan
+    left 3.4 MB for a 9.4 MB padding, and the fourth stream failed with KVBudgetExceeded."""
+    from ramforge.memory import MemoryBudget
+    from ramforge.resolve import default_model_path
+    with Engine.load(default_model_path(), n_ctx=512, budget=MemoryBudget("64M"), n_seq=4) as eng:
+        kv = eng.kv
+        assert kv.n_ctx_seq == 256 and eng.plan.n_ctx == 512
+        for s in range(4):
+            kv.reserve(kv.n_ctx_seq, s)
+        assert kv.nbytes == 4 * 256 * kv.bytes_per_pos

@@ -28,6 +28,12 @@ def pad_cells(n: int) -> int:
     return -(-n // PAD) * PAD
 
 
+def kv_rows(n_ctx: int, n_seq: int) -> int:
+    """The cache rows of n_seq sequences over a context of n_ctx: n_ctx for one, else n_seq streams of
+    llama.cpp's n_ctx_seq = PAD(PAD(n_ctx, 256) / n_seq, 256) (llama_context, kv_unified off)."""
+    return n_ctx if n_seq == 1 else n_seq * pad_cells(max(1, pad_cells(n_ctx) // n_seq))
+
+
 def find_slot(pos: np.ndarray, head: int, n: int, window: int = 0) -> list[int] | None:
     """llama_kv_cache::find_slot (non-contiguous) for n tokens of the one sequence of a stream whose
     cell positions are pos (i32[size], -1 empty): the cell indices, or None if the stream is full.
