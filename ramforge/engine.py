@@ -203,8 +203,8 @@ class Engine:
                                     layer_windows(hp, module, (a, b)), plan.kv_tail)
                 charges.append(kv)        # closed (files removed, reader stopped) with the engine
             else:
-                kv = KVCache(budget, b - a, kv_rows(plan.n_ctx, n_seq), hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, first_layer=a,
-                             type_k=type_k, type_v=type_v, n_seq=n_seq)
+                kv = KVCache(budget, b - a, kv_rows(plan.n_ctx, n_seq), hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
+                             first_layer=a, type_k=type_k, type_v=type_v, n_seq=n_seq)
             charges.append(kv.charge)
             charges.append(budget.charge("activations", plan.state_bytes))
             state = State.allocate(hp, plan.batch)
