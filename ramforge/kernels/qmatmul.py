@@ -315,12 +315,17 @@ def warm(shapes, vector: bool | None = None) -> int:
             continue
         for n in _WARM_TOKENS:
             made.add(_plan(t, n_out, n_in, n, n, 0, numba.get_num_threads(), vec, rep)[6])
-    f32, i8 = numba.typeof(np.empty(1, np.float32)), numba.typeof(np.empty(1, np.int8))
-    sig = (numba.typeof(np.empty((1, 1), np.float32)), i8, f32, f32, numba.typeof(np.empty(1, np.int32)),
-           numba.typeof(np.empty(1, np.uint8))) + (numba.int64,) * 6
     for kernel in made:
-        kernel.compile(sig)
+        kernel.compile(kernel_signature())
     return len(made)
+
+
+def kernel_signature() -> tuple:
+    """The argument types qmatmul calls its kernels with (y f32[n_tok, n_out] C; aq i8, ad, am f32,
+    bsum i32, raw u8: 1-D C; six int64)."""
+    f32, i8 = numba.typeof(np.empty(1, np.float32)), numba.typeof(np.empty(1, np.int8))
+    return (numba.typeof(np.empty((1, 1), np.float32)), i8, f32, f32, numba.typeof(np.empty(1, np.int32)),
+            numba.typeof(np.empty(1, np.uint8))) + (numba.int64,) * 6
 
 
 def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
