@@ -174,13 +174,9 @@ class Engine:
             if not (isinstance(n_seq, int) and 1 <= n_seq <= 64):
                 raise InvalidArgument(f"n_seq = {n_seq!r}: between 1 and 64 sequences")
             plan = plan_for_budget(f, budget.available, n_ctx, layers, batch, type_k=type_k, type_v=type_v,
-                                   kv_spill=spill_mode(kv_spill))
-            pad = (kv_rows(plan.n_ctx, n_seq) - plan.n_ctx) * plan.kv_bytes_per_pos     # parallel streams' padding
-            if pad > 0 and budget.available is not None and not plan.kv_spill:          # out of the weights' share
-                plan = plan_for_budget(f, max(0, budget.available - pad), n_ctx, layers, batch, type_k=type_k,
-                                       type_v=type_v, kv_spill=False)
+                                   kv_spill=spill_mode(kv_spill), n_seq=n_seq)
             if plan.verdict == "insufficient":
-                raise BudgetTooSmall(budget.available, plan.min_budget + max(pad, 0), plan.n_ctx)
+                raise BudgetTooSmall(budget.available, plan.min_budget, plan.n_ctx)
             # reading the weights releases the GIL: meanwhile build the tokenizer (~0.15 s for a 262k
             # vocabulary) and set numba up (~0.2 s) in threads
             tok = _InThread(load_tokenizer, md)

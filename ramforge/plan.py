@@ -36,6 +36,7 @@ from .gguf.constants import GGML_BLOCK, Keys
 from .gguf.reader import GGUFFile, TensorInfo
 from .models import ffn_norm, is_executable
 from .models.config import FUSED_PROJECTIONS, HParams
+from .memory.cells import kv_rows
 from .memory.kv_types import CHUNK, bytes_per_position, kv_type, spill_layout
 
 DEFAULT_CTX = 4096          # as llama-cli: the default context, capped by the model's own
@@ -178,7 +179,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     type_k: str = "f16"                           # KV cache types (memory.kv_cache)
     type_v: str = "f16"
-    kv_bytes_per_pos: int = 0                     # the KV cache's bytes per position (kv_bytes = n_ctx times this)
+    kv_bytes_per_pos: int = 0                     # the KV cache's bytes per position (kv_bytes: its rows times this)
     max_ctx: int | None = None                    # the longest context the budget holds (None: no budget)
     n_ctx_train: int = 0                          # the model's trained context
     kv_positions: int = 0                         # the positions kv_bytes holds: n_ctx, or fewer where the
@@ -224,7 +225,7 @@ class Plan:
 
 def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: int = DEFAULT_BATCH,
               layers: tuple[int, int] | None = None, hit_rate: float | None = None, type_k: str = "f16",
-              type_v: str = "f16", kv_spill: bool = False, kv_tail: int | None = None) -> Plan:
+              type_v: str = "f16", kv_spill: bool = False, kv_tail: int | None = None, n_seq: int = 1) -> Plan:
     """hit_rate: the expert cache hit rate for expected_bytes_per_token; by default the share of all
     experts the cache holds (what routing spread evenly over the experts would hit)."""
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
@@ -251,7 +252,7 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
         big.append("token_embd.weight")
     big = [n for n in big if n in persistent]
     kv_pos = bytes_per_position(b - a, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, type_k, type_v)
-    kv = n_ctx * kv_pos
+    kv = kv_rows(n_ctx, n_seq) * kv_pos     # n_seq > 1: its streams' cells, each padded (memory.cells)
     if kv_spill:                       # the tails and the read buffers (memory.kv_spill)
         lay = spill_layout(n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, type_k, type_v, batch, kv_tail)
         kv = lay.charged(b - a)
@@ -372,9 +373,10 @@ MOE_STATE_SHARE = 8
 def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
                     layers: tuple[int, int] | None = None, batch: int | None = None,
                     hit_rate: float | None = None, type_k: str = "f16", type_v: str = "f16",
-                    kv_spill: bool | None = False, kv_tail: int | None = None) -> Plan:
+                    kv_spill: bool | None = False, kv_tail: int | None = None, n_seq: int = 1) -> Plan:
     """The plan with the largest prompt chunk that fits the budget: 64 down to 1 tokens; for a mixture
     of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget.
+    n_seq: the parallel sequences whose padded streams of cells the KV cache holds (memory.cells.kv_rows).
     kv_spill: True spills the KV cache to storage, None does where the budget cannot hold it for n_ctx
     (then, where spilling does not fit either, the plan holds the positions the budget allows); when it
     spills by itself, its RAM tail takes the budget the weights leave (a pinned weight byte saves a read
@@ -385,11 +387,12 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
     moe = hp.n_expert > 0
     batches = (batch,) if batch else BATCHES
     for b in (MOE_BATCHES if moe and not batch else ()) + batches:
-        p = make_plan(f, budget, n_ctx, b, layers, hit_rate, type_k, type_v, bool(kv_spill), kv_tail)
+        p = make_plan(f, budget, n_ctx, b, layers, hit_rate, type_k, type_v, bool(kv_spill), kv_tail, n_seq)
         grown = b > BATCHES[0]                    # a mixture's chunk past 64: only with a small state
         if p.verdict != "insufficient" and not (grown and budget and p.state_bytes * MOE_STATE_SHARE > budget):
             break
-    p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v, bool(kv_spill), kv_tail).min_budget
+    p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v, bool(kv_spill), kv_tail,
+                             n_seq).min_budget
     if kv_spill:
         p.notes.append(f"the KV cache spills to storage: {p.kv_tail} recent positions of each layer in RAM, the older "
                        f"ones in a spill file per layer ({p.kv_spill_file_bytes:,} B on disk), read back per token "
@@ -402,12 +405,12 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
         fit = min(p.max_ctx, p.n_ctx) // CHUNK * CHUNK
         if p.verdict == "insufficient" and kv_spill is None:
             # the budget cannot hold the whole context's KV cache: spill it to storage
-            q = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True)
+            q = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True, n_seq=n_seq)
             # a weight byte in RAM saves a byte read every token, a tail position's only past it: the tail
             # takes what the weights leave (everything, where they are all resident)
             tail = q.kv_tail + (budget - q.planned_peak) // q.kv_bytes_per_pos if q.verdict != "insufficient" else 0
             if tail > q.kv_tail:
-                q2 = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True, tail)
+                q2 = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True, tail, n_seq)
                 q = q2 if q2.verdict != "insufficient" and q2.pinned == q.pinned else q
             if q.verdict != "insufficient":
                 q.max_ctx = p.max_ctx
@@ -418,7 +421,7 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
                 p.min_budget = min(p.min_budget, q.min_budget)
         if p.verdict == "insufficient" and fit >= CHUNK and not kv_spill:
             # the KV cache grows as the context fills: plan for the positions the budget holds
-            q = plan_for_budget(f, budget, fit, layers, batch, hit_rate, type_k, type_v, False)
+            q = plan_for_budget(f, budget, fit, layers, batch, hit_rate, type_k, type_v, False, n_seq=n_seq)
             if q.verdict != "insufficient":
                 q.n_ctx, q.max_ctx, q.min_budget = p.n_ctx, p.max_ctx, p.min_budget
                 q.notes.append(f"the budget holds the KV cache of {fit:,} of the {p.n_ctx:,} positions (it is charged "

@@ -39,6 +39,29 @@ def _prefetch(builder, blk, nbytes):
                           ir.Constant(I32, 1)])
 
 
+def _block(context, builder, G, gp, aq, ad, b, nbytes, elems):
+    """Block b of a group of G rows (nbytes a block, elems per row), its successor prefetched: (its
+    bytes i8*, the token's quants i8* at its first element, d_a <G x float>, the rows' d_w <G x
+    float>, the f16 plane at the block's start)."""
+    blk = builder.gep(gp, [builder.mul(b, _c64(nbytes))])
+    _prefetch(builder, blk, nbytes)
+    a0 = builder.gep(aq, [builder.mul(b, _c64(elems))])
+    da = splat(builder, builder.load(builder.gep(ad, [b])), ir.VectorType(ir.FloatType(), G))
+    return blk, a0, da, _f16s(context, builder, blk, 0, G)
+
+
+def _f16s(context, builder, blk, off, G):
+    """<G x float>: the f16 plane at blk + off (one value per row)."""
+    return half_to_float(context, builder, _load(builder, blk, _c64(off), ir.VectorType(I16, G)),
+                         native_half(context))
+
+
+def _hsum8(builder, f):
+    """hsum_float_8 of 8 lanes held as 8 vectors: ((f0+f4) + (f2+f6)) + ((f1+f5) + (f3+f7))."""
+    t = [builder.fadd(f[4 + i], f[i]) for i in range(4)]
+    return builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
+
+
 def _dpbusd(context, builder, acc, w, a):
     """<G x i32> acc + per lane the 4 products of unsigned w and signed a (<4G x i8>): vpdpbusd where
     the target has VNNI (512 bits, or two 256-bit halves), else the products' quad sums."""
@@ -86,19 +109,14 @@ def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb, grp=256):
     fma = fma_fn(builder, FG)
     sacc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
     macc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
-    native = native_half(context)
 
     def bytes_(v):
         return ir.Constant(VB, [v] * (4 * G))
 
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
-        blk = builder.gep(gp, [builder.mul(b, _c64(G * 144))])
-        _prefetch(builder, blk, G * 144)
-        a0 = builder.gep(aq, [builder.mul(b, _c64(256))])
-        da = splat(builder, builder.load(builder.gep(ad, [b])), FG)
-        dw = half_to_float(context, builder, _load(builder, blk, _c64(0), ir.VectorType(I16, G)), native)
-        dm = half_to_float(context, builder, _load(builder, blk, _c64(2 * G), ir.VectorType(I16, G)), native)
+        blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 144, 256)
+        dm = _f16s(context, builder, blk, 2 * G, G)
         sc, mn = ([builder.zext(v, LG) for v in vs] for vs in _k4_scales(builder, blk, G))
 
         def mins(j0, j1):                      # sum over sub-blocks j0..j1-1 of min * the token's bsum
@@ -161,18 +179,14 @@ def _q6_k(context, builder, G, gp, aq, ad, bs, n_sb):
     SG = ir.VectorType(I8, G)
     fma = fma_fn(builder, FG)
     facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(8)]
-    native = native_half(context)
 
     def bytes_(v):
         return ir.Constant(VB, [v] * (4 * G))
 
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
-        blk = builder.gep(gp, [builder.mul(b, _c64(G * 210))])
-        _prefetch(builder, blk, G * 210)
-        a0 = builder.gep(aq, [builder.mul(b, _c64(256))])
-        d = builder.fmul(splat(builder, builder.load(builder.gep(ad, [b])), FG),
-                         half_to_float(context, builder, _load(builder, blk, _c64(0), ir.VectorType(I16, G)), native))
+        blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 210, 256)
+        d = builder.fmul(da, dw)
         sc = [_load(builder, blk, _c64((2 + j) * G), SG) for j in range(16)]
         iacc = [ir.Constant(LG, [0] * G)] * 8
         for n in range(2):
@@ -194,9 +208,7 @@ def _q6_k(context, builder, G, gp, aq, ad, bs, n_sb):
                 corr = builder.add(corr, builder.mul(builder.sext(sc[j], LG), splat(builder, bj, LG)))
             lane = builder.sub(iacc[k], builder.shl(corr, ir.Constant(LG, [5] * G)))
             builder.store(builder.call(fma, [d, builder.sitofp(lane, FG), builder.load(facc[k])]), facc[k])
-    f = [builder.load(p) for p in facc]        # hsum_float_8: ((f0+f4) + (f2+f6)) + ((f1+f5) + (f3+f7))
-    t = [builder.fadd(f[4 + i], f[i]) for i in range(4)]
-    return builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
+    return _hsum8(builder, [builder.load(p) for p in facc])
 
 
 def _q5_k(context, builder, G, gp, aq, ad, bs, n_sb):
@@ -207,19 +219,14 @@ def _q5_k(context, builder, G, gp, aq, ad, bs, n_sb):
     VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
     fma = fma_fn(builder, FG)
     facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(9)]   # 8: summs
-    native = native_half(context)
 
     def bytes_(v):
         return ir.Constant(VB, [v] * (4 * G))
 
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
-        blk = builder.gep(gp, [builder.mul(b, _c64(G * 176))])
-        _prefetch(builder, blk, G * 176)
-        a0 = builder.gep(aq, [builder.mul(b, _c64(256))])
-        da = splat(builder, builder.load(builder.gep(ad, [b])), FG)
-        dw, dm = (half_to_float(context, builder, _load(builder, blk, _c64(o), ir.VectorType(I16, G)), native)
-                  for o in (0, 2 * G))
+        blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 176, 256)
+        dm = _f16s(context, builder, blk, 2 * G, G)
         sc, mn = _k4_scales(builder, blk, G)
         for k in range(8):                     # lane k: chunk c's low nibbles (sub-block 2c), high (2c+1),
             qh = _load(builder, blk, _c64(144 * G + k * 4 * G), VB)        # each | a bit of qh << 4
@@ -240,9 +247,7 @@ def _q5_k(context, builder, G, gp, aq, ad, bs, n_sb):
             msum = builder.add(msum, builder.mul(builder.zext(mn[j], LG), splat(builder, bj, LG)))
         builder.store(builder.call(fma, [builder.fneg(builder.fmul(da, dm)), builder.sitofp(msum, FG),
                                          builder.load(facc[8])]), facc[8])
-    f = [builder.load(p) for p in facc]        # hsum_float_8 + summs
-    t = [builder.fadd(f[4 + i], f[i]) for i in range(4)]
-    return builder.fadd(builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3])), f[8])
+    return builder.fadd(_hsum8(builder, [builder.load(p) for p in facc[:8]]), builder.load(facc[8]))   # + summs
 
 
 def _q8_0(context, builder, G, gp, aq, ad, bs, n_sb):
@@ -252,24 +257,18 @@ def _q8_0(context, builder, G, gp, aq, ad, bs, n_sb):
     VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
     fma = fma_fn(builder, FG)
     facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(8)]
-    native = native_half(context)
     zero, ones = ir.Constant(LG, [0] * G), ir.Constant(VB, [1] * (4 * G))
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
-        blk = builder.gep(gp, [builder.mul(b, _c64(G * 34))])
-        _prefetch(builder, blk, G * 34)
-        a0 = builder.gep(aq, [builder.mul(b, _c64(32))])
-        d = builder.fmul(splat(builder, builder.load(builder.gep(ad, [b])), FG),
-                         half_to_float(context, builder, _load(builder, blk, _c64(0), ir.VectorType(I16, G)), native))
+        blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 34, 32)
+        d = builder.fmul(da, dw)
         for k in range(8):
             a = builder.bitcast(splat(builder, _load(builder, a0, _c64(4 * k), I32), LG), VB)
             w = _load(builder, blk, _c64(2 * G + k * 4 * G), VB)
             s = builder.shl(_dpbusd(context, builder, zero, ones, a), ir.Constant(LG, [7] * G))   # 128 * sum a
             lane = builder.sub(_dpbusd(context, builder, zero, w, a), s)
             builder.store(builder.call(fma, [d, builder.sitofp(lane, FG), builder.load(facc[k])]), facc[k])
-    f = [builder.load(p) for p in facc]        # hsum_float_8
-    t = [builder.fadd(f[4 + i], f[i]) for i in range(4)]
-    return builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
+    return _hsum8(builder, [builder.load(p) for p in facc])
 
 
 def _q4_0(context, builder, G, gp, aq, ad, bs, n_sb):
@@ -279,15 +278,11 @@ def _q4_0(context, builder, G, gp, aq, ad, bs, n_sb):
     VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
     fma = fma_fn(builder, FG)
     sacc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
-    native = native_half(context)
     low, four = ir.Constant(VB, [15] * (4 * G)), ir.Constant(VB, [4] * (4 * G))
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
-        blk = builder.gep(gp, [builder.mul(b, _c64(G * 18))])
-        _prefetch(builder, blk, G * 18)
-        a0 = builder.gep(aq, [builder.mul(b, _c64(32))])
-        d = builder.fmul(splat(builder, builder.load(builder.gep(ad, [b])), FG),
-                         half_to_float(context, builder, _load(builder, blk, _c64(0), ir.VectorType(I16, G)), native))
+        blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 18, 32)
+        d = builder.fmul(da, dw)
         isum = ir.Constant(LG, [0] * G)
         for k in range(4):
             w = _load(builder, blk, _c64(2 * G + k * 4 * G), VB)
