@@ -18,8 +18,8 @@ Reported per configuration: total tokens/s (N * gen / the wall time from submitt
 to the last token, joins included), per-request tokens/s (gen / each request's own wall time from
 submission, median over the requests) and its decode rate (gen - 1 over the time from its first
 token to its last), the median seconds of a full decode pass (N tokens, one per slot), the passes
-over the weights (one per ubatch: a prompt joining while others decode takes two, its first token
-beside theirs and the rest alone, as llama.cpp's split_equal cuts the batch), weight bytes read
+over the weights (one per ubatch: prompts joining while others decode take two, their first tokens
+beside the others' and the rest together, as llama.cpp's split_equal cuts the batch), weight bytes read
 per pass and per generated token (--profile's records), the I/O wait, the ratio of
 total tokens/s to the N=1 configuration of the same budget in the same round, the managed peak,
 the file's page-cache residency after the process ended (fincore-like: mincore on a fresh mapping),

@@ -2,9 +2,12 @@
 each, every pass over the weights one llama_decode of them all (parallel.eval_batch).
 
 A scheduler thread builds each pass as llama-server's update_slots does: one token of every
-decoding slot, then the prompt of at most one joining request (eval_batch evaluates one multi-token
-sequence per batch; a second joining prompt waits for the next pass). A request joins and leaves
-between passes; a finished or abandoned one's cells are freed (seq_rm) and its slot taken by the next.
+decoding slot and the whole prompts of the joining requests, in slot order (llama.cpp's split_equal
+takes consecutive sequence ids into one ubatch). The joining prompts of a pass hold at most the
+engine's chunk (plan.batch) of tokens together, so that every ubatch of several sequences is one
+chunk; the first waiting prompt always joins (alone, a long prompt runs in chunks). A request joins
+and leaves between passes; a finished or abandoned one's cells are freed (seq_rm) and its slot taken
+by the next.
 A request waits at most `max_wait` seconds for a slot, then gets ServerBusy (503) with the reason.
 `schedule` logs every pass's batch (seq_id, tokens), so a test can replay it through eval_batch.
 """
@@ -88,11 +91,14 @@ class Batcher:
                     return
                 for s in [s for s, r in self.active.items() if r.cancelled]:
                     self._release(self.active.pop(s), None)
-                batch = [(s, [r.next_tok]) for s, r in sorted(self.active.items())]
-                join = self.joining.pop(0) if self.joining else None
-                if join is not None:
+                batch = [(s, [r.next_tok]) for s, r in self.active.items()]
+                room = self.eng.plan.batch                  # prompt tokens this pass may still take
+                while self.joining and (len(self.joining[0].prompt) <= room or room == self.eng.plan.batch):
+                    join = self.joining.pop(0)              # (the first always joins)
+                    room -= len(join.prompt)
                     self.active[join.slot] = join
                     batch.append((join.slot, join.prompt))
+                batch.sort(key=lambda e: e[0])
             if not batch:
                 continue
             reqs = [self.active[s] for s, _ in batch]

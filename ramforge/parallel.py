@@ -98,9 +98,6 @@ def eval_batch(eng, batch) -> dict[int, np.ndarray]:
     try:
         while any(left.values()):
             cur, n = _split(order, left, eng.ubatch)
-            if len(cur) > 1 and n > 1:
-                raise NotReproduced(f"sequences {cur} with {n} tokens each in one ubatch: their output rows are "
-                                    f"not contiguous (llama.cpp's inp_out_ids); evaluate their prompts in turns")
             ids = np.concatenate([toks[s][done[s]:done[s] + n] for s in cur])
             pl = place(kv, [(s, n) for s in cur], single=n == 1, window=window, swa_size=swa_size)
             kv.cell_tok[pl.rows] = ids
@@ -114,16 +111,22 @@ def eval_batch(eng, batch) -> dict[int, np.ndarray]:
                     if not want:
                         parts = [Chunk(c.start, c.stop, c.view, None, slice(c.size, c.size), c.kind) for c in parts]
                 else:
-                    if len(cur) > B:
-                        raise NotReproduced(f"a ubatch of {len(cur)} sequences exceeds the engine's chunk of {B} "
-                                            f"tokens under this budget")
-                    want = [i for i, s in enumerate(cur) if left[s] == n]      # rows with logits (outputs)
-                    N = len(cur)
-                    if want and want != list(range(want[0], want[-1] + 1)):
-                        raise NotReproduced(f"the outputs of sequences {cur} are not contiguous rows of their ubatch")
-                    rows = slice(want[0], want[-1] + 1) if want else None
-                    only = None if len(want) == N else (rows or slice(N, N))    # llama.cpp's inp_out_ids
-                    parts = [Chunk(0, N, (N, 0), rows, only, "decode")]
+                    N = len(cur) * n                         # sequence i's tokens: rows i*n .. i*n + n-1
+                    if N > B:
+                        raise NotReproduced(f"a ubatch of {len(cur)} sequences x {n} tokens exceeds the engine's "
+                                            f"chunk of {B} tokens under this budget; evaluate their prompts in turns")
+                    want = [i * n + n - 1 for i, s in enumerate(cur) if left[s] == n]    # output rows
+                    if len(want) == N:
+                        only = None
+                    elif not want:
+                        only = slice(N, N)
+                    elif want == list(range(want[0], want[-1] + 1)):
+                        only = slice(want[0], want[-1] + 1)              # llama.cpp's inp_out_ids, as a view
+                    else:
+                        only = np.asarray(want, np.int64)                # gathered to rows 0.. by output_rows
+                    rows = None if not want else (slice(0, len(want)) if isinstance(only, np.ndarray)
+                                                  else slice(want[0], want[-1] + 1))
+                    parts = [Chunk(0, N, (N, 0), rows, only, "decode" if n == 1 else "prefill")]
                 res = []
                 for c in parts:
                     kv.ub = pl.part(c.start, c.stop)
@@ -136,11 +139,13 @@ def eval_batch(eng, batch) -> dict[int, np.ndarray]:
             except BaseException:
                 kv.cell_pos[pl.rows] = -1                    # the ubatch leaves no cells behind
                 raise
-            for i, s in enumerate(cur):
+            got = 0
+            for s in cur:
                 done[s] += n
                 left[s] -= n
-                if left[s] == 0:
-                    out[s] = res[-1][i - want[0] if len(cur) > 1 else -1].copy()
+                if left[s] == 0:                             # its output: the next row of the last result
+                    out[s] = res[-1][got if len(cur) > 1 else -1].copy()
+                    got += 1
     finally:
         for s in order:
             _sync_tokens(eng, s)

@@ -19,7 +19,7 @@ from ramforge.errors import ContextLengthExceeded, InvalidArgument, NotReproduce
 FIX = Path(__file__).parent / "fixtures" / "parallel"
 RECORDS = sorted(FIX.glob("*.json"))
 FAST = ("llama-tiny-f16-par2", "llama-tiny-f16-par4", "llama-tiny-f16-shift", "gemma3-linear-f16-par4",
-        "llama-tiny-f16-par4-q8kv", "llama-tiny-f16-cp2")
+        "llama-tiny-f16-par4-q8kv", "llama-tiny-f16-cp2", "llama-tiny-f16-join4", "gemma3-linear-f16-join4")
 
 
 def _load(p: Path) -> dict:
@@ -114,8 +114,9 @@ def test_bad_input_is_refused():
             eng.eval_batch([(0, [1]), (0, [2])])
         with pytest.raises(InvalidArgument):
             list(eng.generate([1, 2], 4, context_shift=True, n_keep=256))
-        with pytest.raises(NotReproduced):                    # outputs of two sequences not contiguous rows
-            eng.eval_batch([(0, [1, 2]), (1, [3, 4])])
+        with pytest.raises(NotReproduced):                    # a ubatch of 2 x 40 tokens past the 64-token chunk
+            eng.eval_batch([(0, [1] * 40), (1, [3] * 40)])
+        assert eng.seq_pos_max(0) == eng.seq_pos_max(1) == -1    # ... leaves no cells behind
         with pytest.raises(ContextLengthExceeded):
             eng.eval_batch([(1, [1] * 257)])
         assert eng.seq_pos_max(1) == -1
@@ -228,6 +229,33 @@ def test_batcher_joins_and_leaves_between_passes():
     for i, p in enumerate(prompts):
         seg = next(o for t, o in segs if t == list(p))
         assert seg[:lens[i]] == got[i]
+
+
+def test_batcher_joins_waiting_prompts_in_one_pass():
+    """Prompts waiting together join one pass (llama-server's update_slots), in slot order, up to the
+    engine's chunk of prompt tokens; the answers equal a replay of the passes through eval_batch."""
+    from ramforge.batcher import Batcher
+    from tools.make_models import ensure_model
+    path = ensure_model("llama", "f16")
+    prompts = [[1, 15043, 29892, 920], [1, 450, 4996, 17354], [1, 3532, 29879, 6778], [1, 1724, 338]]
+    with Engine.load(path, n_ctx=1024, n_seq=4) as eng:
+        b = Batcher(eng, log=True)
+        with b.cond:                                 # (reentrant) the scheduler waits until all four are queued
+            gens = [b.generate(p, 5, stop_on_eog=False) for p in prompts]
+        got = [list(g) for g in gens]
+        b.close()
+        long = Batcher(eng, log=True)                # 40 + 40 prompt tokens exceed the 64-token chunk
+        with long.cond:
+            gens = [long.generate([1] + [450 + i] * 39, 2, stop_on_eog=False) for i in range(2)]
+        [list(g) for g in gens]
+        long.close()
+    assert [[s for s, _ in e] for e in b.schedule[:1]] == [[0, 1, 2, 3]]
+    assert [len(t) for _, t in b.schedule[0]] == [4, 4, 4, 3]
+    assert [[len(t) for _, t in e] for e in long.schedule[:2]] == [[40], [1, 40]]
+    with Engine.load(path, n_ctx=1024, n_seq=4) as eng:
+        segs = replay_passes(eng, b.schedule)
+    for p, g in zip(prompts, got):
+        assert next(o for t, o in segs if t == p) == g
 
 
 @pytest.mark.slow

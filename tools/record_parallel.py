@@ -11,6 +11,11 @@ Cases:
   every sequence adds its greedy token in one shared llama_batch; par4 then removes sequence 1
   (seq_rm) and a new prompt joins it in the next shared batch (after the others' tokens, as
   llama-server's update_slots orders a batch), and more shared passes follow.
+- join4: four prompts in one llama_decode (split_equal: a ubatch of 4 x 4 tokens whose outputs, rows
+  3, 7 and 11, are not contiguous, then the longer prompt's tail), N_STEPS shared passes, sequences 2
+  and 3 removed and two 6-token prompts joining them in one batch beside 0 and 1's tokens (a ubatch of
+  4 single tokens, then one of 2 x 5 tokens, outputs rows 4 and 9), N_STEPS shared passes:
+  llama-server's update_slots with several prompts at once.
 - shift: one sequence (n_ctx 256) generating greedily past its context with llama-server's context
   shift (pre_decode: n_keep + BOS kept, half the rest discarded: seq_rm, seq_add, the K-shift).
 - cp2: sequence 0's prompt, seq_cp(0, 1) (a whole stream copied), then both go on from other tokens.
@@ -44,7 +49,7 @@ SHIFT_AFTER = 24            # tokens generated after the first context shift
 # model id -> (make_models spec, type) or None: the default gemma-3-270m
 MODELS = {"llama-tiny-f16": ("llama", "f16"), "gemma3-linear-f16": ("gemma3-linear", "f16"),
           "llama-tiny-q8_0": ("llama", "q8_0"), "gemma3-270m": None}
-CASES = ("par2", "par4", "shift", "par4-q8kv", "cp2")   # par4-q8kv: par4 with Q8_0 K and V (flash attention)
+CASES = ("par2", "par4", "shift", "par4-q8kv", "cp2", "join4")   # par4-q8kv: par4 with Q8_0 K and V (flash attention)
 # ramforge refuses (NotReproduced) a shift where llama.cpp's sliding-window cache reuses cells whose keys
 # left a window shorter than the context (gemma3-linear's 8): no record for it
 SKIP = {("gemma3-linear-f16", "shift"), ("gemma3-linear-f16", "par4-q8kv"), ("llama-tiny-q8_0", "par4-q8kv")}
@@ -140,6 +145,21 @@ def record_par(o: Oracle, n_seq: int) -> list:
     return steps
 
 
+def record_join(o: Oracle) -> list:
+    steps, last = [], {}
+    prompts = prompts_for("", o.n_vocab)
+    _decode_step(o, [(0, prompts[0][:4]), (1, prompts[1][:4]), (2, prompts[2][:4]), (3, prompts[3])], steps, last)
+    for _ in range(N_STEPS):
+        _decode_step(o, [(s, [last[s]]) for s in range(4)], steps, last)
+    for s in (2, 3):
+        o.L.llama_memory_seq_rm(o.mem, s, -1, -1)
+        steps.append({"rm": [s, -1, -1]})
+    _decode_step(o, [(0, [last[0]]), (1, [last[1]]), (2, prompts[4][:6]), (3, prompts[1][1:7])], steps, last)
+    for _ in range(N_STEPS):
+        _decode_step(o, [(s, [last[s]]) for s in range(4)], steps, last)
+    return steps
+
+
 def record_cp(o: Oracle) -> list:
     steps, last = [], {}
     _decode_step(o, [(0, prompts_for("", o.n_vocab)[1])], steps, last)
@@ -176,13 +196,13 @@ def record_shift(o: Oracle, n_ctx: int) -> list:
 def record(mid: str, case: str) -> dict:
     import llama_cpp
     path = model_file(mid)
-    n_seq = {"par2": 2, "par4": 4, "shift": 1, "par4-q8kv": 4, "cp2": 2}[case]
+    n_seq = {"par2": 2, "par4": 4, "shift": 1, "par4-q8kv": 4, "cp2": 2, "join4": 4}[case]
     n_ctx = 256 * n_seq
     q8kv = case.endswith("q8kv")
     o = Oracle(path, n_ctx, n_seq, q8kv)
     try:
         steps = (record_shift(o, n_ctx) if case == "shift" else record_cp(o) if case == "cp2"
-                 else record_par(o, n_seq))
+                 else record_join(o) if case == "join4" else record_par(o, n_seq))
     finally:
         o.close()
     return {"format": FORMAT, "model": {"id": mid, "spec": MODELS[mid]}, "case": case,

@@ -114,14 +114,21 @@ def project_qkv(L, xb: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray) 
                 flat += bias.data
 
 
-def output_rows(hp: HParams, il: int, out: slice | None, *arrays):
+def output_rows(hp: HParams, il: int, out: slice | np.ndarray | None, *arrays):
     """After the last layer's attention llama.cpp keeps only the rows whose logits are wanted
     (inp_out_ids) and runs the rest of the layer as a batch of those rows: the arrays narrowed to
     `out` at layer il = n_layer - 1, and the batch view to run them under (else unchanged, and a
-    no-op context)."""
+    no-op context). out: a slice (views of those rows), or row indices i64[k] (several sequences'
+    last tokens in one ubatch): those rows gathered, in order, into the arrays' first k rows."""
     if out is None or il != hp.n_layer - 1:
         return (*arrays, contextlib.nullcontext())
-    narrowed = tuple(a[out] for a in arrays)
+    if isinstance(out, slice):
+        narrowed = tuple(a[out] for a in arrays)
+    else:
+        k = len(out)
+        for a in arrays:
+            a[:k] = a[out]                     # (fancy indexing copies first: overlapping rows are safe)
+        narrowed = tuple(a[:k] for a in arrays)
     return (*narrowed, batch_view(narrowed[0].shape[0], 0))
 
 
