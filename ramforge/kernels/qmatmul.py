@@ -155,12 +155,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
             for k in prange(nt):
                 _tile_acts(k, k * TT, min(k * TT + TT, t_end), aq, ad, bsum, n_in, n_sb, n_sub, tmode, act, adt, bst)
         for c in prange(n_chunks):
-            isc = np.empty(group * n_sub, dtype=np.int32)       # a group's sub-block scales and mins,
-            imn = np.zeros(group * n_sub, dtype=np.int32)
-            wd = np.empty(group * n_sb, dtype=np.float32)       # super-block scales and mins
-            wm = np.zeros(group * n_sb, dtype=np.float32)
             r_end = _bound(c + 1, n_out, n_chunks, unit)
-            rows = np.empty(_GROUP_ROWS * row_bytes if rep and not grep else 0, dtype=np.uint8)  # in row order
             if grep:                                            # rep rows a call, all tokens
                 yrep = np.empty(rep, dtype=np.float32)
                 for r0 in range(_bound(c, n_out, n_chunks, unit), r_end, rep):
@@ -169,7 +164,8 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                                    yrep, 0)
                         for i in range(rep):
                             y[t, r0 + i] = yrep[i]
-            elif g8:                                            # 8 rows a call, all tokens
+                continue
+            if g8:                                            # 8 rows a call, all tokens
                 yrow = np.empty(8, dtype=np.float32)
                 for r0 in range(_bound(c, n_out, n_chunks), r_end, 8):
                     for t in range(n_tok):
@@ -177,7 +173,13 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                                 t * n_sub, yrow, 0)
                         for i in range(8):
                             y[t, r0 + i] = yrow[i]
-            elif packed:                                        # (group 1)
+                continue
+            isc = np.empty(group * n_sub, dtype=np.int32)       # a group's sub-block scales and mins,
+            imn = np.zeros(group * n_sub, dtype=np.int32)
+            wd = np.empty(group * n_sb, dtype=np.float32)       # super-block scales and mins
+            wm = np.zeros(group * n_sb, dtype=np.float32)
+            rows = np.empty(_GROUP_ROWS * row_bytes if rep else 0, dtype=np.uint8)     # in row order
+            if packed:                                          # (group 1)
                 src, r_start = rows if rep else raw, _bound(c, n_out, n_chunks, unit)
                 for r in range(r_start, r_end):
                     ro = r * row_bytes

@@ -40,59 +40,122 @@ def _f16_round(v):
     return _half_bits_to_f32(_f32_to_half_bits(v))
 
 
+_ABS_BITS, _INF_BITS = 0x7FFFFFFF, 0x7F800000
+_MAGIC = np.float32(12582912.0)          # 1.5 * 2^23: adding it rounds a float32 below 2^22 to an integer
+
+
+@njit(cache=True, inline="always")
+def _rint(v):
+    """np.rint of a float32 of magnitude below 2^22 (|x * scale| <= 127 here), round half to even, as
+    ggml's nearest_int; vectorizes where np.rint's call does not."""
+    return (v + _MAGIC) - _MAGIC
+
+
+@njit(cache=True, inline="always")
+def _amax_bits(xi, o, n):
+    """The largest |x| of x[o:o+n] as its float32 bits (xi: x viewed as int32): non-negative floats
+    order as their bits, so the max is an integer max, which vectorizes (above _INF_BITS: a NaN)."""
+    m = 0
+    for i in range(n):
+        m = max(m, xi[o + i] & _ABS_BITS)
+    return m
+
+
+@njit(cache=True, inline="always")
+def _q8_0_token(x, t, q, d, s, bsum, with_sum):
+    # token t of x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/32] (f16-rounded amax/127), bsum i32
+    # sum q per 32, s (with_sum) f32 f16(d32 * sum q) per 32; the arithmetic of _q8_0_reference
+    n = x.shape[1]
+    nb = n // 32
+    xi = x[t].view(np.int32)
+    for b in range(nb):
+        o = b * 32
+        amax = np.float32(0.0)
+        m = _amax_bits(xi, o, 32)
+        if m > _INF_BITS:                       # a NaN: the float loop's rule (NaN never wins)
+            for i in range(32):
+                amax = max(amax, abs(x[t, o + i]))
+        else:
+            for i in range(32):
+                if xi[o + i] & _ABS_BITS == m:
+                    amax = abs(x[t, o + i])
+                    break
+        d32 = amax / np.float32(127.0)
+        inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+        tot = 0
+        for i in range(32):
+            v = np.int8(_rint(x[t, o + i] * inv))
+            q[(t * nb + b) * 32 + i] = v
+            tot += v
+        d[t * nb + b] = _f16_round(d32)
+        bsum[t * nb + b] = tot
+        if with_sum:
+            s[t * nb + b] = _f16_round(np.float32(tot) * d32)
+
+
+@njit(cache=True, inline="always")
+def _q8_k_token(x, t, q, d, bsum, sub, pos_ties):
+    # token t of x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/256], bsum i32[n_tok*n/sub]; see _q8_k_reference
+    n = x.shape[1]
+    nb = n // QK_K
+    xi = x[t].view(np.int32)
+    for b in range(nb):
+        o = b * QK_K
+        big = x[t, o]
+        m = _amax_bits(xi, o, QK_K)
+        if m > _INF_BITS:                       # a NaN: the scan's rule (NaN never wins)
+            for i in range(1, QK_K):
+                if abs(x[t, o + i]) > abs(big):
+                    big = x[t, o + i]
+        else:                                   # the first value of the largest magnitude
+            for i in range(QK_K):
+                if xi[o + i] & _ABS_BITS == m:
+                    big = x[t, o + i]
+                    break
+        if t < pos_ties and big < 0:
+            for i in range(QK_K):
+                if x[t, o + i] == -big:
+                    big = -big
+                    break
+        iscale = np.float32(-127.0) / big if big != 0 else np.float32(0.0)
+        k = t * n + o
+        for i in range(QK_K):
+            q[k + i] = np.int8(min(_rint(x[t, o + i] * iscale), np.float32(127.0)))
+        for j in range(QK_K // sub):
+            acc = 0
+            for i in range(sub):
+                acc += q[k + j * sub + i]
+            bsum[(t * n + o) // sub + j] = acc
+        d[t * nb + b] = np.float32(1.0) / iscale if big != 0 else np.float32(0.0)
+
+
+# Tokens in parallel (each is quantized alone), or, for a little work, on the calling thread alone: a
+# parallel region costs more than quantizing a decode token's few thousand values.
+_SERIAL_VALUES = 32768
+
+
 @njit(cache=True, parallel=True)
 def _quantize_q8_0(x, q, d, s, bsum, with_sum):
-    # x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/32] (f16-rounded amax/127), bsum i32 sum q per
-    # 32, s (with_sum) f32 f16(d32 * sum q) per 32; the arithmetic of _q8_0_reference, element for element
-    # (tokens in parallel: each is quantized alone; one token runs on the calling thread)
-    n_tok, n = x.shape
-    nb = n // 32
-    for t in prange(n_tok):
-        for b in range(nb):
-            amax = np.float32(0.0)
-            for i in range(32):
-                amax = max(amax, abs(x[t, b * 32 + i]))
-            d32 = amax / np.float32(127.0)
-            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
-            tot = 0
-            for i in range(32):
-                v = np.int8(np.rint(x[t, b * 32 + i] * inv))
-                q[(t * nb + b) * 32 + i] = v
-                tot += v
-            d[t * nb + b] = _f16_round(d32)
-            bsum[t * nb + b] = tot
-            if with_sum:
-                s[t * nb + b] = _f16_round(np.float32(tot) * d32)
+    for t in prange(x.shape[0]):
+        _q8_0_token(x, t, q, d, s, bsum, with_sum)
+
+
+@njit(cache=True)
+def _quantize_q8_0_1(x, q, d, s, bsum, with_sum):
+    for t in range(x.shape[0]):
+        _q8_0_token(x, t, q, d, s, bsum, with_sum)
 
 
 @njit(cache=True, parallel=True)
 def _quantize_q8_k(x, q, d, bsum, sub, pos_ties):
-    # x f32[n_tok, n] -> q i8[n_tok*n], d f32[n_tok*n/256], bsum i32[n_tok*n/sub]; see _q8_k_reference
-    # (tokens in parallel, as _quantize_q8_0)
-    n_tok, n = x.shape
-    nb = n // QK_K
-    for t in prange(n_tok):
-        for b in range(nb):
-            o = b * QK_K
-            big = x[t, o]
-            for i in range(1, QK_K):
-                if abs(x[t, o + i]) > abs(big):
-                    big = x[t, o + i]
-            if t < pos_ties and big < 0:
-                for i in range(QK_K):
-                    if x[t, o + i] == -big:
-                        big = -big
-                        break
-            iscale = np.float32(-127.0) / big if big != 0 else np.float32(0.0)
-            k = t * n + o
-            for i in range(QK_K):
-                q[k + i] = np.int8(min(np.rint(x[t, o + i] * iscale), np.float32(127.0)))
-            for j in range(QK_K // sub):
-                acc = 0
-                for i in range(sub):
-                    acc += q[k + j * sub + i]
-                bsum[(t * n + o) // sub + j] = acc
-            d[t * nb + b] = np.float32(1.0) / iscale if big != 0 else np.float32(0.0)
+    for t in prange(x.shape[0]):
+        _q8_k_token(x, t, q, d, bsum, sub, pos_ties)
+
+
+@njit(cache=True)
+def _quantize_q8_k_1(x, q, d, bsum, sub, pos_ties):
+    for t in range(x.shape[0]):
+        _q8_k_token(x, t, q, d, bsum, sub, pos_ties)
 
 
 def _q8_0(x: np.ndarray, with_sum: bool) -> QuantizedActivation:
@@ -101,7 +164,8 @@ def _q8_0(x: np.ndarray, with_sum: bool) -> QuantizedActivation:
     d = np.empty((n_tok, n // 32), np.float32)
     s = np.empty((n_tok, n // 32), np.float32) if with_sum else _EMPTY_F
     bsum = np.empty((n_tok, n // 32), np.int32)
-    _quantize_q8_0(x, q, d.reshape(-1), s.reshape(-1), bsum.reshape(-1), with_sum)
+    run = _quantize_q8_0_1 if x.size <= _SERIAL_VALUES else _quantize_q8_0
+    run(x, q, d.reshape(-1), s.reshape(-1), bsum.reshape(-1), with_sum)
     return QuantizedActivation(q, d, s, bsum)
 
 
@@ -110,7 +174,8 @@ def _q8_k(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActivation:
     q = np.empty(n_tok * n, np.int8)
     d = np.empty((n_tok, n // QK_K), np.float32)
     bsum = np.empty((n_tok, n // sub), np.int32)
-    _quantize_q8_k(x, q, d.reshape(-1), bsum.reshape(-1), sub, pos_ties)
+    run = _quantize_q8_k_1 if x.size <= _SERIAL_VALUES else _quantize_q8_k
+    run(x, q, d.reshape(-1), bsum.reshape(-1), sub, pos_ties)
     return QuantizedActivation(q, d, _EMPTY_F, bsum)
 
 
