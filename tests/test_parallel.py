@@ -114,8 +114,9 @@ def test_bad_input_is_refused():
             eng.eval_batch([(0, [1]), (0, [2])])
         with pytest.raises(InvalidArgument):
             list(eng.generate([1, 2], 4, context_shift=True, n_keep=256))
-        with pytest.raises(NotReproduced):                    # a ubatch of 2 x 40 tokens past the 64-token chunk
-            eng.eval_batch([(0, [1] * 40), (1, [3] * 40)])
+        half = eng.plan.batch // 2 + 1
+        with pytest.raises(NotReproduced):                    # a ubatch of 2 sequences' prompts past the chunk
+            eng.eval_batch([(0, [1] * half), (1, [3] * half)])
         assert eng.seq_pos_max(0) == eng.seq_pos_max(1) == -1    # ... leaves no cells behind
         with pytest.raises(ContextLengthExceeded):
             eng.eval_batch([(1, [1] * 257)])
@@ -244,14 +245,15 @@ def test_batcher_joins_waiting_prompts_in_one_pass():
             gens = [b.generate(p, 5, stop_on_eog=False) for p in prompts]
         got = [list(g) for g in gens]
         b.close()
-        long = Batcher(eng, log=True)                # 40 + 40 prompt tokens exceed the 64-token chunk
+        long = Batcher(eng, log=True)                # 2 x (chunk / 2 + 1) prompt tokens exceed the chunk
+        half = eng.plan.batch // 2 + 1
         with long.cond:
-            gens = [long.generate([1] + [450 + i] * 39, 2, stop_on_eog=False) for i in range(2)]
+            gens = [long.generate([1] + [450 + i] * (half - 1), 2, stop_on_eog=False) for i in range(2)]
         [list(g) for g in gens]
         long.close()
     assert [[s for s, _ in e] for e in b.schedule[:1]] == [[0, 1, 2, 3]]
     assert [len(t) for _, t in b.schedule[0]] == [4, 4, 4, 3]
-    assert [[len(t) for _, t in e] for e in long.schedule[:2]] == [[40], [1, 40]]
+    assert [[len(t) for _, t in e] for e in long.schedule[:2]] == [[half], [1, half]]
     with Engine.load(path, n_ctx=1024, n_seq=4) as eng:
         segs = replay_passes(eng, b.schedule)
     for p, g in zip(prompts, got):
