@@ -397,7 +397,9 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
             break
     if not moe and not batch and p.verdict == "resident" and p.batch == BATCHES[0]:
         q = make_plan(f, budget, n_ctx, RESIDENT_BATCH, layers, hit_rate, type_k, type_v, bool(kv_spill), kv_tail, n_seq)
-        p = q if q.verdict == "resident" else p
+        if q.verdict == "resident":
+            q.resident_budget = p.resident_budget         # (the least budget that holds it whole: at 64 tokens)
+            p = q
     p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v, bool(kv_spill), kv_tail,
                              n_seq).min_budget
     if kv_spill:
