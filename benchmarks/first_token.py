@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "ramforge", "run", a.model, "--prompt", a.prompt, "--max-tokens", "4"]
     if not a.cold:
         if not a.source:                                 # ramforge's bytecode, as an installed package has it
-            where = subprocess.run([sys.executable, "-c", "import os, ramforge; print(os.path.dirname(ramforge.__file__))"],
-                                   capture_output=True, text=True, check=True).stdout.strip()
+            find = "import os, ramforge; print(os.path.dirname(ramforge.__file__))"
+            where = subprocess.run([sys.executable, "-c", find], capture_output=True, text=True, check=True).stdout.strip()
             subprocess.run([sys.executable, "-m", "compileall", "-q", where], check=True)
         _once(cmd, dict(os.environ))                     # fills the kernel cache
     firsts, exits = [], []

@@ -92,9 +92,9 @@ class Batcher:
                 for s in [s for s, r in self.active.items() if r.cancelled]:
                     self._release(self.active.pop(s), None)
                 batch = [(s, [r.next_tok]) for s, r in self.active.items()]
-                room = self.eng.plan.batch                  # prompt tokens this pass may still take
-                while self.joining and (len(self.joining[0].prompt) <= room or room == self.eng.plan.batch):
-                    join = self.joining.pop(0)              # (the first always joins)
+                room, first = self.eng.plan.batch, True     # prompt tokens this pass may still take
+                while self.joining and (first or len(self.joining[0].prompt) <= room):
+                    join, first = self.joining.pop(0), False  # (the first always joins)
                     room -= len(join.prompt)
                     self.active[join.slot] = join
                     batch.append((join.slot, join.prompt))

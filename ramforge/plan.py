@@ -379,7 +379,8 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
                     hit_rate: float | None = None, type_k: str = "f16", type_v: str = "f16",
                     kv_spill: bool | None = False, kv_tail: int | None = None, n_seq: int = 1) -> Plan:
     """The plan with the largest prompt chunk that fits the budget: 64 down to 1 tokens; for a mixture
-    of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget.
+    of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget,
+    for a dense model RESIDENT_BATCH while the budget holds it whole.
     n_seq: the parallel sequences whose padded streams of cells the KV cache holds (memory.cells.kv_rows).
     kv_spill: True spills the KV cache to storage, None does where the budget cannot hold it for n_ctx
     (then, where spilling does not fit either, the plan holds the positions the budget allows); when it
@@ -390,16 +391,19 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
     moe = hp.n_expert > 0
     batches = (batch,) if batch else BATCHES
-    for b in (MOE_BATCHES if moe and not batch else ()) + batches:
+    grown = () if batch else MOE_BATCHES if moe else (RESIDENT_BATCH,)     # chunks past 64, on a condition
+    for b in grown + batches:
         p = make_plan(f, budget, n_ctx, b, layers, hit_rate, type_k, type_v, bool(kv_spill), kv_tail, n_seq)
-        grown = b > BATCHES[0]                    # a mixture's chunk past 64: only with a small state
-        if p.verdict != "insufficient" and not (grown and budget and p.state_bytes * MOE_STATE_SHARE > budget):
+        if p.verdict == "insufficient":
+            continue
+        # past 64 tokens: a mixture's chunk while its run state is a small share of the budget, a dense
+        # model's while the budget holds it whole (never at the cost of a pinned layer)
+        if b <= BATCHES[0] or (not budget or p.state_bytes * MOE_STATE_SHARE <= budget if moe
+                               else p.verdict == "resident"):
             break
-    if not moe and not batch and p.verdict == "resident" and p.batch == BATCHES[0]:
-        q = make_plan(f, budget, n_ctx, RESIDENT_BATCH, layers, hit_rate, type_k, type_v, bool(kv_spill), kv_tail, n_seq)
-        if q.verdict == "resident":
-            q.resident_budget = p.resident_budget         # (the least budget that holds it whole: at 64 tokens)
-            p = q
+    if not moe and p.batch > BATCHES[0]:          # the least budget that holds it whole: at 64 tokens
+        p.resident_budget = make_plan(f, budget, n_ctx, BATCHES[0], layers, hit_rate, type_k, type_v,
+                                      bool(kv_spill), kv_tail, n_seq).resident_budget
     p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v, bool(kv_spill), kv_tail,
                              n_seq).min_budget
     if kv_spill:

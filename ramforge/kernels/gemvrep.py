@@ -304,8 +304,9 @@ GEMM_Q4_K = 5         # _vgemv_rep's kind for Q4_K's layout in the repacked gemm
 @intrinsic(prefer_literal=True)
 def _vgemv_rep(typingctx, kind, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo):
     """y[yo:yo+G] (f32) = the repacked group of G rows (a constant: 8 or 16) of the type `kind` (a
-    constant, repack.KINDS: 0 Q4_K, 1 Q6_K, 2 Q5_K, 3 Q8_0, 4 Q4_0; or GEMM_Q4_K: Q4_K in its gemm's steps) at raw[go:] . the token at aq[ao:] (ad: its
-    super-block scales at to, bsum: its sums per sub-block at bo)."""
+    constant, repack.KINDS: 0 Q4_K, 1 Q6_K, 2 Q5_K, 3 Q8_0, 4 Q4_0; or GEMM_Q4_K: Q4_K in its gemm's
+    steps) at raw[go:] . the token at aq[ao:] (ad: its super-block scales at to, bsum: its sums per
+    sub-block at bo)."""
     arrays = (types.uint8, types.int8, types.float32, types.int32, types.float32)
     if not all(isinstance(v, types.IntegerLiteral) for v in (kind, G)) or G.literal_value not in (8, 16) or \
             not dtypes_are((raw, aq, ad, bsum, y), arrays):
