@@ -14,7 +14,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .llvmir import (I8, I16, I32, I64, dtypes_are, fma_fn, half_to_float, has_avx2, has_avx512_vnni, has_vnni,
-                     native_half, quad_lanes, splat)
+                     maddubs, maddwd, native_half, quad_dot_avx2, quad_lanes, sign_split, splat)
 
 
 def _c64(v):
@@ -64,7 +64,8 @@ def _hsum8(builder, f):
 
 def _dpbusd(context, builder, acc, w, a):
     """<G x i32> acc + per lane the 4 products of unsigned w and signed a (<4G x i8>): vpdpbusd where
-    the target has VNNI (512 bits, or two 256-bit halves), else the products' quad sums."""
+    the target has VNNI (512 bits, or two 256-bit halves), pmaddubsw + pmaddwd on AVX2 (w <= 127),
+    else the products' quad sums."""
     n = acc.type.count
     if n == 16 and has_avx512_vnni(context) or n == 8 and has_vnni(context):
         vt, bits = ir.VectorType(I8, 4 * n), 32 * n
@@ -77,6 +78,8 @@ def _dpbusd(context, builder, acc, w, a):
         lo = _dpbusd(context, builder, half(acc, 0, 8), half(w, 0, 32), half(a, 0, 32))
         hi = _dpbusd(context, builder, half(acc, 1, 8), half(w, 1, 32), half(a, 1, 32))
         return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 16), list(range(16))))
+    if has_avx2(context):                      # callers' w <= 127 (nibbles, ones): pmaddubsw is exact
+        return quad_dot_avx2(builder, acc, w, a)
     wt = ir.VectorType(I32, 4 * n)
     return builder.add(acc, quad_lanes(builder, builder.mul(builder.zext(w, wt), builder.sext(a, wt))))
 
@@ -150,21 +153,24 @@ def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb, grp=256):
 
 def _dot_scaled(context, builder, acc, w, a, sc):
     """<G x i32> acc + per lane the 4 products of unsigned w (<= 63) and signed a, times the lane's
-    scale sc (<G x i8>): pmaddubsw then vpdpwssd (or pmaddwd and an add) on x86, else generic IR."""
+    scale sc (<G x i8>): pmaddubsw then vpdpwssd (or pmaddwd and an add; 256-bit pieces without
+    AVX512-VNNI) on x86, else generic IR."""
     n = acc.type.count
     vt, v16, wide = ir.VectorType(I8, 4 * n), ir.VectorType(I16, 2 * n), n == 16
-    if has_avx2(context) and (not wide or has_avx512_vnni(context)):
+    if has_avx2(context):
         s16 = builder.sext(sc, ir.VectorType(I16, n))
         s16 = builder.shuffle_vector(s16, s16, ir.Constant(ir.VectorType(I32, 2 * n), [i // 2 for i in range(2 * n)]))
-        ub = "llvm.x86.avx512.pmaddubs.w.512" if wide else "llvm.x86.avx2.pmadd.ub.sw"
-        p = builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [vt, vt]), ub), [w, a])
-        if has_vnni(context):
+        if wide and has_avx512_vnni(context):
+            ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [vt, vt]),
+                                                "llvm.x86.avx512.pmaddubs.w.512")
+            p = builder.call(ub, [w, a])
+        else:                                  # 256-bit pieces
+            p = maddubs(builder, w, a)
+        if has_vnni(context) and (not wide or has_avx512_vnni(context)):
             fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [acc.type, v16, v16]),
                                                 f"llvm.x86.avx512.vpdpwssd.{32 * n}")
             return builder.call(fn, [acc, p, s16])
-        wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [v16, v16]),
-                                            "llvm.x86.avx2.pmadd.wd")
-        return builder.add(acc, builder.call(wd, [p, s16]))
+        return builder.add(acc, maddwd(builder, p, s16))
     wt = ir.VectorType(I32, 4 * n)
     d = quad_lanes(builder, builder.mul(builder.zext(w, wt), builder.sext(a, wt)))
     return builder.add(acc, builder.mul(d, builder.sext(sc, acc.type)))
@@ -258,6 +264,7 @@ def _q8_0(context, builder, G, gp, aq, ad, bs, n_sb):
     fma = fma_fn(builder, FG)
     facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(8)]
     zero, ones = ir.Constant(LG, [0] * G), ir.Constant(VB, [1] * (4 * G))
+    ones128, avx2 = ir.Constant(VB, [128] * (4 * G)), has_avx2(context) and not has_vnni(context)
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
         blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 34, 32)
@@ -265,8 +272,11 @@ def _q8_0(context, builder, G, gp, aq, ad, bs, n_sb):
         for k in range(8):
             a = builder.bitcast(splat(builder, _load(builder, a0, _c64(4 * k), I32), LG), VB)
             w = _load(builder, blk, _c64(2 * G + k * 4 * G), VB)
-            s = builder.shl(_dpbusd(context, builder, zero, ones, a), ir.Constant(LG, [7] * G))   # 128 * sum a
-            lane = builder.sub(_dpbusd(context, builder, zero, w, a), s)
+            if avx2:                           # the signed quants (w ^ 0x80): |q| . a * sign(q), exact
+                lane = quad_dot_avx2(builder, zero, *sign_split(builder, builder.xor(w, ones128), a))
+            else:
+                s = builder.shl(_dpbusd(context, builder, zero, ones, a), ir.Constant(LG, [7] * G))   # 128 * sum a
+                lane = builder.sub(_dpbusd(context, builder, zero, w, a), s)
             builder.store(builder.call(fma, [d, builder.sitofp(lane, FG), builder.load(facc[k])]), facc[k])
     return _hsum8(builder, [builder.load(p) for p in facc])
 

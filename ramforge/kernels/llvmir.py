@@ -99,12 +99,58 @@ def native_half(context) -> bool:
     return triple.startswith(("aarch64", "arm64"))
 
 
+def _avx2_pieces(builder, name, ret, args):
+    """The AVX2 intrinsic `name` (256-bit operands, result `ret` per piece) over operands of any
+    multiple of 256 bits: each 256-bit piece on its own, the results concatenated in order."""
+    per = 256 // args[0].type.element.width
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [ir.VectorType(a.type.element, per)
+                                                                             for a in args]), name)
+    outs = [builder.call(fn, [pick(builder, a, list(range(k * per, k * per + per))) if a.type.count > per else a
+                              for a in args]) for k in range(args[0].type.count // per)]
+    while len(outs) > 1:
+        n = outs[0].type.count
+        outs = [builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+                for x, y in zip(outs[0::2], outs[1::2])]
+    return outs[0]
+
+
+def maddubs(builder, u, s):
+    """<32k x i8> u (unsigned) . s (signed) -> <16k x i16>, lane l = u[2l]*s[2l] + u[2l+1]*s[2l+1]:
+    pmaddubsw, which saturates: exact only where 2 * max|u| * max|s| <= 32767 (callers see to it)."""
+    return _avx2_pieces(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(I16, 16), [u, s])
+
+
+def maddwd(builder, a, b=None):
+    """<16k x i16> a . b (ones where b is None) -> <8k x i32>, lane l = a[2l]*b[2l] + a[2l+1]*b[2l+1]: pmaddwd
+    (exact but for the pair (-32768)^2 + (-32768)^2, which no caller makes)."""
+    if b is None:
+        b = ir.Constant(a.type, [1] * a.type.count)
+    return _avx2_pieces(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(I32, 8), [a, b])
+
+
+def quad_dot_avx2(builder, acc, u, s):
+    """acc <k x i32> + per lane the 4 products of u (u8) and s (s8) (<4k x i8>), as vpdpbusd computes it,
+    on AVX2: pmaddubsw then pmaddwd by ones. Exact where 2 * max|u| * max|s| <= 32767 (maddubs)."""
+    return builder.add(acc, maddwd(builder, maddubs(builder, u, s)))
+
+
+def sign_split(builder, w, a):
+    """(|w| as u8, a * sign(w)) for signed bytes w, a: pmaddubsw's operands of the signed products w*a
+    (llama.cpp's AVX2 trick; |w| <= 128 and |a| <= 127 keep its pairs from saturating)."""
+    zero = ir.Constant(w.type, [0] * w.type.count)
+    neg = builder.icmp_signed("<", w, zero)
+    return builder.select(neg, builder.sub(zero, w), w), builder.select(neg, builder.sub(zero, a), a)
+
+
 def dot_lanes(context, builder, w, a, unsigned=False):
     """<32 x i8> weights . <32 x i8> activations -> <8 x i32>, lane l = sum of products 4l..4l+3:
     one vpdpbusd where the target has VNNI, of w itself when the weights are `unsigned` (0..127),
-    else of |w| (u8) and a signed as w (exact: |a| <= 127, as llama.cpp's quantizers make it);
-    elsewhere the products summed as quad_lanes."""
+    else of |w| (u8) and a signed as w (exact: |a| <= 127, as llama.cpp's quantizers make it); the
+    same operands through pmaddubsw and pmaddwd on AVX2 alone; elsewhere the products as quad_lanes."""
     if not has_vnni(context):
+        if has_avx2(context):
+            return quad_dot_avx2(builder, ir.Constant(ir.VectorType(I32, 8), [0] * 8),
+                                 *((w, a) if unsigned else sign_split(builder, w, a)))
         wt = ir.VectorType(I32, 32)
         return quad_lanes(builder, builder.mul(builder.sext(w, wt), builder.sext(a, wt)))
     v32, l8 = ir.VectorType(I8, 32), ir.VectorType(I32, 8)

@@ -19,7 +19,12 @@ Per matmul `_tile_acts` lays out each tile of TT tokens (zero-padded), tile k:
                             LANES_MODE: then i32[n_in/4, TT] of -128 * the 4 quants' sum)
   adt f32[k, n_sb, TT]      activation scale per super-block
   bst i32[k, n_sub/2, TT]   UNSIGNED: Q8_K sums of sub-blocks 2j, 2j+1 as an i16 pair (lo, hi)
-W is 16 (zmm) where the target has AVX512-VNNI, else 8; without VNNI the dots are generic IR.
+W is 16 (zmm) where the target has AVX512-VNNI, else 8. On AVX2 without VNNI (`_avx2`) the same exact
+integers come from pmaddubsw + pmaddwd: UNSIGNED as it is (w <= 31), the pairs summed as i16 over
+_I16_STEPS steps and multiplied by the sub-block scale in the pmaddwd; SIGNED as the signed dot of the
+activation (its byte ^ 0x80) and w - offset through the sign trick, which is the mode's lane after
+the 128 * sum correction, so that correction is not subtracted; LANES_MODE as the signed dot of w (its
+byte ^ 0x80) and a, which is the lane. Elsewhere the dots are generic IR.
 """
 from __future__ import annotations
 
@@ -29,7 +34,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .llvmir import F32, I8, I16, I32, I64, _features, dtypes_are, fma_fn, has_vnni, quad_lanes, reduce_add, splat
+from .llvmir import (F32, I8, I16, I32, I64, _features, dtypes_are, fma_fn, has_avx2, has_vnni, maddubs, maddwd,
+                     quad_dot_avx2, quad_lanes, reduce_add, sign_split, splat)
 from .variants import GROUPS, K_MINS, LANES, NO_MIN, SPECS, TILED, Variant
 
 TT = 16                 # tokens per tile (activation lanes)
@@ -38,6 +44,8 @@ TILE_FROM = 4           # a token range of at least this many takes tiles (fewer
 TILE_FROM_LANES = 10    # ... in LANES_MODE this many (3 vector ops per 4 elements, 1.4 in the others)
 _SHIFT = np.int32(-0x7F7F7F80)      # 0x80808080: a + 128 per byte
 UNSIGNED, SIGNED, LANES_MODE = 0, 1, 2      # the integer modes (see the module doc)
+_I16_STEPS = 4          # AVX2 UNSIGNED: pmaddubsw results summed as i16 over this many steps, then pmaddwd by the
+#                         scale: exact for weights <= 31 (Q4_K, Q5_K, Q2_K): 4 * 2 * 31 * 128 = 31744 <= 32767
 
 
 def tiled(v) -> bool:
@@ -67,9 +75,22 @@ def _lanes(context) -> int:
     return 16 if has_vnni(context) and {"+avx512vnni", "+avx512f"} <= _features(context) else 8
 
 
+def _avx2(context) -> bool:
+    """Whether the tiles' dots are AVX2's pmaddubsw + pmaddwd (x86 without VNNI)."""
+    return has_avx2(context) and not has_vnni(context)
+
+
+def _sdot(builder, acc, x, y):
+    """acc + per lane the 4 products of signed bytes x (|x| <= 128) and y (|y| <= 127), on AVX2 (_avx2)."""
+    return quad_dot_avx2(builder, acc, *sign_split(builder, x, y))
+
+
 def _dpbusd(context, builder, acc, u, s):
-    """acc + per lane the sum of 4 products of u (u8) and s (s8): <W x i32>, <4W x i8>, <4W x i8>."""
+    """acc + per lane the sum of 4 products of u (u8) and s (s8): <W x i32>, <4W x i8>, <4W x i8>
+    (on AVX2 through pmaddubsw: only where u <= 127)."""
     w = acc.type.count
+    if _avx2(context):
+        return quad_dot_avx2(builder, acc, u, s)
     if has_vnni(context):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [acc.type, u.type, s.type]),
                                             f"llvm.x86.avx512.vpdpbusd.{32 * w}")
@@ -85,6 +106,8 @@ def _dpwssd(context, builder, acc, a, b):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [acc.type, a.type, b.type]),
                                             f"llvm.x86.avx512.vpdpwssd.{32 * w}")
         return builder.call(fn, [acc, a, b])
+    if has_avx2(context):
+        return builder.add(acc, maddwd(builder, a, b))
     wt = ir.VectorType(I32, 2 * w)
     p = builder.mul(builder.sext(a, wt), builder.sext(b, wt))
     ev = builder.shuffle_vector(p, p, ir.Constant(ir.VectorType(I32, w), list(range(0, 2 * w, 2))))
@@ -101,6 +124,8 @@ def _tile_codegen(context, builder, spec, R, rp, tp, n_sb):
     W = _lanes(context)
     TV = TT // W
     sgn = not (mins == K_MINS and offset == 0)
+    avx2 = _avx2(context)
+    packed = avx2 and not sgn                       # UNSIGNED on AVX2: pmaddubsw pairs summed as i16
     sb = sub * nsub
     unit = grp if mode == GROUPS else sb           # elements per float step
     spu = unit // sub                               # sub-blocks per unit
@@ -137,22 +162,36 @@ def _tile_codegen(context, builder, spec, R, rp, tp, n_sb):
             for js in range(spu):
                 j = u * spu + js                      # sub-block of the super-block
                 acc = [[zi] * TV for _ in range(R)]
+                isc = [ld(builder.gep(rp["isc"][r], [builder.add(k0, c64(j))])) if nsub > 1 else None
+                       for r in range(R)]
+                if packed:                                  # the pair sums times the scale, by pmaddwd
+                    sc16 = [splat(builder, x, h16) if x is not None else ir.Constant(h16, [1] * (2 * W)) for x in isc]
+                    p16 = [[None] * TV for _ in range(R)]
                 for s in range(sub // 4):
                     e4 = (j * sub) // 4 + s                 # 4-element step of the super-block
                     av = [builder.bitcast(vload(pa, c64(e4 * TT + v * W), li), b8) for v in range(TV)]
+                    if sgn and avx2:                        # the signed activations: a + 128 ^ 0x80
+                        av = [builder.xor(x, ir.Constant(b8, [128] * (4 * W))) for x in av]
                     for r in range(R):
                         wb = builder.bitcast(splat(builder, ld(builder.gep(pw[r], [c64(e4)]), align=1), li), b8)
                         for v in range(TV):
-                            acc[r][v] = (_dpbusd(context, builder, acc[r][v], av[v], wb) if sgn else
+                            if packed:
+                                p = maddubs(builder, wb, av[v])
+                                p16[r][v] = p if p16[r][v] is None else builder.add(p16[r][v], p)
+                                if s % _I16_STEPS == _I16_STEPS - 1 or s == sub // 4 - 1:
+                                    acc[r][v] = builder.add(acc[r][v], maddwd(builder, p16[r][v], sc16[r]))
+                                    p16[r][v] = None
+                                continue
+                            acc[r][v] = (_sdot(builder, acc[r][v], av[v], wb) if sgn and avx2 else
+                                         _dpbusd(context, builder, acc[r][v], av[v], wb) if sgn else
                                          _dpbusd(context, builder, acc[r][v], wb, av[v]))
                 for r in range(R):
-                    sc = splat(builder, ld(builder.gep(rp["isc"][r], [builder.add(k0, c64(j))])), li) \
-                        if nsub > 1 else None
+                    sc = splat(builder, isc[r], li) if isc[r] is not None and not packed else None
                     for v in range(TV):
                         p = builder.mul(acc[r][v], sc) if sc is not None else acc[r][v]
                         iacc[r][v] = builder.add(iacc[r][v], p)
             ku = builder.add(k0, c64(u * spu))       # the unit's first sub-block (of the row)
-            if sgn:                                   # less 128 * sum_j sc_j * sum(w) over the unit
+            if sgn and not avx2:                      # less 128 * sum_j sc_j * sum(w) over the unit
                 for r in range(R):
                     cs = reduce_add(builder, vload(rp["corr"][r], ku, ir.VectorType(I32, spu))) if spu > 1 else \
                         ld(builder.gep(rp["corr"][r], [ku]))
@@ -203,7 +242,8 @@ def _lanes_codegen(context, builder, R, rp, tp, n_sb, n4):
     li, lf = ir.VectorType(I32, W), ir.VectorType(F32, W)
     b8 = ir.VectorType(I8, 4 * W)
     fma = fma_fn(builder, lf)
-    zf = ir.Constant(lf, [0.0] * W)
+    zf, zi = ir.Constant(lf, [0.0] * W), ir.Constant(li, [0] * W)
+    avx2, k128 = _avx2(context), ir.Constant(b8, [128] * (4 * W))       # AVX2: the signed dot of w (^ 0x80) and a
     ld = builder.load
 
     def c64(v):
@@ -229,7 +269,8 @@ def _lanes_codegen(context, builder, R, rp, tp, n_sb, n4):
                 for r in rows:
                     wb = builder.bitcast(splat(builder, ld(builder.gep(pw[r], [c64(l)]), align=1), li), b8)
                     for v in range(TV):
-                        p = builder.sitofp(_dpbusd(context, builder, nc[v], wb, av[v]), lf)
+                        p = builder.sitofp(_sdot(builder, zi, builder.xor(wb, k128), av[v]) if avx2 else
+                                           _dpbusd(context, builder, nc[v], wb, av[v]), lf)
                         builder.store(builder.call(fma, [d[r, v], p, ld(f[r, l, v])]), f[r, l, v])
         for r in rows:
             for v in range(TV):
