@@ -84,6 +84,24 @@ def _dpbusd(context, builder, acc, w, a):
     return builder.add(acc, quad_lanes(builder, builder.mul(builder.zext(w, wt), builder.sext(a, wt))))
 
 
+def _packed_i16(context):
+    """Whether the nibble dots (Q4_K, Q4_0) sum pmaddubsw's pairs as i16 before one pmaddwd (AVX2 without
+    VNNI): 8 steps of 2 * 15 * 128 stay <= 32767, so the integers are those of vpdpbusd."""
+    return has_avx2(context) and not has_vnni(context)
+
+
+def _i16_add(builder, acc, p):
+    """acc + p (<2G x i16> pair sums), acc starting as an i32 zero constant (no sum yet)."""
+    return p if acc.type.element.width == 32 else builder.add(acc, p)
+
+
+def _pairs16(builder, sc):
+    """<G x i32> scales (< 2^15) -> <2G x i16>, each row's scale in both of its pair lanes."""
+    n = sc.type.count
+    s16 = builder.trunc(sc, ir.VectorType(I16, n))
+    return builder.shuffle_vector(s16, s16, ir.Constant(ir.VectorType(I32, 2 * n), [i // 2 for i in range(2 * n)]))
+
+
 def _k4_scales(builder, blk, G):
     """The 8 sub-block scales and 8 mins (<G x i8> each, one lane per row) of a Q4_K / Q5_K group's
     super-block at blk, from its 12 planes at 4G (repack.py): j < 4: q[j] & 63, q[j+4] & 63; j >= 4:
@@ -112,6 +130,7 @@ def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb, grp=256):
     fma = fma_fn(builder, FG)
     sacc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
     macc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
+    pk = _packed_i16(context)
 
     def bytes_(v):
         return ir.Constant(VB, [v] * (4 * G))
@@ -141,8 +160,14 @@ def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb, grp=256):
                 w = _load(builder, blk, _c64(16 * G + (8 * c + k) * 4 * G), VB)
                 for h, wv in enumerate((builder.and_(w, bytes_(15)), builder.lshr(w, bytes_(4)))):
                     a = builder.bitcast(splat(builder, _load(builder, a0, _c64(64 * c + 32 * h + 4 * k), I32), LG), VB)
-                    acc[h] = _dpbusd(context, builder, acc[h], wv, a)
-            isum = builder.add(isum, builder.add(builder.mul(acc[0], sc[2 * c]), builder.mul(acc[1], sc[2 * c + 1])))
+                    acc[h] = _i16_add(builder, acc[h], maddubs(builder, wv, a)) if pk else \
+                        _dpbusd(context, builder, acc[h], wv, a)
+            if pk:                             # the i16 pair sums times the scales: pmaddwd
+                isum = builder.add(isum, builder.add(maddwd(builder, acc[0], _pairs16(builder, sc[2 * c])),
+                                                     maddwd(builder, acc[1], _pairs16(builder, sc[2 * c + 1]))))
+            else:
+                isum = builder.add(isum, builder.add(builder.mul(acc[0], sc[2 * c]),
+                                                     builder.mul(acc[1], sc[2 * c + 1])))
             if grp == 64:
                 fmas(isum, mins(2 * c, 2 * c + 2))
                 isum = ir.Constant(LG, [0] * G)
@@ -289,6 +314,7 @@ def _q4_0(context, builder, G, gp, aq, ad, bs, n_sb):
     fma = fma_fn(builder, FG)
     sacc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
     low, four = ir.Constant(VB, [15] * (4 * G)), ir.Constant(VB, [4] * (4 * G))
+    pk = _packed_i16(context)
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
         blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 18, 32)
@@ -298,7 +324,10 @@ def _q4_0(context, builder, G, gp, aq, ad, bs, n_sb):
             w = _load(builder, blk, _c64(2 * G + k * 4 * G), VB)
             for h, wv in enumerate((builder.and_(w, low), builder.lshr(w, four))):
                 a = builder.bitcast(splat(builder, _load(builder, a0, _c64(16 * h + 4 * k), I32), LG), VB)
-                isum = _dpbusd(context, builder, isum, wv, a)
+                isum = _i16_add(builder, isum, maddubs(builder, wv, a)) if pk else \
+                    _dpbusd(context, builder, isum, wv, a)
+        if pk:
+            isum = maddwd(builder, isum)
         s8 = builder.shl(splat(builder, builder.load(builder.gep(bs, [b])), LG), ir.Constant(LG, [3] * G))
         builder.store(builder.call(fma, [builder.sitofp(builder.sub(isum, s8), FG), d, builder.load(sacc)]), sacc)
     return builder.load(sacc)
