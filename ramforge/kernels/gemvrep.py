@@ -64,8 +64,8 @@ def _hsum8(builder, f):
 
 def _dpbusd(context, builder, acc, w, a):
     """<G x i32> acc + per lane the 4 products of unsigned w and signed a (<4G x i8>): vpdpbusd where
-    the target has VNNI (512 bits, or two 256-bit halves), pmaddubsw + pmaddwd on AVX2 (w <= 127),
-    else the products' quad sums."""
+    the target has VNNI (512 bits, or two 256-bit halves), else the products' quad sums (AVX2 without
+    VNNI takes its own path in the callers: _packed_i16, and Q8_0's sign trick)."""
     n = acc.type.count
     if n == 16 and has_avx512_vnni(context) or n == 8 and has_vnni(context):
         vt, bits = ir.VectorType(I8, 4 * n), 32 * n
@@ -78,8 +78,6 @@ def _dpbusd(context, builder, acc, w, a):
         lo = _dpbusd(context, builder, half(acc, 0, 8), half(w, 0, 32), half(a, 0, 32))
         hi = _dpbusd(context, builder, half(acc, 1, 8), half(w, 1, 32), half(a, 1, 32))
         return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 16), list(range(16))))
-    if has_avx2(context):                      # callers' w <= 127 (nibbles, ones): pmaddubsw is exact
-        return quad_dot_avx2(builder, acc, w, a)
     wt = ir.VectorType(I32, 4 * n)
     return builder.add(acc, quad_lanes(builder, builder.mul(builder.zext(w, wt), builder.sext(a, wt))))
 

@@ -86,11 +86,8 @@ def _sdot(builder, acc, x, y):
 
 
 def _dpbusd(context, builder, acc, u, s):
-    """acc + per lane the sum of 4 products of u (u8) and s (s8): <W x i32>, <4W x i8>, <4W x i8>
-    (on AVX2 through pmaddubsw: only where u <= 127)."""
+    """acc + per lane the sum of 4 products of u (u8) and s (s8): <W x i32>, <4W x i8>, <4W x i8>."""
     w = acc.type.count
-    if _avx2(context):
-        return quad_dot_avx2(builder, acc, u, s)
     if has_vnni(context):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [acc.type, u.type, s.type]),
                                             f"llvm.x86.avx512.vpdpbusd.{32 * w}")
