@@ -13,8 +13,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .llvmir import (I8, I16, I32, I64, dtypes_are, fma_fn, half_to_float, has_avx2, has_avx512_vnni, has_vnni,
-                     maddubs, maddwd, native_half, quad_dot_avx2, quad_lanes, sign_split, splat)
+from .llvmir import (I8, I16, I32, I64, avx2_only, dtypes_are, fma_fn, half_to_float, has_avx2, has_avx512_vnni,
+                     has_vnni, maddubs, maddwd, native_half, quad_dot_avx2, quad_lanes, sign_split, splat)
 
 
 def _c64(v):
@@ -65,7 +65,7 @@ def _hsum8(builder, f):
 def _dpbusd(context, builder, acc, w, a):
     """<G x i32> acc + per lane the 4 products of unsigned w and signed a (<4G x i8>): vpdpbusd where
     the target has VNNI (512 bits, or two 256-bit halves), else the products' quad sums (AVX2 without
-    VNNI takes its own path in the callers: _packed_i16, and Q8_0's sign trick)."""
+    VNNI takes its own path in the callers: i16 pair sums of the nibbles, Q8_0's sign trick)."""
     n = acc.type.count
     if n == 16 and has_avx512_vnni(context) or n == 8 and has_vnni(context):
         vt, bits = ir.VectorType(I8, 4 * n), 32 * n
@@ -82,21 +82,15 @@ def _dpbusd(context, builder, acc, w, a):
     return builder.add(acc, quad_lanes(builder, builder.mul(builder.zext(w, wt), builder.sext(a, wt))))
 
 
-def _packed_i16(context):
-    """Whether the nibble dots (Q4_K, Q4_0) sum pmaddubsw's pairs as i16 before one pmaddwd (AVX2 without
-    VNNI): 8 steps of 2 * 15 * 128 stay <= 32767, so the integers are those of vpdpbusd."""
-    return has_avx2(context) and not has_vnni(context)
-
-
 def _i16_add(builder, acc, p):
     """acc + p (<2G x i16> pair sums), acc starting as an i32 zero constant (no sum yet)."""
     return p if acc.type.element.width == 32 else builder.add(acc, p)
 
 
 def _pairs16(builder, sc):
-    """<G x i32> scales (< 2^15) -> <2G x i16>, each row's scale in both of its pair lanes."""
+    """<G x i8 / i32> scales (signed, |sc| < 2^15) -> <2G x i16>, each row's scale in both of its pair lanes."""
     n = sc.type.count
-    s16 = builder.trunc(sc, ir.VectorType(I16, n))
+    s16 = (builder.trunc if sc.type.element.width > 16 else builder.sext)(sc, ir.VectorType(I16, n))
     return builder.shuffle_vector(s16, s16, ir.Constant(ir.VectorType(I32, 2 * n), [i // 2 for i in range(2 * n)]))
 
 
@@ -128,7 +122,7 @@ def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb, grp=256):
     fma = fma_fn(builder, FG)
     sacc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
     macc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
-    pk = _packed_i16(context)
+    pk = avx2_only(context)                   # nibbles: pmaddubsw pairs as i16 over 8 steps (2*15*128*8 <= 32767)
 
     def bytes_(v):
         return ir.Constant(VB, [v] * (4 * G))
@@ -181,8 +175,7 @@ def _dot_scaled(context, builder, acc, w, a, sc):
     n = acc.type.count
     vt, v16, wide = ir.VectorType(I8, 4 * n), ir.VectorType(I16, 2 * n), n == 16
     if has_avx2(context):
-        s16 = builder.sext(sc, ir.VectorType(I16, n))
-        s16 = builder.shuffle_vector(s16, s16, ir.Constant(ir.VectorType(I32, 2 * n), [i // 2 for i in range(2 * n)]))
+        s16 = _pairs16(builder, sc)
         if wide and has_avx512_vnni(context):
             ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [vt, vt]),
                                                 "llvm.x86.avx512.pmaddubs.w.512")
@@ -287,7 +280,7 @@ def _q8_0(context, builder, G, gp, aq, ad, bs, n_sb):
     fma = fma_fn(builder, FG)
     facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(8)]
     zero, ones = ir.Constant(LG, [0] * G), ir.Constant(VB, [1] * (4 * G))
-    ones128, avx2 = ir.Constant(VB, [128] * (4 * G)), has_avx2(context) and not has_vnni(context)
+    ones128, avx2 = ir.Constant(VB, [128] * (4 * G)), avx2_only(context)
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
         blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 34, 32)
@@ -312,7 +305,7 @@ def _q4_0(context, builder, G, gp, aq, ad, bs, n_sb):
     fma = fma_fn(builder, FG)
     sacc = cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G))
     low, four = ir.Constant(VB, [15] * (4 * G)), ir.Constant(VB, [4] * (4 * G))
-    pk = _packed_i16(context)
+    pk = avx2_only(context)                   # nibbles: pmaddubsw pairs as i16 over 8 steps (2*15*128*8 <= 32767)
     with cgutils.for_range(builder, n_sb) as loop:
         b = loop.index
         blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 18, 32)

@@ -83,6 +83,11 @@ def has_avx2(context) -> bool:
     return llvm.get_process_triple().startswith("x86_64") and "+avx2" in _features(context)
 
 
+def avx2_only(context) -> bool:
+    """Whether the integer dots take AVX2's pmaddubsw + pmaddwd: x86 with AVX2 and without VNNI."""
+    return has_avx2(context) and not has_vnni(context)
+
+
 def has_avx512_vnni(context) -> bool:
     """Whether the compile target has 512-bit byte and VNNI ops (AVX512BW + AVX512-VNNI): vpmaddubsw
     and vpdpwssd on 64 bytes. RAMFORGE_NO_VNNI=1 turns this off too."""

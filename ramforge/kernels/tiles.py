@@ -19,7 +19,7 @@ Per matmul `_tile_acts` lays out each tile of TT tokens (zero-padded), tile k:
                             LANES_MODE: then i32[n_in/4, TT] of -128 * the 4 quants' sum)
   adt f32[k, n_sb, TT]      activation scale per super-block
   bst i32[k, n_sub/2, TT]   UNSIGNED: Q8_K sums of sub-blocks 2j, 2j+1 as an i16 pair (lo, hi)
-W is 16 (zmm) where the target has AVX512-VNNI, else 8. On AVX2 without VNNI (`_avx2`) the same exact
+W is 16 (zmm) where the target has AVX512-VNNI, else 8. On AVX2 without VNNI (`avx2_only`) the same exact
 integers come from pmaddubsw + pmaddwd: UNSIGNED as it is (w <= 31), the pairs summed as i16 over
 _I16_STEPS steps and multiplied by the sub-block scale in the pmaddwd; SIGNED as the signed dot of the
 activation (its byte ^ 0x80) and w - offset through the sign trick, which is the mode's lane after
@@ -34,8 +34,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .llvmir import (F32, I8, I16, I32, I64, _features, dtypes_are, fma_fn, has_avx2, has_vnni, maddubs, maddwd,
-                     quad_dot_avx2, quad_lanes, reduce_add, sign_split, splat)
+from .llvmir import (F32, I8, I16, I32, I64, _features, avx2_only, dtypes_are, fma_fn, has_avx2, has_vnni, maddubs,
+                     maddwd, quad_dot_avx2, quad_lanes, reduce_add, sign_split, splat)
 from .variants import GROUPS, K_MINS, LANES, NO_MIN, SPECS, TILED, Variant
 
 TT = 16                 # tokens per tile (activation lanes)
@@ -75,13 +75,8 @@ def _lanes(context) -> int:
     return 16 if has_vnni(context) and {"+avx512vnni", "+avx512f"} <= _features(context) else 8
 
 
-def _avx2(context) -> bool:
-    """Whether the tiles' dots are AVX2's pmaddubsw + pmaddwd (x86 without VNNI)."""
-    return has_avx2(context) and not has_vnni(context)
-
-
 def _sdot(builder, acc, x, y):
-    """acc + per lane the 4 products of signed bytes x (|x| <= 128) and y (|y| <= 127), on AVX2 (_avx2)."""
+    """acc + per lane the 4 products of signed bytes x (|x| <= 128) and y (|y| <= 127), on AVX2 (avx2_only)."""
     return quad_dot_avx2(builder, acc, *sign_split(builder, x, y))
 
 
@@ -121,7 +116,7 @@ def _tile_codegen(context, builder, spec, R, rp, tp, n_sb):
     W = _lanes(context)
     TV = TT // W
     sgn = not (mins == K_MINS and offset == 0)
-    avx2 = _avx2(context)
+    avx2 = avx2_only(context)
     packed = avx2 and not sgn                       # UNSIGNED on AVX2: pmaddubsw pairs summed as i16
     sb = sub * nsub
     unit = grp if mode == GROUPS else sb           # elements per float step
@@ -240,7 +235,7 @@ def _lanes_codegen(context, builder, R, rp, tp, n_sb, n4):
     b8 = ir.VectorType(I8, 4 * W)
     fma = fma_fn(builder, lf)
     zf, zi = ir.Constant(lf, [0.0] * W), ir.Constant(li, [0] * W)
-    avx2, k128 = _avx2(context), ir.Constant(b8, [128] * (4 * W))       # AVX2: the signed dot of w (^ 0x80) and a
+    avx2, k128 = avx2_only(context), ir.Constant(b8, [128] * (4 * W))       # AVX2: the signed dot of w (^ 0x80) and a
     ld = builder.load
 
     def c64(v):
