@@ -18,7 +18,7 @@ from tests.test_qmatmul import _ids, weight
 
 Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K
 TYPES = [Q4_K, Q6_K, GGMLType.Q5_K, GGMLType.Q8_0, GGMLType.Q4_0]
-SHAPES = [(48, 512), (40, 256), (64, 768), (24, 256)]      # G = 16, 8, 16, 8; odd super-block counts
+SHAPES = [(48, 512), (40, 256), (64, 768), (24, 256)]      # G = 16, 8, 16, 8 (AVX-512; else 8); odd super-block counts
 
 
 def _repacked(t, raw, n_out, n_in):
@@ -27,10 +27,14 @@ def _repacked(t, raw, n_out, n_in):
 
 
 def test_group_size_and_eligibility():
-    assert [rp.repack_group(n) for n in (32, 48, 40, 24, 37)] == [16, 16, 8, 8, 0]
-    assert rp.repackable(Q4_K, (256, 40)) and not rp.repackable(Q4_K, (256, 37))
-    assert rp.repackable(Q6_K, (256, 40)) and not rp.repackable(GGMLType.Q3_K, (256, 40))
-    assert not rp.repackable(Q4_K, (256, 40, 2))
+    # 512-bit targets group 16 rows where they can; AVX2 and others 8, and keep Q5_K / Q6_K in file order
+    assert [rp.repack_group(n, True) for n in (32, 48, 40, 24, 37)] == [16, 16, 8, 8, 0]
+    assert [rp.repack_group(n, False) for n in (32, 48, 40, 24, 37)] == [8, 8, 8, 8, 0]
+    for wide in (True, False):
+        assert rp.repackable(Q4_K, (256, 40), wide) and not rp.repackable(Q4_K, (256, 37), wide)
+        assert rp.repackable(GGMLType.Q8_0, (256, 40), wide) and rp.repackable(GGMLType.Q4_0, (256, 40), wide)
+        assert rp.repackable(Q6_K, (256, 40), wide) == rp.repackable(GGMLType.Q5_K, (256, 40), wide) == wide
+        assert not rp.repackable(GGMLType.Q3_K, (256, 40), wide) and not rp.repackable(Q4_K, (256, 40, 2), wide)
 
 
 @pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))

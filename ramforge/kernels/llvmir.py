@@ -94,6 +94,14 @@ def has_avx512_vnni(context) -> bool:
     return has_vnni(context) and {"+avx512bw", "+avx512vnni"} <= _features(context)
 
 
+def target_has_512() -> bool:
+    """Whether numba's CPU target (the host, unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say otherwise)
+    has 512-bit byte vectors (AVX512BW): 32 vector registers of 16 lanes, for load-time layout choices."""
+    from numba.core.registry import cpu_target  # noqa: PLC0415 (the target context, made on first use)
+
+    return "+avx512bw" in _features(cpu_target.target_context)
+
+
 def native_half(context) -> bool:
     """Whether the compile target widens half natively (x86 F16C, AArch64): elsewhere `fpext half`
     becomes a libcall (__extendhfsf2) that numba's JIT does not resolve. Numba keys its cache on

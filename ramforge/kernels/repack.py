@@ -1,5 +1,5 @@
 """Q4_0, Q4_K, Q5_K, Q6_K and Q8_0 weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks
-Q4_0 and Q4_K (q4_0_8x8, q4_K_8x8): groups of G rows (16, or 8 where the rows are not a multiple of 16) interleaved so that
+Q4_0 and Q4_K (q4_0_8x8, q4_K_8x8): groups of G rows (16 on AVX-512, else 8; 8 where the rows are not a multiple of 16) interleaved so that
 one vector load holds 4 quant bytes of every row of the group, and the rows sit in the lanes of one
 <G x i32>. The integer sums are exact, so their order is free; the float steps stay those of the
 kernel llama.cpp runs (gemvrep.py). A repacked tensor is as large as its rows, group g at its rows'
@@ -28,13 +28,15 @@ A group's super-block b lies at b*G*B from the group's start (B: the type's bloc
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
 from ramforge.gguf.constants import GGMLType
 
-from .llvmir import I32, dtypes_are
+from .llvmir import I32, dtypes_are, target_has_512
 
 Q4_0, Q4_K, Q5_K, Q6_K, Q8_0 = GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0
 KINDS = {Q4_K: 0, Q6_K: 1, Q5_K: 2, Q8_0: 3, Q4_0: 4}     # the types with a repacked layout, as the kernels name them
@@ -46,16 +48,28 @@ _ELEMS = (256, 256, 256, 32, 32)             # elements per block
 BLOCKS = {t: _BLOCK[k] for t, k in KINDS.items()}
 
 
-def repack_group(n_out: int) -> int:
-    """The group size G of a repacked tensor of n_out rows (16, or 8), 0 where it cannot be repacked
-    (rows not a multiple of 8: llama.cpp keeps those unrepacked too)."""
-    return 16 if n_out % 16 == 0 else 8 if n_out % 8 == 0 else 0
+@functools.cache
+def wide() -> bool:
+    """Whether the target has 512-bit vectors: groups of 16 rows. Else (AVX2: 16 ymm registers; a <16 x
+    float> takes two, and Q5_K / Q6_K's 8-9 accumulators spill) groups of 8, and Q5_K, Q6_K stay in file
+    order: from memory their repacked gemv streamed 8-13 GB/s there, file order 15-16 (8192^2, 2 threads)."""
+    return target_has_512()
 
 
-def repackable(ggml_type, dims: tuple[int, ...]) -> bool:
-    """Whether a weight of this type and GGUF dims (row length, rows) takes the repacked layout."""
+def repack_group(n_out: int, wide_target: bool | None = None) -> int:
+    """The group size G of a repacked tensor of n_out rows (16 on a wide target, else 8; 8 where the rows
+    are not a multiple of 16), 0 where it cannot be repacked (rows not a multiple of 8: llama.cpp keeps
+    those unrepacked too)."""
+    w = wide() if wide_target is None else wide_target
+    return 16 if w and n_out % 16 == 0 else 8 if n_out % 8 == 0 else 0
+
+
+def repackable(ggml_type, dims: tuple[int, ...], wide_target: bool | None = None) -> bool:
+    """Whether a weight of this type and GGUF dims (row length, rows) takes the repacked layout (Q5_K and
+    Q6_K only on a wide target: their layout's float steps are vec_dot's, as in file order)."""
+    w = wide() if wide_target is None else wide_target
     return (ggml_type in BLOCKS and len(dims) == 2 and dims[0] % _ELEMS[KINDS[ggml_type]] == 0
-            and repack_group(dims[1]) > 0)
+            and repack_group(dims[1], w) > 0 and (w or ggml_type not in (Q5_K, Q6_K)))
 
 
 @intrinsic
