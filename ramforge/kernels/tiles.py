@@ -21,7 +21,9 @@ Per matmul `_tile_acts` lays out each tile of TT tokens (zero-padded), tile k:
   bst i32[k, n_sub/2, TT]   UNSIGNED: Q8_K sums of sub-blocks 2j, 2j+1 as an i16 pair (lo, hi)
 W is 16 (zmm) where the target has AVX512-VNNI, else 8. On AVX2 without VNNI (`avx2_only`) the same exact
 integers come from pmaddubsw + pmaddwd: UNSIGNED as it is (w <= 31), the pairs summed as i16 over
-_I16_STEPS steps and multiplied by the sub-block scale in the pmaddwd; SIGNED as the signed dot of the
+_I16_STEPS steps and multiplied by the sub-block scale in the pmaddwd; SIGNED types whose |w - offset|
+<= 64 (QDot.wmax: Q4_0 8, Q3_K 4, Q6_K 32) as VNNI's (a + 128) . (w - offset), its pairs summed as i16
+over 32767 // (2 * 255 * wmax) steps, the correction subtracted; the other SIGNED as the signed dot of the
 activation (its byte ^ 0x80) and w - offset through the sign trick, which is the mode's lane after
 the 128 * sum correction, so that correction is not subtracted; LANES_MODE as the signed dot of w (its
 byte ^ 0x80) and a, which is the lane. Elsewhere the dots are generic IR.
@@ -107,17 +109,19 @@ def _dpwssd(context, builder, acc, a, b):
     return builder.add(acc, builder.add(ev, od))
 
 
-def _tile_codegen(context, builder, spec, R, rp, tp, n_sb):
+def _tile_codegen(context, builder, spec, R, rp, tp, n_sb, wmax=127):
     """IR: R rows . TT tokens over n_sb super-blocks in the float steps of `spec` (GROUPS or TILED),
     stored to tp["out"] f32[R * TT] (row-major). rp[name][r]: row r's element pointers "wq" (i8),
     "isc", "imn", "corr" (i32, per sub-block), "wd", "wm" (f32, per super-block); tp: the tile's
-    "act" (i32), "adt" (f32), "bst" (i32) at its first element."""
+    "act" (i32), "adt" (f32), "bst" (i32) at its first element. wmax: the type's largest |w - offset|."""
     sub, nsub, mins, mode, offset, grp, post = spec
     W = _lanes(context)
     TV = TT // W
     sgn = not (mins == K_MINS and offset == 0)
     avx2 = avx2_only(context)
-    packed = avx2 and not sgn                       # UNSIGNED on AVX2: pmaddubsw pairs summed as i16
+    narrow = avx2 and sgn and 2 * 255 * wmax <= 32767   # |w| <= 64: pmaddubsw(a + 128, w) as VNNI's dpbusd
+    packed = avx2 and (not sgn or narrow)           # UNSIGNED, narrow on AVX2: pmaddubsw pairs summed as i16
+    steps = 32767 // (2 * 255 * wmax) if narrow else _I16_STEPS
     sb = sub * nsub
     unit = grp if mode == GROUPS else sb           # elements per float step
     spu = unit // sub                               # sub-blocks per unit
@@ -162,15 +166,15 @@ def _tile_codegen(context, builder, spec, R, rp, tp, n_sb):
                 for s in range(sub // 4):
                     e4 = (j * sub) // 4 + s                 # 4-element step of the super-block
                     av = [builder.bitcast(vload(pa, c64(e4 * TT + v * W), li), b8) for v in range(TV)]
-                    if sgn and avx2:                        # the signed activations: a + 128 ^ 0x80
+                    if sgn and avx2 and not narrow:         # the signed activations: a + 128 ^ 0x80
                         av = [builder.xor(x, ir.Constant(b8, [128] * (4 * W))) for x in av]
                     for r in range(R):
                         wb = builder.bitcast(splat(builder, ld(builder.gep(pw[r], [c64(e4)]), align=1), li), b8)
                         for v in range(TV):
                             if packed:
-                                p = maddubs(builder, wb, av[v])
+                                p = maddubs(builder, av[v], wb) if narrow else maddubs(builder, wb, av[v])
                                 p16[r][v] = p if p16[r][v] is None else builder.add(p16[r][v], p)
-                                if s % _I16_STEPS == _I16_STEPS - 1 or s == sub // 4 - 1:
+                                if s % steps == steps - 1 or s == sub // 4 - 1:
                                     acc[r][v] = builder.add(acc[r][v], maddwd(builder, p16[r][v], sc16[r]))
                                     p16[r][v] = None
                                 continue
@@ -183,7 +187,7 @@ def _tile_codegen(context, builder, spec, R, rp, tp, n_sb):
                         p = builder.mul(acc[r][v], sc) if sc is not None else acc[r][v]
                         iacc[r][v] = builder.add(iacc[r][v], p)
             ku = builder.add(k0, c64(u * spu))       # the unit's first sub-block (of the row)
-            if sgn and not avx2:                      # less 128 * sum_j sc_j * sum(w) over the unit
+            if sgn and (not avx2 or narrow):          # less 128 * sum_j sc_j * sum(w) over the unit
                 for r in range(R):
                     cs = reduce_add(builder, vload(rp["corr"][r], ku, ir.VectorType(I32, spu))) if spu > 1 else \
                         ld(builder.gep(rp["corr"][r], [ku]))
@@ -274,11 +278,12 @@ def _lanes_codegen(context, builder, R, rp, tp, n_sb, n4):
 
 
 @intrinsic(prefer_literal=True)
-def _vtile(typingctx, vid, nrows, wq, wo, n_in, isc, imn, io, n_sub, wd, wm, so, n_sbs, corr, act, ao, adt, dto,
+def _vtile(typingctx, vid, nrows, wmax, wq, wo, n_in, isc, imn, io, n_sub, wd, wm, so, n_sbs, corr, act, ao, adt, dto,
            bst, bso, n_sb, out):
     """out f32[nrows * TT] = rows (row r: wq[wo + r*n_in], isc/imn/corr[io + r*n_sub], wd/wm[so + r*n_sbs])
-    . the tile's TT tokens (act[ao:], adt[dto:], bst[bso:]), in variant `vid` (a tiled() constant)."""
-    if not (isinstance(vid, types.IntegerLiteral) and isinstance(nrows, types.IntegerLiteral)):
+    . the tile's TT tokens (act[ao:], adt[dto:], bst[bso:]), in variant `vid` (a tiled() constant); wmax:
+    the type's largest |w - offset| (a constant, QDot.wmax)."""
+    if not all(isinstance(x, types.IntegerLiteral) for x in (vid, nrows, wmax)):
         return None
     v, R = Variant(vid.literal_value), nrows.literal_value
     if not tiled(v) or not dtypes_are((wq, isc, imn, wd, wm, corr, act, adt, bst, out),
@@ -287,8 +292,8 @@ def _vtile(typingctx, vid, nrows, wq, wo, n_in, isc, imn, io, n_sub, wd, wm, so,
         return None
 
     def codegen(context, builder, sig, args):
-        a = args[1:]
-        ta = sig.args[1:]
+        a = args[1:2] + args[3:]
+        ta = sig.args[1:2] + sig.args[3:]
 
         def data(k):
             return context.make_array(ta[k])(context, builder, a[k]).data
@@ -303,9 +308,9 @@ def _vtile(typingctx, vid, nrows, wq, wo, n_in, isc, imn, io, n_sub, wd, wm, so,
         if SPECS[v].mode == LANES:
             _lanes_codegen(context, builder, R, rp, tp, a[19], builder.udiv(a[3], ir.Constant(I64, 4)))
         else:
-            _tile_codegen(context, builder, SPECS[v], R, rp, tp, a[19])
+            _tile_codegen(context, builder, SPECS[v], R, rp, tp, a[19], wmax.literal_value)
         return context.get_dummy_value()
-    return types.void(vid, nrows, wq, wo, n_in, isc, imn, io, n_sub, wd, wm, so, n_sbs, corr, act, ao, adt, dto,
+    return types.void(vid, nrows, wmax, wq, wo, n_in, isc, imn, io, n_sub, wd, wm, so, n_sbs, corr, act, ao, adt, dto,
                       bst, bso, n_sb, out), codegen
 
 

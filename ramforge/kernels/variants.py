@@ -213,7 +213,8 @@ class QDot:
     tokens); `tiled`: batches of TILED_FROM+ tokens go to its tiled matmul; `lanes2`: one token
     takes the LANES2 vec_dot (more take tinyBLAS's LANES), every batch size where `vec_dot_only`
     (no tinyBLAS for the type). `raw`: the block layout (a type) that one-token matmuls read
-    packed, or None to unpack first. `post`: see Spec."""
+    packed, or None to unpack first. `post`: see Spec. `wmax`: the largest |quant - offset| the
+    unpacker writes (AVX2 tiles of a signed type take pmaddubsw(a + 128, w) where 2*255*wmax fits i16)."""
 
     unpack: object
     sub: int
@@ -225,6 +226,7 @@ class QDot:
     raw: GGMLType | None = None
     vec_dot_only: bool = False
     post: int = 0
+    wmax: int = 127
 
     def variants(self, sb: int, n_out: int, n_tok: int) -> tuple[Variant, Variant, int]:
         """(variant for tokens < split, variant for the rest, split) for super-blocks of sb elements,
