@@ -128,7 +128,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                 _vprep(vlo, wq, i * n_in, n_in, isc, corr, i * n_sub, n_sub)
         for k in range((t_end + TT - 1) // TT):
             for rs in range(0, nr, t_rows):
-                _vtile(vlo, t_rows, wmax, wq, rs * n_in, n_in, isc, imn, rs * n_sub, n_sub, wd, wm, rs * n_sb, n_sb,
+                _vtile(vlo, wmax, t_rows, wq, rs * n_in, n_in, isc, imn, rs * n_sub, n_sub, wd, wm, rs * n_sb, n_sb,
                        corr, act, k * (n_in // 4) * TT * (2 if tmode == LANES_MODE else 1), adt, k * n_sb * TT, bst,
                        k * (n_sub // 2) * TT, n_sb, tout)
                 for i in range(min(t_rows, nr - rs)):

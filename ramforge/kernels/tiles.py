@@ -20,10 +20,11 @@ Per matmul `_tile_acts` lays out each tile of TT tokens (zero-padded), tile k:
   adt f32[k, n_sb, TT]      activation scale per super-block
   bst i32[k, n_sub/2, TT]   UNSIGNED: Q8_K sums of sub-blocks 2j, 2j+1 as an i16 pair (lo, hi)
 W is 16 (zmm) where the target has AVX512-VNNI, else 8. On AVX2 without VNNI (`avx2_only`) the same exact
-integers come from pmaddubsw + pmaddwd: UNSIGNED as it is (w <= 31), the pairs summed as i16 over
-_I16_STEPS steps and multiplied by the sub-block scale in the pmaddwd; SIGNED types whose |w - offset|
-<= 64 (QDot.wmax: Q4_0 8, Q3_K 4, Q6_K 32) as VNNI's (a + 128) . (w - offset), its pairs summed as i16
-over 32767 // (2 * 255 * wmax) steps, the correction subtracted; the other SIGNED as the signed dot of the
+integers come from pmaddubsw + pmaddwd wherever a pair of products fits i16 (QDot.wmax: the type's largest
+|w - offset|): UNSIGNED as it is (w u8 <= wmax, a s8: 2 * 128 * wmax), SIGNED as VNNI's (a + 128 u8) .
+(w - offset s8) (2 * 255 * wmax: Q4_0, Q3_K, Q6_K), the pairs summed as i16 over as many steps as stay
+<= 32767, then one pmaddwd by the sub-block scale (SIGNED: less the 128 * sum correction); the other
+SIGNED (weights past 64) as the signed dot of the
 activation (its byte ^ 0x80) and w - offset through the sign trick, which is the mode's lane after
 the 128 * sum correction, so that correction is not subtracted; LANES_MODE as the signed dot of w (its
 byte ^ 0x80) and a, which is the lane. Elsewhere the dots are generic IR.
@@ -46,8 +47,6 @@ TILE_FROM = 4           # a token range of at least this many takes tiles (fewer
 TILE_FROM_LANES = 10    # ... in LANES_MODE this many (3 vector ops per 4 elements, 1.4 in the others)
 _SHIFT = np.int32(-0x7F7F7F80)      # 0x80808080: a + 128 per byte
 UNSIGNED, SIGNED, LANES_MODE = 0, 1, 2      # the integer modes (see the module doc)
-_I16_STEPS = 4          # AVX2 UNSIGNED: pmaddubsw results summed as i16 over this many steps, then pmaddwd by the
-#                         scale: exact for weights <= 31 (Q4_K, Q5_K, Q2_K): 4 * 2 * 31 * 128 = 31744 <= 32767
 
 
 def tiled(v) -> bool:
@@ -109,7 +108,7 @@ def _dpwssd(context, builder, acc, a, b):
     return builder.add(acc, builder.add(ev, od))
 
 
-def _tile_codegen(context, builder, spec, R, rp, tp, n_sb, wmax=127):
+def _tile_codegen(context, builder, spec, R, rp, tp, n_sb, wmax):
     """IR: R rows . TT tokens over n_sb super-blocks in the float steps of `spec` (GROUPS or TILED),
     stored to tp["out"] f32[R * TT] (row-major). rp[name][r]: row r's element pointers "wq" (i8),
     "isc", "imn", "corr" (i32, per sub-block), "wd", "wm" (f32, per super-block); tp: the tile's
@@ -119,9 +118,10 @@ def _tile_codegen(context, builder, spec, R, rp, tp, n_sb, wmax=127):
     TV = TT // W
     sgn = not (mins == K_MINS and offset == 0)
     avx2 = avx2_only(context)
-    narrow = avx2 and sgn and 2 * 255 * wmax <= 32767   # |w| <= 64: pmaddubsw(a + 128, w) as VNNI's dpbusd
-    packed = avx2 and (not sgn or narrow)           # UNSIGNED, narrow on AVX2: pmaddubsw pairs summed as i16
-    steps = 32767 // (2 * 255 * wmax) if narrow else _I16_STEPS
+    pair = 2 * wmax * (255 if sgn else 128)         # a pmaddubsw pair's largest |sum|: (a + 128) . w, or w . a
+    packed = avx2 and pair <= 32767                 # AVX2: the pairs summed as i16 over `steps`, then pmaddwd
+    steps = 32767 // pair
+    narrow = packed and sgn                         # SIGNED: pmaddubsw(a + 128, w) as VNNI's dpbusd
     sb = sub * nsub
     unit = grp if mode == GROUPS else sb           # elements per float step
     spu = unit // sub                               # sub-blocks per unit
@@ -278,7 +278,7 @@ def _lanes_codegen(context, builder, R, rp, tp, n_sb, n4):
 
 
 @intrinsic(prefer_literal=True)
-def _vtile(typingctx, vid, nrows, wmax, wq, wo, n_in, isc, imn, io, n_sub, wd, wm, so, n_sbs, corr, act, ao, adt, dto,
+def _vtile(typingctx, vid, wmax, nrows, wq, wo, n_in, isc, imn, io, n_sub, wd, wm, so, n_sbs, corr, act, ao, adt, dto,
            bst, bso, n_sb, out):
     """out f32[nrows * TT] = rows (row r: wq[wo + r*n_in], isc/imn/corr[io + r*n_sub], wd/wm[so + r*n_sbs])
     . the tile's TT tokens (act[ao:], adt[dto:], bst[bso:]), in variant `vid` (a tiled() constant); wmax:
@@ -292,8 +292,8 @@ def _vtile(typingctx, vid, nrows, wmax, wq, wo, n_in, isc, imn, io, n_sub, wd, w
         return None
 
     def codegen(context, builder, sig, args):
-        a = args[1:2] + args[3:]
-        ta = sig.args[1:2] + sig.args[3:]
+        a = args[2:]
+        ta = sig.args[2:]
 
         def data(k):
             return context.make_array(ta[k])(context, builder, a[k]).data
@@ -310,7 +310,7 @@ def _vtile(typingctx, vid, nrows, wmax, wq, wo, n_in, isc, imn, io, n_sub, wd, w
         else:
             _tile_codegen(context, builder, SPECS[v], R, rp, tp, a[19], wmax.literal_value)
         return context.get_dummy_value()
-    return types.void(vid, nrows, wmax, wq, wo, n_in, isc, imn, io, n_sub, wd, wm, so, n_sbs, corr, act, ao, adt, dto,
+    return types.void(vid, wmax, nrows, wq, wo, n_in, isc, imn, io, n_sub, wd, wm, so, n_sbs, corr, act, ao, adt, dto,
                       bst, bso, n_sb, out), codegen
 
 

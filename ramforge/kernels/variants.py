@@ -214,7 +214,7 @@ class QDot:
     takes the LANES2 vec_dot (more take tinyBLAS's LANES), every batch size where `vec_dot_only`
     (no tinyBLAS for the type). `raw`: the block layout (a type) that one-token matmuls read
     packed, or None to unpack first. `post`: see Spec. `wmax`: the largest |quant - offset| the
-    unpacker writes (AVX2 tiles of a signed type take pmaddubsw(a + 128, w) where 2*255*wmax fits i16)."""
+    unpacker writes (AVX2 tiles sum pmaddubsw's pairs as i16 where a pair fits: tiles.py)."""
 
     unpack: object
     sub: int
