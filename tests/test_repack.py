@@ -1,4 +1,4 @@
-"""Repacked Q4_K, Q5_K, Q6_K and Q8_0 weights (kernels.repack, kernels.gemvrep): the layout round-trips, a repacked
+"""Repacked Q4_K, Q8_0 and Q4_0 weights (kernels.repack, kernels.gemvrep): the layout round-trips, a repacked
 weight multiplies bit for bit as its rows in file order at every token count and path (and, -m oracle,
 as ggml's mul_mat), and the engine repacks pinned layers (streamed ones only when asked: not mmap views)
 without changing a logit."""
@@ -17,7 +17,7 @@ from ramforge.plan import plan_for_budget
 from tests.test_qmatmul import _ids, weight
 
 Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K
-TYPES = [Q4_K, Q6_K, GGMLType.Q5_K, GGMLType.Q8_0, GGMLType.Q4_0]
+TYPES = [Q4_K, GGMLType.Q8_0, GGMLType.Q4_0]
 SHAPES = [(48, 512), (40, 256), (64, 768), (24, 256)]      # G = 16, 8, 16, 8 (AVX-512; else 8); odd super-block counts
 
 
@@ -27,14 +27,13 @@ def _repacked(t, raw, n_out, n_in):
 
 
 def test_group_size_and_eligibility():
-    # 512-bit targets group 16 rows where they can; AVX2 and others 8, and keep Q5_K / Q6_K in file order
+    # 512-bit targets group 16 rows where they can; AVX2 and others 8; Q5_K and Q6_K stay in file order
     assert [rp.repack_group(n, True) for n in (32, 48, 40, 24, 37)] == [16, 16, 8, 8, 0]
     assert [rp.repack_group(n, False) for n in (32, 48, 40, 24, 37)] == [8, 8, 8, 8, 0]
-    for wide in (True, False):
-        assert rp.repackable(Q4_K, (256, 40), wide) and not rp.repackable(Q4_K, (256, 37), wide)
-        assert rp.repackable(GGMLType.Q8_0, (256, 40), wide) and rp.repackable(GGMLType.Q4_0, (256, 40), wide)
-        assert rp.repackable(Q6_K, (256, 40), wide) == rp.repackable(GGMLType.Q5_K, (256, 40), wide) == wide
-        assert not rp.repackable(GGMLType.Q3_K, (256, 40), wide) and not rp.repackable(Q4_K, (256, 40, 2), wide)
+    assert rp.repackable(Q4_K, (256, 40)) and not rp.repackable(Q4_K, (256, 37))
+    assert rp.repackable(GGMLType.Q8_0, (256, 40)) and rp.repackable(GGMLType.Q4_0, (256, 40))
+    assert not rp.repackable(Q6_K, (256, 48)) and not rp.repackable(GGMLType.Q5_K, (256, 48))
+    assert not rp.repackable(GGMLType.Q3_K, (256, 40)) and not rp.repackable(Q4_K, (256, 40, 2))
 
 
 @pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
@@ -90,13 +89,14 @@ def ggml():
 
 
 @pytest.fixture(scope="module")
-def q4k_model():
-    """A synthetic llama Q4_K_M with its own (untied) output matrix: building it needs llama.cpp's quantizer."""
+def q8_model():
+    """A synthetic llama Q8_0 with its own (untied) output matrix, Q8_0 too (a Q4_K_M's is Q6_K, kept in file
+    order): building it needs llama.cpp's quantizer."""
     from tools.make_models import ensure_model, llama_cpp_or_none
 
     if llama_cpp_or_none() is None:
-        pytest.skip("building the synthetic Q4_K_M model needs llama.cpp's quantizer (llama-cpp-python)")
-    return ensure_model("llama", "Q4_K_M")
+        pytest.skip("building the synthetic Q8_0 model needs llama.cpp's quantizer (llama-cpp-python)")
+    return ensure_model("llama", "Q8_0")
 
 
 PROMPT = [1, 415, 4996, 17354, 1701, 29916, 432, 17204, 975, 278, 17366]
@@ -126,20 +126,20 @@ def test_engine_repacks_pinned_and_streamed_layers_alike(default_model, streamed
 
 
 @pytest.mark.parametrize("streamed_too", [False, True])
-def test_output_matrix_is_repacked_resident_and_streamed(q4k_model, streamed_too, monkeypatch):
+def test_output_matrix_is_repacked_resident_and_streamed(q8_model, streamed_too, monkeypatch):
     # the output projection (its own tensor, not a tied embedding) repacks resident, and per streamed
     # chunk when asked (RAMFORGE_REPACK_STREAMED=1)
     import ramforge.stream.weights as sw
     monkeypatch.setattr(sw, "REPACK_STREAMED", streamed_too)
-    with GGUFFile(q4k_model) as f:
+    with GGUFFile(q8_model) as f:
         t = f.tensors.get("output.weight")
         full = plan_for_budget(f, None, 64)
     if t is None or not rp.repackable(t.ggml_type, t.dims):
         pytest.skip("this model's output matrix is tied or of a type without a repacked layout")
-    with Engine.load(q4k_model, n_ctx=64) as e:
+    with Engine.load(q8_model, n_ctx=64) as e:
         assert e.weights.output is not None and e.weights.output.repacked
         want = e.eval(PROMPT, all_logits=True, aligned=True)
-    with Engine.load(q4k_model, n_ctx=64, budget=MemoryBudget(full.min_budget)) as e:
+    with Engine.load(q8_model, n_ctx=64, budget=MemoryBudget(full.min_budget)) as e:
         assert e.weights.output is None                                  # streamed in row chunks
         assert np.array_equal(e.eval(PROMPT, all_logits=True, aligned=True), want)
 

@@ -1,10 +1,9 @@
 """The gemv of one repacked group (repack.py's layouts) . one token, the group's G rows in the lanes
 of <G x i32> / <G x float> vectors, in the float steps of the kernel llama.cpp runs for the type:
-Q4_K and Q4_0 their repacked gemv (variants.K32_GROUPS256, B32_GROUPS32, as gemv8.py), Q5_K, Q6_K and
-Q8_0 their vec_dot (K32_LANES_KSUM, K16_LANES_OFF32, B32_LANES, as codegen._row_codegen: 8 f32 lanes
-per row, here 8 vectors of G rows, one per lane, then hsum_float_8). The integer parts are exact:
-vpdpbusd (Q4_K, Q4_0, Q8_0) or pmaddubsw + vpdpwssd with the sub-block scales (Q5_K, Q6_K) per 4
-quants of every row, where the target has them; generic IR elsewhere.
+Q4_K and Q4_0 their repacked gemv (variants.K32_GROUPS256, B32_GROUPS32, as gemv8.py), Q8_0 its
+vec_dot (B32_LANES, as codegen._row_codegen: 8 f32 lanes per row, here 8 vectors of G rows, one per
+lane, then hsum_float_8). The integer parts are exact: vpdpbusd per 4 quants of every row where the
+target has VNNI (AVX2 alone: pmaddubsw + pmaddwd); generic IR elsewhere.
 """
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .llvmir import (I8, I16, I32, I64, avx2_only, dtypes_are, fma_fn, half_to_float, has_avx2, has_avx512_vnni,
+from .llvmir import (I8, I16, I32, I64, avx2_only, dtypes_are, fma_fn, half_to_float, has_avx512_vnni,
                      has_vnni, maddubs, maddwd, native_half, quad_dot_avx2, quad_lanes, sign_split, splat)
 
 
@@ -25,7 +24,7 @@ def _load(builder, p, off, ty):
     return builder.load(builder.bitcast(builder.gep(p, [off]), ty.as_pointer()), align=1)
 
 
-_AHEAD = 2          # blocks prefetched ahead (4 KiB at least): one core streams Q6_K at 27 GB/s, not 17
+_AHEAD = 2          # blocks prefetched ahead (4 KiB at least): one core streamed Q4_K at 31 GB/s, not 25
 
 
 def _prefetch(builder, blk, nbytes):
@@ -168,110 +167,6 @@ def _q4_k(context, builder, G, gp, aq, ad, bs, n_sb, grp=256):
     return builder.fsub(builder.load(sacc), builder.load(macc))
 
 
-def _dot_scaled(context, builder, acc, w, a, sc):
-    """<G x i32> acc + per lane the 4 products of unsigned w (<= 63) and signed a, times the lane's
-    scale sc (<G x i8>): pmaddubsw then vpdpwssd (or pmaddwd and an add; 256-bit pieces without
-    AVX512-VNNI) on x86, else generic IR."""
-    n = acc.type.count
-    vt, v16, wide = ir.VectorType(I8, 4 * n), ir.VectorType(I16, 2 * n), n == 16
-    if has_avx2(context):
-        s16 = _pairs16(builder, sc)
-        if wide and has_avx512_vnni(context):
-            ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [vt, vt]),
-                                                "llvm.x86.avx512.pmaddubs.w.512")
-            p = builder.call(ub, [w, a])
-        else:                                  # 256-bit pieces
-            p = maddubs(builder, w, a)
-        if has_vnni(context) and (not wide or has_avx512_vnni(context)):
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [acc.type, v16, v16]),
-                                                f"llvm.x86.avx512.vpdpwssd.{32 * n}")
-            return builder.call(fn, [acc, p, s16])
-        return builder.add(acc, maddwd(builder, p, s16))
-    wt = ir.VectorType(I32, 4 * n)
-    d = quad_lanes(builder, builder.mul(builder.zext(w, wt), builder.sext(a, wt)))
-    return builder.add(acc, builder.mul(d, builder.sext(sc, acc.type)))
-
-
-def _q6_k(context, builder, G, gp, aq, ad, bs, n_sb):
-    """<G x float>: the Q6_K group at gp (i8*) . one token (bs: i32* per 16), as ggml_vec_dot_q6_K_q8_K
-    row by row: lane l of a row's 8 = sum over chunks c of sc * (products 32c+4l..+3) less 32 *
-    (bsum*sc of sub-blocks 2l, 2l+1); facc_l = fma(d_a*d_w, float(lane l), facc_l) per super-block;
-    the row's result hsum_float_8 of its facc."""
-    VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
-    SG = ir.VectorType(I8, G)
-    fma = fma_fn(builder, FG)
-    facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(8)]
-
-    def bytes_(v):
-        return ir.Constant(VB, [v] * (4 * G))
-
-    with cgutils.for_range(builder, n_sb) as loop:
-        b = loop.index
-        blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 210, 256)
-        d = builder.fmul(da, dw)
-        sc = [_load(builder, blk, _c64((2 + j) * G), SG) for j in range(16)]
-        iacc = [ir.Constant(LG, [0] * G)] * 8
-        for n in range(2):
-            for k in range(8):
-                v = 18 * G + (n * 8 + k) * 12 * G
-                qa, qb, qh = (_load(builder, blk, _c64(v + i * 4 * G), VB) for i in range(3))
-                for m in range(4):             # chunk c = 4n + m: ql nibble | 2 bits of qh << 4
-                    lo = qa if m % 2 == 0 else qb
-                    lo = builder.and_(lo, bytes_(15)) if m < 2 else builder.lshr(lo, bytes_(4))
-                    hi = builder.and_(builder.lshr(qh, bytes_(2 * m)) if m else qh, bytes_(3))
-                    w = builder.or_(lo, builder.shl(hi, bytes_(4)))
-                    c = 4 * n + m
-                    a = builder.bitcast(splat(builder, _load(builder, a0, _c64(32 * c + 4 * k), I32), LG), VB)
-                    iacc[k] = _dot_scaled(context, builder, iacc[k], w, a, sc[2 * c + k // 4])
-        for k in range(8):                     # less 32 * (bsum*sc) of sub-blocks 2k, 2k+1
-            corr = ir.Constant(LG, [0] * G)
-            for j in (2 * k, 2 * k + 1):
-                bj = builder.load(builder.gep(bs, [builder.add(builder.mul(b, _c64(16)), _c64(j))]))
-                corr = builder.add(corr, builder.mul(builder.sext(sc[j], LG), splat(builder, bj, LG)))
-            lane = builder.sub(iacc[k], builder.shl(corr, ir.Constant(LG, [5] * G)))
-            builder.store(builder.call(fma, [d, builder.sitofp(lane, FG), builder.load(facc[k])]), facc[k])
-    return _hsum8(builder, [builder.load(p) for p in facc])
-
-
-def _q5_k(context, builder, G, gp, aq, ad, bs, n_sb):
-    """<G x float>: the Q5_K group at gp (i8*) . one token (bs: i32* per 32), as ggml_vec_dot_q5_K_q8_K
-    row by row: lane l of a row's 8 = sum over sub-blocks c of sc * (products 32c+4l..+3);
-    facc_l = fma(d_a*d_w, float(lane l), facc_l) and summs = fma(-(d_a*dmin_w), float(msum), summs) per
-    super-block; the row's result hsum_float_8 of its facc + summs."""
-    VB, LG, FG = ir.VectorType(I8, 4 * G), ir.VectorType(I32, G), ir.VectorType(ir.FloatType(), G)
-    fma = fma_fn(builder, FG)
-    facc = [cgutils.alloca_once_value(builder, ir.Constant(FG, [0.0] * G)) for _ in range(9)]   # 8: summs
-
-    def bytes_(v):
-        return ir.Constant(VB, [v] * (4 * G))
-
-    with cgutils.for_range(builder, n_sb) as loop:
-        b = loop.index
-        blk, a0, da, dw = _block(context, builder, G, gp, aq, ad, b, G * 176, 256)
-        dm = _f16s(context, builder, blk, 2 * G, G)
-        sc, mn = _k4_scales(builder, blk, G)
-        for k in range(8):                     # lane k: chunk c's low nibbles (sub-block 2c), high (2c+1),
-            qh = _load(builder, blk, _c64(144 * G + k * 4 * G), VB)        # each | a bit of qh << 4
-            iacc = ir.Constant(LG, [0] * G)
-            for c in range(4):
-                q = _load(builder, blk, _c64(16 * G + (8 * c + k) * 4 * G), VB)
-                for h, nib in enumerate((builder.and_(q, bytes_(15)), builder.lshr(q, bytes_(4)))):
-                    j = 2 * c + h
-                    bit = builder.and_(builder.lshr(qh, bytes_(j)) if j else qh, bytes_(1))
-                    w = builder.or_(nib, builder.shl(bit, bytes_(4)))
-                    a = builder.bitcast(splat(builder, _load(builder, a0, _c64(32 * j + 4 * k), I32), LG), VB)
-                    iacc = _dot_scaled(context, builder, iacc, w, a, sc[j])
-            builder.store(builder.call(fma, [builder.fmul(da, dw), builder.sitofp(iacc, FG), builder.load(facc[k])]),
-                          facc[k])
-        msum = ir.Constant(LG, [0] * G)
-        for j in range(8):
-            bj = builder.load(builder.gep(bs, [builder.add(builder.mul(b, _c64(8)), _c64(j))]))
-            msum = builder.add(msum, builder.mul(builder.zext(mn[j], LG), splat(builder, bj, LG)))
-        builder.store(builder.call(fma, [builder.fneg(builder.fmul(da, dm)), builder.sitofp(msum, FG),
-                                         builder.load(facc[8])]), facc[8])
-    return builder.fadd(_hsum8(builder, [builder.load(p) for p in facc[:8]]), builder.load(facc[8]))   # + summs
-
-
 def _q8_0(context, builder, G, gp, aq, ad, bs, n_sb):
     """<G x float>: the Q8_0 group at gp (i8*; quants stored + 128, repack.py) . one token (ad: float*
     per block of 32), as ggml_vec_dot_q8_0_q8_0 row by row: lane l of a row's 8 = products 4l..4l+3 of
@@ -328,20 +223,20 @@ def _q4_k_gemm(context, builder, G, gp, aq, ad, bs, n_sb):
     return _q4_k(context, builder, G, gp, aq, ad, bs, n_sb, grp=64)
 
 
-GEMM_Q4_K = 5         # _vgemv_rep's kind for Q4_K's layout in the repacked gemm's float steps
+GEMM_Q4_K = 3         # _vgemv_rep's kind for Q4_K's layout in the repacked gemm's float steps
 
 
 @intrinsic(prefer_literal=True)
 def _vgemv_rep(typingctx, kind, G, raw, go, n_sb, aq, ao, ad, to, bsum, bo, y, yo):
     """y[yo:yo+G] (f32) = the repacked group of G rows (a constant: 8 or 16) of the type `kind` (a
-    constant, repack.KINDS: 0 Q4_K, 1 Q6_K, 2 Q5_K, 3 Q8_0, 4 Q4_0; or GEMM_Q4_K: Q4_K in its gemm's
+    constant, repack.KINDS: 0 Q4_K, 1 Q8_0, 2 Q4_0; or GEMM_Q4_K: Q4_K in its gemm's
     steps) at raw[go:] . the token at aq[ao:] (ad: its super-block scales at to, bsum: its sums per
     sub-block at bo)."""
     arrays = (types.uint8, types.int8, types.float32, types.int32, types.float32)
     if not all(isinstance(v, types.IntegerLiteral) for v in (kind, G)) or G.literal_value not in (8, 16) or \
             not dtypes_are((raw, aq, ad, bsum, y), arrays):
         return None
-    g, body = G.literal_value, (_q4_k, _q6_k, _q5_k, _q8_0, _q4_0, _q4_k_gemm)[kind.literal_value]
+    g, body = G.literal_value, (_q4_k, _q8_0, _q4_0, _q4_k_gemm)[kind.literal_value]
 
     def codegen(context, builder, sig, args):
         def base(k, o):

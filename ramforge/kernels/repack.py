@@ -1,10 +1,15 @@
-"""Q4_0, Q4_K, Q5_K, Q6_K and Q8_0 weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks
-Q4_0 and Q4_K (q4_0_8x8, q4_K_8x8): groups of G rows (16 on AVX-512, else 8; 8 where the rows are not a multiple of 16) interleaved so that
-one vector load holds 4 quant bytes of every row of the group, and the rows sit in the lanes of one
-<G x i32>. The integer sums are exact, so their order is free; the float steps stay those of the
-kernel llama.cpp runs (gemvrep.py). A repacked tensor is as large as its rows, group g at its rows'
-own offset, so a layer repacks in place (`repack`); batches read rows back into row order
-(`_unpack_rows`) and take the unpacking path.
+"""Q4_0, Q4_K and Q8_0 weights repacked at load time for 1-3 token matmuls, as llama.cpp repacks Q4_0
+and Q4_K (q4_0_8x8, q4_K_8x8): groups of G rows (16 on AVX-512, else 8; 8 where the rows are not a
+multiple of 16) interleaved so that one vector load holds 4 quant bytes of every row of the group,
+and the rows sit in the lanes of one <G x i32>. The integer sums are exact, so their order is free;
+the float steps stay those of the kernel llama.cpp runs (gemvrep.py). A repacked tensor is as large
+as its rows, group g at its rows' own offset, so a layer repacks in place (`repack`); batches read
+rows back into row order (`_unpack_rows`) and take the unpacking path.
+
+Q5_K and Q6_K stay in file order, as llama.cpp keeps them: a 16-row layout of theirs (the last tree
+with it: 750a8d5) ran faster from cache but streamed from memory slower than their rows in file order
+on the AMD hosts measured (Zen 5, AVX-512: 1B Q6_K decode 33.6 vs 41.2 tok/s, Q5_K_M 40.4 vs 47.4,
+same process; Zen 3, AVX2: 8-13 vs 15-16 GB/s), and decode streams every weight from memory.
 
 A group's super-block b lies at b*G*B from the group's start (B: the type's block bytes):
   Q4_K (B = 144)
@@ -13,14 +18,6 @@ A group's super-block b lies at b*G*B from the group's start (B: the type's bloc
     [4G, 16G)    12 planes u8[G]: plane p, byte r = row r's scales[p] (the 6-bit packing kept)
     [16G, 144G)  32 vectors u8[4G]: vector v, bytes 4r..4r+3 = row r's qs[4v..4v+3]
                  (qs[32c + j]: low nibble element 64c + j, high nibble 64c + 32 + j)
-  Q5_K (B = 176): d, dmin, 12 planes as Q4_K, then
-    [16G, 144G)  32 vectors u8[4G]: vector v, bytes 4r..4r+3 = row r's qs[4v..4v+3]
-    [144G, 176G) 8 vectors u8[4G]: vector k, bytes 4r..4r+3 = row r's qh[4k..4k+3] (bit j: sub-block j)
-  Q6_K (B = 210)
-    [0, 2G)      d     f16[G]
-    [2G, 18G)    16 planes i8[G]: plane j, byte r = row r's scale of sub-block j
-    [18G, 210G)  48 vectors u8[4G], 3 per (half n, quad k), bytes 4r..4r+3 of row r's
-                 ql[64n+4k..], ql[64n+32+4k..], qh[32n+4k..]: elements 128n + 32m + 4k.. (m = 0..3)
   Q8_0 (B = 34, a block of 32): d f16[G], then 8 vectors u8[4G]: vector k, bytes 4r..4r+3 = row r's
                  qs[4k..4k+3] + 128 (offset binary: unsigned for vpdpbusd, less 128 * the sums after)
   Q4_0 (B = 18, a block of 32): d f16[G], then 4 vectors u8[4G]: vector k, bytes 4r..4r+3 = row r's
@@ -38,21 +35,19 @@ from ramforge.gguf.constants import GGMLType
 
 from .llvmir import I32, dtypes_are, target_has_512
 
-Q4_0, Q4_K, Q5_K, Q6_K, Q8_0 = GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0
-KINDS = {Q4_K: 0, Q6_K: 1, Q5_K: 2, Q8_0: 3, Q4_0: 4}     # the types with a repacked layout, as the kernels name them
-_BLOCK = (144, 210, 176, 34, 18)         # their block bytes, by kind (Q4_K: d, dmin f16, scales u8[12],
-#                                          qs u8[128]; Q6_K: ql u8[128], qh u8[64], scales i8[16], d f16;
-#                                          Q5_K: d, dmin, scales u8[12], qh u8[32], qs u8[128]; Q8_0: d,
+Q4_0, Q4_K, Q8_0 = GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q8_0
+KINDS = {Q4_K: 0, Q8_0: 1, Q4_0: 2}       # the types with a repacked layout, as the kernels name them
+_BLOCK = (144, 34, 18)                   # their block bytes, by kind (Q4_K: d, dmin f16, scales u8[12],
+#                                          qs u8[128]; Q8_0: d,
 #                                          qs i8[32]; Q4_0: d, qs u8[16])
-_ELEMS = (256, 256, 256, 32, 32)             # elements per block
+_ELEMS = (256, 32, 32)                   # elements per block
 BLOCKS = {t: _BLOCK[k] for t, k in KINDS.items()}
 
 
 @functools.cache
 def wide() -> bool:
-    """Whether the target has 512-bit vectors: groups of 16 rows. Else (AVX2: 16 ymm registers; a <16 x
-    float> takes two, and Q5_K / Q6_K's 8-9 accumulators spill) groups of 8, and Q5_K, Q6_K stay in file
-    order: from memory their repacked gemv streamed 8-13 GB/s there, file order 15-16 (8192^2, 2 threads)."""
+    """Whether the target has 512-bit vectors: groups of 16 rows. Else (AVX2: 16 ymm registers, a <16 x
+    float> takes two) groups of 8: at 8192^2 from memory, G=8 Q4_K 19-20 GB/s there, G=16 14-15."""
     return target_has_512()
 
 
@@ -64,12 +59,10 @@ def repack_group(n_out: int, wide_target: bool | None = None) -> int:
     return 16 if w and n_out % 16 == 0 else 8 if n_out % 8 == 0 else 0
 
 
-def repackable(ggml_type, dims: tuple[int, ...], wide_target: bool | None = None) -> bool:
-    """Whether a weight of this type and GGUF dims (row length, rows) takes the repacked layout (Q5_K and
-    Q6_K only on a wide target: their layout's float steps are vec_dot's, as in file order)."""
-    w = wide() if wide_target is None else wide_target
+def repackable(ggml_type, dims: tuple[int, ...]) -> bool:
+    """Whether a weight of this type and GGUF dims (row length, rows) takes the repacked layout."""
     return (ggml_type in BLOCKS and len(dims) == 2 and dims[0] % _ELEMS[KINDS[ggml_type]] == 0
-            and repack_group(dims[1], w) > 0 and (w or ggml_type not in (Q5_K, Q6_K)))
+            and repack_group(dims[1]) > 0)
 
 
 @intrinsic
@@ -107,34 +100,21 @@ def _mv(a, ao, b, bo, n, to_group, flip=0):
 @njit(cache=True, nogil=True)
 def _move_block(kind, row, so, grp, do, G, r, to_group):
     # one row's block (at row[so:]) <-> row r of a group's super-block (at grp[do:]), either way
-    if kind == 4:                               # Q4_0: d, then 4-byte quads
+    if kind == 2:                               # Q4_0: d, then 4-byte quads
         _mv(row, so, grp, do + 2 * r, 2, to_group)
         for k in range(4):
             _mv(row, so + 2 + 4 * k, grp, do + 2 * G + k * 4 * G + 4 * r, 4, to_group)
-    elif kind == 3:                             # Q8_0: d, then 4-byte quads + 128
+    elif kind == 1:                             # Q8_0: d, then 4-byte quads + 128
         _mv(row, so, grp, do + 2 * r, 2, to_group)
         for k in range(8):
             _mv(row, so + 2 + 4 * k, grp, do + 2 * G + k * 4 * G + 4 * r, 4, to_group, 0x80)
-    elif kind == 1:
-        _mv(row, so + 208, grp, do + 2 * r, 2, to_group)
-        for j in range(16):
-            _mv(row, so + 192 + j, grp, do + (2 + j) * G + r, 1, to_group)
-        for n in range(2):
-            for k in range(8):
-                v = do + 18 * G + (n * 8 + k) * 12 * G + 4 * r
-                _mv(row, so + 64 * n + 4 * k, grp, v, 4, to_group)
-                _mv(row, so + 64 * n + 32 + 4 * k, grp, v + 4 * G, 4, to_group)
-                _mv(row, so + 128 + 32 * n + 4 * k, grp, v + 8 * G, 4, to_group)
-    else:
-        q5 = 32 if kind == 2 else 0                 # Q5_K: qh u8[32] before qs
+    else:                                       # Q4_K: d, dmin, 12 scale planes, 4-byte quads
         _mv(row, so, grp, do + 2 * r, 2, to_group)
         _mv(row, so + 2, grp, do + 2 * G + 2 * r, 2, to_group)
         for p in range(12):
             _mv(row, so + 4 + p, grp, do + (4 + p) * G + r, 1, to_group)
         for v in range(32):
-            _mv(row, so + 16 + q5 + 4 * v, grp, do + 16 * G + v * 4 * G + 4 * r, 4, to_group)
-        for k in range(q5 // 4):
-            _mv(row, so + 16 + 4 * k, grp, do + 144 * G + k * 4 * G + 4 * r, 4, to_group)
+            _mv(row, so + 16 + 4 * v, grp, do + 16 * G + v * 4 * G + 4 * r, 4, to_group)
 
 
 @njit(cache=True, nogil=True)

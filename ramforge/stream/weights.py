@@ -3,7 +3,7 @@
 A reader thread reads the next items of the current pass (layers, then output-projection chunks)
 into a bounded pool of reusable, budget-charged buffers while the current layer computes. A pass
 is a cyclic scan, so after the last item the reader goes on with the first ones of the next pass.
-A pinned layer's repackable matrices (kernels.repack: Q4_0, Q4_K, Q8_0; Q5_K, Q6_K on AVX-512) and a resident output
+A pinned layer's repackable matrices (kernels.repack: Q4_0, Q4_K, Q8_0) and a resident output
 matrix are repacked in place once read at load (same size: nothing more to charge). Streamed layers and
 output chunks stay in file order: out of core the reader thread's repacking (~1.4 GB/s of one core)
 cost more than the faster decode gained (3B Q4_K_M at --ram 512M: 5.4 against 1.3 s/token);
