@@ -57,6 +57,18 @@ def test_f16_model_is_deterministic_and_loadable(tmp_path):
     np.testing.assert_array_equal(np.asarray(t.data).reshape(shape), ref)
 
 
+def test_a_concurrent_build_never_replaces_a_published_model(tmp_path):
+    # two pytest-xdist workers may build the same model at once: the first to finish names it, and the
+    # second's copy is dropped, so a worker holding the first open never sees it change on disk
+    first, late, dst = tmp_path / "a.tmp", tmp_path / "b.tmp", tmp_path / "m.gguf"
+    first.write_bytes(b"first")
+    late.write_bytes(b"late")
+    mm._publish(first, dst)
+    st = dst.stat()
+    mm._publish(late, dst)
+    assert dst.read_bytes() == b"first" and (dst.stat().st_ino, dst.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+
+
 def test_float_values_are_healthy():
     spec = mm.SPECS["qwen3"]
     q = mm.tensor_values(spec, "blk.0.attn_q.weight", (256, 256), "proj")

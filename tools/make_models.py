@@ -303,6 +303,14 @@ def _copy_vocab(writer, vocab_file: Path) -> int:
     return len(tokens[1])
 
 
+def _publish(tmp: Path, dst: Path) -> None:
+    """Give a finished build (tmp) its name dst, unless a concurrent build (another pytest-xdist worker)
+    published it first: then that file stays, as another process may have it open (a replaced file
+    would read as changed on disk), and ours is dropped with tmp by the caller. Builds are deterministic."""
+    with contextlib.suppress(FileExistsError):
+        os.link(tmp, dst)
+
+
 def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None = None) -> Path:
     """Stream a float (F32/F16/BF16) model to `out` one tensor at a time (bounded memory)."""
     import gguf
@@ -357,7 +365,7 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
             w.write_tensor_data(data)
             del data
         w.close()
-        os.replace(tmp, out)
+        _publish(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
     return out
@@ -404,7 +412,7 @@ def quantize(src: Path, dst: Path, qtype: str, nthread: int = 2) -> Path:
             rc = lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
         if rc != 0:
             raise RuntimeError(f"llama_model_quantize({src.name} -> {qtype}) failed with {rc}")
-        os.replace(tmp, dst)
+        _publish(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
     return dst
@@ -457,7 +465,7 @@ def write_lowbit_model(src: Path, out: Path, qtype: str) -> Path:
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        os.replace(tmp, out)
+        _publish(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
     return out
