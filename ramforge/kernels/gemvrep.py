@@ -94,7 +94,7 @@ def _pairs16(builder, sc):
 
 
 def _k4_scales(builder, blk, G):
-    """The 8 sub-block scales and 8 mins (<G x i8> each, one lane per row) of a Q4_K / Q5_K group's
+    """The 8 sub-block scales and 8 mins (<G x i8> each, one lane per row) of a Q4_K group's
     super-block at blk, from its 12 planes at 4G (repack.py): j < 4: q[j] & 63, q[j+4] & 63; j >= 4:
     (q[j+4] & 15) | (q[j-4] >> 6) << 4, (q[j+4] >> 4) | (q[j] >> 6) << 4 (blocks._k4_scale_min)."""
     VB = ir.VectorType(I8, 4 * G)
