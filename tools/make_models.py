@@ -307,8 +307,13 @@ def _publish(tmp: Path, dst: Path) -> None:
     """Give a finished build (tmp) its name dst, unless a concurrent build (another pytest-xdist worker)
     published it first: then that file stays, as another process may have it open (a replaced file
     would read as changed on disk), and ours is dropped with tmp by the caller. Builds are deterministic."""
-    with contextlib.suppress(FileExistsError):
+    try:
         os.link(tmp, dst)
+    except FileExistsError:
+        pass
+    except OSError:                 # a file system without hard links: no-replace is then best effort
+        if not dst.exists():
+            os.replace(tmp, dst)
 
 
 def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None = None) -> Path:
