@@ -57,9 +57,15 @@ def test_f16_model_is_deterministic_and_loadable(tmp_path):
     np.testing.assert_array_equal(np.asarray(t.data).reshape(shape), ref)
 
 
-def test_a_concurrent_build_never_replaces_a_published_model(tmp_path):
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_a_concurrent_build_never_replaces_a_published_model(tmp_path, monkeypatch, hard_links):
     # two pytest-xdist workers may build the same model at once: the first to finish names it, and the
-    # second's copy is dropped, so a worker holding the first open never sees it change on disk
+    # second's copy is dropped, so a worker holding the first open never sees it change on disk (on a
+    # file system without hard links too, where os.link fails with EPERM)
+    if not hard_links:
+        def no_link(src, dst):
+            raise PermissionError(1, "Operation not permitted")
+        monkeypatch.setattr(mm.os, "link", no_link)
     first, late, dst = tmp_path / "a.tmp", tmp_path / "b.tmp", tmp_path / "m.gguf"
     first.write_bytes(b"first")
     late.write_bytes(b"late")
