@@ -3,6 +3,7 @@
     python benchmarks/vs_llamacpp.py [--models default llama-250m:Q4_0 llama-3b:Q4_K_M PATH ...]
                                      [--preset 1b 3b] [--types Q4_0 Q4_K_M Q5_K_M Q6_K Q8_0 IQ4_XS]
                                      [--threads 2] [--prompt-tokens 128] [--gen 32] [--rounds 3]
+                                     [--interleave K]
                                      [--contend 0 1] [--ram 512M] [--json PATH]
 
 --preset 1b / 3b: synthetic models of Llama-3.2-1B's / 3B's shape (tools/make_models.py's llama-1b,
@@ -15,6 +16,9 @@ Prints, per model and contention level, the median prefill and decode tok/s of e
 ratios ramforge / llama.cpp, and the GB/s of weights one decode token reads (every layer tensor and
 the output matrix, one embedding row: plan.active_bytes_per_token) over the time per decode token.
 The machine is shared and noisy: rounds alternate the two so both see the same conditions.
+--interleave K: within a round, both prompts first, then the decodes alternate every K tokens (a
+neighbour's burst of memory traffic, seconds long, then slows both engines' decode alike, not one
+engine's whole round); 0 (default): each engine's prompt and decode in turn.
 
 --contend N [N ...]: run every model under each N busy processes (a spin loop each, beside both
 engines, killed after); with 0 among them, also the decode ratio contended / quiet of each engine.
@@ -96,37 +100,69 @@ def prompt_ids(tok, n: int) -> list[int]:
     return ([tok.bos_id] if tok.add_bos else []) + (base * n)[: n - 1]
 
 
-def time_ramforge(eng, ids, gen):
-    eng.reset()
-    t0 = time.perf_counter()
-    tok = int(np.argmax(eng.eval(ids)[-1]))
-    t1 = time.perf_counter()
-    for _ in range(gen):
-        tok = int(np.argmax(eng.eval([tok])[-1]))
-    return len(ids) / (t1 - t0), gen / (time.perf_counter() - t1)
+class Timed:
+    """One engine's prompt and its greedy decode, timed: prefill(ids) -> seconds, then decode(n) -> seconds
+    (n more tokens, from where the last call left off)."""
+
+    def __init__(self, eng):
+        self.eng, self.tok = eng, 0
 
 
-def time_llama(llm, ids, gen):
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(ids)
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    t1 = time.perf_counter()
-    for _ in range(gen):
-        llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    return len(ids) / (t1 - t0), gen / (time.perf_counter() - t1)
+class Ramforge(Timed):
+    def prefill(self, ids) -> float:
+        self.eng.reset()
+        t0 = time.perf_counter()
+        self.tok = int(np.argmax(self.eng.eval(ids)[-1]))
+        return time.perf_counter() - t0
+
+    def decode(self, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.tok = int(np.argmax(self.eng.eval([self.tok])[-1]))
+        return time.perf_counter() - t0
 
 
-def compare(eng, llm, ids: list[int], gen: int, rounds: int, wbytes: int) -> dict:
+class Llama(Timed):
+    def prefill(self, ids) -> float:
+        llm = self.eng
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        self.tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return time.perf_counter() - t0
+
+    def decode(self, n: int) -> float:
+        llm = self.eng
+        t0 = time.perf_counter()
+        for _ in range(n):
+            llm.eval([self.tok])
+            self.tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return time.perf_counter() - t0
+
+
+def one_round(engines, ids, gen: int, interleave: int) -> list[tuple[float, float]]:
+    """(prefill tok/s, decode tok/s) of each engine. interleave 0: each engine's prompt and decode in turn;
+    K > 0: both prompts, then the decodes alternate every K tokens, so that both meet the same moments of
+    a noisy machine (a neighbour's burst of memory traffic lasts seconds, a round of one engine as long)."""
+    if interleave <= 0:
+        return [(len(ids) / e.prefill(ids), gen / e.decode(gen)) for e in engines]
+    pre = [len(ids) / e.prefill(ids) for e in engines]
+    spent = [0.0] * len(engines)
+    for done in range(0, gen, interleave):
+        for i, e in enumerate(engines):
+            spent[i] += e.decode(min(interleave, gen - done))
+    return [(p, gen / t) for p, t in zip(pre, spent)]
+
+
+def compare(eng, llm, ids: list[int], gen: int, rounds: int, wbytes: int, interleave: int = 0) -> dict:
     """Warm both (the whole prompt: a first call of each batch shape is not timed), then `rounds`
-    alternating rounds; medians, ratios and decode GB/s."""
-    time_ramforge(eng, ids, 2)
-    time_llama(llm, ids, 2)
+    alternating rounds (one_round); medians, ratios and decode GB/s."""
+    engines = (Ramforge(eng), Llama(llm))
+    one_round(engines, ids, 2, 0)
     raw = {"ramforge": [], "llama.cpp": []}
     for _ in range(rounds):
-        raw["ramforge"].append(time_ramforge(eng, ids, gen))
-        raw["llama.cpp"].append(time_llama(llm, ids, gen))
+        for name, x in zip(raw, one_round(engines, ids, gen, interleave)):
+            raw[name].append(x)
     out = {}
     for name, xs in raw.items():
         p, d = statistics.median(x[0] for x in xs), statistics.median(x[1] for x in xs)
@@ -185,6 +221,8 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--interleave", type=int, default=0, metavar="K",
+                    help="decode tokens alternate between the engines every K (0: a whole round each)")
     ap.add_argument("--contend", nargs="+", type=int, default=[0], metavar="N",
                     help="busy processes beside both engines; several: each in turn (0 1: quiet, then one)")
     ap.add_argument("--ram", help="also ramforge out of core under this budget (e.g. 512M)")
@@ -197,9 +235,12 @@ def main() -> int:
 
     if set(a.types) - set(ALL_TYPES):
         ap.error(f"unknown --types {sorted(set(a.types) - set(ALL_TYPES))}; choose from {ALL_TYPES}")
+    if a.interleave < 0:
+        ap.error("--interleave must be 0 (whole rounds) or a number of tokens")
     if a.ram and a.gen < 2:
         ap.error("--ram needs --gen 2 or more (the first decode pass is left out)")
     report = {"threads": a.threads, "prompt_tokens": a.prompt_tokens, "gen": a.gen, "rounds": a.rounds,
+              "interleave": a.interleave,
               "contend": a.contend, "ram": a.ram, "cpus": os.cpu_count(), "models": []}
     try:
         for spec in specs:
@@ -236,8 +277,9 @@ def run_model(a, spec: str, report: dict) -> None:
             with busy(n):
                 print(f"{Path(path).name} ({size / 1e9:.2f} GB, {wbytes / 1e9:.3f} GB of weights per decode "
                       f"token): {a.threads} threads, {len(ids)} prompt tokens, {a.gen} generated, median of "
-                      f"{a.rounds}, {n} busy processes", flush=True)
-                res = {"contend": n, **compare(eng, llm, ids, a.gen, a.rounds, wbytes)}
+                      f"{a.rounds}{f', decodes alternating every {a.interleave} tokens' if a.interleave > 0 else ''}, "
+                      f"{n} busy processes", flush=True)
+                res = {"contend": n, **compare(eng, llm, ids, a.gen, a.rounds, wbytes, a.interleave)}
             m["runs"].append(res)
             print_run(res)
     finally:

@@ -63,7 +63,9 @@ class Layer:
 
     `names` are the tensors its architecture may have (`layer_names`): one of them that this file
     lacks (an optional bias or norm) reads as None; any other name is an AttributeError, so a
-    misspelled tensor fails loudly instead of reading as an absent one."""
+    misspelled tensor fails loudly instead of reading as an absent one. A name read once is kept as a
+    plain attribute (a forward pass reads a resident layer's ~15 names every token): `tensors` is filled
+    before the layer is first read and not changed after."""
 
     index: int
     names: frozenset[str]
@@ -72,10 +74,9 @@ class Layer:
     def __getattr__(self, name: str):
         d = self.__dict__                      # only reached for names that are not real attributes
         tensors, names = d.get("tensors", {}), d.get("names", frozenset())
-        if name in tensors:
-            return tensors[name]
-        if name in names:
-            return None
+        if name in tensors or name in names:
+            d[name] = value = tensors.get(name)
+            return value
         raise AttributeError(f"layer {d.get('index')} has no tensor {name!r}: its architecture's layer tensors "
                              f"are {', '.join(sorted(names))}")
 
