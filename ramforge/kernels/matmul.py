@@ -25,13 +25,12 @@ from .decode import _dequant_any
 from .fmatmul import BF16, F16, F32, fmatmul
 from .naming import made_for
 from .qmatmul import qmatmul, shared_input
-from .registry import REGISTRY, ActType, kernels_for
+from .registry import ActType, kernels_for
 from .scalars import F16_TO_F32
 
 __all__ = ["batch_view", "float_matmul", "matmul", "matmul_reference", "round_activation", "shared_input"]
 
 _ROWS_PER_TASK = 16          # weight rows per parallel task
-_INT_DOT = frozenset(t for t, k in REGISTRY.items() if k.qdot is not None)     # (a set lookup per matmul)
 
 
 def _round_q8_0(x: np.ndarray) -> np.ndarray:
@@ -129,8 +128,9 @@ def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int,
 
     Quantized weights take the integer-dot kernel (kernels.qmatmul), float weights the float path.
     """
+    k = kernels_for(ggml_type)
     view = current_view()
-    if ggml_type in _INT_DOT or kernels_for(ggml_type).qdot is not None:
+    if k.qdot is not None:
         return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=view, repacked=repacked)
     return float_matmul(y, x, ggml_type, raw, n_out, n_in, view[0] if view is not None else x.shape[0])
 

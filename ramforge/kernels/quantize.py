@@ -234,13 +234,8 @@ def quantize_activation(x: np.ndarray, act, sub: int = 16, pos_ties: int = 0) ->
     (an ActType: Q8_0, Q8_1 or Q8_K); `sub` is the weight's sub-block size for Q8_K's sums;
     pos_ties: leading tokens quantized by ggml's 4-row Q8_K quantizer (repacked weights)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if act is ActType.Q8_K:                     # (identity first: an Enum's name is a slow property)
+    if act is ActType.Q8_K:
         return _q8_k(x, sub, pos_ties)
     if act is ActType.Q8_0 or act is ActType.Q8_1:
         return _q8_0(x, act is ActType.Q8_1)
-    name = getattr(act, "name", act)
-    if name in ("Q8_0", "Q8_1"):
-        return _q8_0(x, name == "Q8_1")
-    if name == "Q8_K":
-        return _q8_k(x, sub, pos_ties)
     raise RamforgeError(f"no integer activation type {act!r}")
