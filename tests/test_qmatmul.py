@@ -251,6 +251,49 @@ def test_f16_rounding_equals_numpy():
     assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32)) and np.isnan(out[nan]).all()
 
 
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 100_003])
+def test_whole_array_f16_rounding_equals_numpy(n):
+    # half_bits / half_round (the KV cache's F16 rows, attention's q): every finite f16 value, the midpoints
+    # between neighbours (ties to even) and a float either side of them, random bit patterns, overflow
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    h = np.sort(h[np.isfinite(h)])
+    mid = ((h[:-1].astype(np.float64) + h[1:]) / 2).astype(np.float32)
+    bits = np.random.default_rng(n).integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    pool = np.concatenate([h, mid, np.nextafter(mid, np.float32(np.inf)), np.nextafter(mid, np.float32(-np.inf)),
+                           bits.view(np.float32), np.array([65520, -65520, np.inf, -np.inf, np.nan], np.float32)])
+    for start in range(0, pool.size, max(n, 4099)):
+        v = np.ascontiguousarray(pool[start:start + n])
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = v.astype(np.float16)
+        got = ks.half_bits(v, np.empty(v.size, np.uint16))
+        nan = np.isnan(want)                     # (F16C keeps a NaN a NaN, its payload as it quiets it)
+        assert np.array_equal(got[~nan], want.view(np.uint16)[~nan])
+        assert np.isnan(got.view(np.float16)[nan]).all()
+        r = ks.half_round(v)
+        assert np.array_equal(r[~nan].view(np.uint32), want.astype(np.float32)[~nan].view(np.uint32))
+        assert np.isnan(r[nan]).all()
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7        # shapes kept, a view as the source
+    assert np.array_equal(ks.half_bits(x[:, ::2], np.empty((2, 2, 4), np.uint16)),
+                          x[:, ::2].astype(np.float16).view(np.uint16))
+    assert ks.half_round(x).shape == x.shape
+
+
+@pytest.mark.parametrize("n_tok", [1, 200])          # on the calling thread, and tokens in parallel
+def test_q8_k_of_infinite_and_nan_activations_follows_ggml(n_tok):
+    # quantize_row_q8_K_ref: a NaN never wins the scan for the largest |x|; an infinite one makes iscale
+    # -127/big = -+0, every q nearest_int(+-0 or NaN) = 0 and d = 1/iscale = -+inf (no exception)
+    x = np.ones((n_tok, 1024), np.float32)
+    x[0, 3], x[0, 300], x[0, 301], x[-1, 600], x[0, 768:] = np.inf, -np.inf, np.nan, np.nan, np.nan
+    a = qa.quantize_activation(x, ActType.Q8_K, 16)
+    r = qa._q8_k_reference(x, 16)
+    assert np.array_equal(a.q, r.q) and np.array_equal(a.bsum, r.bsum)
+    assert np.array_equal(a.d.view(np.uint32), r.d.view(np.uint32))
+    d = a.d.reshape(n_tok, -1)
+    assert d[0, 0] == -np.inf and d[0, 1] == np.inf and not a.q[:512].any()
+    assert d[-1, 2] == np.float32(-1 / 127) if n_tok > 1 else True     # NaN beside ones: the ones' scale
+    assert np.isnan(d[0, 3])                                            # all NaN: big = x[0], a NaN
+
+
 @pytest.mark.parametrize("n_tok", [1, 3, 6])
 def test_numba_quantizers_equal_their_numpy_references(n_tok):
     rng = np.random.default_rng(n_tok)

@@ -22,7 +22,7 @@ from .fmatmul import _f16_tb, _f16_vd
 from .kvquant import flash_attention, row_bytes
 from .llvmir import half_to_float
 from .ops import _expf, _softmax_exp
-from .scalars import F16_TO_F32, _f32_to_half_bits
+from .scalars import F16_TO_F32, _f32_to_half_bits, half_round
 from .vexp import _exp_sub16
 
 _W = 16                      # lanes of the f16 vector intrinsics below
@@ -283,7 +283,7 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     sk = _NO_SINKS if sinks is None else np.ascontiguousarray(sinks, np.float32)
     if sk.size not in (0, n_head):
         raise RamforgeError(f"attention: {sk.size} sinks for {n_head} heads")
-    qr = q.astype(np.float16).astype(np.float32)          # q meets an F16 cache as f16
+    qr = half_round(q)                                    # q meets an F16 cache as f16
     if cells is not None:
         _attention_cells(out, qr, k_cache, v_cache, cells[0], cells[1], np.float32(kq_scale), n_head // n_kv,
                          F16_TO_F32, bool(cells[2]), np.float32(softcap), sk)

@@ -44,7 +44,7 @@ from ..errors import RamforgeError
 from ..memory.kv_types import QK, row_bytes
 from .fmatmul import _f16_vd
 from .quantize import _quantize_q8_0
-from .scalars import F16_TO_F32, _f32_to_half_bits, _fma
+from .scalars import F16_TO_F32, _f32_to_half_bits, _fma, half_bits, half_round
 
 F16, Q8_0, Q4_0 = 0, 1, 2                         # kernel codes
 _CODE = {"f16": F16, "q8_0": Q8_0, "q4_0": Q4_0}
@@ -149,7 +149,7 @@ def store_rows(dst: np.ndarray, x: np.ndarray, kind: str, keys: bool) -> None:
     (keys: K rows, else V rows; a quantized cache stores them rotated, see rotation)."""
     n, nh, hd = x.shape
     if kind == "f16":
-        dst[...] = x.astype(np.float16).view(np.uint16)
+        half_bits(x, dst)
         return
     x2 = rotate(x, rotation(kind, hd, keys)).reshape(n * nh, hd)
     out = np.empty((n * nh, dst.shape[-1]), np.uint8)
@@ -338,7 +338,7 @@ def flash_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
     kt, vt = _CODE[k_type], _CODE[v_type]
     q2 = rotate(q, rotation(k_type, hd_k, True)).reshape(n_tok * n_head, hd_k)
     if kt == F16:                                   # q to K's vec_dot_type: f16 ...
-        qh, qq, qd = q2.astype(np.float16).astype(np.float32).reshape(-1), _EMPTY_I, _EMPTY_F
+        qh, qq, qd = half_round(q2).reshape(-1), _EMPTY_I, _EMPTY_F
     else:                                           # ... or Q8_0 blocks (quantize_row_q8_0)
         nb = n_tok * n_head * hd_k // QK
         qq, qd = np.empty(nb * QK, np.int8), np.empty(nb, np.float32)

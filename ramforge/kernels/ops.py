@@ -232,7 +232,8 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
         raise RamforgeError(f"rope: {ff.size} frequency factors for n_rot {n_rot} (expected {n_rot // 2})")
     mix, mscale = _rope_params(n_rot, float(base), scale)
     f = np.float32
-    _rope(x, pos.astype(np.int32), n_rot, base, neox, ff, f(scale.freq_scale), f(scale.ext_factor), mix, mscale)
+    _rope(x, pos.astype(np.int32, copy=False), n_rot, base, neox, ff, f(scale.freq_scale), f(scale.ext_factor),
+          mix, mscale)
     return x
 
 

@@ -247,7 +247,7 @@ def _kernel(t: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool, rep:
 
 # ---------------------------------------------------------------- one quantization for several matmuls
 
-_SHARED = threading.local()         # .x: the input being shared, .q: {(act, sub, pos_ties): QuantizedActivation}
+_SHARED = threading.local()         # .x: the input being shared, .q: {(act, sub, pos_ties, q81): _quantized's}
 
 
 @contextlib.contextmanager
@@ -263,13 +263,19 @@ def shared_input(x: np.ndarray):
         _SHARED.x, _SHARED.q = prev
 
 
-def _quantized(x: np.ndarray, act, sub: int, pos_ties: int):
-    if getattr(_SHARED, "x", None) is not x:
-        return quantize_activation(x, act, sub, pos_ties=pos_ties)
-    key = (act, sub, pos_ties)
-    if key not in _SHARED.q:
-        _SHARED.q[key] = quantize_activation(x, act, sub, pos_ties=pos_ties)
-    return _SHARED.q[key]
+def _quantized(x: np.ndarray, act, sub: int, pos_ties: int, q81: bool) -> tuple:
+    """x quantized (quantize_activation), as the kernel's flat arguments: (aq i8, ad f32, am f32 (Q8_1's
+    sums where q81, else ad again), bsum i32); once per shared input (shared_input) and key."""
+    shared = getattr(_SHARED, "x", None) is x
+    key = (act, sub, pos_ties, q81)
+    if shared and key in _SHARED.q:
+        return _SHARED.q[key]
+    a = quantize_activation(x, act, sub, pos_ties=pos_ties)
+    ad = a.d.reshape(-1)
+    args = (a.q, ad, a.s.reshape(-1) if q81 else ad, a.bsum.reshape(-1))
+    if shared:
+        _SHARED.q[key] = args
+    return args
 
 
 # ---------------------------------------------------------------- public entry point
@@ -352,12 +358,10 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
     if n_tok == 0 or n_out == 0 or n_in == 0:
         y[...] = 0
         return y
-    a = _quantized(x, act, sub, pos_ties)
-    ad = a.d.reshape(-1)
-    am = a.s.reshape(-1) if q81 else ad
+    aq, ad, am, bsum = _quantized(x, act, sub, pos_ties, q81)
     out = y if y.flags.c_contiguous and y.flags.writeable else np.empty_like(y)
-    kernel(out, a.q, ad, am, a.bsum.reshape(-1), np.ascontiguousarray(raw).reshape(-1), n_out, n_in, row_bytes,
-           split, n_chunks, group)
+    kernel(out, aq, ad, am, bsum, np.ascontiguousarray(raw).reshape(-1), n_out, n_in, row_bytes, split, n_chunks,
+           group)
     if out is not y:
         y[...] = out
     return y

@@ -125,9 +125,14 @@ def _q8_k_token(x, t, q, d, bsum, sub, pos_ties):
                 if xb[i] == -big:
                     big = -big
                     break
-        iscale = np.float32(-127.0) / big if big != 0 else np.float32(0.0)
         k = t * n + o
         qb, bb = q[k:k + QK_K], bsum[k // sub:(k + QK_K) // sub]
+        if abs(big) == np.inf:                  # llama.cpp's iscale = -127/big = -+0 then makes every
+            qb[:] = 0                           # q its nearest_int of +-0 or NaN (inf * 0): 0, and d = 1/iscale
+            bb[:] = 0
+            d[t * nb + b] = -np.inf if big > 0 else np.inf
+            continue
+        iscale = np.float32(-127.0) / big if big != 0 else np.float32(0.0)
         for i in range(QK_K):
             qb[i] = np.int8(min(_rint(xb[i] * iscale), np.float32(127.0)))
         for j in range(QK_K // sub):
@@ -212,7 +217,9 @@ def _q8_k_reference(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActi
     # d = 1/iscale
     n_tok = x.shape[0]
     xb = x.reshape(-1, QK_K)
-    big = np.take_along_axis(xb, np.abs(xb).argmax(axis=1)[:, None], axis=1)[:, 0]
+    ax = np.abs(xb)
+    ax[np.isnan(ax)] = -1                               # (a NaN never wins ggml's scan)
+    big = np.take_along_axis(xb, ax.argmax(axis=1)[:, None], axis=1)[:, 0]
     if pos_ties:
         nb = pos_ties * (x.shape[1] // QK_K)
         amax = np.abs(big[:nb])
@@ -222,9 +229,11 @@ def _q8_k_reference(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActi
     iscale = np.zeros_like(big)
     iscale[nz] = np.float32(-127) / big[nz]
     with np.errstate(invalid="ignore"):
-        q = np.minimum(np.rint(xb * iscale[:, None]), np.float32(127)).astype(np.int8)
+        q = np.minimum(np.rint(xb * iscale[:, None]), np.float32(127))
+    q = np.where(np.isnan(q), 0, q).astype(np.int8)      # nearest_int(NaN) is 0 (inf * 0, NaN * iscale)
     d = np.zeros_like(big)
-    d[nz] = np.float32(1) / iscale[nz]
+    with np.errstate(divide="ignore"):
+        d[nz] = np.float32(1) / iscale[nz]               # an infinite big: iscale -+0, d -+inf
     bsum = q.reshape(n_tok, -1, sub).sum(axis=2, dtype=np.int32)
     return QuantizedActivation(q.reshape(-1), d.reshape(n_tok, -1), _EMPTY_F, bsum)
 

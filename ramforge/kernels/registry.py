@@ -109,6 +109,9 @@ def is_executable(t) -> bool:
 
 def kernels_for(t) -> QuantKernels:
     """The kernels of ggml type `t` (a GGMLType or its int id); UnsupportedType if it has none."""
+    k = REGISTRY.get(t) if type(t) is GGMLType else None        # (every matmul asks: no enum call then)
+    if k is not None:
+        return k
     gt = _as_type(t)
     if gt is not None and gt in REGISTRY:
         return REGISTRY[gt]
