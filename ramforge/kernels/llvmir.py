@@ -102,6 +102,13 @@ def target_has_512() -> bool:
     return "+avx512bw" in _features(cpu_target.target_context)
 
 
+def target_native_half() -> bool:
+    """native_half (below) of numba's CPU target, for a choice made in Python before a kernel is called."""
+    from numba.core.registry import cpu_target  # noqa: PLC0415 (the target context, made on first use)
+
+    return native_half(cpu_target.target_context)
+
+
 def native_half(context) -> bool:
     """Whether the compile target widens half natively (x86 F16C, AArch64): elsewhere `fpext half`
     becomes a libcall (__extendhfsf2) that numba's JIT does not resolve. Numba keys its cache on

@@ -109,10 +109,7 @@ def is_executable(t) -> bool:
 
 def kernels_for(t) -> QuantKernels:
     """The kernels of ggml type `t` (a GGMLType or its int id); UnsupportedType if it has none."""
-    k = REGISTRY.get(t) if type(t) is GGMLType else None        # (every matmul asks: no enum call then)
-    if k is not None:
-        return k
-    gt = _as_type(t)
+    gt = t if type(t) is GGMLType else _as_type(t)          # (every matmul asks: no enum call for a GGMLType)
     if gt is not None and gt in REGISTRY:
         return REGISTRY[gt]
     supported = ", ".join(k.name for k in REGISTRY)

@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .llvmir import F32, I16, I32, I64, dtypes_are, fma_fn, half_to_float, native_half, ptr
+from .llvmir import F32, I16, I32, I64, dtypes_are, fma_fn, half_to_float, ptr, target_native_half
 
 F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)   # f32[65536]
 
@@ -157,47 +157,35 @@ _HW = 16                     # lanes a call of _half16 rounds
 
 @intrinsic
 def _half16(typingctx, src, so, dst, do):
-    """dst[do:do+16] = the f16 bits of src[so:so+16] (f32), rounded to nearest even (`fptrunc`: F16C's
-    vcvtps2ph). Only where the target has native half (llvmir.native_half): elsewhere LLVM would call a
-    runtime function numba does not link; `half_bits` checks first."""
+    """src[so:so+16] (f32) rounded to f16, to nearest even (`fptrunc`: F16C's vcvtps2ph), into dst[do:do+16]:
+    as its bits (u16 dst) or widened back (f32 dst). Only where the target has native half (llvmir.native_half):
+    elsewhere LLVM would call a runtime function numba does not link; `half_bits` / `half_round` check first."""
     def codegen(context, builder, sig, args):
         f = builder.load(ptr(context, builder, sig.args[0], args[0], args[1], ir.VectorType(F32, _HW)), align=4)
-        h = builder.bitcast(builder.fptrunc(f, ir.VectorType(ir.HalfType(), _HW)), ir.VectorType(I16, _HW))
-        builder.store(h, ptr(context, builder, sig.args[2], args[2], args[3], ir.VectorType(I16, _HW)), align=2)
+        h = builder.fptrunc(f, ir.VectorType(ir.HalfType(), _HW))
+        if sig.args[2].dtype == types.float32:
+            v, vt, align = builder.fpext(h, ir.VectorType(F32, _HW)), ir.VectorType(F32, _HW), 4
+        else:
+            v, vt, align = builder.bitcast(h, ir.VectorType(I16, _HW)), ir.VectorType(I16, _HW), 2
+        builder.store(v, ptr(context, builder, sig.args[2], args[2], args[3], vt), align=align)
         return context.get_dummy_value()
-    if not (src == types.float32[::1] and dst == types.uint16[::1]):
+    if not (src == types.float32[::1] and dst in (types.uint16[::1], types.float32[::1])):
         return None
     return types.void(src, so, dst, do), codegen
 
 
 @njit(cache=True)
-def _half_bits(x, out):
-    # out u16[n] = the f16 bits of x f32[n] (16 at a time, the tail through one padded call)
+def _to_half(x, out):
+    # out[n] = x f32[n] rounded to f16 (out u16: the bits; f32: the values), 16 at a time, the tail padded
     n = x.size
     m = n - n % _HW
     for i in range(0, m, _HW):
         _half16(x, i, out, i)
     if m < n:
-        tx, th = np.zeros(_HW, np.float32), np.empty(_HW, np.uint16)
+        tx, th = np.zeros(_HW, np.float32), np.empty(_HW, out.dtype)
         tx[:n - m] = x[m:]
         _half16(tx, 0, th, 0)
         out[m:] = th[:n - m]
-
-
-@njit(cache=True)
-def _half_round(x, out, bits):
-    # out f32[n] = x f32[n] through f16 and back (bits: u16[n] scratch)
-    _half_bits(x, bits)
-    for i in range(x.size):
-        out[i] = _half_bits_to_f32(bits[i])
-
-
-@functools.cache
-def _native() -> bool:
-    """native_half of numba's CPU target (asked once)."""
-    from numba.core.registry import cpu_target  # noqa: PLC0415 (the target context, made on first use)
-
-    return native_half(cpu_target.target_context)
 
 
 def half_bits(x: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -205,7 +193,7 @@ def half_bits(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     nearest even, subnormals and overflow to inf included (NaN stays NaN, its payload as F16C leaves it)."""
     if (x.dtype == np.float32 and out.dtype == np.uint16 and out.shape == x.shape and out.flags.c_contiguous
             and out.flags.writeable and _native()):
-        _half_bits(np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
+        _to_half(np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
     else:
         out[...] = np.asarray(x, np.float32).astype(np.float16).view(np.uint16)
     return out
@@ -214,7 +202,10 @@ def half_bits(x: np.ndarray, out: np.ndarray) -> np.ndarray:
 def half_round(x: np.ndarray) -> np.ndarray:
     """x (f32) rounded to f16 and back, a new f32 array: x.astype(np.float16).astype(np.float32)."""
     if x.dtype == np.float32 and _native():
-        out, flat = np.empty(x.shape, np.float32), np.ascontiguousarray(x).reshape(-1)
-        _half_round(flat, out.reshape(-1), np.empty(flat.size, np.uint16))
+        out = np.empty(x.shape, np.float32)
+        _to_half(np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
         return out
     return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+_native = functools.cache(target_native_half)      # (asked once)
