@@ -53,18 +53,21 @@ def _geglu(out, gate, up, table):
 
 
 @njit(cache=True, inline="always")
-def _swiglu_block(out, gate, up, n, t, i0):
-    # elements i0.. of row t (one _GLU_BLOCK) of out, gate, up f32[n_tok * n]: as ggml_vec_swiglu_f32,
-    # silu(g) = g / (1 + exp(-g)) with ggml's vector exp for whole blocks of 16 (vexp), libm's for a
-    # tail; times up
-    n16 = n - n % 16
-    i1 = min(n, i0 + _GLU_BLOCK)
-    o = t * n
+def _swiglu_span(out, gate, up, o, i0, i1, n16):
+    # elements o+i0 .. o+i1 of out, gate, up f32[...] (i0 a multiple of 16), as ggml_vec_swiglu_f32:
+    # silu(g) = g / (1 + exp(-g)) with ggml's vector exp for whole blocks of 16 below n16 (vexp), libm's
+    # past it; times up
     for i in range(i0, min(i1, n16), 16):
         _swiglu16(out, o + i, gate, o + i, up, o + i)
     for i in range(max(i0, n16), i1):
         g = gate[o + i]
         out[o + i] = (g / (np.float32(1.0) + np.float32(math.exp(-g)))) * up[o + i]
+
+
+@njit(cache=True, inline="always")
+def _swiglu_block(out, gate, up, n, t, i0):
+    # elements i0.. of row t (one _GLU_BLOCK) of out, gate, up f32[n_tok * n] (rows of n)
+    _swiglu_span(out, gate, up, t * n, i0, min(n, i0 + _GLU_BLOCK), n - n % 16)
 
 
 @njit(cache=True, parallel=True)

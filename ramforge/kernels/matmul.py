@@ -23,12 +23,13 @@ from .batch import batch_view, current_view
 from .blocks import LAYOUTS, Layout
 from .decode import _dequant_any
 from .fmatmul import BF16, F16, F32, fmatmul
+from .fused import matvecs
 from .naming import made_for
 from .qmatmul import qmatmul, shared_input
 from .registry import ActType, kernels_for
 from .scalars import F16_TO_F32
 
-__all__ = ["batch_view", "float_matmul", "matmul", "matmul_reference", "round_activation", "shared_input"]
+__all__ = ["batch_view", "float_matmul", "matmul", "matmul_reference", "matvecs", "round_activation", "shared_input"]
 
 _ROWS_PER_TASK = 16          # weight rows per parallel task
 
@@ -126,9 +127,12 @@ def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int,
     """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements
     (repacked: in kernels.repack's groups of that many rows).
 
-    Quantized weights take the integer-dot kernel (kernels.qmatmul), float weights the float path.
+    Quantized weights take the integer-dot kernel (kernels.qmatmul; a lone token, its activation
+    quantized inside it: kernels.fused), float weights the float path.
     """
     k = kernels_for(ggml_type)
+    if k.qdot is not None and matvecs(x, [(y, ggml_type, raw, n_out, repacked)]):
+        return y
     view = current_view()
     if k.qdot is not None:
         return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=view, repacked=repacked)

@@ -95,6 +95,58 @@ def _dot_group(vec, vid, rows8, nr, r0, t, y, wq, n_in, aq, isc, imn, n_sub, wd,
                                  n_sb, bsum, t * n_sub, np.int64(vid), lanes, ilane)    # (one compile, all variants)
 
 
+def _make_packed_one(gt: GGMLType, hi: Variant, rep: int):
+    """Rows [r_start, r_end) of type gt's weight . every token, all in variant hi, each row read straight
+    from its blocks (few tokens, vector IR): repacked groups of rep rows (_vgemv_rep) where rep, else 8
+    rows at once where hi has an 8-row gemv (_vgemv8), else row by row (_vrow_raw). An inline function:
+    the one-variant packed path of the qmatmul kernel, and the fused one-token kernel (fused.py)."""
+    qd = kernels_for(gt).qdot
+    tid, (sb, nbytes), sub = int(gt), GGML_BLOCK[gt], qd.sub
+    rhi = int(raw_row_id(qd.raw, hi))
+    k_scales = sb > 32 and not scales_in_registers(qd.raw)     # else a row's scales: unpacked first
+    g8 = rep == 0 and gemv8_ok(rhi)
+    kind = REPACK_KINDS.get(gt, 0)            # (repack.py's layouts)
+    gkind = GEMM_Q4_K if gt == GGMLType.Q4_K and hi == Variant.K32_GROUPS64 else kind    # _vgemv_rep's body
+
+    @njit(cache=True, inline="always")
+    def _rows(y, aq, ad, am, bsum, raw, r_start, r_end, n_in, row_bytes):
+        # y f32[n_tok, n_out] rows r_start..r_end (multiples of rep, or of 8 for g8); aq, ad, am, bsum:
+        # the tokens' quantized activation as _qmatmul's
+        n_tok = y.shape[0]
+        n_sb = n_in // sb
+        n_sub = n_in // sub
+        if rep:                                                 # rep rows a call, all tokens
+            yrep = np.empty(rep, dtype=np.float32)
+            for r0 in range(r_start, r_end, rep):
+                for t in range(n_tok):
+                    _vgemv_rep(gkind, rep, raw, r0 * row_bytes, n_sb, aq, t * n_in, ad, t * n_sb, bsum, t * n_sub,
+                               yrep, 0)
+                    for i in range(rep):
+                        y[t, r0 + i] = yrep[i]
+        elif g8:                                                # 8 rows a call, all tokens
+            yrow = np.empty(8, dtype=np.float32)
+            for r0 in range(r_start, r_end, 8):
+                for t in range(n_tok):
+                    _vgemv8(rhi, raw, r0 * row_bytes, row_bytes, aq, t * n_in, ad, t * n_sb, n_sb, bsum,
+                            t * n_sub, yrow, 0)
+                    for i in range(8):
+                        y[t, r0 + i] = yrow[i]
+        else:                                                   # row by row
+            isc = np.empty(n_sub, dtype=np.int32)               # the row's sub-block scales and mins,
+            imn = np.zeros(n_sub, dtype=np.int32)
+            wd = np.empty(n_sb, dtype=np.float32)               # super-block scales and mins
+            wm = np.zeros(n_sb, dtype=np.float32)
+            for r in range(r_start, r_end):
+                ro = r * row_bytes
+                if k_scales:
+                    for b in range(n_sb):
+                        _row_scales(tid, raw, ro + b * nbytes, b, isc, imn, wd, wm)
+                for t in range(n_tok):
+                    y[t, r] = _vrow_raw(rhi, raw, ro, aq, t * n_in, isc, imn, wd, wm, ad, am, t * n_sb, n_sb,
+                                        bsum, t * n_sub)
+    return _rows
+
+
 def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool, rep: int):
     """The kernel of type gt for tokens in variants lo (below the split) and hi (the rest): `packed`,
     each row dotted straight from its blocks (RawRow intrinsics; few tokens, vector IR), else
@@ -106,10 +158,9 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
     vlo, vhi, r8lo, r8hi = int(lo), int(hi), vec and lo in _ROWS8, vec and hi in _ROWS8
     rlo, rhi = (int(raw_row_id(qd.raw, lo)), int(raw_row_id(qd.raw, hi))) if packed else (-1, -1)
     k_scales = sb > 32 and not (packed and scales_in_registers(qd.raw))   # else a packed row's scales: unpacked first
-    g8 = packed and one and gemv8_ok(rhi)     # 8 packed rows at once (the repacked gemv's lanes)
-    grep = packed and one and rep > 0         # a repacked group's rows at once, read as repacked
+    p1 = packed and one                       # one variant, every row read from its blocks alike:
+    packed_one = _make_packed_one(gt, hi, rep) if p1 else None    # _make_packed_one's rows
     kind = REPACK_KINDS.get(gt, 0)            # (repack.py's layouts)
-    gkind = GEMM_Q4_K if gt == GGMLType.Q4_K and hi == Variant.K32_GROUPS64 else kind    # _vgemv_rep's body
     unit = rep if rep else 8                  # rows a range starts on
     # token tiles (tiles.py) in lo's variant where it has them, batches only: every token for one
     # variant, else those below the split (a repacked type's gemm; its gemv takes at most 3 tokens)
@@ -157,30 +208,15 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                 _tile_acts(k, k * TT, min(k * TT + TT, t_end), aq, ad, bsum, n_in, n_sb, n_sub, tmode, act, adt, bst)
         for c in prange(n_chunks):
             r_end = _bound(c + 1, n_out, n_chunks, unit)
-            if grep:                                            # rep rows a call, all tokens
-                yrep = np.empty(rep, dtype=np.float32)
-                for r0 in range(_bound(c, n_out, n_chunks, unit), r_end, rep):
-                    for t in range(n_tok):
-                        _vgemv_rep(gkind, rep, raw, r0 * row_bytes, n_sb, aq, t * n_in, ad, t * n_sb, bsum, t * n_sub,
-                                   yrep, 0)
-                        for i in range(rep):
-                            y[t, r0 + i] = yrep[i]
-                continue
-            if g8:                                            # 8 rows a call, all tokens
-                yrow = np.empty(8, dtype=np.float32)
-                for r0 in range(_bound(c, n_out, n_chunks), r_end, 8):
-                    for t in range(n_tok):
-                        _vgemv8(rhi, raw, r0 * row_bytes, row_bytes, aq, t * n_in, ad, t * n_sb, n_sb, bsum,
-                                t * n_sub, yrow, 0)
-                        for i in range(8):
-                            y[t, r0 + i] = yrow[i]
+            if p1:
+                packed_one(y, aq, ad, am, bsum, raw, _bound(c, n_out, n_chunks, unit), r_end, n_in, row_bytes)
                 continue
             isc = np.empty(group * n_sub, dtype=np.int32)       # a group's sub-block scales and mins,
             imn = np.zeros(group * n_sub, dtype=np.int32)
             wd = np.empty(group * n_sb, dtype=np.float32)       # super-block scales and mins
             wm = np.zeros(group * n_sb, dtype=np.float32)
             rows = np.empty(_GROUP_ROWS * row_bytes if rep else 0, dtype=np.uint8)     # in row order
-            if packed:                                          # (group 1)
+            if packed:                                          # (group 1; two variants)
                 src, r_start = rows if rep else raw, _bound(c, n_out, n_chunks, unit)
                 for r in range(r_start, r_end):
                     ro = r * row_bytes
@@ -192,7 +228,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
                         for b in range(n_sb):
                             _row_scales(tid, src, ro + b * nbytes, b, isc, imn, wd, wm)
                     for t in range(n_tok):
-                        if one or t >= split:
+                        if t >= split:
                             y[t, r] = _vrow_raw(rhi, src, ro, aq, t * n_in, isc, imn, wd, wm, ad, am,
                                                 t * n_sb, n_sb, bsum, t * n_sub)
                         else:
@@ -281,9 +317,9 @@ def _quantized(x: np.ndarray, act, sub: int, pos_ties: int, q81: bool) -> tuple:
 # ---------------------------------------------------------------- public entry point
 
 @functools.lru_cache(maxsize=4096)
-def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_threads: int, vec: bool, rep: int):
+def choice(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, vec: bool) -> tuple:
     """What a call's shape decides, computed once per shape: (type, row bytes, act, sub, Q8_1 sums?,
-    pos_ties, kernel, split, n_chunks, group); refusals raise."""
+    pos_ties, variant lo, variant hi, split, packed, group); refusals raise."""
     k = kernels_for(ggml_type)
     t = k.ggml_type
     if k.qdot is None:
@@ -303,8 +339,17 @@ def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_
     # few tokens: dot the packed rows, where both variants have a packed-row intrinsic
     packed = vec and group == 1 and raw_ok
     pos_ties = split if qd.repack and n_out % 8 == 0 else 0
-    return (t, n_in // be * bb, k.act, qd.sub, qd.mins == Q8_1_SUM, pos_ties, _kernel(t, vec, v_lo, v_hi, packed, rep),
-            split, max(1, min(n_out, _CHUNKS_PER_THREAD * n_threads)), group)
+    return t, n_in // be * bb, k.act, qd.sub, qd.mins == Q8_1_SUM, pos_ties, v_lo, v_hi, split, packed, group
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_threads: int, vec: bool, rep: int):
+    """choice's, with its kernel and row ranges: (type, row bytes, act, sub, Q8_1 sums?, pos_ties, kernel,
+    split, n_chunks, group)."""
+    t, row_bytes, act, sub, q81, pos_ties, v_lo, v_hi, split, packed, group = choice(
+        ggml_type, n_out, n_in, n_tok, v_n, v_off, vec)
+    return (t, row_bytes, act, sub, q81, pos_ties, _kernel(t, vec, v_lo, v_hi, packed, rep), split,
+            max(1, min(n_out, _CHUNKS_PER_THREAD * n_threads)), group)
 
 
 _WARM_TOKENS = (1, 2, 3, 4, 5, 8, 9)    # every path _plan takes without a view: one token, packed rows, groups,

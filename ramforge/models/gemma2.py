@@ -11,11 +11,10 @@ for the sliding layers). NEOX-style RoPE.
 """
 from __future__ import annotations
 
-from ..kernels.matmul import shared_input
 from ..kernels.attention import attention
 from ..kernels.ops import rms_norm, rope
 from . import gemma3
-from .weights import output_rows
+from .weights import output_rows, rows_of
 
 ROPE_NEOX = True
 SWA_PATTERN = 2                 # layers with il % 2 < 1 use the sliding window
@@ -46,10 +45,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
         swa = is_swa(hp, il)
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            with shared_input(xb):                              # one quantization of xb for q, k, v
-                L.attn_q.rows(q.reshape(n, -1), xb)
-                L.attn_k.rows(k.reshape(n, -1), xb)
-                L.attn_v.rows(v.reshape(n, -1), xb)
+            rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)))
             base = base_swa if swa else hp.rope_base
             rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
             rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)

@@ -13,10 +13,9 @@ import math
 
 import numpy as np
 
-from ..kernels.matmul import shared_input
 from ..kernels.attention import attention
 from ..kernels.ops import geglu, rms_norm, rope
-from .weights import output_rows
+from .weights import output_rows, rows_of
 
 ROPE_NEOX = True
 SWA_PATTERN = 6                 # layers with il % 6 < 5 use the sliding window
@@ -54,9 +53,7 @@ def ffn(L, hp, x, xb, gate, up) -> None:
     rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
     x += xb                                                     # sa_out
     rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-    with shared_input(xb):
-        L.ffn_gate.rows(gate, xb)
-        L.ffn_up.rows(up, xb)
+    rows_of(xb, (L.ffn_gate, gate), (L.ffn_up, up))
     geglu(gate, gate, up)
     L.ffn_down.rows(xb, gate)
     rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
@@ -78,10 +75,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
         swa = is_swa(hp, il)
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            with shared_input(xb):                              # one quantization of xb for q, k, v
-                L.attn_q.rows(q.reshape(n, -1), xb)
-                L.attn_k.rows(k.reshape(n, -1), xb)
-                L.attn_v.rows(v.reshape(n, -1), xb)
+            rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)))
             rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
             rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
             base, scale = (base_swa, scale_swa) if swa else (hp.rope_base, hp.rope_scale)

@@ -11,11 +11,10 @@ import math
 
 import numpy as np
 
-from ..kernels.matmul import shared_input
 from ..kernels.attention import attention
-from ..kernels.ops import rms_norm, rope, swiglu
+from ..kernels.ops import rms_norm, rope
 from . import moe
-from .weights import EXPERT_TENSORS, output_rows, project_qkv
+from .weights import EXPERT_TENSORS, add_rows, output_rows, project_qkv, rows_of
 
 ROPE_NEOX = False
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
@@ -52,8 +51,7 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
     ff = w.rope_freqs.data if w.rope_freqs is not None else None
     for il in range(*m.layers):
         with w.layer(il) as L:
-            rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            project_qkv(L, xb, q, k, v)
+            project_qkv(L, xb, q, k, v, norm=(x, L.attn_norm.data, hp.rms_eps))     # of xb = RMSNorm(x)
             if L.attn_q_norm is not None:                       # qwen3: per-head RMSNorm of q and k
                 rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
                 rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
@@ -61,17 +59,13 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
             rope(k, pos, hp.rope_dim, hp.rope_base, neox, ff, hp.rope_scale)
             kv.store(il, pos0, k, v)
             attention(att, q, *kv.layer(il), pos0, kq_scale, cells=kv.visible(0))
-            L.attn_output.rows(xb, att.reshape(n, -1))
+            add_rows(x, L.attn_output, att.reshape(n, -1), xb)  # residual: x += the output projection (xb)
             x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
             with rows:
-                x += xb                                         # residual
-                rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
                 if L.ffn_gate_inp is not None:                  # experts: xb <- their mixture
+                    rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
                     moe.ffn(m, s, il, L, xb, x)
-                else:
-                    with shared_input(xb):
-                        L.ffn_gate.rows(gate, xb)
-                        L.ffn_up.rows(up, xb)
-                    swiglu(gate, gate, up)
-                    L.ffn_down.rows(xb, gate)
-                x += xb                                         # residual
+                    x += xb                                     # residual
+                else:                                           # gate <- silu(gate) * up, of xb = RMSNorm(x)
+                    rows_of(xb, (L.ffn_gate, gate), (L.ffn_up, up), norm=(x, L.ffn_norm.data, hp.rms_eps), glu=True)
+                    add_rows(x, L.ffn_down, gate, xb)           # residual: x += the FFN's output (xb)

@@ -22,6 +22,7 @@ from ..kernels.matmul import matmul
 from ..kernels.moe import Gating, expert_matmul, route, shared_expert_gate, weighted_sum
 from ..kernels.ops import rms_norm, swiglu, swiglu_oai
 from ..profiling import timed
+from .weights import rows_of
 
 # architecture -> whether the k weights are divided by their sum (build_moe_ffn's norm_w)
 NORM_W = {"qwen3moe": True, "qwen2moe": False, "llama": True, "gpt-oss": False}
@@ -70,8 +71,7 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
         v = L.ffn_gate_inp_shexp.data                          # f32[n_embd]: a one-row F32 matmul
         matmul(g, xb, L.ffn_gate_inp_shexp.ggml_type, v.view(np.uint8), 1, v.size)
         shared_expert_gate(g)
-        L.ffn_gate_shexp.rows(gate, xb)
-        L.ffn_up_shexp.rows(up, xb)
+        rows_of(xb, (L.ffn_gate_shexp, gate), (L.ffn_up_shexp, up))
         swiglu(gate, gate, up)
         shexp = L.ffn_down_shexp.rows(s.ye[:n], gate)
         np.multiply(shexp, g, out=shexp)                       # ffn_shexp_out ...

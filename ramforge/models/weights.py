@@ -14,7 +14,9 @@ from ..errors import InternalError, ModelFileError, check_token_ids
 from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.dequant import dequantize
+from ..kernels import fused
 from ..kernels.matmul import batch_view, matmul, shared_input
+from ..kernels.ops import rms_norm, swiglu
 from ..kernels.registry import kernels_for
 from ..profiling import timed
 from .config import HParams
@@ -102,17 +104,64 @@ class LayerExperts:
         return tuple(expert_slice(self.layer.tensors[s], int(e)) for s in EXPERT_TENSORS)
 
 
-def project_qkv(L, xb: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+_AFTER = {fused.Epilogue.NONE: "", fused.Epilogue.ADD: "+add", fused.Epilogue.SWIGLU: "+swiglu"}
+
+
+def _label(plan, x, outs, pairs, norm=None, epi=fused.Epilogue.NONE, res=None) -> str:
+    # the --profile op: the matvec's types, and the norm before and the op after it where fused
+    return f"{'norm+' if norm else ''}matvec {'+'.join(w.ggml_type.name for w, _ in pairs)}{_AFTER[epi]}"
+
+
+@timed(_label)
+def _fused_rows(plan, x: np.ndarray, outs: list, pairs, norm=None, epi=fused.Epilogue.NONE,
+                res=None) -> None:
+    fused.run(plan, x, outs, norm, res)
+
+
+def _outs(pairs) -> list:
+    return [(y, w.ggml_type, w.data, w.dims[1], w.repacked) for w, y in pairs]
+
+
+def rows_of(x: np.ndarray, *pairs, norm: tuple | None = None, glu: bool = False) -> None:
+    """y = x @ W^T for each (W, y) pair: QTensors of one input x f32[n, W.dims[0]], y f32[n, W.dims[1]];
+    x quantized once for all of them. norm (src f32[n, n_in], w f32[n_in], eps): first x = rms_norm(src) * w.
+    glu: the pairs are (ffn_gate, gate), (ffn_up, up), and gate = silu(gate) * up after. A lone token's
+    (up to kernels.fused.MAX_WEIGHTS weights) is one compiled call where kernels.fused applies."""
+    if x.shape[0] == 1 and (len(pairs) > 1 or norm is not None):
+        outs, epi = _outs(pairs), fused.Epilogue.SWIGLU if glu else fused.Epilogue.NONE
+        plan = fused.fusable(x, outs, norm=norm, epi=epi)
+        if plan is not None:
+            return _fused_rows(plan, x, outs, pairs, norm, epi)
+    if norm is not None:
+        rms_norm(x, norm[0], norm[1], norm[2])
+    with shared_input(x):
+        for w, y in pairs:
+            w.rows(y, x)
+    if glu:
+        swiglu(pairs[0][1], pairs[0][1], pairs[1][1])
+
+
+def add_rows(res: np.ndarray, w: QTensor, a: np.ndarray, y: np.ndarray) -> None:
+    """res += a @ W^T (a residual after a projection): res, y f32[n, W.dims[1]] (y holds the product);
+    a f32[n, W.dims[0]]. A lone token's is one compiled call where kernels.fused applies."""
+    if a.shape[0] == 1:
+        outs = _outs(((w, y),))
+        plan = fused.fusable(a, outs, epi=fused.Epilogue.ADD, res=res)
+        if plan is not None:
+            return _fused_rows(plan, a, outs, ((w, y),), None, fused.Epilogue.ADD, res)
+    w.rows(y, a)
+    res += y
+
+
+def project_qkv(L, xb: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, norm: tuple | None = None) -> None:
     """q, k, v f32[n, heads, head_dim] = xb f32[n, n_embd] through attn_q/k/v (+ their biases where the
-    file has them), xb quantized once for the three."""
+    file has them), xb quantized once for the three; norm: xb = rms_norm first (rows_of)."""
     n = xb.shape[0]
-    with shared_input(xb):
-        for proj, bias, dst in ((L.attn_q, L.attn_q_bias, q), (L.attn_k, L.attn_k_bias, k),
-                                (L.attn_v, L.attn_v_bias, v)):
-            flat = dst.reshape(n, -1)
-            proj.rows(flat, xb)
-            if bias is not None:
-                flat += bias.data
+    qf, kf, vf = q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)
+    rows_of(xb, (L.attn_q, qf), (L.attn_k, kf), (L.attn_v, vf), norm=norm)
+    for bias, flat in ((L.attn_q_bias, qf), (L.attn_k_bias, kf), (L.attn_v_bias, vf)):
+        if bias is not None:
+            flat += bias.data
 
 
 def output_rows(hp: HParams, il: int, out: slice | np.ndarray | None, *arrays):

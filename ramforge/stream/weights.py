@@ -225,6 +225,25 @@ class Weights:
                     out.add((t.ggml_type, t.dims[1], t.dims[0], repack_group(t.dims[1])))
         return out
 
+    def layer_matrices(self) -> list[dict]:
+        """Each layer's matrices as a pass multiplies by them, {suffix: (type, n_out, n_in, repacked)},
+        and {"output": ...} for a resident output matrix (kernels.fused.warm)."""
+        out = []
+        for il in range(*self.plan.layers):
+            rep_ok = il in self.pinned and not self.mmap or il not in self.pinned and REPACK_STREAMED
+            rp = self._repackable(il)
+            d = {}
+            for s in self.tensors:
+                t = self.f.tensors.get(gguf_name(s, il))
+                if t is not None and len(t.dims) == 2:
+                    rep = repack_group(t.dims[1]) if rep_ok and t.name in rp else 0
+                    d[s] = (t.ggml_type, t.dims[1], t.dims[0], rep)
+            out.append(d)
+        o = getattr(self, "output", None)       # (resident; streamed chunks vary in rows)
+        if o is not None:
+            out.append({"output": (o.ggml_type, o.dims[1], o.dims[0], o.repacked)})
+        return out
+
     @property
     def reader(self) -> "_Reader | None":
         """The reader thread of the streamed layers (None when nothing streams); the KV spill shares it."""

@@ -1,0 +1,274 @@
+"""One token through up to three quantized weights that share its input, in one compiled call.
+
+A decode token's matmuls are memory-bound gemvs of a few to a few hundred µs. Run one by one, each
+cost a serial call to quantize the activation, Python to pick its kernel, and a parallel region
+whose end every thread waits at, the second core idle meanwhile. Here q, k and v (or gate and up, or
+one weight alone) are one parallel region of one task per thread: each thread quantizes x itself
+(quantize.py's _q8_0_token / _q8_k_token, the arithmetic of quantize_activation: a few µs for a few
+thousand values, no barrier) and dots its share of the weights' rows, split by bytes, with the
+one-token packed-row code of the qmatmul kernel (qmatmul._make_packed_one). Every row is the one
+qmatmul computes, bit for bit: the same quantized activation, the same intrinsic per row.
+
+Around the matmuls, what a layer does between them where it is elementwise or small: before, the
+RMSNorm of their input (Prologue.NORM: each thread normalizes its own copy, ggml's float64 sums);
+after, a residual add (Epilogue.ADD: each thread its own rows) or SwiGLU of gate and up
+(Epilogue.SWIGLU: both split at the same rows, then silu(gate) * up there). models.weights'
+rows_of and add_rows use them; a llama layer's decode is then four compiled matmul calls.
+
+It applies where qmatmul would take that path for the token: the vector kernels, a weight type with
+packed-row intrinsics for its one-token variant, one token that is not a row of a larger batch view.
+`matvecs` answers False elsewhere, and the caller runs the weights through qmatmul and the separate ops.
+"""
+from __future__ import annotations
+
+import functools
+from enum import IntEnum
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .batch import current_view
+from .glu import _swiglu_span
+from .naming import made_for
+from .ops import _rms_row
+from .qmatmul import VECTOR, _make_packed_one, choice
+from .quantize import _q8_0_token, _q8_k_token
+from .registry import ActType, kernels_for
+
+MAX_WEIGHTS = 3
+_Q8_0, _Q8_1, _Q8_K = 0, 1, 2
+_ACT_CODE = {ActType.Q8_0: _Q8_0, ActType.Q8_1: _Q8_1, ActType.Q8_K: _Q8_K}
+
+
+@njit(cache=True, inline="always")
+def _quantize(code, sub, x, q, d, s, bsum):
+    # x f32[1, n] -> q i8[n], d f32 per block, s f32 (Q8_1's sums), bsum i32 per `sub` (Q8_K) or 32
+    if code == _Q8_K:
+        _q8_k_token(x, 0, q, d, bsum, sub, 0)
+    else:
+        _q8_0_token(x, 0, q, d, s, bsum, code == _Q8_1)
+
+
+@njit(cache=True, inline="always")
+def _cut(b, start, row_bytes, n_rows, unit):
+    # the first row of a weight (starting at byte `start` of the weights in a row) at or past byte b,
+    # down to a multiple of unit: both threads cut at the same rows
+    r = (b - start) // row_bytes
+    if r <= 0:
+        return 0
+    if r >= n_rows:
+        return n_rows
+    return r // unit * unit
+
+
+class Prologue(IntEnum):
+    NONE = 0              # x as given
+    NORM = 1              # x = rms_norm(src) * w, each thread its own (the first writes x)
+
+
+class Epilogue(IntEnum):
+    NONE = 0
+    ADD = 1               # res += y0 (a residual), each thread its rows
+    SWIGLU = 2            # y0 = silu(y0) * y1, weights 0 and 1 split at the same rows
+
+
+def _make_fused(slots: tuple, pro: int, epi: int):
+    """The kernel of 1-3 weights, slots[i] = (type, variant, rep, act code, sub) of weight i: x quantized
+    once per distinct (act code, sub) in each thread, then each weight's rows of the thread's bytes;
+    pro and epi: what it does before (NONE, NORM) and after (NONE, ADD, SWIGLU)."""
+    n = len(slots)
+    full = slots + (slots[0],) * (MAX_WEIGHTS - n)           # (absent weights: no rows)
+    rows0, rows1, rows2 = (_make_packed_one(t, v, rep) for t, v, rep, _, _ in full)
+    (c0, s0), (c1, s1), (c2, s2) = ((c, s) for _, _, _, c, s in full)
+    u0, u1, u2 = (rep if rep else 8 for _, _, rep, _, _ in full)
+    own1 = (c1, s1) != (c0, s0)                               # weight 1 quantizes x its own way
+    src2 = 0 if (c2, s2) == (c0, s0) else 1 if (c2, s2) == (c1, s1) else 2
+    w1, w2 = n > 1, n > 2
+    norm, add, paired = pro == Prologue.NORM, epi == Epilogue.ADD, epi == Epilogue.SWIGLU
+    upair = max(u0, u1, 16)                 # (whole 16s of the row for the vector exp)
+
+    @njit(parallel=True, cache=True)
+    def _fused(x, y0, raw0, y1, raw1, y2, raw2, rb0, rb1, rb2, n_threads, src, nw, eps, res):
+        # x f32[1, n_in]; y_i f32[1, n_out_i] = x . weight i's rows (raw_i u8, rb_i bytes a row).
+        # NORM: x = rms_norm(src f32[1, n_in]) * nw f32[n_in] (eps), each thread its own, written by the
+        # first; ADD: res f32[1, n_out_0] += y0; SWIGLU: y0 = silu(y0) * y1 (n_out_0 = n_out_1)
+        n_in = x.shape[1]
+        e0 = y0.shape[1] * rb0                                  # where each weight ends, in bytes
+        e1 = e0 + y1.shape[1] * rb1
+        e2 = e1 + y2.shape[1] * rb2
+        for c in prange(n_threads):
+            lo, hi = e2 * c // n_threads, e2 * (c + 1) // n_threads
+            xt = x
+            if norm:
+                xt = np.empty((1, n_in), dtype=np.float32)
+                _rms_row(xt, src, nw, eps, 0)
+                if c == 0:
+                    x[0, :] = xt[0, :]
+            q0 = np.empty(n_in, dtype=np.int8)
+            d0 = np.empty(n_in // 32, dtype=np.float32)
+            sm0 = np.empty(n_in // 32, dtype=np.float32)
+            b0 = np.empty(n_in // 16, dtype=np.int32)
+            _quantize(c0, s0, xt, q0, d0, sm0, b0)
+            if paired:                                          # rows a..b of weights 0 and 1
+                ra = _cut(lo, 0, rb0 + rb1, y0.shape[1], upair)
+                rb = _cut(hi, 0, rb0 + rb1, y0.shape[1], upair)
+                a0, b0_, a1, b1_ = ra, rb, ra, rb
+            else:
+                a0, b0_ = _cut(lo, 0, rb0, y0.shape[1], u0), _cut(hi, 0, rb0, y0.shape[1], u0)
+                a1, b1_ = _cut(lo, e0, rb1, y1.shape[1], u1), _cut(hi, e0, rb1, y1.shape[1], u1)
+            rows0(y0, q0, d0, sm0 if c0 == _Q8_1 else d0, b0, raw0, a0, b0_, n_in, rb0)
+            if add:
+                for r in range(a0, b0_):
+                    res[0, r] += y0[0, r]
+            if w1:
+                q1, d1, sm1, b1 = q0, d0, sm0, b0
+                if own1:
+                    q1 = np.empty(n_in, dtype=np.int8)
+                    d1 = np.empty(n_in // 32, dtype=np.float32)
+                    sm1 = np.empty(n_in // 32, dtype=np.float32)
+                    b1 = np.empty(n_in // 16, dtype=np.int32)
+                    _quantize(c1, s1, xt, q1, d1, sm1, b1)
+                rows1(y1, q1, d1, sm1 if c1 == _Q8_1 else d1, b1, raw1, a1, b1_, n_in, rb1)
+                if paired:
+                    g = y0[0]
+                    _swiglu_span(g, g, y1[0], 0, a0, b0_, g.size - g.size % 16)
+            if w2:
+                q2, d2, sm2, b2 = q0, d0, sm0, b0
+                if src2 == 1:
+                    q2, d2, sm2, b2 = q1, d1, sm1, b1
+                elif src2 == 2:
+                    q2 = np.empty(n_in, dtype=np.int8)
+                    d2 = np.empty(n_in // 32, dtype=np.float32)
+                    sm2 = np.empty(n_in // 32, dtype=np.float32)
+                    b2 = np.empty(n_in // 16, dtype=np.int32)
+                    _quantize(c2, s2, xt, q2, d2, sm2, b2)
+                rows2(y2, q2, d2, sm2 if c2 == _Q8_1 else d2, b2, raw2, _cut(lo, e1, rb2, y2.shape[1], u2),
+                      _cut(hi, e1, rb2, y2.shape[1], u2), n_in, rb2)
+    return made_for(_fused, *("_".join(str(getattr(p, "name", p)) for p in s) for s in slots), f"p{int(pro)}e{int(epi)}")
+
+
+@functools.lru_cache(maxsize=256)
+def _fused_kernel(slots: tuple, pro: int, epi: int):
+    return _make_fused(slots, pro, epi)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(shapes: tuple, vec: bool, pro: int, epi: int):
+    """(kernel, row bytes per weight) for weights of shapes ((type, n_out, n_in, rep), ...) and one
+    token, or None where one of them does not take the packed one-variant path."""
+    if (epi == Epilogue.ADD and len(shapes) != 1
+            or epi == Epilogue.SWIGLU and (len(shapes) != 2 or shapes[0][1] != shapes[1][1])):
+        return None
+    slots, row_bytes = [], []
+    for ggml_type, n_out, n_in, rep in shapes:
+        k = kernels_for(ggml_type)
+        if k.qdot is None or n_in % k.block_elems:          # (qmatmul refuses the latter by name)
+            return None
+        t, rb, act, sub, _, pos_ties, lo, hi, _, packed, _ = choice(ggml_type, n_out, n_in, 1, 1, 0, vec)
+        if not packed or lo != hi or pos_ties or act not in _ACT_CODE or rep % 8 or n_out % (rep or 1):
+            return None
+        slots.append((t, hi, rep, _ACT_CODE[act], sub))
+        row_bytes.append(rb)
+    return _fused_kernel(tuple(slots), pro, epi), tuple(row_bytes)
+
+
+_NONE_Y = np.empty((1, 0), dtype=np.float32)
+_NONE_W = np.empty(0, dtype=np.uint8)
+_NONE_V = np.empty(0, dtype=np.float32)
+
+
+def _row(a, n: int, write: bool = False) -> bool:
+    # a is f32[1, n], C-contiguous (and writable)
+    return (isinstance(a, np.ndarray) and a.shape == (1, n) and a.dtype == np.float32 and a.flags.c_contiguous
+            and (a.flags.writeable or not write))
+
+
+def fusable(x: np.ndarray, outs: list, vector: bool | None = None, norm: tuple | None = None,
+            epi: Epilogue = Epilogue.NONE, res: np.ndarray | None = None):
+    """The plan to run outs (see matvecs) as one call, or None where some weight, x, y or the prologue's or
+    epilogue's arrays do not allow it."""
+    if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[0] != 1:
+        return None
+    vec = VECTOR if vector is None else bool(vector)
+    if not vec or not 0 < len(outs) <= MAX_WEIGHTS or current_view() not in (None, (1, 0)):
+        return None
+    n_in = x.shape[1]
+    if not _row(x, n_in, norm is not None):
+        return None
+    if norm is not None and not (_row(norm[0], n_in) and isinstance(norm[1], np.ndarray)
+                                 and norm[1].shape == (n_in,) and norm[1].dtype == np.float32):
+        return None
+    if epi == Epilogue.ADD and not _row(res, outs[0][3], True):
+        return None
+    plan = _plan(tuple((t, n_out, n_in, rep) for _, t, _, n_out, rep in outs), vec,
+                 Prologue.NONE if norm is None else Prologue.NORM, epi)
+    if plan is None:
+        return None
+    for (y, _, raw, n_out, _), rb in zip(outs, plan[1]):
+        if (not _row(y, n_out, True) or not isinstance(raw, np.ndarray) or raw.dtype != np.uint8
+                or raw.size != n_out * rb or not raw.flags.c_contiguous):
+            return None
+    return plan
+
+
+def run(plan, x: np.ndarray, outs: list, norm: tuple | None = None, res: np.ndarray | None = None) -> None:
+    """outs computed by the plan fusable gave for them (and the same norm and res)."""
+    kernel, row_bytes = plan
+    args = [(y, raw.reshape(-1), rb) for (y, _, raw, _, _), rb in zip(outs, row_bytes)]
+    args += [(_NONE_Y, _NONE_W, 1)] * (MAX_WEIGHTS - len(args))
+    (y0, w0, r0), (y1, w1, r1), (y2, w2, r2) = args
+    src, nw, eps = norm if norm is not None else (_NONE_Y, _NONE_V, 0.0)
+    kernel(x, y0, w0, y1, w1, y2, w2, r0, r1, r2, numba.get_num_threads(), src, nw, np.float32(eps),
+           res if res is not None else _NONE_Y)
+
+
+def matvecs(x: np.ndarray, outs: list, vector: bool | None = None, norm: tuple | None = None,
+            epi: Epilogue = Epilogue.NONE, res: np.ndarray | None = None) -> bool:
+    """y = x @ W^T for each (y, type, raw, n_out, repacked) in outs (1 to MAX_WEIGHTS weights of one
+    input x f32[1, n_in]; y f32[1, n_out] C-contiguous; raw u8 packed rows, in repack.py's groups of
+    `repacked` rows where not 0) in one compiled call, if every weight takes the fused path; else
+    False, nothing computed. norm (src f32[1, n_in], w f32[n_in], eps): x = rms_norm(src) * w first.
+    epi: Epilogue.ADD, res f32[1, n_out] += y (one weight); SWIGLU, y0 = silu(y0) * y1 (two weights, as many
+    rows)."""
+    plan = fusable(x, outs, vector, norm, epi, res)
+    if plan is None:
+        return False
+    run(plan, x, outs, norm, res)
+    return True
+
+
+# what the forward passes run fused, by layer tensor: groups of one input (and their prologue and
+# epilogue), and the single matrices that add their product to the residual stream (weights.add_rows)
+_QKV, _GU = ("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")
+_GROUPS = ((_QKV, Prologue.NORM, Epilogue.NONE), (_QKV, Prologue.NONE, Epilogue.NONE),
+           (_GU, Prologue.NORM, Epilogue.SWIGLU), (_GU, Prologue.NONE, Epilogue.NONE),
+           (("ffn_gate_shexp", "ffn_up_shexp"), Prologue.NONE, Epilogue.NONE))
+_ADDED = ("attn_output", "ffn_down")
+
+
+def signature() -> tuple:
+    """The argument types `run` calls the kernels with."""
+    f2, f1 = numba.typeof(np.empty((1, 1), np.float32)), numba.typeof(np.empty(1, np.float32))
+    u8 = numba.typeof(np.empty(1, np.uint8))
+    return (f2, f2, u8, f2, u8, f2, u8) + (numba.int64,) * 4 + (f2, f1, numba.float32, f2)
+
+
+def warm(layers, vector: bool | None = None) -> int:
+    """Compile, or load from numba's disk cache, the fused kernels a decode token of these layers takes
+    (layers: per layer, {tensor suffix: (type, n_out, n_in, repacked)} of its matrices; a dict
+    {"output": ...} for the output matrix); returns how many. See qmatmul.warm."""
+    vec = VECTOR if vector is None else bool(vector)
+    plans = set()
+    for d in layers:
+        for names, pro, epi in _GROUPS:
+            if all(n in d for n in names) and len({d[n][2] for n in names}) == 1:
+                plans.add(_plan(tuple(d[n] for n in names), vec, pro, epi))
+        for name, shape in d.items():
+            plans.add(_plan((shape,), vec, Prologue.NONE, Epilogue.NONE))
+            if name in _ADDED:
+                plans.add(_plan((shape,), vec, Prologue.NONE, Epilogue.ADD))
+    kernels = {p[0] for p in plans if p is not None}
+    for k in kernels:
+        k.compile(signature())
+    return len(kernels)
