@@ -158,6 +158,27 @@ def test_rows_of_and_add_rows_fall_back_to_the_same_result():
         assert all(_same(a, b) for a, b in zip(*got))
 
 
+def test_an_output_over_the_input_runs_as_the_separate_ops():
+    # every thread reads the input (or the norm's source) whole: where an output or the residual shares
+    # its memory the kernel runs one task, in the separate ops' order, and gives their result
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((1, N_IN)).astype(np.float32)
+    nw = rng.standard_normal(N_IN).astype(np.float32)
+    w = QTensor("o", G.Q4_K, (N_IN, N_IN), weight(G.Q4_K, N_IN, N_IN, 1))
+    ref = a.copy()
+    rms_norm(ref, ref, nw, 1e-6)                         # in place
+    y_ref = _ref(G.Q4_K, w.data, ref, N_IN)
+    x = a.copy()
+    y = np.empty_like(x)
+    assert fused.matvecs(x, [(y, G.Q4_K, w.data, N_IN, 0)], norm=(x, nw, 1e-6))     # x = rms_norm(x) in place
+    assert _same(x, ref) and _same(y, y_ref)
+    x = a.copy()
+    add_rows(x, w, x, x)                                 # x += x W^T, the product written over x first
+    sep = a.copy()
+    w.rows(sep, sep.copy())
+    assert _same(x, sep + sep)
+
+
 def test_warm_compiles_the_kernels_a_decode_takes():
     layer = {"attn_q": (G.Q4_K, 256, N_IN, 0), "attn_k": (G.Q4_K, 32, N_IN, 0), "attn_v": (G.Q6_K, 32, N_IN, 0),
              "attn_output": (G.Q4_K, N_IN, 256, 0), "ffn_gate": (G.Q4_K, 256, N_IN, 0),

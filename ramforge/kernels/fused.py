@@ -62,6 +62,13 @@ def _cut(b, start, row_bytes, n_rows, unit):
     return r // unit * unit
 
 
+@njit(cache=True, inline="always")
+def _overlap(a, b):
+    # whether arrays a and b (C-contiguous) share a byte
+    return (a.size > 0 and b.size > 0 and a.ctypes.data < b.ctypes.data + b.nbytes
+            and b.ctypes.data < a.ctypes.data + a.nbytes)
+
+
 class Prologue(IntEnum):
     NONE = 0              # x as given
     NORM = 1              # x = rms_norm(src) * w, each thread its own (the first writes x)
@@ -97,6 +104,12 @@ def _make_fused(slots: tuple, pro: int, epi: int):
         e0 = y0.shape[1] * rb0                                  # where each weight ends, in bytes
         e1 = e0 + y1.shape[1] * rb1
         e2 = e1 + y2.shape[1] * rb2
+        # what every thread reads (x, or src under NORM) written by one of them: one task, in the order
+        # of the separate ops (norm, quantization, each weight, its epilogue) - no thread reads a half-written row
+        r = src if norm else x
+        if (_overlap(r, y0) or _overlap(r, y1) or _overlap(r, y2) or norm and _overlap(r, x)
+                or add and (_overlap(r, res) or _overlap(res, y0))):
+            n_threads = 1
         for c in prange(n_threads):
             lo, hi = e2 * c // n_threads, e2 * (c + 1) // n_threads
             xt = x
@@ -196,8 +209,8 @@ def fusable(x: np.ndarray, outs: list, vector: bool | None = None, norm: tuple |
     n_in = x.shape[1]
     if not _row(x, n_in, norm is not None):
         return None
-    if norm is not None and not (_row(norm[0], n_in) and isinstance(norm[1], np.ndarray)
-                                 and norm[1].shape == (n_in,) and norm[1].dtype == np.float32):
+    if norm is not None and not (_row(norm[0], n_in) and isinstance(norm[1], np.ndarray) and norm[1].shape == (n_in,)
+                                 and norm[1].dtype == np.float32 and norm[1].flags.c_contiguous):
         return None
     if epi == Epilogue.ADD and not _row(res, outs[0][3], True):
         return None

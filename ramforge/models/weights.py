@@ -13,8 +13,8 @@ import numpy as np
 from ..errors import InternalError, ModelFileError, check_token_ids
 from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile, TensorInfo
-from ..kernels.dequant import dequantize
 from ..kernels import fused
+from ..kernels.dequant import dequantize
 from ..kernels.matmul import batch_view, matmul, shared_input
 from ..kernels.ops import rms_norm, swiglu
 from ..kernels.registry import kernels_for
