@@ -1,6 +1,7 @@
 """Profile records: plain dataclasses and one global switch; rendering lives in the CLI.
 
-When `PROFILE.enabled`, the public ops time themselves by op class (matvec per quant type,
+When `PROFILE.enabled`, the public ops time themselves by op class (matvec per quant type; a decode's
+fused matvecs by their types and what rides in them, e.g. "norm+matvec Q4_K+Q4_K+swiglu";
 attention, norms, rope, glu) and the weight store records each layer's read and wait. Seconds
 spent compiling kernels (a first run, ramforge.jit) are left out of every op and pass time and
 reported once, as compile_s.
