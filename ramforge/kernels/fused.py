@@ -33,23 +33,10 @@ from .glu import _swiglu_span
 from .naming import made_for
 from .ops import _rms_row
 from .qmatmul import VECTOR, _make_packed_one, choice
-from .quantize import _q8_0_token, _q8_k_token
-from .registry import ActType, kernels_for
+from .quantize import ACT_CODE, _token_activation
+from .registry import kernels_for
 
 MAX_WEIGHTS = 3
-_Q8_0, _Q8_1, _Q8_K = 0, 1, 2
-_ACT_CODE = {ActType.Q8_0: _Q8_0, ActType.Q8_1: _Q8_1, ActType.Q8_K: _Q8_K}
-
-
-@njit(cache=True, inline="always")
-def _quantize(code, sub, x, q, d, s, bsum):
-    # x f32[1, n] -> q i8[n], d f32 per block, s f32 (Q8_1's sums), bsum i32 per `sub` (Q8_K) or 32
-    if code == _Q8_K:
-        _q8_k_token(x, 0, q, d, bsum, sub, 0)
-    else:
-        _q8_0_token(x, 0, q, d, s, bsum, code == _Q8_1)
-
-
 @njit(cache=True, inline="always")
 def _cut(b, start, row_bytes, n_rows, unit):
     # the first row of a weight (starting at byte `start` of the weights in a row) at or past byte b,
@@ -80,7 +67,7 @@ class Epilogue(IntEnum):
     SWIGLU = 2            # y0 = silu(y0) * y1, weights 0 and 1 split at the same rows
 
 
-def _make_fused(slots: tuple, pro: int, epi: int):
+def _make_fused(slots: tuple, pro: Prologue, epi: Epilogue):
     """The kernel of 1-3 weights, slots[i] = (type, variant, rep, act code, sub) of weight i: x quantized
     once per distinct (act code, sub) in each thread, then each weight's rows of the thread's bytes;
     pro and epi: what it does before (NONE, NORM) and after (NONE, ADD, SWIGLU)."""
@@ -105,10 +92,10 @@ def _make_fused(slots: tuple, pro: int, epi: int):
         e1 = e0 + y1.shape[1] * rb1
         e2 = e1 + y2.shape[1] * rb2
         # what every thread reads (x, or src under NORM) written by one of them: one task, in the order
-        # of the separate ops (norm, quantization, each weight, its epilogue) - no thread reads a half-written row
-        r = src if norm else x
-        if (_overlap(r, y0) or _overlap(r, y1) or _overlap(r, y2) or norm and _overlap(r, x)
-                or add and (_overlap(r, res) or _overlap(res, y0))):
+        # of the separate ops (norm, quantization, each weight, its epilogue): no thread reads a half-written row
+        rd = src if norm else x
+        if (_overlap(rd, y0) or _overlap(rd, y1) or _overlap(rd, y2) or norm and _overlap(rd, x)
+                or add and (_overlap(rd, res) or _overlap(res, y0))):
             n_threads = 1
         for c in prange(n_threads):
             lo, hi = e2 * c // n_threads, e2 * (c + 1) // n_threads
@@ -118,56 +105,39 @@ def _make_fused(slots: tuple, pro: int, epi: int):
                 _rms_row(xt, src, nw, eps, 0)
                 if c == 0:
                     x[0, :] = xt[0, :]
-            q0 = np.empty(n_in, dtype=np.int8)
-            d0 = np.empty(n_in // 32, dtype=np.float32)
-            sm0 = np.empty(n_in // 32, dtype=np.float32)
-            b0 = np.empty(n_in // 16, dtype=np.int32)
-            _quantize(c0, s0, xt, q0, d0, sm0, b0)
             if paired:                                          # rows a..b of weights 0 and 1
-                ra = _cut(lo, 0, rb0 + rb1, y0.shape[1], upair)
-                rb = _cut(hi, 0, rb0 + rb1, y0.shape[1], upair)
-                a0, b0_, a1, b1_ = ra, rb, ra, rb
+                a0 = a1 = _cut(lo, 0, rb0 + rb1, y0.shape[1], upair)
+                b0 = b1 = _cut(hi, 0, rb0 + rb1, y0.shape[1], upair)
             else:
-                a0, b0_ = _cut(lo, 0, rb0, y0.shape[1], u0), _cut(hi, 0, rb0, y0.shape[1], u0)
-                a1, b1_ = _cut(lo, e0, rb1, y1.shape[1], u1), _cut(hi, e0, rb1, y1.shape[1], u1)
-            rows0(y0, q0, d0, sm0 if c0 == _Q8_1 else d0, b0, raw0, a0, b0_, n_in, rb0)
+                a0, b0 = _cut(lo, 0, rb0, y0.shape[1], u0), _cut(hi, 0, rb0, y0.shape[1], u0)
+                a1, b1 = _cut(lo, e0, rb1, y1.shape[1], u1), _cut(hi, e0, rb1, y1.shape[1], u1)
+            q0, d0, m0, bs0 = _token_activation(c0, s0, xt)    # (q, d, m, bsum)
+            rows0(y0, q0, d0, m0, bs0, raw0, a0, b0, n_in, rb0)
             if add:
-                for r in range(a0, b0_):
+                for r in range(a0, b0):
                     res[0, r] += y0[0, r]
             if w1:
-                q1, d1, sm1, b1 = q0, d0, sm0, b0
-                if own1:
-                    q1 = np.empty(n_in, dtype=np.int8)
-                    d1 = np.empty(n_in // 32, dtype=np.float32)
-                    sm1 = np.empty(n_in // 32, dtype=np.float32)
-                    b1 = np.empty(n_in // 16, dtype=np.int32)
-                    _quantize(c1, s1, xt, q1, d1, sm1, b1)
-                rows1(y1, q1, d1, sm1 if c1 == _Q8_1 else d1, b1, raw1, a1, b1_, n_in, rb1)
+                q1, d1, m1, bs1 = _token_activation(c1, s1, xt) if own1 else (q0, d0, m0, bs0)
+                rows1(y1, q1, d1, m1, bs1, raw1, a1, b1, n_in, rb1)
                 if paired:
                     g = y0[0]
-                    _swiglu_span(g, g, y1[0], 0, a0, b0_, g.size - g.size % 16)
+                    _swiglu_span(g, g, y1[0], 0, a0, b0, g.size - g.size % 16)
             if w2:
-                q2, d2, sm2, b2 = q0, d0, sm0, b0
-                if src2 == 1:
-                    q2, d2, sm2, b2 = q1, d1, sm1, b1
-                elif src2 == 2:
-                    q2 = np.empty(n_in, dtype=np.int8)
-                    d2 = np.empty(n_in // 32, dtype=np.float32)
-                    sm2 = np.empty(n_in // 32, dtype=np.float32)
-                    b2 = np.empty(n_in // 16, dtype=np.int32)
-                    _quantize(c2, s2, xt, q2, d2, sm2, b2)
-                rows2(y2, q2, d2, sm2 if c2 == _Q8_1 else d2, b2, raw2, _cut(lo, e1, rb2, y2.shape[1], u2),
-                      _cut(hi, e1, rb2, y2.shape[1], u2), n_in, rb2)
-    return made_for(_fused, *("_".join(str(getattr(p, "name", p)) for p in s) for s in slots), f"p{int(pro)}e{int(epi)}")
+                q2, d2, m2, bs2 = (q0, d0, m0, bs0) if src2 == 0 else (q1, d1, m1, bs1) if src2 == 1 else \
+                    _token_activation(c2, s2, xt)
+                rows2(y2, q2, d2, m2, bs2, raw2, _cut(lo, e1, rb2, y2.shape[1], u2), _cut(hi, e1, rb2, y2.shape[1], u2),
+                      n_in, rb2)
+    tags = ("_".join(str(getattr(p, "name", p)) for p in s) for s in slots)
+    return made_for(_fused, *tags, f"p{int(pro)}e{int(epi)}")
 
 
 @functools.lru_cache(maxsize=256)
-def _fused_kernel(slots: tuple, pro: int, epi: int):
+def _fused_kernel(slots: tuple, pro: Prologue, epi: Epilogue):
     return _make_fused(slots, pro, epi)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(shapes: tuple, vec: bool, pro: int, epi: int):
+def _plan(shapes: tuple, vec: bool, pro: Prologue, epi: Epilogue):
     """(kernel, row bytes per weight) for weights of shapes ((type, n_out, n_in, rep), ...) and one
     token, or None where one of them does not take the packed one-variant path."""
     if (epi == Epilogue.ADD and len(shapes) != 1
@@ -179,9 +149,9 @@ def _plan(shapes: tuple, vec: bool, pro: int, epi: int):
         if k.qdot is None or n_in % k.block_elems:          # (qmatmul refuses the latter by name)
             return None
         t, rb, act, sub, _, pos_ties, lo, hi, _, packed, _ = choice(ggml_type, n_out, n_in, 1, 1, 0, vec)
-        if not packed or lo != hi or pos_ties or act not in _ACT_CODE or rep % 8 or n_out % (rep or 1):
+        if not packed or lo != hi or pos_ties or act not in ACT_CODE or rep % 8 or n_out % (rep or 1):
             return None
-        slots.append((t, hi, rep, _ACT_CODE[act], sub))
+        slots.append((t, hi, rep, ACT_CODE[act], sub))
         row_bytes.append(rb)
     return _fused_kernel(tuple(slots), pro, epi), tuple(row_bytes)
 

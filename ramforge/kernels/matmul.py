@@ -29,7 +29,7 @@ from .qmatmul import qmatmul, shared_input
 from .registry import ActType, kernels_for
 from .scalars import F16_TO_F32
 
-__all__ = ["batch_view", "float_matmul", "matmul", "matmul_reference", "matvecs", "round_activation", "shared_input"]
+__all__ = ["batch_view", "float_matmul", "matmul", "matmul_reference", "round_activation", "shared_input"]
 
 _ROWS_PER_TASK = 16          # weight rows per parallel task
 

@@ -238,6 +238,28 @@ def _q8_k_reference(x: np.ndarray, sub: int, pos_ties: int = 0) -> QuantizedActi
     return QuantizedActivation(q.reshape(-1), d.reshape(n_tok, -1), _EMPTY_F, bsum)
 
 
+# One token quantized inside a compiled kernel (kernels.fused): the activation type as a code, numba's
+# branch on it in place of quantize_activation's on the ActType.
+ACT_CODE = {ActType.Q8_0: 0, ActType.Q8_1: 1, ActType.Q8_K: 2}
+_Q8_1, _Q8_K = ACT_CODE[ActType.Q8_1], ACT_CODE[ActType.Q8_K]
+
+
+@njit(cache=True, inline="always")
+def _token_activation(code, sub, x):
+    # x f32[1, n] of activation `code` -> (q i8[n], d f32 per block, m (Q8_1's sums, else d), bsum i32 per
+    # `sub` (Q8_K) or per 32): quantize_activation's arrays of one token, flat
+    n = x.shape[1]
+    q = np.empty(n, dtype=np.int8)
+    d = np.empty(n // 32, dtype=np.float32)
+    s = np.empty(n // 32 if code == _Q8_1 else 0, dtype=np.float32)
+    bsum = np.empty(n // 16, dtype=np.int32)
+    if code == _Q8_K:
+        _q8_k_token(x, 0, q, d, bsum, sub, 0)
+    else:
+        _q8_0_token(x, 0, q, d, s, bsum, code == _Q8_1)
+    return q, d, s if code == _Q8_1 else d, bsum
+
+
 def quantize_activation(x: np.ndarray, act, sub: int = 16, pos_ties: int = 0) -> QuantizedActivation:
     """x (f32[n_tok, n]) quantized as llama.cpp does before an integer dot with a weight of `act`
     (an ActType: Q8_0, Q8_1 or Q8_K); `sub` is the weight's sub-block size for Q8_K's sums;

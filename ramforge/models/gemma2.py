@@ -12,7 +12,7 @@ for the sliding layers). NEOX-style RoPE.
 from __future__ import annotations
 
 from ..kernels.attention import attention
-from ..kernels.ops import rms_norm, rope
+from ..kernels.ops import rope
 from . import gemma3
 from .weights import output_rows, rows_of
 
@@ -44,8 +44,8 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     for il in range(*m.layers):
         swa = is_swa(hp, il)
         with w.layer(il) as L:
-            rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)))
+            rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)),
+                    norm=(x, L.attn_norm.data, hp.rms_eps))         # of xb = RMSNorm(x)
             base = base_swa if swa else hp.rope_base
             rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
             rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)

@@ -52,8 +52,7 @@ def ffn(L, hp, x, xb, gate, up) -> None:
     residual, norm, GeGLU FFN (gate, up f32[n, n_ff]), post-FFN norm, residual (Gemma 2 and 3)."""
     rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
     x += xb                                                     # sa_out
-    rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-    rows_of(xb, (L.ffn_gate, gate), (L.ffn_up, up))
+    rows_of(xb, (L.ffn_gate, gate), (L.ffn_up, up), norm=(x, L.ffn_norm.data, hp.rms_eps))
     geglu(gate, gate, up)
     L.ffn_down.rows(xb, gate)
     rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
@@ -74,8 +73,8 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     for il in range(*m.layers):
         swa = is_swa(hp, il)
         with w.layer(il) as L:
-            rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)))
+            rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)),
+                    norm=(x, L.attn_norm.data, hp.rms_eps))         # of xb = RMSNorm(x)
             rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
             rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
             base, scale = (base_swa, scale_swa) if swa else (hp.rope_base, hp.rope_scale)

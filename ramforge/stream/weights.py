@@ -210,9 +210,13 @@ class Weights:
             if len(t.dims) == 1:
                 layer.tensors[s] = QTensor(name, GGMLType.F32, t.dims, dequantize(t.ggml_type, raw, n_elements=t.n_elements))
             else:
-                rep = repack_group(t.dims[1]) if repacked and buf is not None and name in self._repackable(il) else 0
+                rep = self._groups(il, t, repacked and buf is not None)
                 layer.tensors[s] = QTensor(name, t.ggml_type, t.dims, raw, rep)
         return layer
+
+    def _groups(self, il: int, t, repacked: bool) -> int:
+        """The rows in a repacked group of layer il's matrix t where the layer is repacked (0: file order)."""
+        return repack_group(t.dims[1]) if repacked and t.name in self._repackable(il) else 0
 
     def matmul_shapes(self) -> set[tuple]:
         """(type, n_out, n_in, repacked) of the file's matrices as a pass may multiply by them, in file
@@ -230,15 +234,10 @@ class Weights:
         and {"output": ...} for a resident output matrix (kernels.fused.warm)."""
         out = []
         for il in range(*self.plan.layers):
-            rep_ok = il in self.pinned and not self.mmap or il not in self.pinned and REPACK_STREAMED
-            rp = self._repackable(il)
-            d = {}
-            for s in self.tensors:
-                t = self.f.tensors.get(gguf_name(s, il))
-                if t is not None and len(t.dims) == 2:
-                    rep = repack_group(t.dims[1]) if rep_ok and t.name in rp else 0
-                    d[s] = (t.ggml_type, t.dims[1], t.dims[0], rep)
-            out.append(d)
+            repacked = il in self.pinned or REPACK_STREAMED          # (as `layer` makes it; mmap: none)
+            ts = ((s, self.f.tensors.get(gguf_name(s, il))) for s in self.tensors)
+            out.append({s: (t.ggml_type, t.dims[1], t.dims[0], self._groups(il, t, repacked))
+                        for s, t in ts if t is not None and len(t.dims) == 2})
         o = getattr(self, "output", None)       # (resident; streamed chunks vary in rows)
         if o is not None:
             out.append({"output": (o.ggml_type, o.dims[1], o.dims[0], o.repacked)})
