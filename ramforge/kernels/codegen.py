@@ -11,7 +11,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
-from ramforge.gguf.constants import GGMLType
+from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 
 from .blocks import CHUNKS, IQ4_KV, LAYOUTS
 from .lowbit_ir import RAW_SOURCES
@@ -20,16 +20,17 @@ from .unpack import _lookup16
 from .iquants import LAYOUTS as IQ_LAYOUTS
 from .iquants import raw_source as iq_raw_source
 from .llvmir import (I8, I16, I32, I64, dot64_scaled, dot_lanes, dot_lanes_scaled, fma_fn, half_to_float, has_avx2,
-                     has_avx512_vnni, has_vnni, hsum8, native_half, pair_lanes, pick, reduce_add, scale16, splat)
+                     has_avx512_vnni, has_vnni, hsum8, madd16, native_half, pair_lanes, pick, prefetch, reduce_add,
+                     scale16, splat)
 from .variants import (GROUPS, IQ1_DELTA, IQ1_DLANES, IQ1_MINS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN,
                        Q8_1_SUM, SCALAR_FMA, TERNARY_OFFSET, TILED)
 
 
-def _row_codegen(context, builder, variant, p, wsrc, n_sb):
+def _row_codegen(context, builder, variant, p, wsrc, n_sb, ahead=None):
     """IR of one weight row . one token in the arithmetic of `variant` (sub, nsub, mins, mode,
     offset, grp): p maps "aq" "isc" "imn" "ad" "am" "bsum" to element pointers at their offsets;
     wsrc = (w_d(b), w_m(b), w_vec(b, e, c)): super-block b's float scale and min, and the 32 int8
-    weights of its chunk c (element e of the row)."""
+    weights of its chunk c (element e of the row); ahead(b), if given, at each block (row_prefetch)."""
     sub, nsub, mins, mode, offset, grp, post = variant
     assert not post or (mins, mode) in ((NO_MIN, LANES), (NO_MIN, TILED))
     scaled = nsub > 1 and offset != TERNARY_OFFSET        # (the ternary types' scales are all 1)
@@ -81,6 +82,8 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
         d = builder.fmul(da, wdb)
         dmin = builder.fneg(builder.fmul(da, w_m(b)))
         regs = in_regs(b) if in_regs is not None else None      # (isc, imn) <nsub x i32>, or None: scratch
+        if ahead is not None:
+            ahead(b)
 
         def sc_at(j):                              # sub-block j's scale (i32)
             return lane_of(regs[0], j) if regs else at(sp, builder.add(k0, c64(j)))
@@ -97,8 +100,7 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
             sc16 = builder.trunc(blk_vec(0, 0, nsub), ir.VectorType(I16, nsub))
             for c in range(0, chunks, 2):
                 e = builder.add(e0, c64(32 * c))
-                w = builder.shuffle_vector(w_vec(b, e, c), w_vec(b, builder.add(e, c64(32)), c + 1),
-                                           ir.Constant(ir.VectorType(I32, 64), list(range(64))))
+                w = chunk_pair(builder, wsrc, b, e, c)
                 a = ld(builder.bitcast(builder.gep(ap, [e]), ir.VectorType(I8, 64).as_pointer()), align=1)
                 sc = pick(builder, sc16, [(32 * c + 2 * j) // sub for j in range(32)])
                 acc = dot64_scaled(builder, acc, w, a, sc)
@@ -150,8 +152,8 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb):
                     builder.store(builder.insert_element(zero8, m0, ir.Constant(I32, 0)), macc)
         if offset:          # Q6_K: lane c less 32 * (bsum*sc) of sub-blocks 2c, 2c+1 (a madd of the
             assert nsub == 16 and mode in (LANES, TILED)            # 16 bsums; TILED sums the lanes)
-            corr = pair_lanes(builder, ivec(bp, k0, 16) if offset == TERNARY_OFFSET else
-                              builder.mul(ivec(bp, k0, 16), blk_vec(0, 0, 16)))
+            corr = (pair_lanes(builder, ivec(bp, k0, 16)) if offset == TERNARY_OFFSET else   # |bsum| <= 16*128,
+                    madd16(context, builder, ivec(bp, k0, 16), blk_vec(0, 0, 16)))          # |scale| <= 128
             iacc = builder.sub(iacc, builder.mul(corr, ir.Constant(l8, [offset] * 8)))
         if mode == TILED:
             r = builder.fmul(builder.sitofp(reduce_add(builder, iacc), f32), _post_scaled(builder, w_d(b), post))
@@ -297,9 +299,10 @@ def _raw_source(context, builder, t, rp, p):
                 h = builder.and_(builder.lshr(blk(b, bo, v32), k(sb)), k(mb))
                 r = builder.add(r, builder.shl(h, k(lb)))
             return builder.add(r, k(c0)) if c0 else r
+        pair = _chunk_pair(builder, t, blk)
         if not has_block_scales(t):            # the row's scales unpacked into scratch by the kernel
             return (lambda b: builder.load(builder.gep(p["wd"], [b])),
-                    lambda b: builder.load(builder.gep(p["wm"], [b])), w_vec)
+                    lambda b: builder.load(builder.gep(p["wm"], [b])), w_vec, None, None, None, pair)
 
         def w_d(b):                            # f16 (Q8_K: f32) as blocks._scales_fn reads it
             if t == GGMLType.Q8_K:
@@ -308,7 +311,7 @@ def _raw_source(context, builder, t, rp, p):
 
         def w_m(b):
             return half_to_float(context, builder, blk(b, L.m, I16), native) if L.m >= 0 else w_d(b)
-        return w_d, w_m, w_vec, None, None, lambda b: block_scales(builder, t, lambda o, ty: blk(b, o, ty))
+        return w_d, w_m, w_vec, None, None, lambda b: block_scales(builder, t, lambda o, ty: blk(b, o, ty)), pair
 
     def w_unsigned(b, e, chunk):               # the quants before the bias (0..15 or 0..31): blocks._nibble
         v = blk(b, L.qs, v16)                  # order, low nibbles then high, | the qh bits << 4
@@ -333,6 +336,67 @@ def _raw_source(context, builder, t, rp, p):
     def w_m(b):                                # (a type without m: d, unused)
         return half_to_float(context, builder, blk(b, L.m if L.m >= 0 else L.d, I16), native)
     return w_d, w_m, w_vec, ((w_unsigned, L.bias) if L.bias else None)
+
+
+def row_prefetch(builder, t, rp):
+    """ahead(b) for _row_codegen over a packed row at rp (i8*) of type t: its bytes 4 KiB past block b
+    prefetched (a line a block, or a block's lines); rows lie one after another, so past a row's end
+    the next row's."""
+    nbytes = GGML_BLOCK[t][1]
+    return lambda b: prefetch(builder, builder.gep(rp, [builder.mul(b, ir.Constant(I64, nbytes))]), nbytes, 4096)
+
+
+def chunk_pair(builder, wsrc, b, e, c):
+    """<64 x i8>: chunks c and c+1 (elements e..e+63) of super-block b of a source wsrc: its 512-bit
+    builder (wsrc[6], _chunk_pair) where it has one, else its two chunks joined."""
+    w = wsrc[6](b, c) if len(wsrc) > 6 else None
+    if w is not None:
+        return w
+    return builder.shuffle_vector(wsrc[2](b, e, c), wsrc[2](b, builder.add(e, ir.Constant(I64, 32)), c + 1),
+                                  ir.Constant(ir.VectorType(I32, 64), list(range(64))))
+
+
+def _chunk_pair(builder, t, blk):
+    """pair(b, c) -> <64 x i8>: chunks c and c+1 of super-block b (blocks.CHUNKS) side by side, built on
+    512 bits: each bit field read once, as 64 bytes where the two chunks' bytes follow each other, or as
+    32 bytes broadcast where they share them, then shifted lane by lane (the same quants as w_vec's
+    two chunks); None where a field's bytes of the two chunks do neither."""
+    v32, v64, w32 = ir.VectorType(I8, 32), ir.VectorType(I8, 64), ir.VectorType(I16, 32)
+    twice = ir.Constant(ir.VectorType(I32, 64), list(range(32)) * 2)
+    fs = CHUNKS[t]
+
+    def field(b, o0, o1, s0, s1, m, lb=0):    # ((the field >> s) & m) << lb, where the bytes of chunk c
+        if o1 == o0 + 32 and s0 == s1:        # are at o0, of chunk c+1 at o1
+            v = blk(b, o0, v64)
+        elif o1 == o0:
+            v = blk(b, o0, v32)
+            v = builder.shuffle_vector(v, v, twice)
+        else:
+            return None
+        if (m << max(s0, s1)) > 255:           # (shifts per 16 bits: no kept bit may come from the next byte)
+            return None
+        w = builder.bitcast(v, w32)
+        if lb >= max(s0, s1):                  # one shift left to the bits' place (the bits the low byte
+            w = builder.shl(w, ir.Constant(w32, [lb - s0] * 16 + [lb - s1] * 16))       # pushes over: masked)
+        elif lb <= min(s0, s1):
+            w = builder.lshr(w, ir.Constant(w32, [s0 - lb] * 16 + [s1 - lb] * 16))
+        else:
+            w = builder.lshr(w, ir.Constant(w32, [s0] * 16 + [s1] * 16))
+            v = builder.and_(builder.bitcast(w, v64), ir.Constant(v64, [m] * 64))
+            return builder.shl(v, ir.Constant(v64, [lb] * 64))
+        return builder.and_(builder.bitcast(w, v64), ir.Constant(v64, [m << lb] * 64))
+
+    def pair(b, c):
+        (ao, sa, ma, bo, sb, mb, lb, c0), f1 = fs[c], fs[c + 1]
+        assert (ma, mb, lb, c0) == (f1[2], f1[5], f1[6], f1[7])
+        r = field(b, ao, f1[0], sa, f1[1], ma)
+        if mb and r is not None:
+            h = field(b, bo, f1[3], sb, f1[4], mb, lb)
+            r = None if h is None else builder.or_(r, h)       # (disjoint bits)
+        if r is None:
+            return None
+        return builder.add(r, ir.Constant(v64, [c0] * 64)) if c0 else r
+    return pair
 
 
 def _sum_rows8(builder, vs):

@@ -16,7 +16,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .codegen import _raw_source, _scale8, _sum_rows8, scales_in_registers
+from .codegen import _raw_source, _scale8, _sum_rows8, chunk_pair, scales_in_registers
 from .llvmir import (I8, I16, I32, I64, dot64_scaled, dot_lanes, dot_lanes_scaled, dtypes_are, fma_fn, has_avx512_vnni,
                      pair_lanes, pick, scale16, splat)
 from .rows import _literal
@@ -107,8 +107,7 @@ def _gemv8_codegen(context, builder, spec, t, rps, p, n_sb):
                 e = builder.add(e0, c64(32 * c))
                 vb = builder.load(builder.bitcast(builder.gep(p["aq"], [e]), V64.as_pointer()), align=1)
                 for r, s in enumerate(srcs):
-                    w = builder.shuffle_vector(s[2](b, e, c), s[2](b, builder.add(e, c64(32)), c + 1),
-                                               ir.Constant(ir.VectorType(I32, 64), list(range(64))))
+                    w = chunk_pair(builder, s, b, e, c)
                     sc = builder.trunc(regs[r][0], ir.VectorType(I16, nsub))       # pairs' scales by sub-block
                     sc = pick(builder, sc, [(32 * c + 2 * i) // sub for i in range(32)])
                     iacc[r] = dot64_scaled(builder, iacc[r], w, vb, sc)

@@ -13,7 +13,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .llvmir import (I8, I16, I32, I64, avx2_only, dtypes_are, fma_fn, half_to_float, has_avx512_vnni,
-                     has_vnni, maddubs, maddwd, native_half, quad_dot_avx2, quad_lanes, sign_split, splat)
+                     has_vnni, maddubs, maddwd, native_half, prefetch, quad_dot_avx2, quad_lanes, sign_split, splat)
 
 
 def _c64(v):
@@ -27,23 +27,12 @@ def _load(builder, p, off, ty):
 _AHEAD = 2          # blocks prefetched ahead (4 KiB at least): one core streamed Q4_K at 31 GB/s, not 25
 
 
-def _prefetch(builder, blk, nbytes):
-    """Prefetch (read, into L1) the group's block _AHEAD ahead of blk (nbytes each; 4 KiB ahead at
-    least), a cache line a call: the hardware prefetcher alone leaves a core waiting on memory."""
-    ahead = max(_AHEAD * nbytes, 4096)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
-                                        "llvm.prefetch.p0")
-    for o in range(0, nbytes, 64):
-        builder.call(fn, [builder.gep(blk, [_c64(ahead + o)]), ir.Constant(I32, 0), ir.Constant(I32, 3),
-                          ir.Constant(I32, 1)])
-
-
 def _block(context, builder, G, gp, aq, ad, b, nbytes, elems):
     """Block b of a group of G rows (nbytes a block, elems per row), its successor prefetched: (its
     bytes i8*, the token's quants i8* at its first element, d_a <G x float>, the rows' d_w <G x
     float>, the f16 plane at the block's start)."""
     blk = builder.gep(gp, [builder.mul(b, _c64(nbytes))])
-    _prefetch(builder, blk, nbytes)
+    prefetch(builder, blk, nbytes, max(_AHEAD * nbytes, 4096))
     a0 = builder.gep(aq, [builder.mul(b, _c64(elems))])
     da = splat(builder, builder.load(builder.gep(ad, [b])), ir.VectorType(ir.FloatType(), G))
     return blk, a0, da, _f16s(context, builder, blk, 0, G)

@@ -51,6 +51,17 @@ def pair_lanes(builder, v):
     return builder.add(pick(builder, v, list(range(0, n, 2))), pick(builder, v, list(range(1, n, 2))))
 
 
+def madd16(context, builder, a, b):
+    """<16 x i32> a, b whose values fit in i16 -> <8 x i32>, lane l = a[2l]*b[2l] + a[2l+1]*b[2l+1]
+    (exact): one pmaddwd of the values narrowed to i16 on x86 with AVX2, else pair_lanes of the product."""
+    if not has_avx2(context):
+        return pair_lanes(builder, builder.mul(a, b))
+    v16 = ir.VectorType(I16, 16)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VectorType(I32, 8), [v16, v16]),
+                                        "llvm.x86.avx2.pmadd.wd")
+    return builder.call(fn, [builder.trunc(a, v16), builder.trunc(b, v16)])
+
+
 def quad_lanes(builder, p):
     """<32 x i32> products -> <8 x i32>, lane l = p[4l] + ... + p[4l+3]: the lanes of llama.cpp's
     x86 dots (maddubs + madd, or dpbusd), built as pair sums first (LLVM makes them pmaddwd)."""
@@ -232,6 +243,16 @@ def dot64_scaled(builder, acc, w, a, sc):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(l16, [l16, v32, v32]),
                                         "llvm.x86.avx512.vpdpwssd.512")
     return builder.call(fn, [acc, builder.call(ub, [w, a]), sc])
+
+
+def prefetch(builder, p, nbytes, ahead):
+    """Prefetch (read, into L1) the nbytes at i8* p + ahead, a cache line a call: the hardware prefetcher
+    alone leaves a core streaming weights waiting on memory."""
+    ty = ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    fn = cgutils.get_or_insert_function(builder.module, ty, "llvm.prefetch.p0")
+    for o in range(0, nbytes, 64):
+        builder.call(fn, [builder.gep(p, [ir.Constant(I64, ahead + o)]), ir.Constant(I32, 0), ir.Constant(I32, 3),
+                          ir.Constant(I32, 1)])
 
 
 def hsum8(builder, v):

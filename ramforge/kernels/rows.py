@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .codegen import _raw_source, _row_codegen, _rows8_codegen
+from .codegen import _raw_source, _row_codegen, _rows8_codegen, row_prefetch
 from .llvmir import I8, I64, dtypes_are
 from .scalars import _fma
 from .variants import (_ROWS8, GROUPS, IQ1_DELTA, IQ1_DLANES, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, Q8_1_SUM,
@@ -81,7 +81,8 @@ def _vrow_raw(typingctx, ri, raw, ro, aq, ao, isc, imn, wd, wm, ad, am, to, n_sb
                                                   "bsum": (12, 13)})
         for k, name in ((4, "isc"), (5, "imn"), (6, "wd"), (7, "wm")):
             p[name] = context.make_array(sig_.args[k])(context, builder, args_[k]).data
-        return _row_codegen(context, builder, SPECS[v], p, _raw_source(context, builder, t, p["raw"], p), args_[11])
+        return _row_codegen(context, builder, SPECS[v], p, _raw_source(context, builder, t, p["raw"], p), args_[11],
+                            row_prefetch(builder, t, p["raw"]))
     return types.float32(ri, raw, ro, aq, ao, isc, imn, wd, wm, ad, am, to, n_sb, bsum, bo), codegen
 
 
