@@ -20,7 +20,7 @@ from .unpack import _lookup16
 from .iquants import LAYOUTS as IQ_LAYOUTS
 from .iquants import raw_source as iq_raw_source
 from .llvmir import (I8, I16, I32, I64, dot64_scaled, dot_lanes, dot_lanes_scaled, fma_fn, half_to_float, has_avx2,
-                     has_avx512_vnni, has_vnni, hsum8, madd16, native_half, pair_lanes, pick, prefetch, reduce_add,
+                     has_avx512_vnni, has_vnni, hsum8, maddwd, native_half, pair_lanes, pick, prefetch, reduce_add,
                      scale16, splat)
 from .variants import (GROUPS, IQ1_DELTA, IQ1_DLANES, IQ1_MINS, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, NO_MIN,
                        Q8_1_SUM, SCALAR_FMA, TERNARY_OFFSET, TILED)
@@ -152,8 +152,14 @@ def _row_codegen(context, builder, variant, p, wsrc, n_sb, ahead=None):
                     builder.store(builder.insert_element(zero8, m0, ir.Constant(I32, 0)), macc)
         if offset:          # Q6_K: lane c less 32 * (bsum*sc) of sub-blocks 2c, 2c+1 (a madd of the
             assert nsub == 16 and mode in (LANES, TILED)            # 16 bsums; TILED sums the lanes)
-            corr = (pair_lanes(builder, ivec(bp, k0, 16)) if offset == TERNARY_OFFSET else   # |bsum| <= 16*128,
-                    madd16(context, builder, ivec(bp, k0, 16), blk_vec(0, 0, 16)))          # |scale| <= 128
+            bs = ivec(bp, k0, 16)
+            if offset == TERNARY_OFFSET:
+                corr = pair_lanes(builder, bs)
+            elif has_avx2(context):                # one pmaddwd: |bsum| <= 16*128 and |scale| <= 128 fit in i16
+                v16 = ir.VectorType(I16, 16)
+                corr = maddwd(builder, builder.trunc(bs, v16), builder.trunc(blk_vec(0, 0, 16), v16))
+            else:
+                corr = pair_lanes(builder, builder.mul(bs, blk_vec(0, 0, 16)))
             iacc = builder.sub(iacc, builder.mul(corr, ir.Constant(l8, [offset] * 8)))
         if mode == TILED:
             r = builder.fmul(builder.sitofp(reduce_add(builder, iacc), f32), _post_scaled(builder, w_d(b), post))
@@ -384,10 +390,8 @@ def _chunk_pair(builder, t, blk):
             w = builder.shl(w, ir.Constant(w32, [lb - s0] * 16 + [lb - s1] * 16))       # pushes over: masked)
         elif lb <= min(s0, s1):
             w = builder.lshr(w, ir.Constant(w32, [s0 - lb] * 16 + [s1 - lb] * 16))
-        else:
-            w = builder.lshr(w, ir.Constant(w32, [s0] * 16 + [s1] * 16))
-            v = builder.and_(builder.bitcast(w, v64), ir.Constant(v64, [m] * 64))
-            return builder.shl(v, ir.Constant(v64, [lb] * 64))
+        else:                                  # (one half left, one right: no type's fields)
+            return None
         return builder.and_(builder.bitcast(w, v64), ir.Constant(v64, [m << lb] * 64))
 
     def pair(b, c):

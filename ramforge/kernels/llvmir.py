@@ -51,17 +51,6 @@ def pair_lanes(builder, v):
     return builder.add(pick(builder, v, list(range(0, n, 2))), pick(builder, v, list(range(1, n, 2))))
 
 
-def madd16(context, builder, a, b):
-    """<16 x i32> a, b whose values fit in i16 -> <8 x i32>, lane l = a[2l]*b[2l] + a[2l+1]*b[2l+1]
-    (exact): one pmaddwd of the values narrowed to i16 on x86 with AVX2, else pair_lanes of the product."""
-    if not has_avx2(context):
-        return pair_lanes(builder, builder.mul(a, b))
-    v16 = ir.VectorType(I16, 16)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VectorType(I32, 8), [v16, v16]),
-                                        "llvm.x86.avx2.pmadd.wd")
-    return builder.call(fn, [builder.trunc(a, v16), builder.trunc(b, v16)])
-
-
 def quad_lanes(builder, p):
     """<32 x i32> products -> <8 x i32>, lane l = p[4l] + ... + p[4l+3]: the lanes of llama.cpp's
     x86 dots (maddubs + madd, or dpbusd), built as pair sums first (LLVM makes them pmaddwd)."""

@@ -234,7 +234,7 @@ class Weights:
         and {"output": ...} for a resident output matrix (kernels.fused.warm)."""
         out = []
         for il in range(*self.plan.layers):
-            repacked = il in self.pinned or REPACK_STREAMED          # (as `layer` makes it; mmap: none)
+            repacked = (il in self.pinned or REPACK_STREAMED) and not self.mmap    # (as `layer` makes it)
             ts = ((s, self.f.tensors.get(gguf_name(s, il))) for s in self.tensors)
             out.append({s: (t.ggml_type, t.dims[1], t.dims[0], self._groups(il, t, repacked))
                         for s, t in ts if t is not None and len(t.dims) == 2})
