@@ -145,3 +145,18 @@ def test_a_closure_over_a_dispatcher_is_served_from_the_cache(package_copy):
         assert out.returncode == 0, out.stderr
         outs.append(out.stdout.split())
     assert outs == [["8", "0"], ["8", "1"]]           # compiled once, then loaded
+
+
+def test_prefetch_level_follows_the_cpu_numba_caches_for(monkeypatch):
+    """The weights' prefetch level is chosen by the target CPU's name, which numba's cache index keys on
+    (its codegen's magic tuple), so a cache shared between an AMD and an Intel host keeps both."""
+    from numba.core import config
+    from numba.core.registry import cpu_target
+
+    from ramforge.kernels import llvmir
+
+    assert cpu_target.target_context.codegen().magic_tuple()[1] == llvmir.target_cpu_name()
+    for name, level in (("znver5", 3), ("znver3", 3), ("rocketlake", 2), ("sapphirerapids", 2), ("generic", 2)):
+        monkeypatch.setattr(config, "CPU_NAME", name)
+        assert llvmir.target_cpu_name() == name
+        assert llvmir.prefetch_locality() == level

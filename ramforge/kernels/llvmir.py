@@ -239,7 +239,7 @@ def target_cpu_name() -> str:
     which numba's cache keys on (its codegen's magic tuple)."""
     from numba.core import config  # noqa: PLC0415
 
-    return config.CPU_NAME or llvm.get_host_cpu_name()
+    return config.CPU_NAME if config.CPU_NAME not in (None, "host") else llvm.get_host_cpu_name()
 
 
 def prefetch_locality() -> int:
