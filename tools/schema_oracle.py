@@ -7,7 +7,7 @@ llama-cpp-python's own LlamaGrammar.from_json_schema is an older Python copy of 
 integer ranges, another whitespace rule); llama-server and llama.cpp's chat code use this C++ one.
 The binary (g++, the converter, its JSON and trie helpers, and a small driver) is cached under
 $RAMFORGE_ORACLE_BUILD (default ~/.cache/ramforge/oracle). LLAMA_CPP_SRC points at the source tree;
-otherwise the sdist in fixtures/cache/ is unpacked there.
+otherwise the sdist in the fixture cache ($RAMFORGE_FIXTURES, else fixtures/cache/) is unpacked there.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools._fixtures import REPO_ROOT  # noqa: E402
+from tools._fixtures import cache_dir  # noqa: E402
 
-SDIST = REPO_ROOT / "fixtures" / "cache" / "llama_cpp_python-0.3.36.tar.gz"   # tools/_fixtures fetches it
+SDIST = cache_dir() / "llama_cpp_python-0.3.36.tar.gz"   # the fixture cache ($RAMFORGE_FIXTURES); tools/_fixtures fetches it
 BUILD = Path(os.environ.get("RAMFORGE_ORACLE_BUILD", Path.home() / ".cache" / "ramforge" / "oracle"))
 
 DRIVER = r"""
