@@ -53,6 +53,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks.out_of_core import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
 
 PRESET = "qwen3moe-30b-a3b-5l"
 PROMPT = "The history of the printing press begins in the fifteenth century, when"
@@ -141,7 +142,7 @@ def child_ramforge(c: dict) -> dict:
             "majflt_per_token": (ru1.ru_majflt - ru0.ru_majflt) / n,
             "expert_cache": st1, "expert_cache_decode": _delta(st1, st0),
             "compile_s": s["compile_s"], "tokens": out,
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss": peak_rss(),
             "ramforge_file": sys.modules["ramforge"].__file__,
         }
 
@@ -187,7 +188,7 @@ def child_llama(c: dict) -> dict:
             "load_s": load, "prefill_s": prefill, "measured_tokens": n, "s_per_token": sum(times[1:]) / n,
             "token_s": times, "os_read_bytes_per_token": (io1.get("read_bytes", 0) - io0.get("read_bytes", 0)) / n,
             "majflt_per_token": (ru1.ru_majflt - ru0.ru_majflt) / n, "tokens": out,
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "peak_rss": peak_rss()}
 
 
 def child_main(kind: str, cfg: str) -> int:

@@ -25,6 +25,20 @@ sys.path.insert(0, str(REPO))
 PROMPT = [1, 450, 4996, 17354, 1701, 29916]      # llama-spm ids
 
 
+def peak_rss() -> int:
+    """This process's resident high-water mark, bytes: /proc/self/status VmHWM, which starts over at exec.
+    getrusage's ru_maxrss keeps the parent's RSS at fork across the exec (vs_llamacpp.py --ram's child, forked
+    after two in-RAM engines, reported 5 GB under --ram 512M); it stands in where /proc is absent."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def child_ramforge(model: str, ram: str, tokens: int, ctx: int, io: str, threads: int | None = None,
                    prompt: list[int] | None = None, warm: bool = False) -> dict:
     """One budgeted run: seconds per decode token (the first decode pass left out), bytes read per
@@ -55,7 +69,7 @@ def child_ramforge(model: str, ram: str, tokens: int, ctx: int, io: str, threads
                 "pinned": len(e.plan.pinned), "n_layer": e.hp.n_layer, "load_s": load, "s_per_token": per_tok,
                 "bytes_per_token": bytes_tok, "wait_per_token": wait_tok, "tokens": out,
                 "n_prompt": len(prompt), "prefill_tok_s": len(prompt) / prefill_s if prefill_s > 0 else 0.0,
-                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+                "peak_rss": peak_rss()}
 
 
 def child_llama(model: str, tokens: int, ctx: int) -> dict:
@@ -77,7 +91,7 @@ def child_llama(model: str, tokens: int, ctx: int) -> dict:
         times.append(time.perf_counter() - t)
         tok = argmax()
     return {"s_per_token": sum(times[1:]) / len(times[1:]),
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "peak_rss": peak_rss()}
 
 
 def run_child(args: list[str]) -> dict:
