@@ -53,7 +53,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks.out_of_core import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
+from ramforge.report import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
 
 PRESET = "qwen3moe-30b-a3b-5l"
 PROMPT = "The history of the printing press begins in the fifteenth century, when"
@@ -373,7 +373,7 @@ def _pf_rate(st: dict):
 def table(runs: list[dict], bw: float) -> str:
     """One row per run. MB/tok: bytes read per measured token (ramforge: its profile; llama.cpp: the
     process's storage reads, /proc/<pid>/io, as `io MB/tok` for both); bound: those bytes at the
-    O_DIRECT bandwidth; RSS-budget: ru_maxrss - budget (llama.cpp's counts its mapped file and shared
+    O_DIRECT bandwidth; RSS-budget: peak RSS (VmHWM) - budget (llama.cpp's counts its mapped file and shared
     libraries; its cgroup's peak charge is `cg` under peak/plan); cache MiB: the file's page cache after
     the run; same: greedy tokens equal to the first ramforge run's; busy: cores' worth of CPU that other
     processes took during the run (a shared machine: with --threads = the core count, a busy core slows

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -22,21 +21,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+from ramforge.report import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
+
 PROMPT = [1, 450, 4996, 17354, 1701, 29916]      # llama-spm ids
-
-
-def peak_rss() -> int:
-    """This process's resident high-water mark, bytes: /proc/self/status VmHWM, which starts over at exec.
-    getrusage's ru_maxrss keeps the parent's RSS at fork across the exec (vs_llamacpp.py --ram's child, forked
-    after two in-RAM engines, reported 5 GB under --ram 512M); it stands in where /proc is absent."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def child_ramforge(model: str, ram: str, tokens: int, ctx: int, io: str, threads: int | None = None,

@@ -100,13 +100,12 @@ def child_solo(model: str, n: int, n_prompt: int, gen: int, ctx: int, threads: i
 
 
 def child_parallel(model: str, ram: str, n: int, n_prompt: int, gen: int, ctx: int, threads: int | None) -> dict:
-    import resource
-
     from ramforge.batcher import Batcher
     from ramforge.engine import Engine
     from ramforge.jit import COMPILE
     from ramforge.memory import MemoryBudget, parse_memory_size
     from ramforge.profiling import PROFILE
+    from ramforge.report import peak_rss
 
     budget = MemoryBudget(parse_memory_size(ram))
     t0 = time.perf_counter()
@@ -166,7 +165,7 @@ def child_parallel(model: str, ram: str, n: int, n_prompt: int, gen: int, ctx: i
                 "wait_s": sum(p["wait_s"] for p in passes),
                 "pinned": len(eng.plan.pinned), "n_layer": eng.hp.n_layer,
                 "streamed_per_pass_plan": eng.plan.streamed_bytes_per_token,
-                "managed_peak": budget.peak, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "managed_peak": budget.peak, "peak_rss": peak_rss(),
                 "tokens": toks}
     rec["charged_after_close"] = budget.current                       # a leak if not 0
     rec["replay"] = replay(model, ctx, n, schedule, ps, gen)          # after the budgeted engine closed

@@ -96,6 +96,20 @@ def test_run_profile_and_memory_report_json():
     assert "python overhead per decode token" in r.stderr and "compiled kernel calls per token" in r.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux's /proc")
+def test_peak_rss_is_the_process_own_not_its_parents():
+    """--memory-report's peak RSS: a child started by a large parent reports its own high-water mark
+    (ru_maxrss would carry the parent's RSS at fork across the exec)."""
+    import numpy as np
+
+    big = np.ones(512 * 2**20 // 8)                            # 512 MiB resident in this process
+    r = subprocess.run([sys.executable, "-c", "from ramforge.report import peak_rss; print(peak_rss())"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert 0 < int(r.stdout) < 400 * 2**20, int(r.stdout) >> 20
+    del big
+
+
 def test_profile_kernel_clock_counts_only_while_enabled():
     """--profile times calls into compiled kernels; off, numba's C call is back (nothing to pay)."""
     import numpy as np
