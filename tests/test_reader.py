@@ -6,6 +6,7 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ramforge.errors import GGUFError, RamforgeError
 from ramforge.gguf.constants import GGMLType, GGUFValueType as VT
@@ -53,6 +54,36 @@ def test_agrees_with_gguf_py(tmp_path):
         assert mine.offset == t.data_offset and mine.nbytes == t.n_bytes
         assert mine.dims == tuple(int(x) for x in t.shape) and int(mine.ggml_type) == int(t.tensor_type)
         assert np.array_equal(ours.read_tensor(mine), np.asarray(t.data).view(np.uint8).reshape(-1))
+
+
+# raw strings: empty, NUL inside, invalid and truncated UTF-8, and long enough to cross a read's end
+_RAW_STRINGS = st.lists(st.one_of(st.binary(max_size=12), st.text(max_size=6).map(lambda t: t.encode()),
+                                  st.sampled_from([b"", b"\x00", b"a\x00b", b"\xe2\x82", b"\xac", b"\xff\xfe",
+                                                   b"\xf0\x9f\x98", b"\xed\xa0\x80"])),
+                        max_size=40)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=_RAW_STRINGS, pad=st.integers(0, 40))
+def test_string_array_decodes_each_string_alone(tmp_path, monkeypatch, raw, pad):
+    """The batched vocabulary decode (_decode_strings: one decode split on NUL) gives what decoding each
+    string alone gives, across buffer refills (a 64-byte read here) and strings that hold a NUL."""
+    import ramforge.gguf.reader as reader
+
+    monkeypatch.setattr(reader, "_READ_AHEAD", 64)
+    payload = struct.pack("<IQ", VT.STRING, len(raw)) + b"".join(struct.pack("<Q", len(r)) + r for r in raw)
+    f = open_bytes(tmp_path, GGUFBuilder().add("pad", VT.STRING, "p" * pad).kv_raw("s", VT.ARRAY, payload)
+                   .add("after", VT.UINT32, 7).build())
+    assert f.metadata["s"] == [r.decode("utf-8", "surrogateescape") for r in raw]
+    assert f.metadata["after"] == 7
+
+
+def test_string_array_of_a_real_vocabulary_matches_gguf_py(default_model):
+    gguf = pytest.importorskip("gguf")
+    ours = GGUFFile(default_model).metadata["tokenizer.ggml.tokens"]
+    field = gguf.GGUFReader(default_model).fields["tokenizer.ggml.tokens"]
+    theirs = [bytes(field.parts[i]).decode("utf-8", "surrogateescape") for i in field.data]
+    assert len(ours) == 262144 and ours == theirs
 
 
 def test_default_model_descriptors_match_gguf_py(default_model):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,21 +128,33 @@ class _Cursor:
         return 0
 
     def string_array(self, count: int, field: str) -> list[str]:
-        """count length-prefixed strings; the hot loop of reading a vocabulary."""
-        out, unpack, size = [], struct.Struct("<Q").unpack_from, self.g.size
-        for i in range(count):
-            lo = self.pos - self.buf_start
-            if lo + 8 > len(self.buf):
-                lo = self._fill(8, f"{field}[{i}] length")
-            (n,) = unpack(self.buf, lo)
+        """count length-prefixed strings (a vocabulary: 262k of them). Per chunk of buf, a Python loop
+        finds where each string's length field starts; the strings are then decoded in one call."""
+        out: list[str] = []
+        unpack, size = struct.Struct("<Q").unpack_from, self.g.size
+        while len(out) < count:
+            i = len(out)
+            lo = self._fill(8, f"{field}[{i}] length")
+            buf, heads, p = self.buf, array("q"), lo
+            add = heads.append
+            try:                                      # the hot loop: where each length field starts
+                for _ in range(count - i):
+                    n = unpack(buf, p)[0]             # struct.error, OverflowError: no 8 bytes at p in buf
+                    add(p)
+                    p += 8 + n
+            except (struct.error, OverflowError):
+                pass
+            while heads and p > len(buf):             # the last string runs past buf
+                p = heads.pop()
+            if heads:
+                out += _decode_strings(buf, heads, p)
+                self.pos = self.buf_start + p
+                continue
+            (n,) = unpack(buf, lo)                    # one string that buf does not hold
+            if n > size - self.pos - 8:
+                raise GGUFError(f"{field}[{i}] length", n, self.pos, f"at most {size - self.pos - 8} (bytes left in the file)", self.g.path)
             self.pos += 8
-            lo += 8
-            if lo + n > len(self.buf):
-                if n > size - self.pos:
-                    raise GGUFError(f"{field}[{i}] length", n, self.pos - 8, f"at most {size - self.pos} (bytes left in the file)", self.g.path)
-                lo = self._fill(n, f"{field}[{i}]")
-            out.append(self.buf[lo:lo + n].decode("utf-8", "surrogateescape"))
-            self.pos += n
+            out.append(self.take(n, f"{field}[{i}]").decode("utf-8", "surrogateescape"))
         return out
 
     def string(self, field: str, strict: bool = False) -> str:
@@ -154,6 +167,25 @@ class _Cursor:
             return raw.decode("utf-8", errors="strict" if strict else "surrogateescape")
         except UnicodeDecodeError as e:
             raise GGUFError(field, raw[:64], at, f"valid UTF-8 ({e.reason})", self.g.path) from None
+
+
+def _decode_strings(buf: bytes, heads: array, end: int) -> list[str]:
+    """The strings whose u64 length fields start at buf[heads] (the last one ends at buf[end]), decoded
+    as UTF-8 with surrogateescape. Each length field becomes one NUL and the whole run is decoded and
+    split on NUL: the same strings as decoding each alone (a NUL cannot continue a UTF-8 sequence, and
+    surrogateescape escapes invalid bytes one by one), unless a string holds a NUL itself."""
+    h0 = heads[0]
+    h = np.frombuffer(heads, np.int64) - h0
+    run = np.frombuffer(buf, np.uint8, end - h0, h0).copy()
+    keep = np.ones(run.size, bool)
+    for k in range(1, 8):
+        keep[h + k] = False
+    run[h] = 0
+    run = run[keep]
+    if np.count_nonzero(run == 0) != len(heads):      # a string holds a NUL: decode one by one
+        return [buf[p + 8:p + 8 + int.from_bytes(buf[p:p + 8], "little")].decode("utf-8", "surrogateescape")
+                for p in heads]
+    return run[1:].tobytes().decode("utf-8", "surrogateescape").split("\x00")
 
 
 class GGUFFile:

@@ -115,7 +115,7 @@ class Vocab:
         if n == 0:
             raise TokenizerMetadataError(f"{KEY}tokens is empty")
         tokens = list(tokens)
-        if not all(type(t) is str for t in tokens):
+        if set(map(type, tokens)) != {str}:
             i = next(i for i, t in enumerate(tokens) if type(t) is not str)
             raise TokenizerMetadataError(f"{KEY}tokens[{i}] is a {type(tokens[i]).__name__}, expected a string")
         if not all(tokens):
@@ -138,10 +138,10 @@ class Vocab:
             for t, a in _TYPE_TO_ATTR.items():
                 lut[t] = a
             tt = ttype.astype(np.int64)
-            attrs = np.where((tt >= 0) & (tt < 8), lut[np.clip(tt, 0, 7)], ATTR_UNDEFINED)
-            self.attrs: list[int] = attrs.tolist()
+            attrs = np.where((tt >= 0) & (tt < 8), lut[np.clip(tt, 0, 7)], ATTR_UNDEFINED).astype(np.int32)
         else:
-            self.attrs = [ATTR_NORMAL] * n
+            attrs = np.full(n, ATTR_NORMAL, np.int32)
+        self.attrs = attrs              # i32[n] through the derivations below, then a list[int]
 
         self.token_to_id: dict[str, int] = dict(zip(tokens, range(n)))
         if len(self.token_to_id) != n:
@@ -170,6 +170,7 @@ class Vocab:
         self._detect_special_tokens()
         self._build_special_cache()
         self._apply_name_attrs(md)
+        self.attrs: list[int] = attrs.tolist()
         self._piece_cache: dict[int, bytes] = {}
         self._partition_lists: tuple[list, list] | None = None
         self._byte_tokens: list[int | None] | None = None
@@ -227,9 +228,9 @@ class Vocab:
                     self._force_control(sp[field])
 
         # control tokens whose text says "unused" are unused
-        for tid, a in enumerate(attrs):
-            if a & ATTR_CONTROL and not a & ATTR_UNUSED and "unused" in tokens[tid]:
-                attrs[tid] = a | ATTR_UNUSED
+        for tid in np.flatnonzero((attrs & (ATTR_CONTROL | ATTR_UNUSED)) == ATTR_CONTROL).tolist():
+            if "unused" in tokens[tid]:
+                attrs[tid] |= ATTR_UNUSED
 
         eog: set[int] = set()
         for field in ("fim_pad", "fim_rep", "fim_sep"):
@@ -263,7 +264,7 @@ class Vocab:
 
     def _build_special_cache(self) -> None:
         mask = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN
-        ids = [i for i, a in enumerate(self.attrs) if a & mask]
+        ids = np.flatnonzero(self.attrs & mask).tolist()
         # llama.cpp sorts by byte length, longest first (std::sort, so the order of equal lengths is
         # unspecified there; we keep ascending ids)
         ids.sort(key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogateescape")))
