@@ -183,8 +183,7 @@ def _decode_strings(buf: bytes, heads: array, end: int) -> list[str]:
     run[h] = 0
     run = run[keep]
     if np.count_nonzero(run == 0) != len(heads):      # a string holds a NUL: decode one by one
-        return [buf[p + 8:p + 8 + int.from_bytes(buf[p:p + 8], "little")].decode("utf-8", "surrogateescape")
-                for p in heads]
+        return [buf[p + 8:e].decode("utf-8", "surrogateescape") for p, e in zip(heads, [*heads[1:], end])]
     return run[1:].tobytes().decode("utf-8", "surrogateescape").split("\x00")
 
 
