@@ -1,0 +1,138 @@
+"""tools/make_direct.py: quantized GGUFs written directly (no F16 pass). Small shapes of the real
+presets: the file parses with ramforge's reader, each tensor has the type llama.cpp's quantizer
+would give it, every block's scales are finite and give zero-mean weights of the intended std,
+the bytes are deterministic, and the engine runs the file to finite logits."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from ramforge.engine import Engine
+from ramforge.gguf.constants import GGMLType
+from ramforge.gguf.reader import GGUFFile
+from ramforge.kernels.dequant import dequantize
+from tools import make_direct as md
+from tools.make_models import expected_types, tensor_plan
+
+SMALL = {"n_embd": 256, "n_head": 4, "n_head_kv": 2, "head_dim": 64}
+CASES = {   # preset: (shape overrides, the quantized types the file must hold)
+    "qwen3moe-30b-a3b": ({**SMALL, "n_ff_exp": 256, "n_expert": 16}, {"Q4_K", "Q6_K"}),
+    "gpt-oss-20b": ({**SMALL, "n_ff": 256, "n_ff_exp": 256}, {"MXFP4", "Q8_0"}),
+    "llama-3.1-8b": ({**SMALL, "n_ff": 512}, {"Q4_K", "Q6_K"}),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def written(request, tmp_path_factory):
+    shape, kinds = CASES[request.param]
+    p = md.resolve(request.param, layers=2, shape=shape)
+    out = md.write_direct(p, tmp_path_factory.mktemp("direct") / md.default_name(p), progress=False)
+    return p, out, kinds
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_file_has_the_quantizers_types_and_shapes(written):
+    p, out, kinds = written
+    want = expected_types(p.spec, p.qtype, p.n_vocab)
+    plan = {name: shape for name, shape, _ in tensor_plan(p.spec, p.n_vocab)}
+    with GGUFFile(out) as f:
+        md_ = f.metadata
+        assert md_[f"{p.spec.arch}.block_count"] == 2
+        assert md_[f"{p.spec.arch}.embedding_length"] == 256
+        assert md_["general.file_type"] == md.FILE_TYPE[p.qtype]
+        assert len(md_["tokenizer.ggml.tokens"]) == p.n_vocab
+        assert {n: t.ggml_type.name for n, t in f.tensors.items()} == want
+        assert {n: t.shape for n, t in f.tensors.items()} == plan
+        assert f.data_offset + sum(-(-t.nbytes // 32) * 32 for t in f.tensors.values()) == f.size
+    assert kinds <= set(want.values())
+
+
+def test_vocab_padded_to_the_real_size_with_unused_tokens(written):
+    p, out, _ = written
+    with GGUFFile(out) as f:
+        types = np.asarray(f.metadata["tokenizer.ggml.token_type"])
+        tokens = f.metadata["tokenizer.ggml.tokens"]
+    n_real = {"qwen2": 151936, "llama-bpe": 128256}[p.spec.vocab]
+    assert len(types) == p.n_vocab >= n_real
+    assert (types[n_real:] == md.TOKEN_UNUSED).all() and (types[:n_real] != md.TOKEN_UNUSED).all()
+    assert len(set(tokens)) == len(tokens)
+
+
+def _block_scales(t: str, raw: np.ndarray) -> np.ndarray:
+    """The float scale fields of blocks (n, nbytes), as ggml reads them."""
+    if t in ("Q4_K", "Q5_K"):
+        return raw[:, 0:4].copy().view(np.float16).astype(np.float32)      # d, dmin
+    if t == "Q6_K":
+        return raw[:, 208:210].copy().view(np.float16).astype(np.float32)
+    if t == "Q8_0":
+        return raw[:, 0:2].copy().view(np.float16).astype(np.float32)
+    return np.ldexp(np.float32(1), raw[:, :1].astype(np.int32) - 127)      # MXFP4's E8M0
+
+
+def test_block_scales_finite_and_weights_sane(written):
+    p, out, _ = written
+    with GGUFFile(out) as f:
+        for name, shape, kind in tensor_plan(p.spec, p.n_vocab):
+            t = f.tensors[name]
+            if t.ggml_type == GGMLType.F32:
+                x = f.read_tensor(t).view(np.float32)
+                assert np.isfinite(x).all(), name
+                if name.endswith("norm.weight"):
+                    assert 0.9 < x.mean() < 1.1, name
+                continue
+            b = md.BLOCKS[t.ggml_type.name]
+            n = min(t.nbytes // b.nbytes, 4096)
+            raw = f.read_tensor(t, 0, n * b.nbytes)
+            s = _block_scales(t.ggml_type.name, raw.reshape(n, b.nbytes))
+            assert np.isfinite(s).all() and (s > 0).all(), name
+            w = dequantize(t.ggml_type, raw)
+            std = md.target_std(p.spec, name, shape, kind)
+            assert np.isfinite(w).all(), name
+            assert abs(w.mean()) < 0.05 * std + 3 * std / np.sqrt(w.size), (name, w.mean(), std)
+            assert 0.8 * std < w.std() < 1.25 * std, (name, w.std(), std)
+            if t.ggml_type == GGMLType.Q8_0:       # the quantizer's range: never -128
+                assert not (raw.reshape(n, b.nbytes)[:, 2:] == 0x80).any()
+
+
+def test_deterministic(written, tmp_path):
+    p, out, _ = written
+    again = md.write_direct(p, tmp_path / "again.gguf", progress=False)
+    assert _sha(again) == _sha(out)
+
+
+def test_engine_runs_it(written):
+    p, out, _ = written
+    with Engine.load(str(out), n_ctx=64, n_threads=1) as e:
+        logits = e.eval([1, 2, 3], aligned=True)[-1]
+    assert logits.shape == (p.n_vocab,) and np.isfinite(logits).all() and logits.std() > 0.1
+
+
+def test_k4_scale_packing_roundtrips():
+    rng = np.random.default_rng(0)
+    sc, mn = rng.integers(0, 64, (50, 8)).astype(np.uint8), rng.integers(0, 64, (50, 8)).astype(np.uint8)
+    q = md._pack_k4_scales(sc, mn)
+    for j in range(8):                     # ggml's get_scale_min_k4
+        if j < 4:
+            d, m = q[:, j] & 63, q[:, j + 4] & 63
+        else:
+            d = (q[:, j + 4] & 0xF) | ((q[:, j - 4] >> 6) << 4)
+            m = (q[:, j + 4] >> 4) | ((q[:, j] >> 6) << 4)
+        assert (d == sc[:, j]).all() and (m == mn[:, j]).all()
+
+
+def test_llama31_rope_freqs_are_the_converters():
+    f = md.llama3_rope_freqs(md.PRESETS["llama-3.1-8b"].spec)
+    assert f.shape == (64,) and f[0] == 1.0 and f[-1] == 8.0
+    assert ((f[1:] - f[:-1]) >= 0).all() and 1 < f[(f > 1) & (f < 8)].mean() < 8
+
+
+def test_unwritable_type_is_refused():
+    with pytest.raises(ValueError, match="no direct writer"):
+        md.scale_table("IQ2_XS", 0.02, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="unknown shape fields"):
+        md.resolve("qwen3moe-30b-a3b", shape={"n_embed": 8})
