@@ -7,10 +7,16 @@ llama.cpp under the same memory cap.
     python benchmarks/moe_out_of_core.py --quick              # smoke run: tiny synthetic qwen3moe, 4 tokens
     python benchmarks/moe_out_of_core.py [--model PATH] [--rams 1/4 1/2 768M] [--tokens 32] [--ctx 512]
         [--threads 2] [--policies lru lfu] [--prefetch on off] [--llama-repack] [--no-llama]
-        [--repeat 3] [--json OUT.json]
+        [--repeat 3] [--json OUT.json] [--fair-disk [DIR] | --no-fair-disk] [--read-ahead-kb 128]
 
 The model is tools/make_models.py's preset qwen3moe-30b-a3b-5l, built into the fixture cache on first
 use (F16 then llama.cpp's quantizer: ~4 minutes on 2 cores, 7 GB of disk for the F16 meanwhile).
+
+Both engines read the model from a fair disk (benchmarks/fairdisk.py: a copy on a loop-mounted ext4
+image, direct I/O to its backing file, read-ahead 128 KiB as a typical NVMe's) where root and losetup
+are; --no-fair-disk runs from the file's own disk (this VM's reads 8 MiB around every mmap fault).
+The device's O_DIRECT bandwidth for expert-sized random reads (one expert's gate/up/down slice, 1 and
+4 readers) is measured on the file, and each ramforge run's read rate is given as a share of it.
 
 Every measurement runs in a fresh child process, with the file evicted from the page cache before
 it (posix_fadvise DONTNEED, as `dd iflag=nocache count=0`) and its page-cache residency (mincore,
@@ -54,6 +60,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from ramforge.report import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
+from benchmarks import fairdisk  # noqa: E402
+from benchmarks.fairdisk import read_ahead_kb  # noqa: E402,F401  (the readahead of the device holding a file)
 
 PRESET = "qwen3moe-30b-a3b-5l"
 PROMPT = "The history of the printing press begins in the fifteenth century, when"
@@ -426,18 +434,6 @@ def median(rs: list[dict]) -> dict:
     return pick
 
 
-def read_ahead_kb(path: str) -> int | None:
-    """The readahead window of the block device holding path (mmap faults read around this much)."""
-    dev = os.stat(path).st_dev
-    d = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
-    for q in (d / "queue" / "read_ahead_kb", d / ".." / "queue" / "read_ahead_kb"):
-        try:
-            return int(q.read_text())
-        except OSError:
-            continue
-    return None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help=f"a GGUF file (default: the {PRESET} preset at Q4_K_M, built once)")
@@ -458,12 +454,12 @@ def main() -> int:
                                                            "the median s/token is reported")
     ap.add_argument("--quick", action="store_true", help="smoke run on the tiny synthetic qwen3moe, 4 tokens")
     ap.add_argument("--json", help="write all raw figures here")
+    fairdisk.add_argument(ap)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return child_main(*a.child)
 
-    from ramforge.stream.io import evict, page_cache_residency, probe_read_speed
     from tools._fixtures import llama_cpp_or_none
 
     have_llama = llama_cpp_or_none() is not None
@@ -475,13 +471,33 @@ def main() -> int:
             model = str(ensure_model("qwen3moe", "Q8_0" if have_llama else "F16"))
         else:
             model = str(build(PRESETS[PRESET], "Q4_K_M", keep_f16=False))
+    with fairdisk.for_benchmark(a.fair_disk, model, a.read_ahead_kb) as (model, disk):
+        return bench(a, model, disk, have_llama)
+
+
+def expert_read_bytes(model: str) -> int | None:
+    """Bytes of one expert's slice of the first layer's ffn_gate_exps (ramforge reads an expert's gate, up
+    and down slices apart), or None for a model without experts."""
+    from ramforge.gguf.reader import GGUFFile
+
+    with GGUFFile(model) as f:
+        t = f.tensors.get("blk.0.ffn_gate_exps.weight")
+        return t.nbytes // t.dims[2] if t is not None and len(t.dims) == 3 else None
+
+
+def bench(a, model: str, disk, have_llama: bool) -> int:
+    """The measurements, on `model` (a copy on the fair disk `disk`, or the file itself where disk is None)."""
+    from dataclasses import asdict
+
+    from ramforge.stream.io import evict, page_cache_residency, probe_read_speed
+
     tokens = a.tokens or (4 if a.quick else 32)
     rams = a.rams or (["1/2", "256M"] if a.quick else ["1/4", "1/2"])     # (256M: the tiny model resident)
     a.batch = a.batch or (8 if a.quick else 64)
     size = os.path.getsize(model)
     prompt, text = prompt_tokens(model)
     if tokens > len(text):
-        ap.error(f"--tokens {tokens}: the decode text has {len(text)} tokens")
+        raise SystemExit(f"error: --tokens {tokens}: the decode text has {len(text)} tokens")
     configs, notes = ramforge_configs(a.policies, a.prefetch)
     import ramforge
 
@@ -495,12 +511,18 @@ def main() -> int:
     ra = read_ahead_kb(model)
     print(f"O_DIRECT sequential read bandwidth on this file: {bw / 1e9:.2f} GB/s; the device's read_ahead_kb "
           f"{ra} (an mmap fault reads around up to this much); load average {os.getloadavg()[0]:.2f}")
+    xb = expert_read_bytes(model)
+    expert_bw = [fairdisk.measure_bandwidth(model, xb, n) for n in (1, 4)] if xb else []
+    bw_x = max((b.bytes_per_s for b in expert_bw), default=None)
+    for b in expert_bw:
+        print(f"O_DIRECT random reads of one expert's slice: {b.describe()}")
     llama_runs = [] if a.no_llama or not have_llama else [False] + ([True] if a.llama_repack else [])
     if not have_llama and not a.no_llama:
         print("llama.cpp: llama-cpp-python not importable; its side is skipped")
     report = {"model": model, "size": size, "prompt": prompt, "tokens": tokens, "ctx": a.ctx, "batch": a.batch,
               "threads": a.threads, "io": a.io, "bandwidth": bw, "read_ahead_kb": ra, "repeat": a.repeat,
-              "notes": notes, "budgets": []}
+              "notes": notes, "budgets": [], "fair_disk": asdict(disk.status()) if disk else None,
+              "expert_read_bytes": xb, "expert_read_bandwidth": [asdict(b) for b in expert_bw]}
     common = {"model": model, "ctx": a.ctx, "batch": a.batch, "threads": a.threads, "tokens": tokens,
               "prompt": prompt, "text": text}
     for ram in rams:
@@ -546,6 +568,11 @@ def main() -> int:
                 print(f"  {label(r)}: repeats s/token (busy cores) " + ", ".join(
                     f"{x['s_per_token']:.3f} ({x['other_cpu']:.1f})" if "s_per_token" in x else x.get("error", "?")[:30]
                     for x in sorted(each, key=lambda x: x.get("s_per_token", 0))))
+            if bw_x and r["engine"] == "ramforge" and r.get("s_per_token"):
+                r["read_share_of_expert_bw"] = r["bytes_per_token"] / r["s_per_token"] / bw_x
+                print(f"  {label(r)}: reads {r['bytes_per_token'] / r['s_per_token'] / 1e9:.3f} GB/s while decoding = "
+                      f"{100 * r['read_share_of_expert_bw']:.0f}% of the device's {bw_x / 1e9:.2f} GB/s for "
+                      f"expert-sized reads")
             st = r.get("expert_cache_decode")
             if st:
                 print(f"  {label(r)}: expert cache over the measured tokens {st}")

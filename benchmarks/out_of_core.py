@@ -1,11 +1,15 @@
 """Out-of-core benchmark: a ~3B llama (Q4_K_M, ~1.8 GB) under --ram 512M and 1G.
 
     python benchmarks/out_of_core.py [--model PATH] [--tokens 16] [--ctx 512] [--rams 512M 1G]
+        [--fair-disk [DIR] | --no-fair-disk] [--read-ahead-kb 128]
 
 For each budget, in a fresh process with the file evicted from the page cache: seconds per decode
 token against the I/O bound (bytes streamed per token / O_DIRECT read bandwidth measured on the
 same file in the same run), peak RSS against the budget, and the file's page-cache residency after.
 llama.cpp (llama-cpp-python, mmap) runs on the same file for reference when it is importable.
+Both read the model from a fair disk (benchmarks/fairdisk.py: a copy on a loop-mounted ext4 image,
+direct I/O to its backing file, read-ahead 128 KiB) where root and losetup are; --no-fair-disk runs
+from the file's own disk.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 
 from ramforge.report import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
+from benchmarks import fairdisk  # noqa: E402
 
 PROMPT = [1, 450, 4996, 17354, 1701, 29916]      # llama-spm ids
 
@@ -110,6 +115,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--rams", nargs="+", default=["512M", "1G"])
     ap.add_argument("--io", default="direct")
+    fairdisk.add_argument(ap)
     ap.add_argument("--child", nargs="+")
     a = ap.parse_args()
     if a.child:
@@ -121,18 +127,25 @@ def main() -> int:
             res = child_llama(rest[0], int(rest[1]), int(rest[2]))
         print(json.dumps(res))
         return 0
-    from ramforge.stream.io import evict, page_cache_residency, probe_read_speed
-
     model = a.model
     if model is None:
         from tools.make_models import PRESETS, build
 
         model = str(build(PRESETS["llama-3b"], "Q4_K_M", keep_f16=False))
+    with fairdisk.for_benchmark(a.fair_disk, model, a.read_ahead_kb) as (model, _):
+        return bench(a, model)
+
+
+def bench(a, model: str) -> int:
+    """The measurements, reading `model` (on the fair disk, or the file itself)."""
+    from ramforge.stream.io import evict, page_cache_residency, probe_read_speed
+
     size = os.path.getsize(model)
     print(f"model {model}: {size / 1e9:.2f} GB")
     evict(model)
     bw = probe_read_speed(model, nbytes=1 << 30)
-    print(f"O_DIRECT read bandwidth on this file: {bw / 1e9:.2f} GB/s")
+    print(f"O_DIRECT read bandwidth on this file: {bw / 1e9:.2f} GB/s; the device's read_ahead_kb "
+          f"{fairdisk.read_ahead_kb(model)}")
     for ram in a.rams:
         r = run_budgeted(model, ram, a.tokens, a.ctx, a.io, bw)
         bound, res = r["bound_s"], r["cache_after"]
