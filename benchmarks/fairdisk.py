@@ -109,6 +109,14 @@ def _sys(dev: str, rel: str) -> Path:
     return Path("/sys/block") / Path(dev).name / rel
 
 
+def direct_io(dev: str) -> bool | None:
+    """Whether loop device dev reads its backing file with O_DIRECT."""
+    try:
+        return _sys(dev, "loop/dio").read_text().strip() == "1"
+    except OSError:
+        return None
+
+
 def read_ahead_kb(path: str | os.PathLike) -> int | None:
     """The read-ahead window of the block device holding path (an mmap fault reads around this much)."""
     dev = os.stat(path).st_dev
@@ -263,9 +271,9 @@ class FairDisk:
         else:
             self.device = _run("losetup", "--find", "--show", "--direct-io=on", str(self.image)).strip()
             self._attached = True
-        if not self.direct_io():
+        if not direct_io(self.device):
             _run("losetup", "--direct-io=on", self.device)
-            if not self.direct_io():
+            if not direct_io(self.device):
                 raise FairDiskError(f"{self.device}: the kernel kept direct I/O off for {self.image} (the host "
                                     "file system must support O_DIRECT, e.g. ext4 or xfs, not tmpfs)")
         ra = _sys(self.device, "queue/read_ahead_kb")
@@ -285,14 +293,16 @@ class FairDisk:
         self._mounted = True
 
     def down(self) -> None:
-        """Unmount and detach what up() set up (a busy mount is left, with a warning)."""
+        """Unmount and detach what up() set up. A mount still in use (a child process reading the model) is
+        unmounted lazily and its loop device set to detach itself: both go when the last user exits."""
         if self._mounted:
             try:
                 _run("umount", str(self.mount))
-                self._mounted = False
             except FairDiskError as ex:
-                print(f"warning: {ex}; {self.mount} stays mounted", file=sys.stderr)
-                return
+                _run("umount", "-l", str(self.mount))
+                print(f"warning: {ex}; unmounted lazily: the file system and {self.device} go when the last "
+                      "process using them exits", file=sys.stderr)
+            self._mounted = False
         if self._attached and self.device:
             with contextlib.suppress(FairDiskError):
                 _run("losetup", "-d", self.device)
@@ -330,12 +340,6 @@ class FairDisk:
     def free_bytes(self) -> int:
         return shutil.disk_usage(self.mount).free
 
-    def direct_io(self) -> bool | None:
-        try:
-            return _sys(self.device, "loop/dio").read_text().strip() == "1"
-        except (OSError, TypeError):
-            return None
-
     def place(self, src: str | os.PathLike, name: str | None = None) -> Path:
         """A copy of src on the mount (kept while its size and mtime match src's), both evicted from the page cache."""
         if mounted_source(self.mount) is None:
@@ -346,9 +350,9 @@ class FairDisk:
         if dst.exists() and (dst.stat().st_size, dst.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns):
             evict(dst)
             return dst
-        have = self.free_bytes() + (dst.stat().st_size if dst.exists() else 0)
-        host = shutil.disk_usage(self.image.parent).free
-        if host < st.st_size - (dst.stat().st_size if dst.exists() else 0) + (256 << 20):
+        dst.unlink(missing_ok=True)                     # a stale copy
+        have, host = self.free_bytes(), shutil.disk_usage(self.image.parent).free
+        if host < st.st_size + (256 << 20):
             raise FairDiskError(f"placing {src.name} ({st.st_size / 2**30:.2f} GiB) needs that much of the host "
                                 f"disk under {self.image.parent}, which has {host / 2**30:.2f} GiB free")
         if have < st.st_size + margin(st.st_size):     # grown offline, then attached and mounted again
@@ -415,12 +419,7 @@ class FairDisk:
             with contextlib.suppress(OSError):
                 ra = int(_sys(dev, "queue/read_ahead_kb").read_text())
         img = self.image.stat() if self.image.exists() else None
-        saved, self.device = self.device, dev
-        try:
-            dio = self.direct_io() if dev else None
-        finally:
-            self.device = saved
-        return DiskStatus(str(self.mount), str(self.image), dev, mounted, dio, ra,
+        return DiskStatus(str(self.mount), str(self.image), dev, mounted, direct_io(dev) if dev else None, ra,
                           self.fs_bytes() if mounted else None, self.free_bytes() if mounted else None,
                           img.st_size if img else None, img.st_blocks * 512 if img else None)
 
@@ -469,7 +468,7 @@ def add_argument(ap: argparse.ArgumentParser) -> None:
 def for_benchmark(choice: str | None, model: str, read_ahead_kb: int = READ_AHEAD_KB):
     """(the path to run from, the FairDisk or None). choice: AUTO, a mount directory, or None (off)."""
     if choice is None:
-        print(f"fair disk: off (--no-fair-disk); {model}'s device read_ahead_kb is {read_ahead_kb_or(model)}")
+        print(f"fair disk: off (--no-fair-disk); {model}'s device read_ahead_kb is {read_ahead_kb(model)}")
         yield model, None
         return
     why = unavailable()
@@ -477,7 +476,7 @@ def for_benchmark(choice: str | None, model: str, read_ahead_kb: int = READ_AHEA
         if choice != AUTO:
             raise SystemExit(f"--fair-disk {choice}: no fair disk: it {why}")
         print(f"fair disk: unavailable (it {why}); running from {model}'s own disk, read_ahead_kb "
-              f"{read_ahead_kb_or(model)}: mmap faults read around that much, which a 128 KiB NVMe would not")
+              f"{read_ahead_kb(model)}: mmap faults read around that much, which a 128 KiB NVMe would not")
         yield model, None
         return
     size = os.path.getsize(model)
@@ -486,11 +485,6 @@ def for_benchmark(choice: str | None, model: str, read_ahead_kb: int = READ_AHEA
         path = d.place(model)
         print(f"fair disk: {d.status().describe()}; model placed at {path} in {time.perf_counter() - t0:.1f} s")
         yield str(path), d
-
-
-def read_ahead_kb_or(path: str) -> str:
-    ra = read_ahead_kb(path)
-    return "unknown" if ra is None else str(ra)
 
 
 # ---- CLI -------------------------------------------------------------------------------------

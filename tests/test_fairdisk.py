@@ -107,6 +107,8 @@ def test_read_ahead_flag_and_remount_keeps_files(disk, tmp_path):
     cli("umount", *args)
     st = json.loads(cli("mount", *args, "--read-ahead-kb", "512", "--json").stdout)["status"]
     assert st["read_ahead_kb"] == 512 and placed.read_bytes() == src.read_bytes()
+    _file(src, 8 << 20, 4)                                           # the source changed: copied again
+    assert Path(cli("place", str(src), *args).stdout.split()[-1]).read_bytes() == src.read_bytes()
 
 
 @pytest.mark.slow

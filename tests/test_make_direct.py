@@ -1,10 +1,12 @@
 """tools/make_direct.py: quantized GGUFs written directly (no F16 pass). Small shapes of the real
 presets: the file parses with ramforge's reader, each tensor has the type llama.cpp's quantizer
 would give it, every block's scales are finite and give zero-mean weights of the intended std,
-the bytes are deterministic, and the engine runs the file to finite logits."""
+the bytes are deterministic, and the engine runs the file to finite logits; -m oracle: llama.cpp
+loads the same files and its logits equal ramforge's (slow too: on 2 layers of the real shape)."""
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from ramforge.gguf.constants import GGMLType
 from ramforge.gguf.reader import GGUFFile
 from ramforge.kernels.dequant import dequantize
 from tools import make_direct as md
+from tools._fixtures import llama_cpp_or_none
 from tools.make_models import expected_types, tensor_plan
 
 SMALL = {"n_embd": 256, "n_head": 4, "n_head_kv": 2, "head_dim": 64}
@@ -136,3 +139,55 @@ def test_unwritable_type_is_refused():
         md.scale_table("IQ2_XS", 0.02, np.random.default_rng(0))
     with pytest.raises(ValueError, match="unknown shape fields"):
         md.resolve("qwen3moe-30b-a3b", shape={"n_embed": 8})
+
+
+# ---- against llama.cpp ------------------------------------------------------------------------
+
+PROMPT = "The history of the printing press begins in the fifteenth century, when"
+FORCED = " a goldsmith in Mainz combined movable metal type"
+BUILD_GAP = 5e-3       # test_inference's gap between llama.cpp builds with and without AVX-512
+
+
+def _llama_logits(path, threads: int = 1):
+    """(prompt ids, forced ids, logits of every position: the prompt in one batch, then one step per forced id,
+    and whether the build is AVX-512's (ramforge reproduces that one exactly))."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    lc = llama_cpp_or_none()
+    if lc is None:
+        pytest.skip("llama-cpp-python not importable")
+    llm = lc.Llama(str(path), n_ctx=256, n_batch=256, n_ubatch=256, n_threads=threads, n_threads_batch=threads,
+                   logits_all=True, verbose=False)
+    try:
+        toks = llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
+        forced = llm.tokenize(FORCED.encode(), add_bos=False, special=False)[:4]
+        llm.eval(toks)
+        for t in forced:
+            llm.eval([t])
+        ref = np.array(llm.scores[:len(toks) + len(forced)], dtype=np.float32)
+    finally:
+        llm.close()
+    return toks, forced, ref, "AVX512 = 1" in lc.llama_print_system_info().decode()
+
+
+def _assert_logits_equal(path):
+    toks, forced, ref, exact = _llama_logits(path)
+    with Engine.load(str(path), n_ctx=256, n_threads=1) as e:
+        assert e.tokenizer.encode(PROMPT) == toks
+        e.ubatch = 256
+        ours = np.concatenate([e.eval(toks, all_logits=True, aligned=True)] + [e.eval([t]) for t in forced])
+    rel = float((np.abs(ours - ref).max(1) / ref.std(1)).max())
+    assert rel <= (1e-4 if exact else BUILD_GAP), f"max |dlogit| = {rel:.2e} of the logit std"
+    assert (ours.argmax(1) == ref.argmax(1)).all()
+
+
+@pytest.mark.oracle
+def test_logits_equal_llama_cpp(written):
+    _assert_logits_equal(written[1])
+
+
+@pytest.mark.oracle
+@pytest.mark.slow
+def test_logits_equal_llama_cpp_on_two_real_qwen3moe_layers(tmp_path):
+    """The real per-layer shape (2048 wide, 128 experts of 768, vocab 151936): 1.2 GB."""
+    p = md.resolve("qwen3moe-30b-a3b", layers=2)
+    _assert_logits_equal(md.write_direct(p, tmp_path / md.default_name(p), progress=False))
