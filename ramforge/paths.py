@@ -1,5 +1,5 @@
-"""Where ramforge keeps files: the cache root and the compiled-kernel cache. A leaf: imports nothing
-of ramforge.
+"""Where ramforge keeps files: the cache root, the compiled-kernel cache, and whether a directory keeps
+its files in RAM (memory_filesystem: tmpfs, ramfs). A leaf: imports nothing of ramforge.
 
 Numba's on-disk cache keys a function on its own file and bytecode only, not on the helpers it
 calls from other files (numba issue 1833), nor on the environment switches that change the code a
@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import re
 import shutil
 import stat
 import sys
@@ -75,6 +76,31 @@ def kernel_cache_key() -> str:
     h.update(f"ramforge={__version__} numba={_version('numba')} llvmlite={_version('llvmlite')} "
              f"python={sys.version_info[:2]}".encode())
     return h.hexdigest()[:16]
+
+
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+def memory_filesystem(directory: str) -> str | None:
+    """The type of the filesystem holding directory when its files live in RAM (tmpfs, ramfs), else
+    None (also where it cannot be told: no /proc/self/mountinfo)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    path = os.path.realpath(directory)
+    best, kind = -1, None
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])    # "\\040": a space
+        if path == mount or path.startswith(mount.rstrip("/") + "/"):
+            if len(mount) >= best:                              # the deepest; a later one over the same point
+                best, kind = len(mount), rest.split()[0]
+    return kind if kind in MEMORY_FILESYSTEMS else None
 
 
 class KernelCacheWarning(UserWarning):

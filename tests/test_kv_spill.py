@@ -155,18 +155,50 @@ def test_rollback_and_speculative_decoding_match_the_cache_in_ram(tiny):
 
 
 def test_saved_states_of_a_spilled_cache_restore_anywhere(tiny, ram_logits, tmp_path):
-    from ramforge.session import load_state, read_state, save_state, write_state
+    import tracemalloc
+
+    from ramforge.session import load_state, load_state_file, read_state, save_state, write_state, write_state_file
     want, decode = ram_logits
     with Engine.load(tiny, n_ctx=1024, kv_spill=True) as eng:
         eng.eval(IDS)
         st = save_state(eng)                                   # read back from the files
         write_state(tmp_path / "s.bin", st, eng.path)
+        before = eng.budget.current
+        tracemalloc.start()
+        try:                                                    # streamed through the charged read buffers
+            write_state_file(tmp_path / "streamed.bin", eng)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert eng.budget.current == before and peak < st.k.nbytes / 4, (peak, st.k.nbytes)
+    assert (tmp_path / "streamed.bin").read_bytes() == (tmp_path / "s.bin").read_bytes()
     for spill in (True, False):
-        with Engine.load(tiny, n_ctx=1024, kv_spill=spill) as eng:
-            load_state(eng, read_state(tmp_path / "s.bin", eng))
-            assert eng.n_past == len(IDS)
-            assert np.array_equal(eng.eval([5])[-1], decode[0])
-            assert np.array_equal(save_state(eng).k[:, :len(IDS)], st.k)
+        for streamed in (False, True):
+            with Engine.load(tiny, n_ctx=1024, kv_spill=spill) as eng:
+                if streamed:
+                    before = eng.budget.current
+                    tracemalloc.start()
+                    try:
+                        load_state_file(eng, tmp_path / "streamed.bin")
+                        peak = tracemalloc.get_traced_memory()[1]
+                    finally:
+                        tracemalloc.stop()
+                    assert peak < st.k.nbytes / 4 and eng.budget.current - before == (0 if spill else eng.kv.nbytes)
+                else:
+                    load_state(eng, read_state(tmp_path / "s.bin", eng))
+                assert eng.n_past == len(IDS)
+                assert np.array_equal(eng.eval([5])[-1], decode[0])
+                assert np.array_equal(save_state(eng).k[:, :len(IDS)], st.k)
+    raw = bytearray((tmp_path / "streamed.bin").read_bytes())
+    raw[-100] ^= 1
+    (tmp_path / "bad.bin").write_bytes(bytes(raw))
+    from ramforge.errors import StateError
+    with Engine.load(tiny, n_ctx=1024, kv_spill=True) as eng:
+        with pytest.raises(StateError, match="sha256"):
+            load_state_file(eng, tmp_path / "bad.bin")
+        assert eng.n_past == 0 and eng.kv.spilled == 0 and eng.tokens == []     # empty, not half restored
+        load_state_file(eng, tmp_path / "streamed.bin")
+        assert np.array_equal(eng.eval([5])[-1], decode[0])
 
 
 def test_plan_and_profile_report_the_spill(tiny):

@@ -22,10 +22,10 @@ be RAM outside the budget; the default directory (the system's temp directory) f
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import queue
-import re
 import secrets
 import tempfile
 import time
@@ -34,11 +34,12 @@ import numpy as np
 
 from ..errors import InternalError, InvalidArgument, KVSpillError
 from ..kernels.kvquant import store_rows
+from ..paths import memory_filesystem
 from ..profiling import LayerRecord
 from ..stream.io import aligned_empty, read_full
 from .budget import MemoryBudget
 from .kv_cache import KVBase
-from .kv_types import SPILL_ALIGN, SPILL_BUFFERS, kv_type, row_bytes, spill_layout
+from .kv_types import SPILL_ALIGN, SPILL_BUFFERS, _up, kv_type, row_bytes, spill_layout
 
 
 class SpillFile:
@@ -128,31 +129,6 @@ def spill_mode(kv_spill) -> bool | None:
 def spill_dir(kv_spill) -> str | None:
     """The directory Engine.load's kv_spill names, if it names one."""
     return os.fspath(kv_spill) if isinstance(kv_spill, (str, os.PathLike)) else None
-
-
-MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
-
-
-def memory_filesystem(directory: str) -> str | None:
-    """The type of the filesystem holding directory when its files live in RAM (tmpfs, ramfs), else
-    None (also where it cannot be told: no /proc/self/mountinfo)."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    path = os.path.realpath(directory)
-    best, kind = -1, None
-    for line in lines:
-        fields, _, rest = line.partition(" - ")
-        parts = fields.split()
-        if len(parts) < 5 or not rest:
-            continue
-        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])    # "\\040": a space
-        if path == mount or path.startswith(mount.rstrip("/") + "/"):
-            if len(mount) >= best:                              # the deepest; a later one over the same point
-                best, kind = len(mount), rest.split()[0]
-    return kind if kind in MEMORY_FILESYSTEMS else None
 
 
 def _in_memory_error(d: str, fs: str, needed: int, auto: bool) -> KVSpillError:
@@ -318,6 +294,46 @@ class SpilledKVCache(KVBase):
                 self._to_ring(i, s, n, kb, vb)
         self.spilled, self.n_past = s, n
 
+    # ---- state files (session.write_state_file / load_state_file): a layer at a time ----------
+    def _part(self, which: str, buf: np.ndarray):
+        """(rows view of buf, ring, file offset, bytes per position) of K ('k') or V ('v')."""
+        kb, vb = self._views(buf)
+        return (kb, self.k, 0, self.lay.kpos) if which == "k" else (vb, self.v, self.lay.kb, self.lay.vpos)
+
+    @contextlib.contextmanager
+    def rows_out(self, which: str, i: int, n: int):
+        """Layer i's K or V rows of positions 0..n-1 as the cache holds them, in one of the charged read
+        buffers (between passes): a state file streams the cache a layer at a time, never whole in RAM."""
+        with self._scratch() as buf:
+            rows, ring, base, r = self._part(which, buf)
+            s = min(self.spilled, n)
+            if s:
+                self.bytes_read += self.files[i].read_into(base, buf[base:base + _up(s * r)])
+            for s0, s1, p in self._slots(s, n):
+                rows[p:p + s1 - s0] = ring[i, s0:s1]
+            yield rows[:n]
+
+    def begin_restore(self) -> None:
+        """Before rows_in: the cache empty."""
+        self.abort()
+        self.n_past = self.spilled = 0
+
+    @contextlib.contextmanager
+    def rows_in(self, which: str, i: int, n: int):
+        """A buffer for layer i's K or V rows of positions 0..n-1, filled by the caller; on exit its whole
+        groups go to the file, the rest to the ring. end_restore(n) once every layer's K and V are in."""
+        s = n // self.lay.group * self.lay.group
+        with self._scratch() as buf:
+            rows, ring, base, r = self._part(which, buf)
+            yield rows[:n]
+            if s:
+                self.files[i].write(base, buf[base:base + s * r])
+            for s0, s1, p in self._slots(s, n):
+                ring[i, s0:s1] = rows[p:p + s1 - s0]
+
+    def end_restore(self, n: int) -> None:
+        self.spilled, self.n_past = n // self.lay.group * self.lay.group, n
+
     def close(self) -> None:
         self.abort()
         if self._own_reader and self.reader is not None:
@@ -415,8 +431,6 @@ class SpilledKVCache(KVBase):
 
     def _scratch(self):
         """A free read buffer for export / restore / rewind (between passes: none is in flight)."""
-        import contextlib
-
         @contextlib.contextmanager
         def held():
             self.abort()
