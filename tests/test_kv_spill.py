@@ -311,15 +311,15 @@ def test_a_killed_process_leaves_no_spill_file(tiny, tmp_path):
     import signal
     import subprocess
     import sys
-    child = subprocess.Popen([sys.executable, "-c", KILLED, str(tiny), str(tmp_path)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = child.stdout.readline()
-        assert line.strip() and int(line) > 0, child.stderr.read()
-        assert os.listdir(tmp_path) == []                    # spilling, and nothing in the directory
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(30)
+    with subprocess.Popen([sys.executable, "-c", KILLED, str(tiny), str(tmp_path)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            line = child.stdout.readline()
+            assert line.strip() and int(line) > 0, child.stderr.read()
+            assert os.listdir(tmp_path) == []                # spilling, and nothing in the directory
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(30)
     assert os.listdir(tmp_path) == []
 
 
