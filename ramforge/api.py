@@ -188,18 +188,18 @@ class Model:
     def load_state(self, state) -> None:
         """Continue from a session.State (or a state file's path); errors.StateError, the sequence left
         empty, when it was saved for another model, shape or KV type, or is damaged."""
-        from .session import State, load_state, read_state
+        from .session import State, load_state, load_state_file
 
         if not isinstance(state, State):
-            self.engine.reset(0)
-            state = read_state(state, self.engine)
+            load_state_file(self.engine, state)       # streamed from the file into the cache
+            return
         load_state(self.engine, state)
 
     def save_state_file(self, path) -> int:
         """Write the sequence so far to a state file (session's format); the bytes written."""
-        from .session import write_state
+        from .session import write_state_file
 
-        return write_state(path, self.save_state(), self.path)
+        return write_state_file(path, self.engine)  # streamed from the cache, no copy of it in RAM
 
     def set_cache(self, cache) -> None:
         """A session.PromptCache (None: none): each prompt resumes from the saved sequence sharing its

@@ -196,7 +196,7 @@ class Engine:
             if plan.kv_spill:
                 kv = SpilledKVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, a, type_k,
                                     type_v, plan.batch, spill_dir(kv_spill), weights.reader,
-                                    layer_windows(hp, module, (a, b)), plan.kv_tail)
+                                    layer_windows(hp, module, (a, b)), plan.kv_tail, plan.kv_spill_file_bytes)
                 charges.append(kv)        # closed (files removed, reader stopped) with the engine
             else:
                 kv = KVCache(budget, b - a, kv_rows(plan.n_ctx, n_seq), hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,

@@ -15,17 +15,25 @@ exactly as the uninterrupted one). The file:
                       [layers, n_tokens, n_head_kv, row] as the cache holds them (f16 bits, or
                       quantized blocks), little-endian
 
-It is written to a temporary name and renamed. Reading checks every field against the engine before
+It is written to a new temporary name (O_EXCL|O_NOFOLLOW, mode 0600, unique) and renamed over the
+target, which may only be a state file already; only a regular file is read (a link, FIFO or device
+is refused, and opening never blocks). Reading checks every field against the engine before
 anything is allocated or copied, so a file for another model, shape or KV type, a damaged or
 truncated one, or tokens outside the vocabulary are refused (errors.StateError) and nothing is half
-restored: the engine's sequence is then empty.
+restored: the engine's sequence is then empty. write_state_file / load_state_file stream between
+the file and the cache a layer at a time (a spilled cache through its charged read buffers), so a
+state file never needs a copy of the whole cache in RAM; their tokens are charged to the budget.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import secrets
+import stat
 import struct
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -116,28 +124,163 @@ def load_state(engine, state: State) -> None:
 
 # ---- files -------------------------------------------------------------------------------------
 
-def write_state(path, state: State, model_path: str) -> int:
-    """Write state to path (a temporary name, then renamed); the number of bytes written."""
-    path = Path(path)
-    payload = [np.ascontiguousarray(a) for a in (state.tokens.astype("<i4"), state.k, state.v)]
-    h = hashlib.sha256()
-    for a in payload:
-        h.update(memoryview(a).cast("B"))
-    header = json.dumps({**state.shape, "model_sha256": model_sha256(model_path), "n_tokens": state.n_tokens,
-                         "payload_sha256": h.hexdigest(), "ramforge": __version__}).encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def _open_regular(path: Path):
+    """path opened for reading if it is a regular file: a link (O_NOFOLLOW), a FIFO (O_NONBLOCK: the
+    open never waits for a writer), a device or a directory is refused (StateError)."""
     try:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + struct.pack("<I", len(header)) + header)
-            for a in payload:
-                f.write(memoryview(a).cast("B"))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StateError(f"{path.name} is a symbolic link: only regular files are read") from None
+        raise StateError(f"cannot read the state file {path.name}: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise StateError(f"{path.name} is not a regular file (a FIFO, device or directory): refused")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _check_target(path: Path) -> None:
+    """A save may replace a state file of the same name, nothing else (StateError)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    ok = stat.S_ISREG(st.st_mode)
+    if ok:
+        with _open_regular(path) as f:
+            ok = f.read(len(MAGIC)) == MAGIC
+    if not ok:
+        raise StateError(f"{path.name} exists and is not a ramforge state file: it is not replaced; choose "
+                         f"another name or remove it")
+
+
+def _write_file(path, header: dict, chunks) -> int:
+    """Write a state file: the header (its payload_sha256 filled in once the payload is written: the
+    same length), then each array chunks() yields, to a new unique temporary name (O_EXCL|O_NOFOLLOW,
+    0600) renamed over path; the bytes written."""
+    path = Path(path)
+    _check_target(path)
+    head = dict(header, payload_sha256="0" * 64)
+    blob = json.dumps(head).encode()
+    tmp, fd = None, -1
+    for _ in range(8):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    if fd < 0:
+        raise StateError(f"cannot create a temporary file beside {path.name}")
+    try:
+        h, n = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + struct.pack("<I", len(blob)) + blob)
+            for a in chunks():
+                view = memoryview(np.ascontiguousarray(a, a.dtype.newbyteorder("<"))).cast("B")
+                h.update(view)
+                f.write(view)
+                n += len(view)
             f.flush()
+            real = json.dumps(dict(head, payload_sha256=h.hexdigest())).encode()
+            assert len(real) == len(blob)
+            os.pwrite(f.fileno(), real, len(MAGIC) + 4)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return len(MAGIC) + 4 + len(header) + sum(a.nbytes for a in payload)
+    return len(MAGIC) + 4 + len(blob) + n
+
+
+def _header(state_shape: dict, n: int, model_path: str) -> dict:
+    return {**state_shape, "model_sha256": model_sha256(model_path), "n_tokens": n, "ramforge": __version__}
+
+
+def write_state(path, state: State, model_path: str) -> int:
+    """Write state to path (a new temporary file, then renamed); the number of bytes written."""
+    return _write_file(path, _header(state.shape, state.n_tokens, model_path),
+                       lambda: (state.tokens.astype("<i4"), state.k, state.v))
+
+
+def write_state_file(path, engine) -> int:
+    """Write the engine's sequence to path as write_state(save_state(engine)) would, streamed a layer at
+    a time from the cache (a spilled one through its charged read buffers): no copy of the cache in
+    RAM. The bytes written."""
+    check_local(engine)
+    kv, n = engine.kv, engine.n_past
+    if hasattr(kv, "rows_out"):
+        def rows(which):
+            for i in range(kv.n_layer):
+                with kv.rows_out(which, i, n) as r:
+                    yield r
+    else:
+        kv.plain_again()
+        if kv.celled:
+            raise InvalidArgument("the cached sequence is held in shifted or shared KV cells (a context shift, "
+                                  "parallel sequences): it cannot be saved as a state; reset it first")
+
+        def rows(which):
+            yield from (a[i, :n] for a in [kv.k if which == "k" else kv.v] for i in range(a.shape[0]))
+    with engine.budget.charge("state file: tokens", 4 * n):
+        tokens = np.asarray(engine.tokens[:n], "<i4")
+
+        def chunks():
+            yield tokens
+            yield from rows("k")
+            yield from rows("v")
+        return _write_file(path, _header(_shape(engine), n, engine.path), chunks)
+
+
+def _read_header(f, path: Path, engine) -> tuple[dict, int, list]:
+    """(meta, n_tokens, [(shape, dtype)] of tokens, K, V) of an open state file, each field checked
+    against the engine, the file's size against them (StateError)."""
+    size = os.fstat(f.fileno()).st_size
+    head = f.read(len(MAGIC) + 4)
+    if len(head) < len(MAGIC) + 4 or head[:len(MAGIC)] != MAGIC:
+        raise StateError(f"{path.name} is not a ramforge state file (bad magic)")
+    (n_header,) = struct.unpack("<I", head[len(MAGIC):])
+    if n_header > MAX_HEADER:
+        raise StateError(f"{path.name}: header of {n_header} bytes is over {MAX_HEADER}: damaged")
+    try:
+        meta = json.loads(f.read(n_header))
+        n = int(meta["n_tokens"])
+    except (ValueError, KeyError, TypeError, OverflowError) as e:
+        raise StateError(f"{path.name}: unreadable header ({e}): damaged") from None
+    if meta.get("model_sha256") != model_sha256(engine.path):
+        raise StateError(f"{path.name} was saved for another model (sha256 {str(meta.get('model_sha256'))[:16]}…, "
+                         f"this one is {model_sha256(engine.path)[:16]}…)")
+    shape = {k: meta.get(k) for k in _shape(engine)}
+    if shape != _shape(engine):
+        raise StateError(f"{path.name} was saved with another context shape or KV type "
+                         f"({_diff(shape, _shape(engine))})")
+    if not 0 <= n <= engine.n_ctx:
+        raise StateError(f"{path.name} holds {n} tokens; this context holds {engine.n_ctx}")
+    kv = engine.kv                # [layers, rows, n_head_kv, row]: f16 bits (u16) or quantized blocks (u8)
+    dims = [((n,), np.dtype("<i4"))] + [((s.shape[0], n, *s.shape[2:]), s.dtype.newbyteorder("<"))
+                                       for s in (kv.k, kv.v)]
+    expect = f.tell() + sum(int(np.prod(s)) * d.itemsize for s, d in dims)
+    if size != expect:
+        raise StateError(f"{path.name} is {size} bytes, its header describes {expect}: truncated or damaged")
+    return meta, n, dims
+
+
+def _read_into(f, path: Path, out: np.ndarray, h) -> None:
+    """Fill out (contiguous) from f, hashing the file's bytes; a native array on a big-endian host swapped."""
+    view = memoryview(out).cast("B")
+    if f.readinto(view) != len(view):
+        raise StateError(f"{path.name} ended early: truncated while it was read")
+    h.update(view)
+    if sys.byteorder == "big" and out.dtype.byteorder == "=" and out.dtype.itemsize > 1:
+        out.byteswap(inplace=True)
+
+
+def _check_tokens(tokens: np.ndarray, n_vocab: int) -> None:
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= n_vocab):
+        bad = int(tokens[(tokens < 0) | (tokens >= n_vocab)][0])
+        raise StateError(f"the state holds token id {bad}, outside the vocabulary of {n_vocab}")
 
 
 def read_state(path, engine) -> State:
@@ -145,44 +288,68 @@ def read_state(path, engine) -> State:
     check_local(engine)
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(len(MAGIC) + 4)
-            if len(head) < len(MAGIC) + 4 or head[:len(MAGIC)] != MAGIC:
-                raise StateError(f"{path.name} is not a ramforge state file (bad magic)")
-            (n_header,) = struct.unpack("<I", head[len(MAGIC):])
-            if n_header > MAX_HEADER:
-                raise StateError(f"{path.name}: header of {n_header} bytes is over {MAX_HEADER}: damaged")
-            try:
-                meta = json.loads(f.read(n_header))
-                n = int(meta["n_tokens"])
-            except (ValueError, KeyError, TypeError) as e:
-                raise StateError(f"{path.name}: unreadable header ({e}): damaged") from None
-            if meta.get("model_sha256") != model_sha256(engine.path):
-                raise StateError(f"{path.name} was saved for another model (sha256 {str(meta.get('model_sha256'))[:16]}…, "
-                                 f"this one is {model_sha256(engine.path)[:16]}…)")
-            shape = {k: meta.get(k) for k in _shape(engine)}
-            if shape != _shape(engine):
-                raise StateError(f"{path.name} was saved with another context shape or KV type "
-                                 f"({_diff(shape, _shape(engine))})")
-            if not 0 <= n <= engine.n_ctx:
-                raise StateError(f"{path.name} holds {n} tokens; this context holds {engine.n_ctx}")
-            kv = engine.kv                # a slab's row: f16 bits (u16) or quantized blocks (u8)
-            dims = [((n,), np.dtype("<i4"))] + [((s.shape[0], n, *s.shape[2:]), s.dtype.newbyteorder("<"))
-                                               for s in (kv.k, kv.v)]
-            expect = f.tell() + sum(int(np.prod(s)) * d.itemsize for s, d in dims)
-            if size != expect:
-                raise StateError(f"{path.name} is {size} bytes, its header describes {expect}: truncated or damaged")
+        with _open_regular(path) as f:
+            meta, n, dims = _read_header(f, path, engine)
             arrays, h = [], hashlib.sha256()
             for s, d in dims:
-                raw = f.read(int(np.prod(s)) * d.itemsize)
-                h.update(raw)
-                arrays.append(np.frombuffer(raw, d).reshape(s).astype(d.newbyteorder("="), copy=True))
+                a = np.empty(s, d)
+                _read_into(f, path, a, h)
+                arrays.append(a.astype(d.newbyteorder("="), copy=False))
     except OSError as e:
         raise StateError(f"cannot read the state file {path.name}: {e.strerror or e}") from None
     if h.hexdigest() != meta.get("payload_sha256"):
         raise StateError(f"{path.name}: its contents do not match their sha256: damaged")
-    return State(arrays[0].astype(np.int32), arrays[1], arrays[2], shape)
+    return State(arrays[0].astype(np.int32), arrays[1], arrays[2], {k: meta.get(k) for k in _shape(engine)})
+
+
+def load_state_file(engine, path) -> int:
+    """Make the state in path the engine's sequence, streamed from the file into the cache a layer at a
+    time (a spilled cache: through its charged read buffers; a cache in RAM: straight into its slabs,
+    charged for the positions first), the sha256 checked as it goes; the bytes read. StateError (or
+    KVBudgetExceeded) leaves the sequence empty, never half restored."""
+    check_local(engine)
+    path = Path(path)
+    engine.reset(0)
+    kv = engine.kv
+    spilled = hasattr(kv, "rows_in")
+    try:
+        with _open_regular(path) as f:
+            meta, n, dims = _read_header(f, path, engine)
+            h = hashlib.sha256()
+            with engine.budget.charge("state file: tokens", 4 * n):
+                tokens = np.empty(n, "<i4")
+                _read_into(f, path, tokens, h)
+                _check_tokens(tokens, engine.hp.n_vocab)
+                if spilled:
+                    kv.begin_restore()
+                else:
+                    if kv.celled and (kv.cell_pos[kv.n_ctx_seq:] >= 0).any():
+                        raise InvalidArgument("other sequences hold KV cells: a state restores into a "
+                                              "single-sequence cache")
+                    kv.n_past, kv.celled = 0, False
+                    kv.reserve(n)
+                for which, (s, d) in zip("kv", dims[1:]):
+                    for i in range(s[0]):
+                        if spilled:
+                            with kv.rows_in(which, i, n) as rows:
+                                _read_into(f, path, rows, h)
+                        else:
+                            _read_into(f, path, (kv.k if which == "k" else kv.v)[i, :n], h)
+                if h.hexdigest() != meta.get("payload_sha256"):
+                    raise StateError(f"{path.name}: its contents do not match their sha256: damaged")
+                (kv.end_restore if spilled else lambda m: setattr(kv, "n_past", m))(n)
+                engine.tokens[:] = tokens.tolist()
+                return f.tell()
+    except BaseException as e:
+        kv.n_past = 0
+        if spilled:
+            kv.end_restore(0)
+        else:
+            kv.shrink(0)
+        engine.reset(0)
+        if isinstance(e, OSError):
+            raise StateError(f"cannot read the state file {path.name}: {e.strerror or e}") from None
+        raise
 
 
 # ---- the prompt cache ----------------------------------------------------------------------------

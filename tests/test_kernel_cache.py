@@ -92,21 +92,33 @@ def test_user_cache_dir_is_the_base(package_copy, tmp_path):
 
 def test_old_directories_are_pruned(tmp_path):
     base = tmp_path / "numba"
+    base.mkdir()
     now = time.time()
+    old = now - 3 * paths.PRUNE_AFTER_S
     dirs = []
     for i in range(paths.KEEP_KERNEL_DIRS + 3):
         d = base / f"{paths.KERNEL_DIR_PREFIX}{i:04d}"
-        d.mkdir(parents=True)
+        paths._make_marked(d)
         age = paths.PRUNE_AFTER_S * (2 if i >= 2 else 0) + i
         os.utime(d, (now - age, now - age))
         dirs.append(d)
     other = base / "not-ours"
     other.mkdir()
+    unmarked = base / f"{paths.KERNEL_DIR_PREFIX}someone-elses"      # old, named like ours, no marker
+    (unmarked / "data").mkdir(parents=True)
+    os.utime(unmarked, (old, old))
+    target = tmp_path / "elsewhere"
+    paths._make_marked(target)                                       # a marked directory outside, linked in
+    link = base / f"{paths.KERNEL_DIR_PREFIX}link"
+    link.symlink_to(target)
+    os.utime(target, (old, old))
     current = base / f"{paths.KERNEL_DIR_PREFIX}current"
     current.mkdir()
     removed = paths.prune_kernel_dirs(base, current, now=now)
-    # kept: current, the KEEP-1 most recent others, anything recent; removed: old ones beyond those
-    assert current.exists() and other.exists()
+    # kept: current, the KEEP-1 most recent others, anything recent, anything unmarked or linked;
+    # removed: old marked ones beyond those
+    assert current.exists() and other.exists() and (unmarked / "data").is_dir()
+    assert link.is_symlink() and (target / paths.KERNEL_MARKER).is_file()
     assert dirs[0].exists() and dirs[1].exists()
     assert sorted(removed) == sorted(d for d in dirs[paths.KEEP_KERNEL_DIRS - 1:])
     assert all(not d.exists() for d in removed)
@@ -160,3 +172,90 @@ def test_prefetch_level_follows_the_cpu_numba_caches_for(monkeypatch):
         monkeypatch.setattr(config, "CPU_NAME", name)
         assert llvmir.target_cpu_name() == name
         assert llvmir.prefetch_locality() == level
+
+
+# ---- the cache's own safety: only its own directories pruned, an unsafe cache not loaded -------------
+
+@pytest.fixture
+def fresh_env(monkeypatch, tmp_path):
+    """setup_kernel_cache run in this process, with NUMBA_CACHE_DIR and numba's config put back after."""
+    import numba
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", numba.config.CACHE_DIR)
+    monkeypatch.setenv("RAMFORGE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    return monkeypatch
+
+
+def test_a_new_cache_directory_is_private_and_marked(fresh_env, tmp_path):
+    path = paths.setup_kernel_cache()
+    assert path.parent == tmp_path / "home" / "numba" and os.environ["NUMBA_CACHE_DIR"] == str(path)
+    assert (path / paths.KERNEL_MARKER).is_file()
+    assert os.stat(path).st_mode & 0o777 == 0o700 and os.stat(path.parent).st_mode & 0o777 == 0o700
+    # a child process inheriting the marked directory hashes from its parent folder, not nesting
+    assert paths.kernel_cache_base() == path.parent
+
+
+def test_a_numba_cache_dir_named_like_a_hashed_directory_is_the_base(fresh_env, tmp_path):
+    """NUMBA_CACHE_DIR=/x/kernels-mine (the user's, unmarked): its old `kernels-*` siblings are not
+    ramforge's and stay; the cache goes inside it."""
+    mine = tmp_path / "projects" / f"{paths.KERNEL_DIR_PREFIX}mine"
+    mine.mkdir(parents=True, mode=0o700)
+    old = time.time() - 3 * paths.PRUNE_AFTER_S
+    siblings = []
+    for i in range(paths.KEEP_KERNEL_DIRS + 2):
+        d = mine.parent / f"{paths.KERNEL_DIR_PREFIX}sibling{i}"
+        (d / "work").mkdir(parents=True)
+        os.utime(d, (old, old))
+        siblings.append(d)
+    fresh_env.setenv("NUMBA_CACHE_DIR", str(mine))
+    path = paths.setup_kernel_cache()
+    assert path.parent == mine and (path / paths.KERNEL_MARKER).is_file()
+    assert all((d / "work").is_dir() for d in siblings)
+
+
+def _owned_by_another(monkeypatch, d: Path) -> None:
+    if os.geteuid() == 0:
+        os.chown(d, 65534, 65534)                   # nobody
+    else:                                           # not root: this process pretends to be someone else
+        monkeypatch.setattr(paths.os, "geteuid", lambda: os.stat(d).st_uid + 1)
+
+
+@pytest.mark.parametrize("problem", ["group-writable base", "world-writable hashed dir", "base of another user"])
+def test_an_unsafe_cache_is_not_loaded(fresh_env, tmp_path, problem):
+    base = tmp_path / "shared"
+    base.mkdir(mode=0o700)
+    fresh_env.setenv("NUMBA_CACHE_DIR", str(base))
+    planted = base / (paths.KERNEL_DIR_PREFIX + paths.kernel_cache_key())
+    if problem == "group-writable base":
+        os.chmod(base, 0o775)
+        bad, why = base, "writable by group or others (mode 0775)"
+    elif problem == "world-writable hashed dir":
+        planted.mkdir()
+        os.chmod(planted, 0o777)
+        bad, why = planted, "writable by group or others (mode 0777)"
+    else:
+        _owned_by_another(fresh_env, base)
+        bad, why = base, "is owned by uid"
+    with pytest.warns(paths.KernelCacheWarning) as w:
+        path = paths.setup_kernel_cache()
+    msg = str(w[0].message)
+    assert str(bad) in msg and why in msg and f"chmod go-w {bad}" in msg and "NUMBA_CACHE_DIR" in msg
+    # the kernels compile into a private temporary directory of this process, not the unsafe one
+    assert path.parent.name.startswith("ramforge-nocache-") and os.environ["NUMBA_CACHE_DIR"] == str(path)
+    assert os.stat(path).st_mode & 0o777 == 0o700 and (path / paths.KERNEL_MARKER).is_file()
+    assert not (planted / paths.KERNEL_MARKER).exists()     # nothing written into the unsafe cache
+
+
+def test_import_with_an_unsafe_cache_warns_and_still_runs(package_copy, tmp_path):
+    root, env = package_copy
+    base = tmp_path / "open"
+    base.mkdir()
+    os.chmod(base, 0o777)
+    out = subprocess.run([sys.executable, "-c", RUN], cwd=root, env=dict(env, NUMBA_CACHE_DIR=str(base)),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    value, cache = out.stdout.split()
+    assert value == "20" and "KernelCacheWarning" in out.stderr and f"chmod go-w {base}" in out.stderr
+    assert not Path(cache).exists()                  # the private directory is removed at exit
+    assert list(base.iterdir()) == []

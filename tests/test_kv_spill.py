@@ -38,8 +38,8 @@ def test_spilled_cache_gives_the_in_ram_logits(tiny, ram_logits, tmp_path):
     b = MemoryBudget()
     with Engine.load(tiny, n_ctx=1024, budget=b, kv_spill=str(tmp_path)) as eng:
         kv = eng.kv
-        assert isinstance(kv, SpilledKVCache) and eng.plan.kv_spill and kv.dir.startswith(str(tmp_path))
-        assert len(os.listdir(kv.dir)) == 3                      # a file per layer
+        assert isinstance(kv, SpilledKVCache) and eng.plan.kv_spill and kv.dir == str(tmp_path)
+        assert len(kv.files) == 3 and os.listdir(tmp_path) == []   # a file per layer, unlinked once open
         got = eng.eval(IDS, all_logits=True)
         n0 = kv.bytes_read
         steps = [eng.eval([t])[-1] for t in (5, 9, 11)]
@@ -47,7 +47,7 @@ def test_spilled_cache_gives_the_in_ram_logits(tiny, ram_logits, tmp_path):
         spill_dir = kv.dir
     assert np.array_equal(got, want)
     assert all(np.array_equal(a, c) for a, c in zip(steps, decode))
-    assert not os.path.exists(spill_dir) and os.listdir(tmp_path) == []   # removed at close
+    assert spill_dir == str(tmp_path) and os.listdir(tmp_path) == []
     assert b.current == 0
 
 
@@ -155,18 +155,50 @@ def test_rollback_and_speculative_decoding_match_the_cache_in_ram(tiny):
 
 
 def test_saved_states_of_a_spilled_cache_restore_anywhere(tiny, ram_logits, tmp_path):
-    from ramforge.session import load_state, read_state, save_state, write_state
+    import tracemalloc
+
+    from ramforge.session import load_state, load_state_file, read_state, save_state, write_state, write_state_file
     want, decode = ram_logits
     with Engine.load(tiny, n_ctx=1024, kv_spill=True) as eng:
         eng.eval(IDS)
         st = save_state(eng)                                   # read back from the files
         write_state(tmp_path / "s.bin", st, eng.path)
+        before = eng.budget.current
+        tracemalloc.start()
+        try:                                                    # streamed through the charged read buffers
+            write_state_file(tmp_path / "streamed.bin", eng)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert eng.budget.current == before and peak < st.k.nbytes / 4, (peak, st.k.nbytes)
+    assert (tmp_path / "streamed.bin").read_bytes() == (tmp_path / "s.bin").read_bytes()
     for spill in (True, False):
-        with Engine.load(tiny, n_ctx=1024, kv_spill=spill) as eng:
-            load_state(eng, read_state(tmp_path / "s.bin", eng))
-            assert eng.n_past == len(IDS)
-            assert np.array_equal(eng.eval([5])[-1], decode[0])
-            assert np.array_equal(save_state(eng).k[:, :len(IDS)], st.k)
+        for streamed in (False, True):
+            with Engine.load(tiny, n_ctx=1024, kv_spill=spill) as eng:
+                if streamed:
+                    before = eng.budget.current
+                    tracemalloc.start()
+                    try:
+                        load_state_file(eng, tmp_path / "streamed.bin")
+                        peak = tracemalloc.get_traced_memory()[1]
+                    finally:
+                        tracemalloc.stop()
+                    assert peak < st.k.nbytes / 4 and eng.budget.current - before == (0 if spill else eng.kv.nbytes)
+                else:
+                    load_state(eng, read_state(tmp_path / "s.bin", eng))
+                assert eng.n_past == len(IDS)
+                assert np.array_equal(eng.eval([5])[-1], decode[0])
+                assert np.array_equal(save_state(eng).k[:, :len(IDS)], st.k)
+    raw = bytearray((tmp_path / "streamed.bin").read_bytes())
+    raw[-100] ^= 1
+    (tmp_path / "bad.bin").write_bytes(bytes(raw))
+    from ramforge.errors import StateError
+    with Engine.load(tiny, n_ctx=1024, kv_spill=True) as eng:
+        with pytest.raises(StateError, match="sha256"):
+            load_state_file(eng, tmp_path / "bad.bin")
+        assert eng.n_past == 0 and eng.kv.spilled == 0 and eng.tokens == []     # empty, not half restored
+        load_state_file(eng, tmp_path / "streamed.bin")
+        assert np.array_equal(eng.eval([5])[-1], decode[0])
 
 
 def test_plan_and_profile_report_the_spill(tiny):
@@ -225,6 +257,129 @@ def test_a_full_disk_is_a_clear_error_with_the_numbers(tiny, tmp_path, monkeypat
     with pytest.raises(KVSpillError, match="disk is full") as e:
         Engine.load(tiny, n_ctx=1024, budget=b, kv_spill=str(tmp_path))
     assert e.value.path.endswith(".kv") and b.current == 0 and os.listdir(tmp_path) == []
+
+
+# ---- the files on the disk: planned size, nothing left behind, never in RAM -----------------------
+
+def _fd_targets() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+def test_spill_files_keep_to_the_planned_size_and_are_unlinked_while_open(tiny, tmp_path):
+    import stat
+
+    from ramforge.errors import InternalError
+    with Engine.load(tiny, n_ctx=1024, kv_spill=str(tmp_path)) as eng:
+        kv = eng.kv
+        sizes = [os.fstat(f.fd).st_size for f in kv.files]
+        assert sum(sizes) == eng.plan.kv_spill_file_bytes and len(set(sizes)) == 1
+        assert all(os.fstat(f.fd).st_nlink == 0 and stat.S_IMODE(os.fstat(f.fd).st_mode) == 0o600 for f in kv.files)
+        assert os.listdir(tmp_path) == []
+        if os.path.isdir("/proc/self/fd"):
+            assert sum(t.startswith(str(tmp_path)) and t.endswith("(deleted)") for t in _fd_targets()) == 3
+        eng.eval(IDS + IDS[:500])                              # close to the whole context
+        assert kv.spilled > 512 and [os.fstat(f.fd).st_size for f in kv.files] == sizes
+        f = kv.files[0]
+        with pytest.raises(InternalError, match="outside its planned"):
+            f.write(f.size - 4096, np.zeros(8192, np.uint8))      # never past the planned size
+        with pytest.raises(InternalError, match="outside its planned"):
+            f.read_into(f.size, np.zeros(4096, np.uint8))
+        assert os.fstat(f.fd).st_size == sizes[0]
+    with pytest.raises(InternalError, match="the plan said"):
+        SpilledKVCache(MemoryBudget(), 3, 1024, 2, 64, 64, file_bytes=eng.plan.kv_spill_file_bytes - 1,
+                       directory=str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+KILLED = """
+import sys
+from ramforge.engine import Engine
+eng = Engine.load(sys.argv[1], n_ctx=1024, kv_spill=sys.argv[2])
+eng.eval(list(range(1, 450)))
+print(eng.kv.spilled, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_process_leaves_no_spill_file(tiny, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    with subprocess.Popen([sys.executable, "-c", KILLED, str(tiny), str(tmp_path)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            line = child.stdout.readline()
+            assert line.strip() and int(line) > 0, child.stderr.read()
+            assert os.listdir(tmp_path) == []                # spilling, and nothing in the directory
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(30)
+    assert os.listdir(tmp_path) == []
+
+
+def _memory_dir() -> str | None:
+    from ramforge.memory.kv_spill import memory_filesystem
+    return "/dev/shm" if os.path.isdir("/dev/shm") and memory_filesystem("/dev/shm") else None
+
+
+def test_a_directory_in_ram_is_refused(tiny, tmp_path, monkeypatch):
+    import ramforge.memory.kv_spill as ks
+    shm = _memory_dir()
+    if shm is not None:                                       # a real tmpfs where the machine has one
+        b = MemoryBudget()
+        d = os.path.join(shm, f"ramforge-test-{os.getpid()}")
+        try:
+            with pytest.raises(KVSpillError, match="tmpfs, which keeps its files in RAM") as e:
+                Engine.load(tiny, n_ctx=1024, budget=b, kv_spill=d)
+            assert e.value.path == d and "--kv-spill" in str(e.value) and b.current == 0
+            assert not os.path.exists(d) or os.listdir(d) == []
+        finally:
+            if os.path.isdir(d):
+                os.rmdir(d)
+    # wherever a directory is on ramfs (told by /proc/self/mountinfo, here pretended)
+    monkeypatch.setattr(ks, "memory_filesystem", lambda d: "ramfs" if d.startswith(str(tmp_path)) else None)
+    with pytest.raises(KVSpillError, match=f"KV spill directory {tmp_path} is on ramfs"):
+        Engine.load(tiny, n_ctx=1024, kv_spill=str(tmp_path))
+
+
+def test_the_default_directory_falls_back_to_var_tmp_when_tmp_is_in_ram(tiny, tmp_path, monkeypatch):
+    import tempfile
+
+    import ramforge.memory.kv_spill as ks
+    memory = {str(tmp_path)}
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(ks, "memory_filesystem", lambda d: "tmpfs" if d in memory else None)
+    if not os.access("/var/tmp", os.W_OK):
+        pytest.skip("/var/tmp is not writable here")
+    with Engine.load(tiny, n_ctx=1024, kv_spill=True) as eng:
+        assert eng.kv.dir == "/var/tmp"
+    memory.add("/var/tmp")
+    b = MemoryBudget()
+    with pytest.raises(KVSpillError, match=f"the default spill directory {tmp_path} is on tmpfs") as e:
+        Engine.load(tiny, n_ctx=1024, budget=b, kv_spill=True)
+    assert "TMPDIR" in str(e.value) and b.current == 0
+
+
+def test_mountinfo_is_read_for_the_deepest_mount(tmp_path, monkeypatch):
+    import builtins
+    import io
+
+    import ramforge.memory.kv_spill as ks
+    info = ("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+            "30 22 0:5 / /mnt/fast\\040disk rw - tmpfs tmpfs rw\n"
+            "31 30 8:2 / /mnt/fast\\040disk/real rw - xfs /dev/sdb rw\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: io.StringIO(info) if f == "/proc/self/mountinfo"
+                        else real_open(f, *a, **k))
+    assert ks.memory_filesystem("/mnt/fast disk/x") == "tmpfs"
+    assert ks.memory_filesystem("/mnt/fast disk/real/x") is None
+    assert ks.memory_filesystem("/mnt/fast disk2") is None and ks.memory_filesystem("/home") is None
 
 
 @pytest.mark.slow

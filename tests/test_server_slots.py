@@ -105,3 +105,47 @@ def test_slots_need_a_save_path():
     with ctx as (url, _):
         r = httpx.post(f"{url}/slots/0", params={"action": "save"}, json={"filename": "x.bin"})
         assert r.status_code == 501 and "--slot-save-path" in r.text
+
+
+def test_slot_files_are_private_regular_and_plainly_named(server, slots_dir):
+    import os
+    import stat
+    import threading
+    _action(server, "erase")
+    _ask(server, TURN1, 2)
+    for name in ("x.bin\n", "x.bin\r", ".", "..", "a b", "ü.bin", "x" * 129):
+        r = _action(server, "save", name)
+        assert r.status_code == 400 and "Invalid filename" in r.text, name
+    assert not (slots_dir / "x.bin").exists()
+    budget = server.app.state.manager.current.model.budget
+    before = budget.current
+    assert _action(server, "save", "private.bin").status_code == 200
+    assert stat.S_IMODE((slots_dir / "private.bin").stat().st_mode) == 0o600 and budget.current == before
+    # a save never writes through a link, nor over a file that is not a state file
+    victim = slots_dir.parent / f"victim-{os.getpid()}.txt"
+    victim.write_text("precious")
+    (slots_dir / "link.bin").symlink_to(victim)
+    (slots_dir / "notes.txt").write_text("mine")
+    for name in ("link.bin", "notes.txt"):
+        r = _action(server, "save", name)
+        assert r.status_code == 400 and "not a ramforge state file" in r.text, r.text
+    assert victim.read_text() == "precious" and (slots_dir / "notes.txt").read_text() == "mine"
+    # a restore reads only regular files, and a FIFO does not hang it
+    os.mkfifo(slots_dir / "pipe.bin")
+    (slots_dir / "alias.bin").symlink_to(slots_dir / "private.bin")
+    results = {}
+
+    def restore(name):
+        results[name] = _action(server, "restore", name)
+    threads = [threading.Thread(target=restore, args=(n,), daemon=True) for n in ("pipe.bin", "alias.bin")]
+    for t in threads:
+        t.start()
+        t.join(60)
+    assert results["pipe.bin"].status_code == 400 and "not a regular file" in results["pipe.bin"].text
+    assert results["alias.bin"].status_code == 400 and "symbolic link" in results["alias.bin"].text
+    r = _action(server, "restore", "private.bin").json()
+    assert r["n_read"] == (slots_dir / "private.bin").stat().st_size and r["n_restored"] > 0
+    assert budget.current == before
+    for p in ("link.bin", "notes.txt", "pipe.bin", "alias.bin", "private.bin"):
+        (slots_dir / p).unlink()
+    victim.unlink()

@@ -11,7 +11,7 @@ import pytest
 
 from ramforge import Model
 from ramforge.errors import InvalidArgument, StateError
-from ramforge.session import MAGIC, PromptCache, State, read_state, write_state
+from ramforge.session import MAGIC, PromptCache, State, model_sha256, read_state, write_state
 
 GREEDY = {"temperature": 0}
 TURN1 = "Q: Name three colours of the rainbow.\nA:"
@@ -163,3 +163,102 @@ def test_a_quantized_cache_restores_and_another_kv_type_is_refused(tmp_path):
         with pytest.raises(StateError, match="type_k: q8_0 vs f16"):
             f16.load_state(path)
         assert f16.engine.n_past == 0
+
+
+# ---- the files themselves: private, exclusive, regular, streamed ------------------------------------
+
+def test_state_files_are_private_and_replace_only_state_files(model, tmp_path):
+    import stat
+    m = model
+    m.engine.reset(0)
+    m.generate(TURN1, 4, **GREEDY)
+    path = tmp_path / "s.state"
+    m.save_state_file(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and not list(tmp_path.glob(".*tmp"))
+    m.save_state_file(path)                                         # a state file of that name: replaced
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    for name, make in (("link.state", lambda p: p.symlink_to(victim)), ("other.txt", lambda p: p.write_text("x"))):
+        target = tmp_path / name
+        make(target)
+        with pytest.raises(StateError, match="is not a ramforge state file: it is not replaced"):
+            m.save_state_file(target)
+        assert victim.read_text() == "precious" and (target.is_symlink() or target.read_text() == "x")
+    # the old predictable temporary name, planted as a link, is never written through
+    import os
+    planted = tmp_path / f".new.state.{os.getpid()}.tmp"
+    planted.symlink_to(victim)
+    m.save_state_file(tmp_path / "new.state")
+    assert victim.read_text() == "precious" and planted.is_symlink()
+    assert sorted(p.name for p in tmp_path.glob(".*tmp")) == [planted.name]
+
+
+def test_only_regular_files_are_restored_and_nothing_blocks(model, tmp_path):
+    import os
+    import threading
+    m = model
+    m.engine.reset(0)
+    m.generate(TURN1, 4, **GREEDY)
+    good = tmp_path / "good.state"
+    m.save_state_file(good)
+    fifo = tmp_path / "fifo.state"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.state"
+    link.symlink_to(good)
+    cases = [(fifo, "not a regular file"), (link, "symbolic link"), (tmp_path, "not a regular file")]
+    if os.path.exists("/dev/null"):
+        cases.append(("/dev/null", "not a regular file"))
+    for path, why in cases:
+        done = []
+
+        def restore():
+            try:
+                _refused(m, path, why)
+                done.append(True)
+            except BaseException as e:          # reported below
+                done.append(e)
+        t = threading.Thread(target=restore, daemon=True)
+        t.start()
+        t.join(30)
+        assert done == [True], (path, done or "blocked")
+    m.load_state(good)
+    assert m.engine.n_past > 0
+
+
+def test_state_files_stream_without_a_copy_of_the_cache(model, tmp_path):
+    """save_state_file / load_state_file move the cache a layer at a time: their peak allocation is a
+    fraction of the cache they write, and the budget's books end as they began."""
+    import tracemalloc
+    m = model
+    m.engine.reset(0)
+    m.generate(OTHER + " " + TURN1 * 3, 8, **GREEDY)
+    n = m.engine.n_past
+    cache_bytes = n * m.engine.kv.bytes_per_pos
+    path = tmp_path / "big.state"
+    before = m.budget.current
+    model_sha256(m.path)                                            # hashed once, before measuring
+    tracemalloc.start()
+    try:
+        written = m.save_state_file(path)
+        _, peak_save = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        m.engine.reset(0)
+        m.load_state(path)
+        _, peak_load = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert written > cache_bytes > 500_000 and m.engine.n_past == n
+    assert peak_save < cache_bytes / 4 and peak_load < cache_bytes / 4, (peak_save, peak_load, cache_bytes)
+    assert m.budget.current == before
+    kv_bytes = m.engine.kv.nbytes
+    # the file is the one write_state writes from a copy
+    copy = tmp_path / "copy.state"
+    write_state(copy, m.save_state(), m.path)
+    assert copy.read_bytes() == path.read_bytes()
+    # a damaged file: the sequence empty, its KV charge given back
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    (tmp_path / "bad.state").write_bytes(bytes(raw))
+    with pytest.raises(StateError, match="sha256"):
+        m.load_state(tmp_path / "bad.state")
+    assert m.engine.n_past == 0 and m.engine.kv.nbytes == 0 and m.budget.current == before - kv_bytes

@@ -59,13 +59,16 @@ def _date(iso: str) -> str:
               help="Socket timeout in seconds (connect and each read).")
 @click.option("--retries", type=click.IntRange(min=0), default=3, show_default=True,
               help="Resume this many times after a dropped connection before giving up.")
+@click.option("--insecure", is_flag=True, help="Allow a plain http:// SOURCE (the file could be altered on the way).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def pull(source, name, sha256, timeout, retries, quiet):
+def pull(source, name, sha256, timeout, retries, insecure, quiet):
     """Download SOURCE into the model store, resuming an interrupted pull.
 
-    SOURCE is an http(s) URL or hf.co/ORG/REPO/FILE.gguf (a Hugging Face file on the main branch).
-    The file is hashed while it streams, checked against --sha256 or the sha256 ETag the server
-    sends, checked for the GGUF magic, and stored as blobs/sha256-<hex> under a manifest NAME.
+    SOURCE is an https URL (http:// only with --insecure) or hf.co/ORG/REPO/FILE.gguf (a Hugging
+    Face file on the main branch). The file is hashed while it streams, checked against --sha256 or
+    the sha256 ETag the server sends (without either it is recorded as unverified), checked for the
+    GGUF magic, and stored as blobs/sha256-<hex> under a manifest NAME. A resume is sent with
+    If-Range, so a file changed upstream is downloaded again from the start.
     Afterwards NAME works wherever a MODEL is asked for.
     """
     store = Store()
@@ -74,28 +77,32 @@ def pull(source, name, sha256, timeout, retries, quiet):
     part = store.part_path(canon)
     try:
         if quiet:
-            m = store.pull(url, canon, sha256, timeout=timeout, retries=retries)
+            m = store.pull(url, canon, sha256, timeout=timeout, retries=retries, insecure=insecure)
         else:
             with _Bar(canon) as bar:
-                m = store.pull(url, canon, sha256, progress=bar, timeout=timeout, retries=retries)
+                m = store.pull(url, canon, sha256, progress=bar, timeout=timeout, retries=retries, insecure=insecure)
     except KeyboardInterrupt:
         if part.exists():
             err.print(f"interrupted: {format_bytes(part.stat().st_size)} kept in {escape(str(part))}; "
                       f"run the same pull again to resume")
         raise
     err.print(f"pulled [bold]{escape(m.name)}[/] {m.digest[:19]} {format_bytes(m.size)} ({m.size:,} B)")
+    if not m.verified:
+        err.print(f"[yellow]warning:[/] {escape(m.name)} is unverified: no --sha256 was given and the server sent no "
+                  f"sha256 ETag, so nothing checked the bytes are the intended file; `ramforge list` marks it")
 
 
 @click.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array.")
 def list_(as_json):
-    """Models in the store: name, digest, size, date pulled."""
+    """Models in the store: name, digest, size, date pulled, whether it was verified against a digest."""
     store = Store()
     entries = store.entries()
     models = [e for e in entries if not isinstance(e, tuple)]
     if as_json:
         print(json.dumps([{"name": m.name, "digest": m.digest, "size": m.size, "source": m.source,
-                           "pulled_at": m.pulled_at, "path": str(store.blob_path(m.digest))} for m in models],
+                           "pulled_at": m.pulled_at, "verified": m.verified, "path": str(store.blob_path(m.digest))}
+                          for m in models],
                          indent=1))
     else:
         if not models:
@@ -105,9 +112,10 @@ def list_(as_json):
             t = Table(title=f"models in {escape(str(store.root))}")
             t.add_column("name", no_wrap=True), t.add_column("digest", no_wrap=True)
             t.add_column("size", justify="right", no_wrap=True), t.add_column("pulled", no_wrap=True)
-            t.add_column("source", overflow="fold")
+            t.add_column("verified", no_wrap=True), t.add_column("source", overflow="fold")
             for m in models:
-                t.add_row(escape(m.name), m.hex[:12], format_bytes(m.size), _date(m.pulled_at), escape(m.source))
+                t.add_row(escape(m.name), m.hex[:12], format_bytes(m.size), _date(m.pulled_at),
+                          "yes" if m.verified else "[yellow]unverified[/]", escape(m.source))
             out.print(t)
     for path, problem in (e for e in entries if isinstance(e, tuple)):
         err.print(f"[yellow]warning:[/] skipped {escape(str(path))}: {escape(problem)}")

@@ -13,13 +13,20 @@ positions: bit-exact with the in-RAM cache. A sliding-window layer reads only th
 Charged at construction: the rings and the buffers (SpillLayout.charged), nothing as the context
 fills. The same interface as memory.kv_cache.KVCache, plus the pass hooks begin_pass / end_pass /
 abort that Engine._pass calls.
+
+The files: made at their full, planned size (Plan.kv_spill_file_bytes; no write or read past it) with
+O_EXCL|O_NOFOLLOW, mode 0600, and unlinked as soon as they are open, so a process killed mid-run
+leaves nothing on the disk. A directory on tmpfs or ramfs is refused (KVSpillError): its files would
+be RAM outside the budget; the default directory (the system's temp directory) falls back to
+/var/tmp when it is one.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import queue
-import shutil
+import secrets
 import tempfile
 import time
 
@@ -27,20 +34,23 @@ import numpy as np
 
 from ..errors import InternalError, InvalidArgument, KVSpillError
 from ..kernels.kvquant import store_rows
+from ..paths import memory_filesystem
 from ..profiling import LayerRecord
 from ..stream.io import aligned_empty, read_full
 from .budget import MemoryBudget
 from .kv_cache import KVBase
-from .kv_types import SPILL_ALIGN, SPILL_BUFFERS, kv_type, row_bytes, spill_layout
+from .kv_types import SPILL_ALIGN, SPILL_BUFFERS, _up, kv_type, row_bytes, spill_layout
 
 
 class SpillFile:
     """One layer's spill file, created at its full size (posix_fallocate: a full disk fails here, not
-    mid-run); reads and writes of whole aligned blocks, O_DIRECT where the filesystem takes it."""
+    mid-run) under a new name (O_EXCL|O_NOFOLLOW, 0600) and unlinked at once: only this process's
+    descriptor holds it. Reads and writes of whole aligned blocks inside that size, O_DIRECT where the
+    filesystem takes it."""
 
     def __init__(self, path: str, nbytes: int):
-        self.path, self.size, self.fd, self.direct = path, nbytes, -1, False
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
+        self.path, self.size, self.fd, self.direct, self._named = path, nbytes, -1, False, False
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         try:
             try:
                 self.fd = os.open(path, flags | os.O_DIRECT, 0o600)
@@ -49,17 +59,27 @@ class SpillFile:
                 if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                     raise
                 self.fd = os.open(path, flags, 0o600)
+            self._named = True
+            os.unlink(path)                 # nothing left behind, whatever ends the process
+            self._named = False
             os.posix_fallocate(self.fd, 0, nbytes)
         except OSError as e:
             self.close()
             raise _spill_error(e, path, nbytes) from None
 
+    def _check(self, offset: int, n: int) -> None:
+        if offset < 0 or offset + n > self.size:
+            raise InternalError(f"KV spill: {self.path}: {n:,} B at {offset:,} is outside its planned "
+                                f"{self.size:,} B")
+
     def read_into(self, offset: int, out: np.ndarray) -> int:
+        self._check(offset, out.nbytes)
         return read_full(self.fd, out, offset, out.nbytes, lambda m: KVSpillError(f"{self.path}: {m}", self.path),
                          "the spill file was truncated?")
 
     def write(self, offset: int, data: np.ndarray) -> None:
         view, done = memoryview(data).cast("B"), 0
+        self._check(offset, len(view))
         while done < len(view):
             try:
                 n = os.pwritev(self.fd, [view[done:]], offset + done)
@@ -73,10 +93,12 @@ class SpillFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if self._named:                     # opened, but the unlink failed
+            self._named = False
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
 
 
 def _spill_error(e: OSError, path: str, needed: int) -> KVSpillError:
@@ -109,22 +131,39 @@ def spill_dir(kv_spill) -> str | None:
     return os.fspath(kv_spill) if isinstance(kv_spill, (str, os.PathLike)) else None
 
 
+def _in_memory_error(d: str, fs: str, needed: int, auto: bool) -> KVSpillError:
+    where = f"the default spill directory {d}" if auto else f"KV spill directory {d}"
+    return KVSpillError(f"{where} is on {fs}, which keeps its files in RAM: {needed:,} B of spill files there "
+                        f"would use memory outside the --ram budget; point --kv-spill (Model(kv_spill=)) at a "
+                        f"directory on a disk{' (or set TMPDIR to one)' if auto else ''}", d, needed)
+
+
 def spill_directory(parent: str | None, needed: int) -> str:
-    """A new directory for the spill files under parent (default: the system's temp directory), after
-    checking that it is writable and that its disk has `needed` bytes free; KVSpillError otherwise."""
-    parent = os.path.abspath(parent) if parent else tempfile.gettempdir()
-    try:
-        os.makedirs(parent, exist_ok=True)
-        d = tempfile.mkdtemp(prefix="ramforge-kv-", dir=parent)
-    except OSError as e:
-        raise KVSpillError(f"KV spill directory {parent} is not writable: {e.strerror or e}", parent,
-                           needed) from None
+    """The directory for the spill files: parent, made if missing, or by default the system's temp
+    directory (/var/tmp where that is tmpfs), after checking that it is writable, not in RAM (tmpfs,
+    ramfs) and that its disk has `needed` bytes free; KVSpillError otherwise."""
+    if parent:
+        d = os.path.abspath(parent)
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise KVSpillError(f"KV spill directory {d} is not writable: {e.strerror or e}", d, needed) from None
+        if fs := memory_filesystem(d):
+            raise _in_memory_error(d, fs, needed, False)
+    else:
+        tried = [tempfile.gettempdir(), "/var/tmp"]
+        on_disk = [t for t in tried if os.path.isdir(t) and not memory_filesystem(t)]
+        if not on_disk:
+            raise _in_memory_error(tried[0], memory_filesystem(tried[0]) or "tmpfs", needed, True)
+        d = on_disk[0]
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise KVSpillError(f"KV spill directory {d} is not writable by this user; point --kv-spill at another "
+                           f"directory", d, needed)
     free = _free_bytes(d)
     if free is not None and free < needed:
-        shutil.rmtree(d, ignore_errors=True)
-        raise KVSpillError(f"KV spill directory {parent}: its disk has {free:,} B free, the spill files need "
+        raise KVSpillError(f"KV spill directory {d}: its disk has {free:,} B free, the spill files need "
                            f"{needed:,} B; free some space or point --kv-spill at another directory",
-                           parent, needed, free)
+                           d, needed, free)
     return d
 
 
@@ -135,7 +174,7 @@ class SpilledKVCache(KVBase):
     def __init__(self, budget: MemoryBudget, n_layer: int, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int,
                  first_layer: int = 0, type_k: str | int = "f16", type_v: str | int = "f16", batch: int = 64,
                  directory: str | None = None, reader=None, windows: list[int] | None = None,
-                 tail: int | None = None):
+                 tail: int | None = None, file_bytes: int | None = None):
         self.type_k, self.type_v = kv_type(type_k), kv_type(type_v)
         rbk, rbv = row_bytes(self.type_k, hd_k), row_bytes(self.type_v, hd_v)
         self.n_ctx, self.first, self.budget, self.n_layer = n_ctx, first_layer, budget, n_layer
@@ -149,6 +188,9 @@ class SpilledKVCache(KVBase):
         self.shape_k, self.shape_v = (n_head_kv, rbk // 2 if self.type_k == "f16" else rbk), \
                                      (n_head_kv, rbv // 2 if self.type_v == "f16" else rbv)
         self.dt_k, self.dt_v = (np.uint16 if t == "f16" else np.uint8 for t in (self.type_k, self.type_v))
+        if file_bytes is not None and n_layer * lay.buffer_bytes > file_bytes:
+            raise InternalError(f"KV spill: the files would take {n_layer * lay.buffer_bytes:,} B, the plan said "
+                                f"{file_bytes:,} B")
         self.charge = budget.charge("kv cache (spill: tails, buffers)", lay.charged(n_layer))   # before anything
         self.files: list[SpillFile] = []
         self.dir, self._own_reader, self.reader = None, False, None
@@ -169,8 +211,10 @@ class SpilledKVCache(KVBase):
             for _ in range(SPILL_BUFFERS):
                 self.free.put(aligned_empty(lay.buffer_bytes))
             self.dir = spill_directory(directory, n_layer * lay.buffer_bytes)
-            self.files = [SpillFile(os.path.join(self.dir, f"layer{first_layer + i}.kv"), lay.buffer_bytes)
-                          for i in range(n_layer)]
+            stem = f".ramforge-kv-{os.getpid()}-{secrets.token_hex(6)}"
+            for i in range(n_layer):        # appended one by one: a failure closes those made
+                self.files.append(SpillFile(os.path.join(self.dir, f"{stem}-layer{first_layer + i}.kv"),
+                                            lay.buffer_bytes))
             if reader is None:
                 from ..stream.weights import _Reader
                 reader, self._own_reader = _Reader(None, []), True
@@ -250,6 +294,46 @@ class SpilledKVCache(KVBase):
                 self._to_ring(i, s, n, kb, vb)
         self.spilled, self.n_past = s, n
 
+    # ---- state files (session.write_state_file / load_state_file): a layer at a time ----------
+    def _part(self, which: str, buf: np.ndarray):
+        """(rows view of buf, ring, file offset, bytes per position) of K ('k') or V ('v')."""
+        kb, vb = self._views(buf)
+        return (kb, self.k, 0, self.lay.kpos) if which == "k" else (vb, self.v, self.lay.kb, self.lay.vpos)
+
+    @contextlib.contextmanager
+    def rows_out(self, which: str, i: int, n: int):
+        """Layer i's K or V rows of positions 0..n-1 as the cache holds them, in one of the charged read
+        buffers (between passes): a state file streams the cache a layer at a time, never whole in RAM."""
+        with self._scratch() as buf:
+            rows, ring, base, r = self._part(which, buf)
+            s = min(self.spilled, n)
+            if s:
+                self.bytes_read += self.files[i].read_into(base, buf[base:base + _up(s * r)])
+            for s0, s1, p in self._slots(s, n):
+                rows[p:p + s1 - s0] = ring[i, s0:s1]
+            yield rows[:n]
+
+    def begin_restore(self) -> None:
+        """Before rows_in: the cache empty."""
+        self.abort()
+        self.n_past = self.spilled = 0
+
+    @contextlib.contextmanager
+    def rows_in(self, which: str, i: int, n: int):
+        """A buffer for layer i's K or V rows of positions 0..n-1, filled by the caller; on exit its whole
+        groups go to the file, the rest to the ring. end_restore(n) once every layer's K and V are in."""
+        s = n // self.lay.group * self.lay.group
+        with self._scratch() as buf:
+            rows, ring, base, r = self._part(which, buf)
+            yield rows[:n]
+            if s:
+                self.files[i].write(base, buf[base:base + s * r])
+            for s0, s1, p in self._slots(s, n):
+                ring[i, s0:s1] = rows[p:p + s1 - s0]
+
+    def end_restore(self, n: int) -> None:
+        self.spilled, self.n_past = n // self.lay.group * self.lay.group, n
+
     def close(self) -> None:
         self.abort()
         if self._own_reader and self.reader is not None:
@@ -258,9 +342,6 @@ class SpilledKVCache(KVBase):
         for f in self.files:
             f.close()
         self.files = []
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = None
         self.charge.release()
 
     # ---- passes ----------------------------------------------------------------------------
@@ -350,8 +431,6 @@ class SpilledKVCache(KVBase):
 
     def _scratch(self):
         """A free read buffer for export / restore / rewind (between passes: none is in flight)."""
-        import contextlib
-
         @contextlib.contextmanager
         def held():
             self.abort()

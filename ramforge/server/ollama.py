@@ -346,9 +346,14 @@ def _digest(m: ModelManager, name: str) -> str:
 
 @router.get("/api/tags")
 async def tags(request: Request):
+    from ..store import Store
+
     models = await anyio.to_thread.run_sync(list_models, manager_of(request))
+    pulled = await anyio.to_thread.run_sync(lambda: {(m.name, m.hex): m.verified for m in Store().models()})
     return {"models": [{"name": x["name"], "model": x["name"], "modified_at": x["modified_at"], "size": x["size"],
-                        "digest": x["digest"], "details": x["details"]} for x in models]}
+                        "digest": x["digest"], "details": x["details"],     # a pull's check: `verified` (store only)
+                        **({"verified": pulled[k]} if (k := (x["name"], x["digest"])) in pulled else {})}
+                       for x in models]}
 
 
 @router.post("/api/show")

@@ -6,15 +6,16 @@ import json
 import os
 import tempfile
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..paths import cache_dir
 from .names import (CHUNK, DEFAULT_TIMEOUT, GGUF_MAGIC, _HEX64, BlobMissing, CorruptManifest, DigestMismatch,
-                    InvalidModelName, NotGGUF, NotInStore, Progress, PullError, default_name, expand_source,
-                    is_valid_name, normalize_name)
-from .transfer import hash_file, _PartLock, _download, _drop_if_empty
+                    InsecureSource, InvalidModelName, NotGGUF, NotInStore, Progress, PullError, default_name,
+                    expand_source, is_valid_name, normalize_name)
+from .transfer import hash_file, _PartLock, _download, _drop_if_empty, drop_part_meta
 
 
 # ------------------------------------------------------------------------------------------ store
@@ -26,6 +27,7 @@ class Manifest:
     size: int
     source: str
     pulled_at: str       # ISO 8601, UTC
+    verified: bool = False   # checked against --sha256 or the server's sha256 ETag (absent in older manifests)
 
     @property
     def hex(self) -> str:
@@ -35,7 +37,8 @@ class Manifest:
     def from_json(cls, data, where: str) -> "Manifest":
         try:
             m = cls(name=str(data["name"]), digest=str(data["digest"]), size=int(data["size"]),
-                    source=str(data.get("source", "")), pulled_at=str(data.get("pulled_at", "")))
+                    source=str(data.get("source", "")), pulled_at=str(data.get("pulled_at", "")),
+                    verified=data.get("verified") is True)
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptManifest(f"manifest {where} is missing or mangles {e}; delete it and pull again") from None
         algo, _, hx = m.digest.partition(":")
@@ -206,6 +209,7 @@ class Store:
         if part.exists():
             part.unlink()
             result["part_deleted"] = True
+        drop_part_meta(part)
         if not mpath.exists():
             if result["part_deleted"]:
                 return result
@@ -236,13 +240,19 @@ class Store:
 
     def pull(self, source: str, name: str | None = None, sha256: str | None = None, *,
              progress: Progress | None = None, timeout: float = DEFAULT_TIMEOUT, retries: int = 0,
-             retry_delay: float = 1.0, chunk_size: int = CHUNK) -> Manifest:
+             retry_delay: float = 1.0, chunk_size: int = CHUNK, insecure: bool = False) -> Manifest:
         """Download `source` into the store as `name`, resuming a .part left by an earlier try.
 
         Retryable failures (a dropped connection, a timeout, an HTTP 5xx) are retried `retries` times,
         each resuming where the last stopped; after that the .part stays for the next `pull`.
+        A plain http:// source needs insecure=True (`--insecure`); the manifest's `verified` says
+        whether the file was checked against --sha256 or the server's sha256 ETag.
         """
         url = expand_source(source)
+        if urllib.parse.urlsplit(url).scheme.lower() == "http" and not insecure:
+            raise InsecureSource(f"SOURCE {url} is plain http: the file could be altered on the way"
+                                 f"{'' if sha256 else ' and nothing would notice'}; use https, or pass "
+                                 f"--insecure (insecure=True) to pull it anyway")
         canon = normalize_name(name) if name is not None else default_name(url)
         expected = None
         if sha256 is not None:
@@ -256,10 +266,11 @@ class Store:
             attempt = 0
             while True:
                 try:
-                    hx, size = _download(url, f, part, expected, progress, timeout, chunk_size)
+                    hx, size, verified = _download(url, f, part, expected, progress, timeout, chunk_size)
                     break
                 except (DigestMismatch, NotGGUF):
                     part.unlink(missing_ok=True)       # resuming cannot fix these: start from zero next time
+                    drop_part_meta(part)
                     raise
                 except PullError as e:
                     if not e.retryable or attempt >= retries:
@@ -278,19 +289,21 @@ class Store:
                 f.seek(0)
                 head = f.read(4)
                 part.unlink(missing_ok=True)
+                drop_part_meta(part)
                 raise NotGGUF(f"{url} is not a GGUF file (starts with {head!r}, expected {GGUF_MAGIC!r}); "
                               f"deleted it; check that SOURCE points at a .gguf file")
             f.flush()
             os.fsync(f.fileno())
             blob = self.blob_path(hx)
             os.replace(part, blob)
+            drop_part_meta(part)
             _fsync_dir(self.blobs)
         try:
             old = self.find(canon)
         except CorruptManifest:
             old = None                                 # overwritten below
         m = Manifest(name=canon, digest=f"sha256:{hx}", size=size, source=url,
-                     pulled_at=datetime.now(timezone.utc).replace(microsecond=0).isoformat())
+                     pulled_at=datetime.now(timezone.utc).replace(microsecond=0).isoformat(), verified=verified)
         self._write_manifest(m)
         if old is not None and old.hex != hx:
             self._collect(old.hex)

@@ -82,6 +82,10 @@ class InvalidSource(PullError, InvalidArgument):
     """A SOURCE that is neither an http(s) URL nor the hf.co/ORG/REPO/FILE.gguf shorthand."""
 
 
+class InsecureSource(InvalidSource):
+    """A plain http:// SOURCE without --insecure (insecure=True)."""
+
+
 class DownloadIncomplete(PullError):
     """The connection ended (or stalled) early; the .part file is kept and the next pull resumes it."""
 

@@ -1,9 +1,16 @@
 """One HTTP(S) transfer into a .part file: resumed with Range where the server allows it, restarted
-cleanly where it does not, hashed as it streams, and checked against the expected size and sha256."""
+cleanly where it does not, hashed as it streams, and checked against the expected size and sha256.
+
+A resume is only sent for the same upstream file: the first response's validator (a strong ETag,
+else Last-Modified) is kept beside the part (<name>.part.json) and sent as If-Range, so a server
+whose file changed answers 200 with the whole new file and the pull starts over; a part with no
+recorded validator is resumed only where a --sha256 will catch a splice, else restarted from 0.
+A redirect from https to http is refused."""
 from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import os
 import re
 import socket
@@ -46,8 +53,48 @@ def _drop_if_empty(part: Path, f) -> None:
     try:
         if os.fstat(f.fileno()).st_size == 0:
             part.unlink(missing_ok=True)
+            drop_part_meta(part)
     except OSError:
         pass
+
+
+def part_meta_path(part: Path) -> Path:
+    return part.with_name(part.name + ".json")
+
+
+def _load_meta(part: Path) -> dict:
+    """What the part was downloaded against: {url, etag, last_modified, sha256} ({} when unknown)."""
+    try:
+        meta = json.loads(part_meta_path(part).read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _save_meta(part: Path, url: str, resp, tag: str | None) -> dict:
+    etag = (resp.headers.get("ETag") or "").strip()
+    meta = {"url": url, "etag": etag if etag and not etag.startswith("W/") else None,
+            "last_modified": (resp.headers.get("Last-Modified") or "").strip() or None, "sha256": tag}
+    tmp = part.with_name(part.name + ".json.tmp")
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, part_meta_path(part))
+    return meta
+
+
+def drop_part_meta(part: Path) -> None:
+    part_meta_path(part).unlink(missing_ok=True)
+
+
+def _validator(meta: dict) -> str | None:
+    """The If-Range value: the strong ETag, else Last-Modified."""
+    return meta.get("etag") or meta.get("last_modified") or None
+
+
+def _changed(meta: dict, resp) -> bool:
+    """Whether a 206 comes from another version of the file than the part's (a server that ignored If-Range)."""
+    etag, lm = (resp.headers.get("ETag") or "").strip(), (resp.headers.get("Last-Modified") or "").strip()
+    return bool((meta.get("etag") and etag and etag != meta["etag"])
+                or (meta.get("last_modified") and lm and lm != meta["last_modified"]))
 
 
 class _PartLock:
@@ -96,16 +143,22 @@ class _RecordRedirects(urllib.request.HTTPRedirectHandler):
         tag = _etag_sha256(headers.get("X-Linked-Etag"))
         if tag:
             self.linked_etag = tag
-        if urllib.parse.urlsplit(newurl).scheme.lower() not in ("http", "https"):
+        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
+        if scheme not in ("http", "https"):
             raise InvalidSource(f"{req.full_url} redirects to {newurl}, which is not http(s)")
+        if scheme == "http" and urllib.parse.urlsplit(req.full_url).scheme.lower() == "https":
+            raise InvalidSource(f"{req.full_url} redirects to {newurl}: from https to plain http, where the file "
+                                f"could be altered on the way; refused (download it yourself if you trust it)")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _open(url: str, offset: int, timeout: float):
+def _open(url: str, offset: int, timeout: float, if_range: str | None = None):
     """(response, etag sha256 or None); HTTP errors become PullError, 416 is returned as (None, total)."""
     headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
+        if if_range:
+            headers["If-Range"] = if_range
     redirects = _RecordRedirects()
     opener = urllib.request.build_opener(redirects)
     try:
@@ -137,17 +190,23 @@ def _open(url: str, offset: int, timeout: float):
     return resp, tag
 
 
-def _download(url, f, part: Path, expected, progress, timeout, chunk_size) -> tuple[str, int]:
-    """Bring the locked .part (open as `f`) to the full file; (sha256 hex, size) of the result."""
+def _download(url, f, part: Path, expected, progress, timeout, chunk_size) -> tuple[str, int, bool]:
+    """Bring the locked .part (open as `f`) to the full file; (sha256 hex, size, verified) of the result."""
     size = os.fstat(f.fileno()).st_size
+    meta = _load_meta(part)
+    if size and not (meta.get("url") == url and _validator(meta)) and not expected:
+        f.truncate(0)                                  # nothing tells this part is of the same file: start over
+        size = 0
+    if not size:
+        meta = {}
     if size and progress:
         progress("checking partial download", 0, size)
     h, offset = hash_file(part, progress, "checking partial download", f=f) if size else (hashlib.sha256(), 0)
-    resp, tag = _open(url, offset, timeout)
+    resp, tag = _open(url, offset, timeout, _validator(meta))
     if resp is None:                                   # 416: nothing left past `offset`
         total = tag
         if total is not None and total == offset:
-            return _finish(url, h, offset, expected, None)
+            return _finish(url, h, offset, expected, meta.get("sha256"))
         f.truncate(0)                                  # the part is not a prefix of this file: start over
         h, offset = hashlib.sha256(), 0
         resp, tag = _open(url, 0, timeout)
@@ -163,24 +222,27 @@ def _download(url, f, part: Path, expected, progress, timeout, chunk_size) -> tu
         total = None
         if resp.status == 206:
             m = _CONTENT_RANGE.fullmatch((resp.headers.get("Content-Range") or "").strip())
-            if not m or int(m.group(1)) != offset:
-                # a range we did not ask for: restart from zero without Range
+            if not m or int(m.group(1)) != offset or _changed(meta, resp):
+                # a range we did not ask for, or of another version: restart from zero without Range
                 resp.close()
                 f.truncate(0)
                 h, offset = hashlib.sha256(), 0
                 resp2, tag = _open(url, 0, timeout)
                 with resp2:
+                    _save_meta(part, url, resp2, tag)
                     return _stream(url, resp2, f, h, 0, _length(resp2), tag, expected, progress, chunk_size)
             total = None if m.group(3) == "*" else int(m.group(3))
             if length is not None and total is not None and offset + length != total:
                 raise PullError(f"{url}: Content-Range {m.group(0)!r} and Content-Length {length} disagree")
             if total is None and length is not None:
                 total = offset + length
-        else:                                          # 200: the whole file from byte 0
+            tag = tag or meta.get("sha256")
+        else:                                          # 200: the whole file from byte 0 (If-Range: it changed)
             if offset:
                 f.truncate(0)
                 h, offset = hashlib.sha256(), 0
             total = length
+            _save_meta(part, url, resp, tag)
         return _stream(url, resp, f, h, offset, total, tag, expected, progress, chunk_size)
 
 
@@ -189,7 +251,7 @@ def _length(resp) -> int | None:
     return int(v) if v and v.strip().isdigit() else None
 
 
-def _stream(url, resp, f, h, offset, total, tag, expected, progress, chunk_size) -> tuple[str, int]:
+def _stream(url, resp, f, h, offset, total, tag, expected, progress, chunk_size) -> tuple[str, int, bool]:
     done = reported = offset
     if progress:
         progress("download", done, total)
@@ -231,11 +293,12 @@ def _stream(url, resp, f, h, offset, total, tag, expected, progress, chunk_size)
     return _finish(url, h, done, expected, tag)
 
 
-def _finish(url, h, size, expected, tag) -> tuple[str, int]:
+def _finish(url, h, size, expected, tag) -> tuple[str, int, bool]:
+    """(sha256 hex, size, verified: checked against --sha256 or the server's sha256 ETag)."""
     hx = h.hexdigest()
     for want, where in ((expected, "--sha256"), (tag, "the server's ETag")):
         if want and want != hx:
             raise DigestMismatch(f"{url} ({size:,} B)", want, hx,
                                  f"the download does not match {where}; the partial file was deleted, "
                                  f"run the pull again (or check --sha256)")
-    return hx, size
+    return hx, size, bool(expected or tag)
