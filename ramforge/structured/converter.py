@@ -415,7 +415,7 @@ def json_schema_to_grammar(schema, *, ignore_unsupported: bool = False) -> str:
     try:
         doc: Document = read_schema(schema, ignore_unsupported)
     except SchemaError as e:
-        raise SchemaError(f"JSON schema conversion failed:\n{e}") from None
+        raise type(e)(f"JSON schema conversion failed:\n{e}") from None
     conv = Converter(lax_patterns=ignore_unsupported)
     conv.visit(doc.root, "")
     if conv.errors:
