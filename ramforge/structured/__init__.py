@@ -43,8 +43,11 @@ def schema_grammar(schema) -> str:
 
 
 def check_gbnf(text: str) -> str:
-    """The grammar text, after llama.cpp's parser accepted it (GBNFError otherwise)."""
-    parse(text)
+    """The grammar text, after llama.cpp's parser accepted it (GBNFError otherwise) and it was lowered
+    for llguidance within the limits (GrammarTooLarge), both in linear time."""
+    from .lark import to_lark
+
+    to_lark(parse(text))
     return text
 
 
