@@ -115,7 +115,31 @@ class _State:
 
 _STATE: contextvars.ContextVar[_State] = contextvars.ContextVar(
     "ramforge_chat_state", default=_State(ChatLimits(), math.inf))  # the default serves compile-time folding
-_WIDTH = re.compile(r"%[-#0 +]*(\d+|\*)?(?:\.(\d+|\*))?|\{[^{}]*:[^{}]*?(\d+|\{)")
+# Widths and precisions of %-formats and of str.format fields ({name:spec}, spec up to the next brace).
+# Each pattern runs in linear time: after `%` everything is optional (the first try matches), and a
+# field's name stops at its first ':' (no backtracking over other colons).
+_PERCENT = re.compile(r"%[-#0 +]*(\d+|\*)?(?:\.(\d+|\*))?")
+_FIELD = re.compile(r"\{[^{}:]*:([^{}]*)(\{)?")
+_DIGITS = re.compile(r"\d+")
+_TICK_EVERY = 256                         # matches between deadline checks
+
+
+def _widths(text: str, st: "_State"):
+    """(what, number text or '*' / '{') of each width or precision in a format string, checking the
+    deadline as it goes."""
+    for i, m in enumerate(_PERCENT.finditer(text)):
+        if i % _TICK_EVERY == 0:
+            st.tick()
+        for g in m.groups():
+            if g:
+                yield m.group(0), g
+    for i, m in enumerate(_FIELD.finditer(text)):
+        if i % _TICK_EVERY == 0:
+            st.tick()
+        for d in _DIGITS.finditer(m.group(1)):
+            yield m.group(0), d.group(0)
+        if m.group(2):
+            yield m.group(0), "{"
 
 
 def _precheck(name: str, s, args: tuple, kwargs: dict, st: _State):
@@ -147,10 +171,9 @@ def _precheck(name: str, s, args: tuple, kwargs: dict, st: _State):
         count = len(text) + 1 if args[0] == "" else text.count(args[0])
         st.estimate(len(text) + count * max(0, len(args[1]) - len(args[0])), name)
     elif name in ("format", ".format", ".format_map", "%"):
-        for m in _WIDTH.finditer(text):
-            if any(g and (g in "*{" and any(abs(i) > st.cap for i in ints) or g.isdigit() and len(g) > 6)
-                   for g in m.groups()):
-                st.estimate(10 ** 7, f"format width in {m.group(0)!r}")
+        for what, g in _widths(text, st):
+            if g in "*{" and any(abs(i) > st.cap for i in ints) or g.isdigit() and len(g) > 6:
+                st.estimate(10 ** 7, f"format width in {what[:40]!r}")
     return s, args
 
 
@@ -326,6 +349,28 @@ def _validate(messages) -> list[dict]:
                 raise bad(f, f"must be a string, got {type(m[f]).__name__}")
         out.append(m)
     return out
+
+
+# The variables render_chat itself passes a template (and its own keywords): a caller's extra
+# template variables (llama-server's chat_template_kwargs) may not take these names.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                                "raise_exception", "strftime_now", "functions", "function_call", "tool_choice",
+                                "limits", "template"})
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """A request's extra template variables (chat_template_kwargs): a JSON object whose names are
+    none of RESERVED_VARIABLES; ChatTemplateError (400) otherwise."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise ChatTemplateError(f"chat_template_kwargs must be an object, not {type(kwargs).__name__}", "messages")
+    taken = sorted(k for k in kwargs if k in RESERVED_VARIABLES)
+    if taken:
+        raise ChatTemplateError(f"chat_template_kwargs cannot set {', '.join(taken)}: the template's own "
+                                f"variables ({', '.join(sorted(RESERVED_VARIABLES))}) come from the request",
+                                "messages")
+    return dict(kwargs)
 
 
 def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = True, bos_token: str = "",

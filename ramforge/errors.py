@@ -243,3 +243,10 @@ def http_status(exc: BaseException) -> int:
         if isinstance(exc, cls):
             return status
     return 500
+
+
+# ------------------------------------------------------------------- request limits (400)
+
+class RequestTooLarge(InvalidArgument):
+    """A request value over a server limit (a grammar's size or nesting, a JSON schema's depth,
+    the number of chat messages): the message names the limit and the size asked."""

@@ -186,26 +186,40 @@ def generic_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
 _WS = " \t\r\n"
 
 
-def value_end(s: str, i: int) -> int:
-    """End of the JSON value starting at s[i] (after whitespace), or -1 if it is not complete yet."""
+_SCALAR = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null")
+
+
+def value_end(s: str, i: int, scan: dict | None = None, ns=0) -> int:
+    """End of the JSON value starting at s[i] (after whitespace), or -1 if it is not complete yet.
+
+    scan: where a scan of an object / array / string stopped, kept between calls on a text that only
+    grows (a stream's), so each call resumes there instead of starting over; keyed by (ns, i), ns
+    naming the text's origin."""
     n = len(s)
-    while i < n and s[i] in _WS:
-        i += 1
-    if i >= n:
-        return -1
-    depth, instr = 0, False
-    if s[i] not in "{[\"":
-        m = re.match(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null", s[i:])
-        return i + m.end() if m and i + m.end() < n else -1
-    while i < n:
-        c = s[i]
+    state = scan.get((ns, i)) if scan is not None else None
+    if state is None:
+        j = i
+        while j < n and s[j] in _WS:
+            j += 1
+        if j >= n:
+            return -1
+        if s[j] not in "{[\"":
+            m = _SCALAR.match(s, j)
+            return m.end() if m and m.end() < n else -1
+        state = (j, 0, False, -1)
+    j, depth, instr, end = state
+    if end >= 0:
+        return end
+    while j < n:
+        c = s[j]
         if instr:
             if c == "\\":
-                i += 1
+                j += 1
             elif c == '"':
                 instr = False
                 if depth == 0:
-                    return i + 1
+                    end = j + 1
+                    break
         elif c == '"':
             instr = True
         elif c in "{[":
@@ -213,20 +227,23 @@ def value_end(s: str, i: int) -> int:
         elif c in "}]":
             depth -= 1
             if depth == 0:
-                return i + 1
-        i += 1
-    return -1
+                end = j + 1
+                break
+        j += 1
+    if scan is not None:
+        scan[(ns, i)] = (j, depth, instr, end)
+    return end
 
 
 _HEAD = re.compile(r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*'
                    r'"(arguments|parameters)"\s*:\s*')
 
 
-def _call_object(s: str, i: int, fmt: str) -> tuple[ToolCall | None, int]:
+def _call_object(s: str, i: int, fmt: str, scan: dict | None = None, ns=0) -> tuple[ToolCall | None, int]:
     """A `{"name": ..., "arguments": ...}` object at s[i]: (call, end), (partial call, -1) or (None, -1)."""
     m = _HEAD.match(s, i)
     if m is None:
-        end = value_end(s, i)
+        end = value_end(s, i, scan, ns)
         if end < 0:
             return None, -1
         try:
@@ -240,10 +257,10 @@ def _call_object(s: str, i: int, fmt: str) -> tuple[ToolCall | None, int]:
         return ToolCall(obj["name"], text, str(obj.get("id") or "")), end
     name = json.loads(f'"{m.group(1)}"')
     a = m.end()
-    b = value_end(s, a)
+    b = value_end(s, a, scan, ns)
     if b < 0:
         return ToolCall(name, s[a:].rstrip(_WS), complete=False), -1
-    end = value_end(s, i)
+    end = value_end(s, i, scan, ns)
     if end < 0:
         return ToolCall(name, s[a:b], complete=False), -1
     rest = s[b:end - 1]
@@ -260,17 +277,18 @@ def _hold(text: str, markers) -> int:
     return 0
 
 
-def parse(text: str, fmt: str, partial: bool = False) -> tuple[str, list[ToolCall]]:
+def parse(text: str, fmt: str, partial: bool = False, scan: dict | None = None) -> tuple[str, list[ToolCall]]:
     """(content, calls) of an output. partial: the output so far (content that could still become a
-    call is held back; the last call may be incomplete)."""
+    call is held back; the last call may be incomplete). scan: value_end's resumption points, for a
+    text that only grows (CallStream's)."""
     if fmt == HERMES:
-        return _parse_hermes(text, partial)
+        return _parse_hermes(text, partial, scan)
     if fmt == GENERIC:
-        return _parse_generic(text, partial)
-    return _parse_json_calls(text, fmt, partial)
+        return _parse_generic(text, partial, scan)
+    return _parse_json_calls(text, fmt, partial, scan)
 
 
-def _parse_hermes(text: str, partial: bool):
+def _parse_hermes(text: str, partial: bool, scan=None):
     content, calls, i = [], [], 0
     while True:
         j = text.find("<tool_call>", i)
@@ -280,7 +298,7 @@ def _parse_hermes(text: str, partial: bool):
             content.append(tail[:len(tail) - keep])
             break
         content.append(text[i:j])
-        call, end = _call_object(text, j + len("<tool_call>"), HERMES)
+        call, end = _call_object(text, j + len("<tool_call>"), HERMES, scan)
         if call is None:
             if partial:
                 break
@@ -301,7 +319,7 @@ def _parse_hermes(text: str, partial: bool):
     return _strip("".join(content), calls), calls
 
 
-def _parse_json_calls(text: str, fmt: str, partial: bool):
+def _parse_json_calls(text: str, fmt: str, partial: bool, scan=None):
     """llama3 / mistral: calls at the start (after content, for mistral's marker)."""
     marker = "[TOOL_CALLS]" if fmt == MISTRAL else "<|python_tag|>"
     j = text.find(marker)
@@ -316,7 +334,7 @@ def _parse_json_calls(text: str, fmt: str, partial: bool):
     if s.startswith("["):
         i += 1
     while True:
-        call, end = _call_object(rest, i, fmt)
+        call, end = _call_object(rest, i, fmt, scan, ("after", j))
         if call is None:
             if partial:
                 return head, calls
@@ -332,15 +350,17 @@ def _parse_json_calls(text: str, fmt: str, partial: bool):
         i = k
 
 
-def _parse_generic(text: str, partial: bool):
+def _parse_generic(text: str, partial: bool, scan=None):
     s = text.strip()
+    at = len(text) - len(text.lstrip())          # where s starts in text (for scan's key)
     fence = re.match(r"```(?:json)?\s*", s)
     if fence:
         s = s[fence.end():]
+        at += fence.end()
         s = s[:-3] if s.endswith("```") else s
     if not s.startswith("{"):
         return ("", []) if partial and (not s or "```".startswith(s)) else (text, [])
-    end = value_end(s, 0)
+    end = value_end(s, 0, scan, ("generic", at))
     if end < 0:
         return "", []                                      # wait for the whole object
     try:
@@ -367,23 +387,58 @@ def _strip(content: str, calls) -> str:
 
 # ---- streaming ---------------------------------------------------------------------------------
 
+# What turns plain content into calls later on, by format (the generic format decides at its start).
+# Once a stream is plain content (no call, nothing held back, so no marker can begin before the next
+# chunk), a chunk that neither holds a marker nor ends with the start of one is content.
+_MARKERS = {HERMES: "<tool_call>", LLAMA3: "<|python_tag|>", MISTRAL: "[TOOL_CALLS]"}
+
+
 class CallStream:
     """Feed the answer's text as it comes: `feed(text)` -> (content delta, OpenAI tool_call deltas);
-    `finish()` -> the same for the rest, and `calls` holds the final ToolCalls (with ids)."""
+    `finish()` -> the same for the rest, and `calls` holds the final ToolCalls (with ids).
+
+    Incremental: while the answer is plain content a chunk with no marker (or start of one) is content
+    at once (its cost is its own length, nothing is parsed again); otherwise the text is parsed with
+    value_end's scans resumed where they stopped, so a long call's arguments are read once."""
 
     def __init__(self, fmt: str):
-        self.fmt, self.text, self.sent = fmt, "", 0
+        self.fmt, self.sent = fmt, 0
         self.calls: list[ToolCall] = []
         self._args_sent: list[int] = []
+        self._chunks: list[str] = []
+        self._scan: dict = {}
+        self._plain = False            # all content so far, nothing held back: the fast path may run
+        self._ws: list[str] = []       # the fast path's trailing whitespace, not sent yet
+
+    @property
+    def text(self) -> str:
+        if len(self._chunks) > 1:
+            self._chunks = ["".join(self._chunks)]
+        return self._chunks[0] if self._chunks else ""
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
-        self.text += text
-        content, calls = parse(self.text, self.fmt, partial=not final)
-        if not final:                                    # whitespace waits: before a call it is cut
+        if text:
+            self._chunks.append(text)
+        marker = _MARKERS.get(self.fmt)
+        if self._plain and not final and not (marker and (marker in text or _hold(text, [marker]))):
+            body = text.rstrip()                         # whitespace waits: before a call it is cut
+            if not body:
+                self._ws.append(text)
+                return "", []
+            delta = "".join(self._ws) + body
+            self._ws = [text[len(body):]]
+            self.sent += len(delta)
+            return delta, []
+        full = self.text
+        content, calls = parse(full, self.fmt, partial=not final, scan=self._scan)
+        # (the generic format's opening ``` fence can still grow into ```json: not plain while it may)
+        self._plain = not calls and content == full and not (self.fmt == GENERIC and full.lstrip()[:1] == "`")
+        self._ws = [full[len(full.rstrip()):]] if self._plain else []
+        if not final:
             content = content.rstrip()
             if calls and self.sent == 0:
                 content = content.lstrip()
-        delta = content[self.sent:] if content.startswith(content[:self.sent]) and len(content) > self.sent else ""
+        delta = content[self.sent:] if len(content) > self.sent else ""
         self.sent += len(delta)
         out = []
         for k, c in enumerate(calls):

@@ -354,3 +354,39 @@ def _timed(f) -> float:
     t0 = time.perf_counter()
     f()
     return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- the guard's own cost (issue 39)
+
+@pytest.mark.parametrize("template", ["{{ ('{' + ':' * 1000000) | format(1) }}",
+                                      "{{ ('{' + ':' * 1000000 + '7') | format(1) }}",
+                                      "{{ ('%' + ' ' * 1000000) % () }}"])
+def test_format_width_guard_is_linear(template):
+    """The width check scans a format string in linear time (its old regex took ~1 s for 8,000
+    colons after a brace, and hours for a million) and inside the render's deadline."""
+    t = time.perf_counter()
+    try:
+        render_chat(template, USER)
+    except ChatTemplateError:
+        pass
+    assert time.perf_counter() - t < 1.0
+
+
+def test_format_width_guard_still_catches_widths():
+    for tpl in ("{{ '{:>99999999}'.format(1) }}", "{{ '{0:{1}}'.format(1, 10 ** 9) }}", "{{ '%099999999d' % 1 }}",
+                "{{ 'a{x:x:12345678}'.format(x=1) }}"):
+        with pytest.raises(ChatTemplateError, match="width"):
+            render_chat(tpl, USER)
+    assert render_chat("{{ '{:>5}|{:.2f}|%3d'.format(1, 2) }}", USER) == "    1|2.00|%3d"
+
+
+def test_template_kwargs_may_not_take_the_templates_own_names():
+    from ramforge.chat import RESERVED_VARIABLES, check_template_kwargs
+
+    assert check_template_kwargs({"enable_thinking": False}) == {"enable_thinking": False}
+    assert check_template_kwargs(None) == {}
+    for name in sorted(RESERVED_VARIABLES):
+        with pytest.raises(ChatTemplateError, match=name):
+            check_template_kwargs({name: 1, "enable_thinking": True})
+    with pytest.raises(ChatTemplateError):
+        check_template_kwargs(["messages"])

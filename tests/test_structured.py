@@ -296,3 +296,75 @@ def test_forced_tool_call_grammars_accept_the_call_and_nothing_else(model):
             assert not takes(g, "Sure! " + text), (fmt, choice)                     # a call from the start
         assert not takes(call_grammar(fmt, [weather, clock], "get_time"), text)    # the named one only
         assert call_grammar(fmt, [weather], "auto") is None and call_grammar(fmt, [weather], "none") is None
+
+
+# ------------------------------------------------------------------ linear lowering, limits (issue 39)
+
+def _doubling(n: int, r0: str = '"a"', root: str = "r{n}") -> str:
+    return f"root ::= {root.format(n=n)}\nr0 ::= {r0}\n" + "".join(f"r{i} ::= r{i - 1} r{i - 1}\n" for i in range(1, n + 1))
+
+
+@pytest.mark.parametrize("text", [_doubling(27), _doubling(27, root='r{n}* "b"'),
+                                  _doubling(27, r0='"a"?', root='r{n}* "b"'),
+                                  _doubling(27, r0='"a"{0,2000}', root='r{n}* "b"')],
+                         ids=["plain", "fused", "nullable", "counted"])
+def test_doubling_rules_lower_in_milliseconds_to_a_small_grammar(text):
+    """27 rules each twice the one before: 2^27 characters if rule bodies were inlined (the lexeme
+    after a repetition inlined them; may-be-empty and first-character checks recursed twice per rule)."""
+    import time
+
+    t = time.perf_counter()
+    lark = to_lark(parse(text))
+    assert time.perf_counter() - t < 0.1 and len(lark) < 2 * len(text)
+    assert "r26: r25 r25" in lark
+
+
+def test_grammar_limits_are_400s():
+    from ramforge.errors import RequestTooLarge, http_status
+    from ramforge.structured.gbnf import MAX_GRAMMAR_CHARS, MAX_NESTING, MAX_RULES, GrammarTooLarge
+
+    too_big = ["root ::= " + '"a" ' * (MAX_GRAMMAR_CHARS // 4 + 1),
+               "root ::= " + "(" * (MAX_NESTING + 1) + '"a"' + ")" * (MAX_NESTING + 1),
+               'root ::= "a"' + "*" * (MAX_NESTING + 1),
+               'root ::= ("a"+)' + "?" * MAX_NESTING,
+               "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(MAX_RULES)) + f'r{MAX_RULES} ::= "a"\n']
+    for text in too_big:
+        with pytest.raises(GrammarTooLarge) as e:
+            for_request(grammar=text)
+        assert isinstance(e.value, RequestTooLarge) and http_status(e.value) == 400
+    ok = "root ::= " + "(" * (MAX_NESTING - 1) + '"a"' + ")" * (MAX_NESTING - 1)
+    assert for_request(grammar=ok) == ok
+
+
+def test_long_rule_chains_lower_without_recursion():
+    text = "root ::= r0* \"b\"\n" + "".join(f"r{i} ::= r{i + 1} | \"a\"\n" for i in range(3000)) + 'r3000 ::= "c"\n'
+    lark = to_lark(parse(text))                 # an SCC / worklist pass, not a recursion 3,000 deep
+    assert lark.count("\n") == 3003
+
+
+def test_hostile_schemas_are_400s():
+    from ramforge.errors import http_status
+    from ramforge.structured.schema import MAX_SCHEMA_DEPTH
+
+    deep = {"type": "string"}
+    for _ in range(MAX_SCHEMA_DEPTH + 1):
+        deep = {"type": "array", "items": deep}
+    chain = {"$defs": {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(500)} | {"d500": {"type": "string"}},
+             "$ref": "#/$defs/d0"}
+    for schema, what in ((deep, "nested over"), (chain, "nested over"),
+                         ({"type": "integer", "minimum": float("inf")}, "finite"),
+                         ({"type": "integer", "maximum": float("nan")}, "finite"),
+                         ({"const": [1, {"a": float("-inf")}]}, "finite"), ({"enum": [float("inf")]}, "finite")):
+        with pytest.raises(SchemaError, match=what) as e:
+            schema_grammar(schema)
+        assert http_status(e.value) == 400
+    # an integer bound beyond int64 is clamped to it (llama.cpp reads int64), not a 500
+    assert schema_grammar({"type": "integer", "minimum": -(10 ** 400), "maximum": 10 ** 400}) == \
+        schema_grammar({"type": "integer"})
+    # a $ref cycle inside allOf converts; a long property name beside additionalProperties nests its
+    # "none of these names" rule one group per character: 60 convert, 5,000 are a 400 (not a RecursionError)
+    schema_grammar({"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf": [{"$ref": "#/$defs/a"}]})
+    schema_grammar({"type": "object", "properties": {"x" * 60: {"type": "integer"}}, "additionalProperties": True})
+    with pytest.raises(GrammarError) as e:
+        schema_grammar({"type": "object", "properties": {"x" * 5000: {"type": "integer"}}, "additionalProperties": True})
+    assert http_status(e.value) == 400

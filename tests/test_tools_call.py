@@ -171,3 +171,83 @@ def test_think_templates_get_a_think_parser_opened_by_the_prompt():
     closed = render_chat(r1, [{"role": "user", "content": "hi"}], bos_token="<s>", enable_thinking=False)
     assert parser_for(r1, closed).state == "start"      # think: false closes the block in the prompt
     assert parser_for(template("gemma3")) is None
+
+
+# ------------------------------------------------------------- the stream parser is incremental (issue 39)
+
+def _naive_stream(fmt: str, pieces: list[str]):
+    """The stream as it was before it became incremental: the whole text parsed again per chunk."""
+    from ramforge.tools_call import new_id
+
+    text, sent, calls, args_sent, out = "", 0, [], [], []
+    for final, piece in [(False, p) for p in pieces] + [(True, "")]:
+        text += piece
+        content, got = parse(text, fmt, partial=not final)
+        if not final:
+            content = content.rstrip()
+            if got and sent == 0:
+                content = content.lstrip()
+        delta = content[sent:] if len(content) > sent else ""
+        sent += len(delta)
+        deltas = []
+        for k, c in enumerate(got):
+            if k == len(calls):
+                c.id = c.id or new_id(fmt)
+                calls.append(c)
+                args_sent.append(0)
+                deltas.append({"index": k, "type": "function", "function": {"name": c.name, "arguments": ""}})
+            known = calls[k]
+            if c.arguments.startswith(known.arguments[:args_sent[k]]) and len(c.arguments) > args_sent[k]:
+                deltas.append({"index": k, "function": {"arguments": c.arguments[args_sent[k]:]}})
+                args_sent[k] = len(c.arguments)
+            known.arguments, known.complete = c.arguments, c.complete
+        out.append((delta, deltas))
+    return out, [(c.name, c.arguments, c.complete) for c in calls]
+
+
+_PIECES = {
+    HERMES: ["<tool_call>", "</tool_call>", '{"name": "f", "arguments": {"a": "x<y\\" }"}}', "hello ", " ", "\n",
+             "<b>", "<", "{", "}", '"', "\\"],
+    LLAMA3: ["<|python_tag|>", '{"name": "f", "parameters": {"a": 1}}', ";", " ", "\n", "hi", "<", "{", '"'],
+    MISTRAL: ["[TOOL_CALLS]", '[{"name": "f", "arguments": {"a": 1}, "id": "abc123def"}]', "[", "]", ",", " ", "hi"],
+    GENERIC: ['{"tool_calls": [{"name": "f", "arguments": {"a": 1}}]}', '{"response": "ok"}', "```json\n", "```",
+              " ", "\n", "plain", "{", "}", '"'],
+}
+
+
+@pytest.mark.parametrize("seed", range(400))
+def test_incremental_stream_equals_parsing_the_whole_text_each_time(seed):
+    import random
+
+    rng = random.Random(seed)
+    fmt = rng.choice(sorted(_PIECES))
+    text = "".join(rng.choice(_PIECES[fmt]) for _ in range(rng.randint(0, 10)))
+    cuts = sorted({0, len(text)} | {rng.randint(0, len(text)) for _ in range(rng.randint(0, 8))})
+    pieces = [text[a:b] for a, b in zip(cuts, cuts[1:])]
+    cs = CallStream(fmt)
+    got = [cs.feed(p) for p in pieces] + [cs.finish()]
+    got = [(d, [{k: v for k, v in x.items() if k != "id"} for x in xs]) for d, xs in got]
+    want, calls = _naive_stream(fmt, pieces)
+    want = [(d, [{k: v for k, v in x.items() if k != "id"} for x in xs]) for d, xs in want]
+    assert got == want and [(c.name, c.arguments, c.complete) for c in cs.calls] == calls
+
+
+@pytest.mark.parametrize("fmt, text", [
+    (HERMES, "Plain words, and more of them. " * 7000),
+    (LLAMA3, "Plain words, and more of them. " * 7000),
+    (HERMES, '<tool_call>\n{"name": "f", "arguments": {"t": "' + "x" * 100_000 + '"}}\n</tool_call>'),
+    (LLAMA3, '{"name": "f", "parameters": {"t": "' + "y" * 100_000 + '"}}'),
+    (MISTRAL, '[TOOL_CALLS][{"name": "f", "arguments": {"t": "' + "z" * 100_000 + '"}}]'),
+    (GENERIC, '{"tool_calls": [{"name": "f", "arguments": {"t": "' + "w" * 100_000 + '"}}]}'),
+], ids=["hermes-content", "llama3-content", "hermes-call", "llama3-call", "mistral-call", "generic-call"])
+def test_long_streams_cost_linear_time(fmt, text):
+    """~200 KB of content, or a call with 100 KB of arguments, 4 characters a chunk: re-parsing the
+    whole text per chunk took minutes for the calls (a Python scan of every argument each time)."""
+    import time
+
+    t = time.perf_counter()
+    cs, content, deltas = stream(fmt, [text[i:i + 4] for i in range(0, len(text), 4)])
+    assert time.perf_counter() - t < 2.0
+    want_content, want_calls = parse(text, fmt)
+    assert content == want_content
+    assert "".join(d["function"]["arguments"] for d in deltas) == "".join(c.arguments for c in want_calls)

@@ -30,6 +30,8 @@ def _loopback(host: str) -> bool:
 @click.option("--ram", default=None, help="Memory budget of the resident model, e.g. 4G (default: unlimited).")
 @click.option("--ctx", type=click.IntRange(min=1), default=None,
               help="Context length when a request sets no num_ctx (default: 4096, or the model's if smaller).")
+@click.option("--max-ctx", type=click.IntRange(min=1), default=None,
+              help="The most a request's num_ctx gets (default: the model's trained context, as Ollama clamps it).")
 @click.option("-t", "--threads", type=int, default=None,
               help="Kernel threads (default: $RAMFORGE_THREADS or the physical cores).")
 @click.option("--io", type=click.Choice(["direct", "buffered", "mmap"]), default="direct", show_default=True,
@@ -56,7 +58,7 @@ def _loopback(host: str) -> bool:
 @spill_option
 @speculative_options
 @cluster_options
-def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
+def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
           slot_save_path, cache_ram, parallel, context_shift, kv_type, kv_type_k, kv_type_v, kv_spill, lookup,
           lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram,
           ray_timeout, stage_timeout, placement):
@@ -116,7 +118,7 @@ def serve(model, host, port, api_key, ram, ctx, threads, io, keep_alive, max_bod
                        type_k=type_k, type_v=type_v, kv_spill=spill_of(kv_spill), context_shift=context_shift,
                        parallel=parallel,
                        speculative=spec if lookup is not None or draft_model is not None else None,
-                       cluster=cluster)
+                       cluster=cluster, max_ctx=max_ctx)
     ray = None
     if cluster is not None:                         # Ray connected from this (the main) thread, once for every model
         from ..cluster import connect

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, StrictBool
 
 from ..chat import ChatTemplateError
-from ..errors import InvalidArgument, RamforgeError, http_status
+from ..errors import InvalidArgument, RamforgeError, RequestTooLarge, http_status
 from ..params import PARAMS, sampler_params, stop_strings
 from ..resolve import default_model_path
 
@@ -33,6 +33,7 @@ MAX_TOP_K = 1 << 20
 MAX_STOP = 16                # stop strings per request
 MAX_STOP_LEN = 1024          # characters per stop string
 MAX_NAME = 300               # characters in a model field (store names are at most 128 + ':' + 128)
+MAX_MESSAGES = 4096          # chat messages per request
 FOREVER = math.inf
 OPEN_PATHS = frozenset({"/health"})   # reachable without the API key
 
@@ -60,6 +61,7 @@ class ServerConfig:
     type_k: str = "f16"               # KV cache types (--kv-type*, $RAMFORGE_KV_TYPE, $OLLAMA_KV_CACHE_TYPE)
     type_v: str = "f16"
     kv_spill: bool | str | None = None  # the KV cache to storage (--kv-spill; memory.kv_spill): None when needed
+    max_ctx: int | None = None        # --max-ctx: the most a request's num_ctx gets (None: the model's trained context)
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -129,8 +131,8 @@ def parse_keep_alive(value) -> float | None:
                 raise InvalidArgument(f"keep_alive {value!r} is not a duration: use e.g. '5m', '1h', '30s', "
                                     f"0 (unload now) or -1 (keep loaded)") from None
             seconds *= sign
-    if math.isnan(seconds):
-        raise InvalidArgument("keep_alive is NaN")
+    if not math.isfinite(seconds):
+        raise InvalidArgument(f"keep_alive {value!r} is not a finite duration: use -1 to keep the model loaded")
     return FOREVER if seconds < 0 else seconds
 
 
@@ -263,6 +265,48 @@ def request_sampling(request, defaults: Mapping[str, Any], seed: int | None) -> 
     return sampler_params({**values, "seed": seed}, defaults).as_dict()
 
 
+# ------------------------------------------------------------------------------- context sizes
+
+@lru_cache(maxsize=64)
+def _trained(path: str, size: int, mtime_ns: int) -> int:
+    from ..gguf.reader import GGUFFile
+
+    with GGUFFile(path) as f:
+        md = f.metadata
+        v = md.get(f"{md.get('general.architecture') or ''}.context_length")
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
+def trained_context(path: str) -> int:
+    """A GGUF's trained context (`{arch}.context_length`), 0 where it has none; read once per file."""
+    st = Path(path).stat()
+    return _trained(str(path), st.st_size, st.st_mtime_ns)
+
+
+def clamp_num_ctx(num_ctx: int | None, path: str, max_ctx: int | None) -> int | None:
+    """A request's num_ctx as Ollama sizes it (llm/server.go): above the model's trained context it
+    is that context, with a warning; and here also at most the server's --max-ctx. None stays None
+    (the server's --ctx)."""
+    if num_ctx is None:
+        return None
+    trained = trained_context(path)
+    limit = min(x for x in (trained, max_ctx, MAX_CTX) if x)
+    if num_ctx > limit:
+        log.warning("requested context size too large for model: num_ctx=%d, n_ctx_train=%d, --max-ctx=%s; "
+                    "using %d", num_ctx, trained, max_ctx, limit)
+        return limit
+    return num_ctx
+
+
+# ------------------------------------------------------------------------------ chat truncation
+
+def check_messages(n: int) -> None:
+    """RequestTooLarge (400) for a chat of more than MAX_MESSAGES messages."""
+    if n > MAX_MESSAGES:
+        raise RequestTooLarge(f"{n:,} messages, over the server's limit of {MAX_MESSAGES:,} per request; "
+                              "drop the oldest ones")
+
+
 def _tool_block_start(msgs: list[dict], i: int) -> int:
     """i, or the assistant turn whose tool calls the run of tool results at i answers (kept together)."""
     if i <= 0 or i >= len(msgs) or msgs[i].get("role") != "tool":
@@ -279,15 +323,40 @@ def fit_messages(msgs: list[dict], n_ctx: int, count) -> list[dict]:
     count(messages) <= n_ctx, keeping every dropped system message, always the last message, and a
     tool result with the assistant turn that called it. count: messages -> prompt tokens. A cut the
     chat template refuses (a Jinja template that wants user/assistant turns alternating) is passed
-    over; the whole conversation's refusal is the caller's error."""
+    over; the whole conversation's refusal is the caller's error.
+
+    The first cut that fits is found by binary search (a later cut keeps fewer messages, so fewer
+    tokens), so a chat of n messages is rendered about log2(n) times, not up to n times (plus the
+    refused cuts passed over); at most MAX_MESSAGES messages."""
+    check_messages(len(msgs))
     last = len(msgs) - 1
-    for i in range(last + 1):
+
+    def kept(i: int) -> tuple[int, list]:
         start = _tool_block_start(msgs, i)
-        kept = [m for m in msgs[:start] if m.get("role") == "system"] + msgs[start:]
-        try:
-            if i == last or count(kept) <= n_ctx:
-                return kept
-        except ChatTemplateError:
-            if start == 0:
-                raise
-    return msgs
+        return start, [m for m in msgs[:start] if m.get("role") == "system"] + msgs[start:]
+
+    def first_taken(i: int, hi: int) -> tuple[int, list | None]:
+        """(k, kept if it fits else None) for the first cut k in i..hi the template takes; (hi + 1, None)
+        if it takes none of them."""
+        for k in range(i, hi + 1):
+            start, ks = kept(k)
+            if k == last:
+                return k, ks
+            try:
+                return k, ks if count(ks) <= n_ctx else None
+            except ChatTemplateError:
+                if start == 0:
+                    raise
+        return hi + 1, None
+
+    lo, hi, best = 0, last, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        k, ks = first_taken(mid, hi)
+        if ks is not None:                 # fits at k: the first fit is k or before mid
+            best, hi = ks, mid - 1
+        elif k > hi:                       # every cut in mid..hi refused: the first fit is before mid
+            hi = mid - 1
+        else:                              # k does not fit, nor does anything before it
+            lo = k + 1
+    return best if best is not None else kept(last)[1]

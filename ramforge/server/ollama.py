@@ -6,7 +6,8 @@ sampling ones (ramforge.params' table, under the same names) are honoured, the l
 knobs (num_gpu, num_thread, use_mmap, ...) are accepted and ignored, and tfs_z (a stage llama.cpp
 dropped) only at its neutral value. Ollama's mirostat, mirostat_tau and mirostat_eta are the table's. Features ramforge lacks (images, suffix,
 Go templates) are a 400; `format` ("json" or a JSON schema) constrains the answer (ramforge.structured).
-A chat longer than num_ctx loses its oldest messages first, as Ollama's chatPrompt drops them (system
+num_ctx above the model's trained context (or `serve --max-ctx`) is clamped to it, as Ollama
+does. A chat longer than num_ctx loses its oldest messages first, as Ollama's chatPrompt drops them (system
 messages and the last message kept, a tool result with the call it answers; `truncate: false` keeps
 them all, and an overflow is a 400). logprobs / top_logprobs (0..20): Ollama's `logprobs` list (token, logprob, bytes, top_logprobs) beside
 each chunk's text, and the whole list in a non-streamed answer.
@@ -31,8 +32,9 @@ from ..logprobs import MAX_TOP, SERVER, ollama_entry
 from ..reasoning import parser_for
 from ..structured import for_ollama_format
 from ..tools_call import ToolSession, ollama_calls
-from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, details_of, fit_messages, iso, now_iso,
-                     parse_keep_alive, read_info, request_sampling, sampler_fields, stop_list)
+from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, check_messages, clamp_num_ctx, details_of,
+                     fit_messages, iso, now_iso, parse_keep_alive, read_info, request_sampling, sampler_fields,
+                     stop_list)
 from .manager import Job, ModelManager, list_models, manager_of, stream_job
 
 router = APIRouter()
@@ -177,6 +179,7 @@ class ChatRequest(_Generating):
     truncate: bool | None = None     # Ollama's: drop the oldest messages to fit num_ctx (default true)
 
     def check(self) -> Options:
+        check_messages(len(self.messages or ()))        # over MAX_MESSAGES: 400
         ToolSession(self.tools)                          # a tool without a name: 400
         return super().check()
 
@@ -194,6 +197,16 @@ def _logprobs(req: _Generating, job: Job):
             d["logprobs"] = [ollama_entry(s, job.model.tokenizer) for s in r.logprobs]
         return d
     return add
+
+
+async def _checked(req: _Generating, m: ModelManager) -> tuple[Options, int | None]:
+    """The request's checks (a grammar or schema is converted and parsed: CPU work, so off the event
+    loop) and its num_ctx as Ollama clamps it to the model's trained context (and --max-ctx)."""
+    opts = await anyio.to_thread.run_sync(req.check)
+    if opts.num_ctx is None:
+        return opts, None
+    _, path = await anyio.to_thread.run_sync(m.locate, req.model)
+    return opts, await anyio.to_thread.run_sync(clamp_num_ctx, opts.num_ctx, path, m.cfg.max_ctx)
 
 
 def _line(obj: dict) -> str:
@@ -219,10 +232,10 @@ async def _load_or_unload(m: ModelManager, name: str, num_ctx, keep_alive) -> tu
 @router.post("/api/generate")
 async def generate(req: GenerateRequest, request: Request):
     m = manager_of(request)
-    opts = req.check()
+    opts, num_ctx = await _checked(req, m)
     keep_alive = parse_keep_alive(req.keep_alive)
     if not req.prompt and not req.system and not req.context:
-        served, reason = await _load_or_unload(m, req.model, opts.num_ctx, keep_alive)
+        served, reason = await _load_or_unload(m, req.model, num_ctx, keep_alive)
         return {"model": req.model or served, "created_at": now_iso(), "response": "", "done": True,
                 "done_reason": reason}
     kwargs, context = req.template_kwargs(), list(req.context or [])
@@ -235,7 +248,7 @@ async def generate(req: GenerateRequest, request: Request):
             return context + model.tokenize(text, add_bos=False, special=True)
         return model.tokenize(text, add_bos=True, special=True)
 
-    job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
+    job = await Job.start(m, model=req.model, num_ctx=num_ctx, keep_alive=keep_alive, build=build,
                           max_tokens=opts.num_predict, clamp=True, sampling=req.sampling(opts),
                           stop=stop_list(opts.stop), chat=not req.raw)
     name = req.model or job.loaded.name
@@ -271,11 +284,11 @@ async def generate(req: GenerateRequest, request: Request):
 @router.post("/api/chat")
 async def chat(req: ChatRequest, request: Request):
     m = manager_of(request)
-    opts = req.check()
+    opts, num_ctx = await _checked(req, m)
     keep_alive = parse_keep_alive(req.keep_alive)
     messages = [msg.for_template() for msg in req.messages or []]
     if not messages:
-        served, reason = await _load_or_unload(m, req.model, opts.num_ctx, keep_alive)
+        served, reason = await _load_or_unload(m, req.model, num_ctx, keep_alive)
         return {"model": req.model or served, "created_at": now_iso(),
                 "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": reason}
     kwargs, tools = req.template_kwargs(), ToolSession(req.tools)
@@ -288,7 +301,7 @@ async def chat(req: ChatRequest, request: Request):
             return ids(messages)
         return ids(fit_messages(messages, model.n_ctx, lambda msgs: len(ids(msgs))))  # oldest first, as Ollama
 
-    job = await Job.start(m, model=req.model, num_ctx=opts.num_ctx, keep_alive=keep_alive, build=build,
+    job = await Job.start(m, model=req.model, num_ctx=num_ctx, keep_alive=keep_alive, build=build,
                           max_tokens=opts.num_predict, clamp=True, sampling=req.sampling(opts),
                           stop=stop_list(opts.stop), chat=True)
     name = req.model or job.loaded.name

@@ -37,12 +37,13 @@ import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
 
+from ..chat import check_template_kwargs
 from ..errors import EmptyPrompt, InvalidArgument, ModelNotFound, UnsupportedField
 from ..logprobs import LCPP, MAX_TOP, SERVER, chat_logprobs, legacy
 from ..structured import for_request
 from ..tools_call import ToolSession, openai_calls
-from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, error_body, error_status, request_sampling,
-                     sampler_fields, stop_list)
+from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, check_messages, error_body, error_status,
+                     request_sampling, sampler_fields, stop_list)
 from .manager import Job, list_models, manager_of, stream_job
 
 router = APIRouter()
@@ -161,10 +162,15 @@ class ChatRequest(_Common):
         return {"logprobs": 20 if self.top_logprobs is None else self.top_logprobs, "logprobs_style": SERVER}
 
     def check(self) -> None:
+        check_messages(len(self.messages))              # over MAX_MESSAGES: 400
+        check_template_kwargs(self.chat_template_kwargs)  # not messages, tools, bos_token, ...: 400
         super().check()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidArgument("top_logprobs requires logprobs to be set to true")
-        forced = ToolSession(self.tools, self.tool_choice).choice not in ("auto", "none")  # bad tools: 400
+        session = ToolSession(self.tools, self.tool_choice)                # bad tools: 400
+        forced = session.choice not in ("auto", "none")
+        if forced:
+            session.grammar()            # the forced call's schemas convert (or 400) before the request queues
         if forced and self._gbnf is not None:
             raise InvalidArgument(f"tool_choice {json.dumps(self.tool_choice)} forces a call by a grammar; "
                                   "it cannot be used with response_format, grammar or json_schema")
@@ -236,7 +242,7 @@ def _usage(r) -> dict:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatRequest, request: Request):
-    req.check()
+    await anyio.to_thread.run_sync(req.check)       # a grammar or schema is CPU work: off the event loop
     messages = [m.for_template() for m in req.messages]
     kwargs = dict(req.chat_template_kwargs or {})
     if req.reasoning_effort is not None:

@@ -21,7 +21,7 @@ from ..errors import GrammarError
 from .converter import json_schema_to_grammar
 from .gbnf import GBNFError, parse
 from .matcher import Grammar, GrammarState
-from .schema import SchemaError, UnsupportedSchema
+from .schema import SchemaError, SchemaTooDeep, UnsupportedSchema
 
 __all__ = ["Grammar", "GrammarState", "GrammarError", "GBNFError", "SchemaError", "UnsupportedSchema",
            "json_schema_to_grammar", "schema_grammar", "compile_grammar", "check_gbnf", "for_response_format",
@@ -31,15 +31,23 @@ JSON_OBJECT = {"type": "object"}
 
 
 def schema_grammar(schema) -> str:
-    """GBNF of a JSON schema (dict or JSON text); an empty schema, or "json_object", is any object."""
+    """GBNF of a JSON schema (dict or JSON text); an empty schema, or "json_object", is any object.
+    The grammar is checked against the parser's limits here, so a schema that makes a grammar too
+    large is refused before a request queues."""
     if schema == "json_object" or schema in ({}, None):
         schema = JSON_OBJECT
-    return json_schema_to_grammar(schema)
+    try:
+        return check_gbnf(json_schema_to_grammar(schema))
+    except RecursionError:          # a backstop: every walk is bounded by MAX_SCHEMA_DEPTH
+        raise SchemaTooDeep("JSON schema nested too deeply to convert") from None
 
 
 def check_gbnf(text: str) -> str:
-    """The grammar text, after llama.cpp's parser accepted it (GBNFError otherwise)."""
-    parse(text)
+    """The grammar text, after llama.cpp's parser accepted it (GBNFError otherwise) and it was lowered
+    for llguidance within the limits (GrammarTooLarge), both in linear time."""
+    from .lark import to_lark
+
+    to_lark(parse(text))
     return text
 
 

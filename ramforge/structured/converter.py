@@ -285,29 +285,37 @@ class Converter:
         if not req and not opt:
             return '"{" space "}"'
         rule = '"{" space ' + ' "," space '.join(kv[k] for k in req)
+        # llama.cpp's recursive `rest`: each optional property's rule names the rule of those after
+        # it; built from the last one back (the order llama.cpp adds them in), once each
+        after: list = [""] * (len(opt) + 1)     # after[i]: " " + the rest rule of opt[i + 1:], or ""
+        tail = ""
+        for i in range(len(opt) - 1, -1, -1):
+            after[i] = tail
+            if i:
+                k = opt[i]
+                comma = f'( "," space {kv[k]} )'
+                tail = " " + self.add_rule(f"{pre}{opt[i - 1]}-rest", comma + ("*" if k == "*" else "?") + tail)
 
-        def rest(ks: list, first_optional: bool) -> str:
-            if not ks:
-                return ""
-            k = ks[0]
+        def rest(i: int) -> str:
+            k = opt[i]
             comma = f'( "," space {kv[k]} )'
-            res = comma + ("*" if k == "*" else "?") if first_optional else kv[k] + (f" {comma}*" if k == "*" else "")
-            if len(ks) > 1:
-                res += " " + self.add_rule(f"{pre}{k}-rest", rest(ks[1:], True))
-            return res
+            return kv[k] + (f" {comma}*" if k == "*" else "") + after[i]
 
         if opt:
             rule += " (" + (' "," space ( ' if req else "")
-            rule += " | ".join(rest(opt[i:], False) for i in range(len(opt)))
+            rule += " | ".join(rest(i) for i in range(len(opt)))
             rule += (" )" if req else "") + " )?"
         return rule + ' space "}"'
 
     def all_of(self, node: Node, name: str, rule_name: str) -> str:
         required, props, enums = set(), [], {}
 
+        seen: set = set()
+
         def add(comp: Node, is_required: bool):
             if comp.kind == "ref":
-                if comp.target is not None:
+                if comp.target is not None and id(comp) not in seen:     # a $ref cycle adds nothing more
+                    seen.add(id(comp))
                     add(comp.target, is_required)
             elif comp.kind == "object":
                 for pname, pnode, _ in comp.properties:
@@ -407,7 +415,7 @@ def json_schema_to_grammar(schema, *, ignore_unsupported: bool = False) -> str:
     try:
         doc: Document = read_schema(schema, ignore_unsupported)
     except SchemaError as e:
-        raise SchemaError(f"JSON schema conversion failed:\n{e}") from None
+        raise type(e)(f"JSON schema conversion failed:\n{e}") from None
     conv = Converter(lax_patterns=ignore_unsupported)
     conv.visit(doc.root, "")
     if conv.errors:

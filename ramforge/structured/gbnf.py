@@ -6,18 +6,30 @@ comments, `{m,n}` repetitions and their limit, a later definition of a rule repl
 and its checks (undefined rules, a missing `root`, left recursion); its error messages, with the line
 and column. ramforge.structured.lark writes the rules for llguidance. Token references (`<[id]>`, `<name>`)
 are refused.
+
+Limits of ramforge's own (llama.cpp has none): a grammar of at most MAX_GRAMMAR_CHARS characters
+and MAX_RULES rules, items nested (groups and repetitions) at most MAX_NESTING deep; beyond them,
+GrammarTooLarge (a 400). No pass over the rules recurses along a chain of rule references, so a chain of thousands of
+rules costs no more than their text.
 """
 from __future__ import annotations
 
-from ..errors import GrammarError
+from ..errors import GrammarError, RequestTooLarge
 
 MAX_REPETITION_THRESHOLD = 2000      # llama.cpp's
+MAX_GRAMMAR_CHARS = 256 << 10        # ramforge's: a grammar's text
+MAX_NESTING = 100                    # ramforge's: groups and repetitions inside one another
+MAX_RULES = 4096                     # ramforge's: rules (see ramforge.structured.matcher on llguidance's stack)
 _HEX = {"x": 2, "u": 4, "U": 8}
 _SIMPLE = {"t": 9, "r": 13, "n": 10, "\\": 92, '"': 34, "[": 91, "]": 93, "-": 45}
 
 
 class GBNFError(GrammarError):
     """A GBNF grammar llama.cpp's parser refuses: its message, the line and column."""
+
+
+class GrammarTooLarge(GBNFError, RequestTooLarge):
+    """A grammar over ramforge's limits (MAX_GRAMMAR_CHARS, MAX_NESTING): the limit and the size."""
 
 
 def _word(c: str) -> bool:
@@ -102,9 +114,11 @@ class _Parser:
         i = self.space(j, False)
         if self.s[i:i + 3] != "::=":
             self.fail("expecting ::=", i)
-        alts, i = self.alternates(self.space(i + 3, True), False)
+        alts, i, _ = self.alternates(self.space(i + 3, True), False, 0)
         if name not in self.rules:
             self.order.append(name)
+            if len(self.order) > MAX_RULES:
+                self.too_large(f"over {MAX_RULES:,} rules", i)
         self.rules[name] = alts
         c = self.ch(i)
         if c == "\r":
@@ -115,16 +129,20 @@ class _Parser:
             self.fail("expecting newline or end", i)
         return self.space(i, True)
 
-    def alternates(self, i: int, nested: bool) -> tuple[list, int]:
-        seq, i = self.sequence(i, nested)
+    def alternates(self, i: int, nested: bool, depth: int) -> tuple[list, int, int]:
+        """(alternatives, end, height). depth: the groups around them; height: the most groups and
+        repetitions nested in one of their items (depth + height stays within MAX_NESTING)."""
+        seq, i, height = self.sequence(i, nested, depth)
         alts = [seq]
         while self.ch(i) == "|":
-            seq, i = self.sequence(self.space(i + 1, True), nested)
+            seq, i, h = self.sequence(self.space(i + 1, True), nested, depth)
             alts.append(seq)
-        return alts, i
+            height = max(height, h)
+        return alts, i, height
 
-    def sequence(self, i: int, nested: bool) -> tuple[list, int]:
+    def sequence(self, i: int, nested: bool, depth: int) -> tuple[list, int, int]:
         items: list = []
+        heights: list = []                        # per item: the groups and repetitions in it
         last = False                              # is there an item a repetition can apply to
         while i < len(self.s):
             c = self.s[i]
@@ -137,6 +155,7 @@ class _Parser:
                     cp, i = self.char(i)
                     cps.append(cp)
                 items.append(("lit", cps))
+                heights.append(0)
                 last = True
                 i = self.space(i + 1, nested)
             elif c == "[":
@@ -155,6 +174,7 @@ class _Parser:
                         hi, i = self.char(i + 1)
                     ranges.append((lo, hi))
                 items.append(("cls", neg, ranges))
+                heights.append(0)
                 last = True
                 i = self.space(i + 1, nested)
             elif c in "<!":
@@ -162,22 +182,27 @@ class _Parser:
             elif _word(c):
                 j = self.name(i)
                 items.append(("ref", self.s[i:j]))
+                heights.append(0)
                 last = True
                 i = self.space(j, nested)
             elif c == "(":
-                alts, i = self.alternates(self.space(i + 1, True), True)
+                if depth >= MAX_NESTING:
+                    self.too_large(f"groups nested over {MAX_NESTING} deep", i)
+                alts, i, h = self.alternates(self.space(i + 1, True), True, depth + 1)
                 items.append(("group", alts))
+                heights.append(h + 1)
                 last = True
                 if self.ch(i) != ")":
                     self.fail("expecting ')'", i)
                 i = self.space(i + 1, nested)
             elif c == ".":
                 items.append(("any",))
+                heights.append(0)
                 last = True
                 i = self.space(i + 1, nested)
             elif c in "*+?":
                 i = self.space(i + 1, nested)
-                self.repeat(items, last, i, *{"*": (0, None), "+": (1, None), "?": (0, 1)}[c])
+                self.repeat(items, heights, depth, last, i, *{"*": (0, None), "+": (1, None), "?": (0, 1)}[c])
             elif c == "{":
                 i = self.space(i + 1, nested)
                 if not (self.ch(i).isascii() and self.ch(i).isdigit()):
@@ -203,15 +228,23 @@ class _Parser:
                     self.fail("number of repetitions exceeds sane defaults, please reduce the number of repetitions")
                 if hi is not None and hi > MAX_REPETITION_THRESHOLD:
                     hi = None
-                self.repeat(items, last, i, lo, hi)
+                self.repeat(items, heights, depth, last, i, lo, hi)
             else:
                 break
-        return items, i
+        return items, i, max(heights, default=0)
 
-    def repeat(self, items: list, last: bool, i: int, lo: int, hi: int | None) -> None:
+    def repeat(self, items: list, heights: list, depth: int, last: bool, i: int, lo: int, hi: int | None) -> None:
         if not last or not items:
             self.fail("expecting preceding item to */+/?/{", i)
         items[-1] = ("rep", items[-1], lo, hi)
+        heights[-1] += 1
+        if depth + heights[-1] > MAX_NESTING:
+            self.too_large(f"groups and repetitions nested over {MAX_NESTING} deep", i)
+
+    def too_large(self, what: str, pos: int):
+        line = self.s.count("\n", 0, pos) + 1
+        raise GrammarTooLarge(f"grammar too large: {what} (line {line}), over ramforge's limit; "
+                              "split it into named rules")
 
 
 def _walk(alts: list):
@@ -258,23 +291,29 @@ def _check_left_recursion(rules: dict) -> None:
                     break
 
     state: dict[str, int] = {}              # 1: in progress, 2: done
-
-    def visit(name: str) -> None:
-        if state.get(name) == 1:
-            raise GBNFError(f"unsupported grammar, left recursion detected for nonterminal {name!r}")
-        if state.get(name) == 2:
-            return
-        state[name] = 1
-        for ref in leftmost(rules[name]):
-            visit(ref)
-        state[name] = 2
-
-    for name in rules:
-        visit(name)
+    for root in rules:                      # a depth-first search with its own stack
+        if root in state:
+            continue
+        state[root] = 1
+        stack = [(root, iter(leftmost(rules[root])))]
+        while stack:
+            name, refs = stack[-1]
+            ref = next(refs, None)
+            if ref is None:
+                state[name] = 2
+                stack.pop()
+            elif state.get(ref) == 1:
+                raise GBNFError(f"unsupported grammar, left recursion detected for nonterminal {ref!r}")
+            elif ref not in state:
+                state[ref] = 1
+                stack.append((ref, iter(leftmost(rules[ref]))))
 
 
 def parse(text: str) -> dict:
     """The rules of a GBNF grammar: name -> alternatives (lists of items). GBNFError as llama.cpp refuses it."""
     if not isinstance(text, str):
         raise GBNFError(f"a grammar must be GBNF text, not {type(text).__name__}")
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise GrammarTooLarge(f"grammar too large: {len(text):,} characters, over ramforge's limit of "
+                              f"{MAX_GRAMMAR_CHARS:,}")
     return _Parser(text).parse()

@@ -10,96 +10,248 @@ cannot start the item (a JSON string's `char*` before its closing quote) becomes
 the lexeme can only be extended by a character that could not begin the literal, so greedy matching
 ends it exactly where the parse must go on.
 
+Linear in the grammar: a rule is written once and referenced by name, and the tables the writer
+consults (which rules are regular, which may be empty, each regular rule's regex and first
+characters) are built once per rule, dependencies first, without recursing along rule references.
+A lexeme inlines a regular rule's regex, so it is fused only while that regex stays within
+MAX_LEXEME_CHARS (and MAX_LEXEME_NESTING) and all fused lexemes within MAX_FUSED_CHARS; past that the repetition stays a
+parser rule (the same language). A lowered grammar over MAX_LARK_CHARS is GrammarTooLarge (400).
+
 The grammar carries `no_forcing`: llguidance would otherwise allow only the canonical tokenization of
 text the grammar forces, where llama.cpp allows any token that fits.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
+
+from .gbnf import GrammarTooLarge, _refs
+
 ANY = r"[\x{0}-\x{10FFFF}]"
+MAX_CP = 0x10FFFF
+MAX_LEXEME_CHARS = 4096          # the regex of one fused lexeme
+MAX_LEXEME_NESTING = 64          # its groups inside one another (llguidance's regex parser stops at 250)
+MAX_FUSED_CHARS = 1 << 18        # all fused lexemes of a grammar together
+MAX_LARK_CHARS = 8 << 20         # the lowered grammar
 
 
 def _cp(c: int) -> str:
     return f"\\x{{{c:X}}}"
 
 
+def _merge(ranges) -> list:
+    """Sorted, merged (lo, hi) code point ranges."""
+    out: list = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _sccs(rules: dict) -> tuple[list, dict]:
+    """(components, refs): Tarjan's strongly connected components of the rule reference graph, each after every
+    component it references (dependencies first); iterative, so a long chain of rules is fine."""
+    refs = {n: [r for r in dict.fromkeys(_refs(alts)) if r in rules] for n, alts in rules.items()}
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], 0
+    for root in rules:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, k = work.pop()
+            if k == 0:
+                index[v] = low[v] = counter
+                counter += 1
+                stack.append(v)
+                on.add(v)
+            for j in range(k, len(refs[v])):
+                w = refs[v][j]
+                if w not in index:
+                    work.append((v, j + 1))
+                    work.append((w, 0))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    out.append(comp)
+                if work:
+                    u = work[-1][0]
+                    low[u] = min(low[u], low[v])
+    return out, refs
+
+
 class _Writer:
     def __init__(self, rules: dict):
         self.rules = rules
         self.names = {n: ("start" if n == "root" else f"r{i}") for i, n in enumerate(rules)}
-        self.regular = self._regular()
+        self.fused = 0
+        self._nullable()
+        order, refs = _sccs(rules)
+        self.regular: set = set()
+        self.rule_regex: dict = {}           # regular rule -> its regex (None: over MAX_LEXEME_CHARS)
+        self.rule_first: dict = {}           # regular rule with a regex -> ranges a match can start with
+        self.rule_nesting: dict = {}         # regular rule with a regex -> its groups' nesting
+        for comp in order:                   # dependencies first
+            n = comp[0]
+            if len(comp) > 1 or n in refs[n] or not all(r in self.regular for r in refs[n]):
+                continue
+            self.regular.add(n)
+            rx = self._alts_regex(rules[n])
+            self.rule_regex[n] = rx
+            if rx is not None:
+                self.rule_first[n] = self._seq_first(rules[n])
+                self.rule_nesting[n] = 1 + max((self.nesting(x) for seq in rules[n] for x in seq), default=0)
 
-    def _regular(self) -> set:
-        """Rules that reference no rule that can reach themselves (their language is regular)."""
-        state, out = {}, set()
+    # ---- which rules and items may match the empty string (a worklist: linear)
+    def _nullable(self) -> None:
+        """Nodes (rule names; groups and repetitions by id) that may match nothing."""
+        self.empty: set = set()
+        users: dict = {}
+        prods: list = []                     # [owner, items not yet known empty]
+        queue: list = []
 
-        def visit(name) -> bool:
-            if name in state:
-                return state[name]
-            state[name] = False                  # in progress: a cycle is not regular
-            ok = all(self._item_regular(it, visit) for seq in self.rules[name] for it in seq)
-            state[name] = ok
-            if ok:
-                out.add(name)
-            return ok
+        def node(it):
+            return it[1] if it[0] == "ref" else id(it)
 
-        for n in self.rules:
-            visit(n)
-        return out
+        def add_prods(owner, alts):
+            for seq in alts:
+                if any(self._terminal(x) and not self._terminal_empty(x) for x in seq):
+                    continue
+                nodes = [node(x) for x in seq if not self._terminal(x)]
+                p = len(prods)
+                prods.append([owner, len(nodes)])
+                for v in nodes:
+                    users.setdefault(v, []).append(p)
+                if not nodes:
+                    queue.append(owner)
+            for seq in alts:
+                for x in seq:
+                    visit(x)
 
-    def _item_regular(self, it, visit) -> bool:
-        k = it[0]
-        if k == "ref":
-            return visit(it[1])
-        if k == "group":
-            return all(self._item_regular(x, visit) for seq in it[1] for x in seq)
-        if k == "rep":
-            return self._item_regular(it[1], visit)
-        return True
+        def visit(it):
+            if it[0] == "group":
+                add_prods(id(it), it[1])
+            elif it[0] == "rep":
+                if it[2] == 0:
+                    queue.append(id(it))
+                else:
+                    add_prods(id(it), [[it[1]]])
+                    return
+                visit(it[1])
 
-    def is_regular(self, it) -> bool:
-        return self._item_regular(it, lambda n: n in self.regular)
+        for name, alts in self.rules.items():
+            add_prods(name, alts)
+        while queue:
+            v = queue.pop()
+            if v in self.empty:
+                continue
+            self.empty.add(v)
+            for p in users.get(v, ()):
+                prods[p][1] -= 1
+                if prods[p][1] == 0:
+                    queue.append(prods[p][0])
 
-    # ---- can a match of `it` start with code point c (and can it be empty)
-    def starts(self, it, c: int) -> bool:
-        k = it[0]
-        if k == "lit":
-            return bool(it[1]) and it[1][0] == c
-        if k == "cls":
-            inside = any(lo <= c <= hi for lo, hi in it[2])
-            return bool(it[2]) and inside != it[1]
-        if k == "any":
-            return True
-        if k == "ref":
-            return self.seq_starts(self.rules[it[1]], c)
-        if k == "group":
-            return self.seq_starts(it[1], c)
-        return self.starts(it[1], c)               # rep
+    @staticmethod
+    def _terminal(it) -> bool:
+        return it[0] in ("lit", "cls", "any")
 
-    def seq_starts(self, alts, c: int) -> bool:
-        for seq in alts:
-            for x in seq:
-                if self.starts(x, c):
-                    return True
-                if not self.nullable(x):
-                    break
-        return False
+    @staticmethod
+    def _terminal_empty(it) -> bool:
+        return (it[0] == "lit" and not it[1]) or (it[0] == "cls" and not it[2])
 
     def nullable(self, it) -> bool:
+        if self._terminal(it):
+            return self._terminal_empty(it)
+        return (it[1] if it[0] == "ref" else id(it)) in self.empty
+
+    def is_regular(self, it) -> bool:
+        k = it[0]
+        if k == "ref":
+            return it[1] in self.regular
+        if k == "group":
+            return all(self.is_regular(x) for seq in it[1] for x in seq)
+        if k == "rep":
+            return self.is_regular(it[1])
+        return True
+
+    def nesting(self, it) -> int:
+        """The groups of the item's regex inside one another (regular items with a regex only)."""
+        k = it[0]
+        if k == "ref":
+            return self.rule_nesting[it[1]]
+        if k == "group":
+            return 1 + max((self.nesting(x) for seq in it[1] for x in seq), default=0)
+        if k == "rep":
+            return 1 + self.nesting(it[1])
+        return 0
+
+    # ---- the code points a match of an item can start with (regular items only)
+    def _first(self, it):
         k = it[0]
         if k == "lit":
-            return not it[1]
+            return [(it[1][0], it[1][0])] if it[1] else []
         if k == "cls":
-            return not it[2]
+            if not it[2]:
+                return []
+            ranges = _merge((lo, hi) for lo, hi in it[2] if lo <= hi)
+            if not it[1]:
+                return ranges
+            out, at = [], 0
+            for lo, hi in ranges:
+                if lo > at:
+                    out.append((at, lo - 1))
+                at = hi + 1
+            return out + ([(at, MAX_CP)] if at <= MAX_CP else [])
         if k == "any":
-            return False
+            return [(0, MAX_CP)]
         if k == "ref":
-            return any(all(self.nullable(x) for x in seq) for seq in self.rules[it[1]])
+            return self.rule_first[it[1]]
         if k == "group":
-            return any(all(self.nullable(x) for x in seq) for seq in it[1])
-        return it[2] == 0 or self.nullable(it[1])
+            return self._seq_first(it[1])
+        return self._first(it[1])
+
+    def _seq_first(self, alts) -> list:
+        out: list = []
+        for seq in alts:
+            for x in seq:
+                out += self._first(x)
+                if not self.nullable(x):
+                    break
+        return _merge(out)
+
+    def starts(self, it, c: int) -> bool:
+        """Can a match of the (regular) item start with code point c."""
+        ranges = self._first(it)
+        i = bisect_right(ranges, (c, MAX_CP + 1)) - 1
+        return i >= 0 and ranges[i][0] <= c <= ranges[i][1]
 
     # ---- writing
-    def regex(self, it) -> str:
+    def _alts_regex(self, alts) -> str | None:
+        parts, size = [], 4
+        for seq in alts:
+            for x in seq:
+                r = self.regex(x)
+                if r is None:
+                    return None
+                parts.append(r)
+                size += len(r)
+                if size > MAX_LEXEME_CHARS:
+                    return None
+            parts.append("|")
+        return "(?:" + "".join(parts[:-1]) + ")"
+
+    def regex(self, it) -> str | None:
+        """The item as one regex (regular items only); None when over MAX_LEXEME_CHARS."""
         k = it[0]
         if k == "lit":
             return "".join(_cp(c) for c in it[1])
@@ -113,10 +265,14 @@ class _Writer:
             return f"[{'^' if it[1] else ''}{body}]"
         if k == "any":
             return ANY
-        if k in ("ref", "group"):
-            alts = self.rules[it[1]] if k == "ref" else it[1]
-            return "(?:" + "|".join("".join(self.regex(x) for x in seq) for seq in alts) + ")"
-        return f"(?:{self.regex(it[1])}){self.count(it[2], it[3])}"
+        if k == "ref":
+            return self.rule_regex[it[1]]
+        if k == "group":
+            return self._alts_regex(it[1])
+        inner = self.regex(it[1])
+        if inner is None or len(inner) > MAX_LEXEME_CHARS:
+            return None
+        return f"(?:{inner}){self.count(it[2], it[3])}"
 
     @staticmethod
     def count(lo: int, hi) -> str:
@@ -137,15 +293,26 @@ class _Writer:
             return "(" + self.alts(it[1]) + ")"
         return f"({self.item(it[1])}){self.count(it[2], it[3])}"
 
+    def lexeme(self, it, nxt) -> str | None:
+        """A repetition of a regular item before a literal it cannot start, as one lexeme (the
+        module doc), while within the size limits; else None."""
+        if not (it[0] == "rep" and nxt is not None and nxt[0] == "lit" and nxt[1] and self.is_regular(it)):
+            return None
+        r = self.regex(it)
+        if r is None or len(r) > MAX_LEXEME_CHARS or self.fused + len(r) > MAX_FUSED_CHARS:
+            return None
+        if self.nesting(it) > MAX_LEXEME_NESTING:
+            return None
+        if self.starts(it[1], nxt[1][0]):
+            return None
+        self.fused += len(r)
+        return f"/{r}/"
+
     def seq(self, seq: list) -> str:
         out = []
         for i, it in enumerate(seq):
-            nxt = seq[i + 1] if i + 1 < len(seq) else None
-            if (it[0] == "rep" and nxt is not None and nxt[0] == "lit" and nxt[1] and self.is_regular(it)
-                    and not self.starts(it[1], nxt[1][0])):
-                out.append(f"/{self.regex(it)}/")      # one lexeme: see the module doc
-            else:
-                out.append(self.item(it))
+            lex = self.lexeme(it, seq[i + 1] if i + 1 < len(seq) else None)
+            out.append(lex if lex is not None else self.item(it))
         return " ".join(out) if out else '""'
 
     def alts(self, alts: list) -> str:
@@ -155,6 +322,11 @@ class _Writer:
 def to_lark(rules: dict) -> str:
     """llguidance's Lark for parsed GBNF rules: root becomes `start`, the others r0, r1, ..."""
     w = _Writer(rules)
-    lines = ['%llguidance {"no_forcing": true}']
-    lines += [f"{w.names[n]}: {w.alts(alts)}" for n, alts in rules.items()]
+    lines, size = ['%llguidance {"no_forcing": true}'], 0
+    for n, alts in rules.items():
+        lines.append(f"{w.names[n]}: {w.alts(alts)}")
+        size += len(lines[-1])
+        if size > MAX_LARK_CHARS:
+            raise GrammarTooLarge(f"grammar too large: lowered to over {MAX_LARK_CHARS:,} characters "
+                                  f"(ramforge's limit); simplify it")
     return "\n".join(lines) + "\n"

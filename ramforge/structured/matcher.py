@@ -8,6 +8,11 @@ may end, and then they are marked special so that no text matches them.
 
 `Grammar` is the compiled grammar (shared, immutable); `GrammarState` one generation's matcher:
 `mask()` the allowed tokens as a bool array, `accept(token)` advances it.
+
+llguidance compiles a grammar recursively along its rules (about 3 KiB of native stack per rule of a
+chain: a chain of ~2,700 rules overflows a thread's 8 MiB stack and kills the process), so the
+compilations run on a thread of their own with a 256 MiB stack (`_on_big_stack`; untouched stack
+pages cost nothing); gbnf.MAX_RULES bounds the rules well within it.
 """
 from __future__ import annotations
 
@@ -21,6 +26,31 @@ from ..errors import GrammarError, MissingExtra
 
 _TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+BIG_STACK = 256 << 20
+_STACK_LOCK = threading.Lock()
+
+
+def _on_big_stack(fn, *args):
+    """fn(*args) on a new thread with a BIG_STACK stack (waited for); its result, or its exception."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            out["error"] = e
+
+    with _STACK_LOCK:                     # threading.stack_size is process-wide: set it only around start()
+        old = threading.stack_size(BIG_STACK)
+        try:
+            t = threading.Thread(target=run, name="ramforge-grammar", daemon=True)
+            t.start()
+        finally:
+            threading.stack_size(old)
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def _llguidance():
@@ -99,7 +129,7 @@ class Grammar:
             self._spec = g.LLMatcher.grammar_from_lark(self.lark)
         except ValueError as e:
             raise GrammarError(f"the grammar could not be compiled: {e}") from None
-        bad, msgs = g.LLMatcher.validate_grammar_with_warnings(self._spec, self._lltok)
+        bad, msgs = _on_big_stack(g.LLMatcher.validate_grammar_with_warnings, self._spec, self._lltok)
         if bad:
             raise GrammarError(f"the grammar could not be compiled: {'; '.join(msgs)}")
 
@@ -113,7 +143,7 @@ class GrammarState:
     def __init__(self, grammar: Grammar):
         g = _llguidance()
         self.grammar = grammar
-        self._m = g.LLMatcher(grammar._lltok, grammar._spec, log_level=0)
+        self._m = _on_big_stack(lambda: g.LLMatcher(grammar._lltok, grammar._spec, log_level=0))
         if self._m.is_error():
             raise GrammarError(f"the grammar could not be compiled: {self._m.get_error()}")
         n = grammar.n_vocab

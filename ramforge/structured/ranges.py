@@ -191,23 +191,32 @@ def not_strings(strings: list[str], char_rule: str) -> str:
         node[END] = True
     out: list[str] = ['["] ( ']
 
-    def visit(node: dict) -> None:
-        kids = sorted((k for k in node if k is not END), key=ord)
-        for j, ch in enumerate(kids):
-            if j:
-                out.append(" | ")
-            out.append(f"[{ch}]")
-            child = node[ch]
-            if any(k is not END for k in child):
-                out.append(" (")
-                visit(child)
-                out.append(")")
-            else:
-                out.append(f" {char_rule}+")
-        if kids:
-            out.append(f' | [^"{"".join(kids)}] {char_rule}*')
+    def kids(node: dict) -> list:
+        return sorted((k for k in node if k is not END), key=ord)
 
-    visit(root)
+    # llama.cpp's recursive walk of the trie, with a stack of its own (a name may be long)
+    stack: list = [(root, kids(root), 0)]
+    while stack:
+        top = stack.pop()
+        if top is None:                       # a child's group ends
+            out.append(")")
+            continue
+        node, ks, j = top
+        if j == len(ks):
+            if ks:
+                out.append(f' | [^"{"".join(ks)}] {char_rule}*')
+            continue
+        stack.append((node, ks, j + 1))
+        if j:
+            out.append(" | ")
+        out.append(f"[{ks[j]}]")
+        child = node[ks[j]]
+        child_kids = kids(child)
+        if child_kids:
+            out.append(" (")
+            stack += [None, (child, child_kids, 0)]
+        else:
+            out.append(f" {char_rule}+")
     out.append(" )")
     if END not in root:
         out.append("?")

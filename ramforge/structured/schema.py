@@ -10,6 +10,11 @@ the JSON pointer of the node.
 llama.cpp silently ignores the keywords it cannot turn into a grammar (number ranges, multipleOf,
 uniqueItems, not, ...); here a schema using one is refused (`UnsupportedSchema`, naming the keyword
 and where), unless `ignore_unsupported=True` asks for llama.cpp's behaviour.
+
+Hostile values are refused, not crashed on: schemas nested (or `$ref` chains resolved) deeper than
+MAX_SCHEMA_DEPTH (SchemaTooDeep), an infinite or NaN number (nlohmann's parser, which llama.cpp
+reads schemas with, refuses `1e999`); an integer bound beyond int64 is clamped to it, where the
+rules for an unbounded side already stop.
 """
 from __future__ import annotations
 
@@ -17,9 +22,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import GrammarError
+from ..errors import GrammarError, RequestTooLarge
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+MAX_SCHEMA_DEPTH = 64          # ramforge's: schemas inside schemas (and $ref resolutions) at most
 
 
 class SchemaError(GrammarError):
@@ -28,6 +34,27 @@ class SchemaError(GrammarError):
 
 class UnsupportedSchema(GrammarError):
     """A JSON schema keyword (or pattern) the grammar cannot enforce; the message names it."""
+
+
+class SchemaTooDeep(SchemaError, RequestTooLarge):
+    """A JSON schema nested deeper than MAX_SCHEMA_DEPTH (ramforge's limit)."""
+
+
+def _clamp64(v: int) -> int:
+    return max(INT64_MIN, min(INT64_MAX, v))
+
+
+def check_finite(value, path: str) -> None:
+    """SchemaError for an infinite or NaN number anywhere in a JSON value (walked without recursion)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SchemaError(f"JSON schema error at {path}: {v} is not a finite number")
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
 
 
 # Constraining keywords llama.cpp's converter does not turn into grammar; an answer could break them.
@@ -78,6 +105,7 @@ class _Builder:
         self.root, self.lax = root, ignore_unsupported
         self.refs: dict[str, Node | None] = {}
         self.pending: list[Node] = []
+        self.depth = 0
 
     @staticmethod
     def fail(path: str, msg: str):
@@ -101,6 +129,8 @@ class _Builder:
             return v
         if not _is_num(v):
             self.fail(path, f"{key} must be a number")
+        if not math.isfinite(v):
+            self.fail(path, f"{key} must be a finite number, got {v}")
         return int(math.ceil(v) if round_up else math.floor(v))
 
     def format_of(self, s: dict, path: str) -> str:
@@ -199,6 +229,7 @@ class _Builder:
             n.maximum = self.bound(s, "maximum", path, False)
         elif "exclusiveMaximum" in s:
             n.maximum = self.bound(s, "exclusiveMaximum", path, True) - 1
+        n.minimum, n.maximum = _clamp64(n.minimum), _clamp64(n.maximum)
         return n
 
     def check_keywords(self, s: dict, path: str) -> None:
@@ -209,6 +240,16 @@ class _Builder:
             self.unsupported(path, "anyOf beside oneOf")
 
     def node(self, s, path: str) -> Node:
+        self.depth += 1
+        try:
+            if self.depth > MAX_SCHEMA_DEPTH:
+                raise SchemaTooDeep(f"JSON schema error at {path[:200]}: nested over {MAX_SCHEMA_DEPTH} deep "
+                                    f"(ramforge's limit); use $defs and $ref for shared parts")
+            return self._node(s, path)
+        finally:
+            self.depth -= 1
+
+    def _node(self, s, path: str) -> Node:
         if not isinstance(s, dict):
             self.fail(path, "schema must be an object")
         self.check_keywords(s, path)
@@ -223,10 +264,12 @@ class _Builder:
                 self.fail(path, "type must not be empty")
             return Node("anyOf", children=[self.node({**s, "type": x}, f"{path}/type/{i}") for i, x in enumerate(t)])
         if "const" in s:
+            check_finite(s["const"], path)
             return Node("const", value=s["const"])
         if "enum" in s:
             if not isinstance(s["enum"], list) or not s["enum"]:
                 self.fail(path, "enum must be a non-empty array")
+            check_finite(s["enum"], path)
             return Node("enum", value=list(s["enum"]))
         if t is not None and not isinstance(t, str):
             self.fail(path, "type must be a string or an array of strings")
