@@ -374,3 +374,18 @@ def test_hostile_harness_short(loaded):
     print(hostile.table(results))
     assert [f for r in results for f in r.failures] == []
     assert all(r.as_expected == r.tried > 0 for r in results)
+
+
+def test_a_gone_client_frees_its_batched_slot(parallel):
+    url, manager = parallel
+    batcher = manager.current.model.batcher
+    body = {"model": "default", "prompt": "Tell me a long story.", "stream": True,
+            "options": {"num_predict": 400, "temperature": 0}}
+    with httpx.Client(base_url=url, timeout=60) as c:
+        with c.stream("POST", "/api/generate", json=body) as r:
+            lines = r.iter_lines()
+            first = [json.loads(next(lines)) for _ in range(2)]
+        assert not any(x["done"] for x in first)
+        wait_until(lambda: manager.busy == 0 and batcher.free == [0, 1] and not batcher.active, 10,
+                   "the slot to be freed")
+        assert batcher.thread.is_alive() and c.get("/health").json()["generating"] == 0
