@@ -24,7 +24,7 @@ from .memory import MemoryBudget
 from .memory.cells import kv_rows
 from .memory.kv_cache import KVCache
 from .memory.kv_spill import SpilledKVCache, spill_dir, spill_mode
-from . import parallel
+from . import cancel, parallel
 from .models import ALIASES, ARCHITECTURES
 from .models.config import HParams
 from .models.config import MOE_ARCHS, NO_CAPS, SOFTCAPS
@@ -268,6 +268,7 @@ class Engine:
                             as_batch=as_batch, outputs_all=outputs_all):
                 if c.view and self.hp.n_expert and c.view[0] > B:
                     self._warn_chunked_experts(c.view[0])
+                cancel.check()                      # a client gone stops a long prefill between chunks
                 out.append(self.run_chunk(toks[c.start:c.stop], c))
                 self.tokens.extend(int(t) for t in toks[c.start:c.stop])
         return np.concatenate([o for o in out if o is not None])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import cancel
 from .errors import EmptyPrompt, InvalidArgument, NotReproduced, check_token_ids
 from .kernels.ops import _rope_params, rope
 from .memory.cells import pad_cells, place
@@ -97,6 +98,7 @@ def eval_batch(eng, batch) -> dict[int, np.ndarray]:
     B = eng.plan.batch
     try:
         while any(left.values()):
+            cancel.check()                                   # between ubatches: whole ones stay cached
             cur, n = _split(order, left, eng.ubatch)
             ids = np.concatenate([toks[s][done[s]:done[s] + n] for s in cur])
             pl = place(kv, [(s, n) for s in cur], single=n == 1, window=window, swa_size=swa_size)

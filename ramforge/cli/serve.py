@@ -41,6 +41,15 @@ def _loopback(host: str) -> bool:
 @click.option("--max-body", default="1M", show_default=True, help="Request body size limit (413 above it).")
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Seconds a client has to send a whole request (headers and body) before it is disconnected.")
+@click.option("--write-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Seconds a client may take nothing of a response (a stream it stopped reading) before it is "
+                   "dropped, its generation stopped and the model freed.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Open connections at most: beyond it the one waiting longest for its request is closed "
+                   "(or, all being served, the new request gets 503).")
+@click.option("--origins", envvar="OLLAMA_ORIGINS", default=None,
+              help="Browser origins allowed beside the local ones (comma-separated, '*' a wildcard; or "
+                   "$OLLAMA_ORIGINS); a request from any other origin is 403.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 @click.option("--slot-save-path", type=click.Path(file_okay=False, writable=True), default=None,
@@ -58,7 +67,8 @@ def _loopback(host: str) -> bool:
 @spill_option
 @speculative_options
 @cluster_options
-def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive, max_body, request_timeout, log_level,
+def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive, max_body, request_timeout,
+          write_timeout, max_connections, origins, log_level,
           slot_save_path, cache_ram, parallel, context_shift, kv_type, kv_type_k, kv_type_v, kv_spill, lookup,
           lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram,
           ray_timeout, stage_timeout, placement):
@@ -76,6 +86,7 @@ def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive
 
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
         raise MissingExtra("ramforge serve needs FastAPI and uvicorn: pip install 'ramforge[serve]'")
+    from ..server.browser import parse_origins
     from ..server.common import ServerConfig, parse_keep_alive
 
     for size in (ram, cache_ram):
@@ -113,6 +124,7 @@ def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive
     if cluster is not None and spill_of(kv_spill):
         raise click.UsageError("--kv-spill is not supported with --ray")
     cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
+                       origins=parse_origins(origins),
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
                        preload=model is not None, slot_save_path=slot_save_path, cache_ram=cache_ram,
                        type_k=type_k, type_v=type_v, kv_spill=spill_of(kv_spill), context_shift=context_shift,
@@ -125,13 +137,14 @@ def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive
 
         ray = connect(cluster["address"], cluster["connect_timeout"])
     try:
-        _serve(cfg, model, host, port, api_key, request_timeout, log_level)
+        _serve(cfg, model, host, port, api_key, log_level, request_timeout=request_timeout,
+               write_timeout=write_timeout, max_connections=max_connections)
     finally:
         if ray is not None:
             ray.shutdown()
 
 
-def _serve(cfg, model, host, port, api_key, request_timeout, log_level):
+def _serve(cfg, model, host, port, api_key, log_level, **limits):
     import uvicorn
 
     from ..server.app import create_app
@@ -145,8 +158,8 @@ def _serve(cfg, model, host, port, api_key, request_timeout, log_level):
         click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
     click.echo(f"ramforge serve: http://{host}:{port} (Ollama /api, OpenAI /v1), model "
                f"{manager.startup_name!r}{' loaded' if model is not None else ' loads on first use'}", err=True)
-    uvicorn.Server(uvicorn_config(app, host, port, request_timeout=request_timeout, log_level=log_level,
-                                  timeout_graceful_shutdown=5)).run()
+    uvicorn.Server(uvicorn_config(app, host, port, log_level=log_level, timeout_graceful_shutdown=5,
+                                  **limits)).run()
 
 
 COMMANDS = [serve]

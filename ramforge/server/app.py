@@ -8,7 +8,11 @@
   requests take turns, and a streaming response holds it until its last chunk or a disconnect.
 - `Job` is one generation holding the lock: it loads, renders and tokenizes, and runs the first
   step (prompt evaluation) before any response starts, so that errors there get a real status.
-- `Guard` (pure ASGI, before any route): the API key, then the request body size limit.
+- `BrowserGate` (server.browser, outermost): 403 for a Host that is not local on a loopback
+  connection (DNS rebinding) and for an Origin that is not allowed; then Starlette's CORSMiddleware
+  (preflights, CORS headers for the allowed origins); then `Guard` (pure ASGI, before any route): the
+  API key, the request body size limit, a browser's body must be JSON, and the client's "gone" test
+  for ramforge.cancel.
 - Errors map to HTTP statuses by exception type (`error_status`), never by message; bodies are
   Ollama's `{"error": "..."}`, or OpenAI's `{"error": {"message": ..., "type": ...}}` under /v1.
 `ModelManager` and `Job` live in server.manager; limits, config, errors and helpers in server.common.
@@ -17,30 +21,46 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
+import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
+from .. import cancel
 from .._version import __version__
 from ..errors import RamforgeError
-from .common import (OPEN_PATHS, ServerConfig, error_body, error_response, error_status, log,
-                     validation_message)
+from .browser import CORS_METHODS, DEFAULT_ORIGINS, BrowserGate, origin_regex, send_error as _send_error
+from .common import OPEN_PATHS, ServerConfig, error_response, error_status, log, validation_message
 from .manager import ModelManager
 
 
 # -------------------------------------------------------------------------------- middleware
 
+def _json_type(value: bytes | None) -> bool:
+    """application/json or application/*+json, whatever its parameters (FastAPI's rule)."""
+    kind = (value or b"").split(b";", 1)[0].strip().lower()
+    return kind == b"application/json" or (kind.startswith(b"application/") and kind.endswith(b"+json"))
+
+
 class Guard:
-    """Pure ASGI: the API key (401), then the body limit (413), before any route runs.
+    """Pure ASGI: the API key (401), the body limit (413) and a browser's body type (415), before
+    any route runs; then the app, with the client's "gone" test as ramforge.cancel.INTERRUPT.
 
     The body is read here (at most `max_body` bytes) and replayed to the app, so chunked bodies
     are limited too; an oversized body is drained (up to 16x the limit) before the 413 goes out,
-    so a client still sending gets the answer instead of a reset connection. A body is parsed as
-    JSON whatever its Content-Type, as Ollama does (`curl -d '{...}'` sends a form type)."""
+    so a client still sending gets the answer instead of a reset connection. Every route takes
+    JSON. A body from a browser (a request with `Origin`, which the Fetch standard puts on every
+    POST) must say application/json: 415 otherwise (its origin passed BrowserGate, so the fix is
+    the type, not the origin). Without `Origin` the body is parsed as JSON whatever its type, as
+    Ollama does, so `curl -d '{...}'` (a form type) works as in Ollama's documentation.
+
+    Once the body is in, one task waits for the client's `http.disconnect` (ASGI delivers it only
+    to a waiting `receive`) and sets the request's `gone` event at once: the model's loops check it
+    between steps (ramforge.cancel), and the app's own `receive` gets the disconnect from it."""
 
     def __init__(self, app, api_key: str | None, max_body: int):
         self.app, self.api_key, self.max_body = app, api_key, max_body
@@ -78,18 +98,33 @@ class Guard:
             if not msg.get("more_body"):
                 break
         body, replayed = b"".join(chunks), False
+        if body and b"origin" in headers and not _json_type(headers.get(b"content-type")):
+            kind = (headers.get(b"content-type") or b"none").decode("latin-1")[:100]
+            return await _send_error(send, path, 415, f"a request body from a browser must be application/json, "
+                                                      f"not {kind}")
         if body:   # every route takes JSON: read it so whatever the Content-Type (curl -d sends a form type)
             scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
                          + [(b"content-type", b"application/json")])
+        gone = threading.Event()
+        watcher = asyncio.ensure_future(receive())      # http.disconnect: the client went (or the response ended)
+        watcher.add_done_callback(lambda _: gone.set())
 
         async def replay():
             nonlocal replayed
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()          # then http.disconnect, when the client goes
+            try:
+                return await asyncio.shield(watcher)
+            except Exception:  # noqa: BLE001 - a receive that failed: the client is as good as gone
+                return {"type": "http.disconnect"}
 
-        await self.app(scope, replay, send)
+        token = cancel.INTERRUPT.set(gone.is_set)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            cancel.INTERRUPT.reset(token)
+            watcher.cancel()
 
     def _authorized(self, value: bytes | None) -> bool:
         if not value:
@@ -103,13 +138,6 @@ class Guard:
             if msg["type"] != "http.request" or not msg.get("more_body"):
                 return
             size += len(msg.get("body", b""))
-
-
-async def _send_error(send, path: str, status: int, message: str, extra: list | None = None) -> None:
-    body = json.dumps(error_body(path, status, message)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
-    await send({"type": "http.response.body", "body": body})
 
 
 # ---------------------------------------------------------------------------------------- app
@@ -162,7 +190,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
     async def health():
         cur = manager.current
         return {"status": "ok", "model": cur.name if cur else None, "busy": manager.lock.locked(),
-                "waiting": manager.waiting}
+                "waiting": manager.waiting, "generating": manager.busy}
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root():
@@ -171,5 +199,9 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
     app.include_router(ollama.router)
     app.include_router(openai.router)
     app.include_router(slots.router)
-    app.add_middleware(Guard, api_key=cfg.api_key, max_body=cfg.max_body)   # before routing, after nothing
+    # outermost last: BrowserGate, then CORSMiddleware (preflights answered before the API key), then Guard
+    app.add_middleware(Guard, api_key=cfg.api_key, max_body=cfg.max_body)
+    app.add_middleware(CORSMiddleware, allow_origin_regex=origin_regex(DEFAULT_ORIGINS + tuple(cfg.origins)),
+                       allow_methods=CORS_METHODS, allow_headers=["*"], allow_private_network=True, max_age=43200)
+    app.add_middleware(BrowserGate, origins=DEFAULT_ORIGINS + tuple(cfg.origins))
     return app

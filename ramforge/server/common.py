@@ -48,6 +48,7 @@ class ServerConfig:
     n_threads: int | None = None
     io: str = "direct"
     api_key: str | None = None        # required as `Authorization: Bearer KEY` when set
+    origins: tuple[str, ...] = ()     # browser origins allowed beside Ollama's defaults (--origins, $OLLAMA_ORIGINS)
     max_body: int = 1 << 20           # request body limit in bytes (413 above it)
     keep_alive: float = 300.0         # seconds a model stays loaded after a request (inf: forever, 0: unload)
     max_queue: int = 16               # requests waiting for the model before 503

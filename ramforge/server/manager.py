@@ -6,6 +6,7 @@ See ramforge.server.app for how they are served.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib.util
 import re
 import threading
@@ -20,6 +21,7 @@ import anyio
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from .. import cancel
 from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, RamforgeError, ServerBusy,
                       check_token_ids)
 from ..resolve import DEFAULT_NAMES, DEFAULT_SHA256, default_model_path, resolve_model
@@ -89,8 +91,10 @@ class ModelManager:
 
     # ---- the worker thread
     async def call(self, fn: Callable, *args, **kwargs):
-        """Run fn on the model's worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, partial(fn, *args, **kwargs))
+        """Run fn on the model's worker thread, in a copy of the caller's context (so the engine's
+        loops see the request's ramforge.cancel.INTERRUPT, as anyio.to_thread's threads do)."""
+        run = contextvars.copy_context().run
+        return await asyncio.get_running_loop().run_in_executor(self.executor, partial(run, fn, *args, **kwargs))
 
     def run_sync(self, fn: Callable, *args, **kwargs):
         """Run fn on the worker thread from outside the event loop (the CLI's preload)."""
@@ -288,6 +292,7 @@ class Job:
         await anyio.to_thread.run_sync(manager.locate, model)
         await manager.acquire()
         try:
+            cancel.check()                          # gone while it queued: nothing to load or evaluate
             job.loaded, job.load_s = await manager.ensure(model, num_ctx)
             mdl = job.loaded.model
             job.ids = ids = list(await manager.call(build, mdl))
@@ -322,14 +327,16 @@ class Job:
         return self.loaded.model
 
     async def responses(self, request: Request | None = None) -> AsyncIterator:
-        """The Responses of Model.stream, each step on the worker; with `request`, a client that has
-        gone (checked every quarter second) stops the generation."""
+        """The Responses of Model.stream, each step on the worker. A client that has gone stops the
+        generation: checked before each step where the server's Guard set ramforge.cancel's test (and
+        by the engine within a step), else, with `request`, polled every quarter second."""
         r, polled = self.first, time.monotonic()
         while r is not None:
             yield r
             if r.done:
                 return
-            if request is not None and time.monotonic() - polled > 0.25:
+            cancel.check()
+            if request is not None and cancel.INTERRUPT.get() is None and time.monotonic() - polled > 0.25:
                 polled = time.monotonic()
                 if await request.is_disconnected():
                     raise ClientDisconnected("client disconnected")

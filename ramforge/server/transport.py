@@ -1,33 +1,68 @@
-"""uvicorn's configuration for `ramforge serve`: a deadline for reading each request."""
+"""uvicorn's configuration for `ramforge serve`: deadlines for reading each request and for a client
+to take what is written to it, a bounded send buffer per connection, and a cap on open connections."""
 from __future__ import annotations
 
 import functools
+import logging
+import socket
+import struct
+import time
+
+log = logging.getLogger("ramforge.server")
+
+SEND_BUFFER = 128 << 10     # SO_SNDBUF of each connection (the kernel doubles it); Linux grows one to 4 MiB
 
 
 def uvicorn_config(app, host: str = "127.0.0.1", port: int = 11434, *, timeout_keep_alive: float = 5.0,
-                   request_timeout: float = 10.0, **kwargs):
-    """uvicorn's Config for `app`, with a deadline for reading each request (see `_timed_h11`) and
-    `timeout_keep_alive` seconds for an idle keep-alive connection."""
+                   request_timeout: float = 10.0, write_timeout: float = 30.0, max_connections: int | None = 256,
+                   send_buffer: int | None = SEND_BUFFER, **kwargs):
+    """uvicorn's Config for `app`, with a deadline for reading each request, one for writing each
+    response (see `_timed_h11`), at most `max_connections` open connections (None: no cap), each
+    with a send buffer of `send_buffer` bytes (None: the system's), and `timeout_keep_alive` seconds
+    for an idle keep-alive connection."""
     import uvicorn
 
-    return uvicorn.Config(app, host=host, port=port, http=_timed_h11(float(request_timeout)),
-                          timeout_keep_alive=timeout_keep_alive, **kwargs)
+    cap = None if max_connections is None else int(max_connections)
+    http = _timed_h11(float(request_timeout), float(write_timeout), cap, send_buffer)
+    return uvicorn.Config(app, host=host, port=port, http=http,
+                          timeout_keep_alive=timeout_keep_alive,
+                          limit_concurrency=None if cap is None else cap + 1, **kwargs)
 
 
 @functools.lru_cache(maxsize=None)
-def _timed_h11(request_timeout: float):
-    """uvicorn's h11 protocol, disconnecting a client that does not send a whole request (headers
-    and body) within `request_timeout` seconds of connecting or of its first byte after a response.
-    uvicorn's own timeout_keep_alive only covers the idle time between requests: a client that
-    connects and sends nothing, or part of the headers, or part of a body, is otherwise held open
-    for good (and a partial body keeps its request task waiting in `receive()`)."""
+def _timed_h11(request_timeout: float, write_timeout: float = 30.0, max_connections: int | None = None,
+               send_buffer: int | None = None):
+    """uvicorn's h11 protocol with the guards uvicorn lacks:
+
+    - Read deadline: a client that does not send a whole request (headers and body) within
+      `request_timeout` seconds of connecting or of its first byte after a response is disconnected.
+      uvicorn's timeout_keep_alive only covers the idle time between requests: a client that
+      connects and sends nothing, or part of the headers, or part of a body, is otherwise held open
+      for good (and a partial body keeps its request task waiting in `receive()`).
+    - Write deadline: a client that takes nothing of a response for `write_timeout` seconds (the
+      transport's buffer stays above its high-water mark: writing paused) is aborted. uvicorn's
+      `send` otherwise waits for it forever, and with it a streamed generation holding the model
+      lock or a slot; the abort is the client's `http.disconnect`, which stops the generation
+      (ramforge.cancel) and frees the lock or the slot. The kernel's send buffer of each connection is
+      held to `send_buffer` bytes: Linux grows a loopback connection's to 4 MiB, kernel memory outside
+      any budget (x the connections) that a reader who stopped fills before its deadline can start.
+    - Connection cap: when a new connection makes more than `max_connections`, the connection that
+      has waited longest for its (next) request is closed to make room: a flood of idle or
+      slow-loris connections cannot lock others out, and stays bounded in descriptors. When every
+      connection is in the middle of a request, uvicorn's limit_concurrency (the cap + 1) answers
+      the new one 503.
+    """
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     reading = (h11.IDLE, h11.SEND_BODY)
+    _warned = [-1e9]                            # when an eviction was last logged
 
     class TimedH11Protocol(H11Protocol):
         _deadline = None
+        _write_deadline = None
+        _waiting_since = 0.0                    # when it started to wait for its (next) request
+        _evicted = False                        # aborted by the cap, not yet lost
 
         def _arm(self) -> None:
             self._disarm()
@@ -43,9 +78,35 @@ def _timed_h11(request_timeout: float):
             if self.conn.their_state in reading and not self.transport.is_closing():
                 self.transport.close()          # connection_lost: a running request sees http.disconnect
 
+        def waiting(self) -> bool:
+            """No request of its own is being served: it connected or kept alive and has not sent one whole
+            (or it is closing, with what it has not read still buffered)."""
+            return self.conn.their_state in reading and not self._evicted
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            if send_buffer and sock is not None:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+                except OSError:                 # not a TCP socket (a Unix socket in a test): left as it is
+                    pass
+            self._waiting_since = time.monotonic()
             self._arm()
+            if max_connections is None or len(self.connections) <= max_connections:
+                return
+            live = [c for c in self.connections if not getattr(c, "_evicted", False)]
+            if len(live) > max_connections:
+                others = [c for c in live if c is not self and getattr(c, "waiting", None) and c.waiting()]
+                if others:
+                    oldest = min(others, key=lambda c: c._waiting_since)
+                    now = time.monotonic()
+                    if now - _warned[0] >= 1.0:         # a flood logs once a second, not once a connection
+                        _warned[0] = now
+                        log.warning("%d connections open (--max-connections %d): closing the one that waited "
+                                    "%.1f s for its request", len(live), max_connections, now - oldest._waiting_since)
+                    oldest._evicted = True
+                    oldest.transport.abort()    # connection_lost soon: out of `connections`
 
         def data_received(self, data: bytes) -> None:
             if self._deadline is None and self.conn.their_state is h11.IDLE:
@@ -56,10 +117,36 @@ def _timed_h11(request_timeout: float):
 
         def on_response_complete(self) -> None:
             self._disarm()                      # idle from here: timeout_keep_alive applies
+            self._waiting_since = time.monotonic()
             super().on_response_complete()
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._write_deadline is None:
+                self._write_deadline = self.loop.call_later(write_timeout, self._stalled)
+
+        def resume_writing(self) -> None:
+            self._cancel_write_deadline()
+            super().resume_writing()
+
+        def _cancel_write_deadline(self) -> None:
+            if self._write_deadline is not None:
+                self._write_deadline.cancel()
+                self._write_deadline = None
+
+        def _stalled(self) -> None:
+            self._write_deadline = None
+            log.warning("%s took nothing of its response for %g s: dropped", self.client, write_timeout)
+            sock = self.transport.get_extra_info("socket")
+            try:                                # a reset: the kernel drops what it still holds for the client
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except (AttributeError, OSError):
+                pass
+            self.transport.abort()              # close() would wait for the buffer to drain, for ever
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            self._cancel_write_deadline()
             super().connection_lost(exc)
 
     return TimedH11Protocol
