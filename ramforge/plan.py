@@ -78,8 +78,9 @@ def state_shapes(hp: HParams, batch: int) -> dict[str, tuple[int, ...]]:
                                    2 * hp.n_ff),)
     if hp.n_expert:                   # the mixture (models.moe): router, routing, one expert's rows, the slots
         f = hp.n_ff_exp
-        shapes |= {"router": (b, hp.n_expert), "sel": (b, k), "wts": (b, k), "xe": (b, d), "ge": (b, f),
-                   "ue": (b, f), "ye": (b, d), "ex": (b, k, d), "shgate": (b, 1 if hp.n_ff_shexp else 0)}
+        # (ge, ue: a row per (token, slot), every expert's rows at once: kernels.fused_moe)
+        shapes |= {"router": (b, hp.n_expert), "sel": (b, k), "wts": (b, k), "xe": (b, d), "ge": (b * k, f),
+                   "ue": (b * k, f), "ye": (b, d), "ex": (b, k, d), "shgate": (b, 1 if hp.n_ff_shexp else 0)}
     return shapes
 
 
@@ -89,7 +90,9 @@ def state_bytes(hp: HParams, batch: int, n_ctx: int) -> int:
     # matmul activations; per head: attention scores and up to 64 accumulator lanes; per token of a
     # routed batch its sorted experts (index, probability, sort stack)
     widest = max(hp.n_embd, hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp, hp.n_head * hp.head_dim_k)
-    scratch = 2 * batch * widest + hp.n_head * (n_ctx + 64 * hp.head_dim_v) + batch * 8 * hp.n_expert
+    # (a mixture's batch kernels: per thread, one expert's gathered activations and outputs, up to 2 threads' worth)
+    scratch = (2 * batch * widest + hp.n_head * (n_ctx + 64 * hp.head_dim_v) + batch * 8 * hp.n_expert
+               + (2 * batch * (hp.n_embd + hp.n_embd // 4) if hp.n_expert else 0))
     return 4 * (state + scratch)
 
 

@@ -201,7 +201,20 @@ def per_decode_token(decode: list[PassRecord]) -> dict:
     python_s = mean([p.python_s for p in decode])
     return {"decode_token_s": token_s, "decode_kernel_s": mean([p.kernel_s for p in decode]),
             "decode_python_s": python_s, "decode_python_fraction": python_s / token_s if token_s > 0 else 0.0,
-            "decode_kernel_calls": mean([p.kernel_calls for p in decode])}
+            "decode_kernel_calls": mean([p.kernel_calls for p in decode]),
+            **latency_percentiles([p.seconds for p in decode], "decode_token")}
+
+
+PERCENTILES = (50, 90, 99)
+
+
+def latency_percentiles(seconds: list[float], prefix: str) -> dict:
+    """{prefix_p50_s, _p90_s, _p99_s}: the per-token latencies' percentiles (numpy's linear interpolation;
+    0.0 without tokens)."""
+    import numpy as np
+
+    v = np.asarray(seconds, dtype=np.float64)
+    return {f"{prefix}_p{q}_s": float(np.percentile(v, q)) if v.size else 0.0 for q in PERCENTILES}
 
 
 PROFILE = Profile()

@@ -139,6 +139,8 @@ def render_profile(p: dict, timings: dict) -> None:
                   f"({100 * p['decode_python_fraction']:.1f}% of the token's {p['decode_token_s'] * 1e3:.2f} ms); "
                   f"{p['decode_kernel_calls']:.0f} compiled kernel calls per token, "
                   f"{p['decode_kernel_s'] * 1e3:.2f} ms inside them (profiling's own timers included)")
+        err.print(f"decode token latency: p50 {p['decode_token_p50_s'] * 1e3:.2f} ms, p90 "
+                  f"{p['decode_token_p90_s'] * 1e3:.2f} ms, p99 {p['decode_token_p99_s'] * 1e3:.2f} ms")
     spec = timings.get("speculative")
     if spec:
         n = max(timings["gen_tokens"], 1)

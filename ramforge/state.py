@@ -29,8 +29,8 @@ class State:
     sel: np.ndarray | None = None      # i32[batch, k]         the chosen experts, by rank (slot)
     wts: np.ndarray | None = None      # f32[batch, k]         their weights
     xe: np.ndarray | None = None       # f32[batch, n_embd]    the rows routed to one expert
-    ge: np.ndarray | None = None       # f32[batch, n_ff_exp]  its gate ...
-    ue: np.ndarray | None = None       # f32[batch, n_ff_exp]  ... and up projections
+    ge: np.ndarray | None = None       # f32[batch * k, n_ff_exp]  its gate (batch kernels: every pair's) ...
+    ue: np.ndarray | None = None       # f32[batch * k, n_ff_exp]  ... and up projections
     ye: np.ndarray | None = None       # f32[batch, n_embd]    its output
     ex: np.ndarray | None = None       # f32[batch, k, n_embd] each slot's expert output
     shgate: np.ndarray | None = None   # f32[batch, 1]         the shared expert's gate (qwen2moe)

@@ -113,6 +113,7 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
 
     from ..jit import COMPILE, Stopwatch
     from ..plan import layer_of
+    from ..profiling import latency_percentiles
     from ..report import compile_notice
 
     c0 = COMPILE.seconds
@@ -129,23 +130,27 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
             logits = eng.eval(ids)[-1]
         prefill = sw.seconds
         tok = int(np.argmax(logits))
-        with Stopwatch() as sw:
-            for _ in range(gen):
+        per_token = []
+        for _ in range(gen):
+            with Stopwatch() as sw:
                 tok = int(np.argmax(eng.eval([tok])[-1]))
-        decode = sw.seconds
-        weights = sum(t.nbytes for n, t in eng.weights.f.tensors.items()
-                      if layer_of(n) is not None or n in (eng.weights.out_name,))
+            per_token.append(sw.seconds)
+        decode = sum(per_token)
+        weights = eng.plan.active_bytes_per_token or sum(       # a mixture: the k experts a layer it computes with
+            t.nbytes for n, t in eng.weights.f.tensors.items() if layer_of(n) is not None or n == eng.weights.out_name)
         res = {"model": eng.path, "threads": numba.get_num_threads(), "prompt_tokens": len(ids),
                "gen_tokens": gen, "prefill_s": prefill, "prefill_tok_s": len(ids) / prefill,
                "decode_s": decode, "decode_tok_s": gen / decode, "weight_bytes_per_token": weights,
                "weight_gb_s": weights * gen / decode / 1e9, "load_s": eng.timings.load_s,
                "compile_s": COMPILE.seconds - c0, "type_k": eng.kv.type_k, "type_v": eng.kv.type_v,
-               "kv_bytes_per_1k": 1000 * eng.kv.bytes_per_pos}
+               "kv_bytes_per_1k": 1000 * eng.kv.bytes_per_pos, **latency_percentiles(per_token, "decode_token")}
     if as_json:
         print(json.dumps(res))
         return
     click.echo(f"prefill {res['prefill_tok_s']:.1f} tok/s ({len(ids)} tokens), decode {res['decode_tok_s']:.2f} tok/s "
-               f"({gen} tokens), weights {res['weight_gb_s']:.2f} GB/s, threads {res['threads']}")
+               f"({gen} tokens; per token p50 {res['decode_token_p50_s'] * 1e3:.1f} ms, p90 "
+               f"{res['decode_token_p90_s'] * 1e3:.1f}, p99 {res['decode_token_p99_s'] * 1e3:.1f}), weights "
+               f"{res['weight_gb_s']:.2f} GB/s, threads {res['threads']}")
 
 
 @click.command()

@@ -143,17 +143,23 @@ def _plan(shapes: tuple, vec: bool, pro: Prologue, epi: Epilogue):
     if (epi == Epilogue.ADD and len(shapes) != 1
             or epi == Epilogue.SWIGLU and (len(shapes) != 2 or shapes[0][1] != shapes[1][1])):
         return None
-    slots, row_bytes = [], []
-    for ggml_type, n_out, n_in, rep in shapes:
-        k = kernels_for(ggml_type)
-        if k.qdot is None or n_in % k.block_elems:          # (qmatmul refuses the latter by name)
-            return None
-        t, rb, act, sub, _, pos_ties, lo, hi, _, packed, _ = choice(ggml_type, n_out, n_in, 1, 1, 0, vec)
-        if not packed or lo != hi or pos_ties or act not in ACT_CODE or rep % 8 or n_out % (rep or 1):
-            return None
-        slots.append((t, hi, rep, ACT_CODE[act], sub))
-        row_bytes.append(rb)
-    return _fused_kernel(tuple(slots), pro, epi), tuple(row_bytes)
+    slots = [slot(*shape, vec) for shape in shapes]
+    if None in slots:
+        return None
+    return _fused_kernel(tuple(s for s, _ in slots), pro, epi), tuple(rb for _, rb in slots)
+
+
+@functools.lru_cache(maxsize=4096)
+def slot(ggml_type, n_out: int, n_in: int, rep: int, vec: bool):
+    """((type, variant, rep, act code, sub), row bytes) of a weight whose one-token rows take the packed
+    one-variant path (_make_packed_one), else None."""
+    k = kernels_for(ggml_type)
+    if k.qdot is None or n_in % k.block_elems:              # (qmatmul refuses the latter by name)
+        return None
+    t, rb, act, sub, _, pos_ties, lo, hi, _, packed, _ = choice(ggml_type, n_out, n_in, 1, 1, 0, vec)
+    if not packed or lo != hi or pos_ties or act not in ACT_CODE or rep % 8 or n_out % (rep or 1):
+        return None
+    return (t, hi, rep, ACT_CODE[act], sub), rb
 
 
 _NONE_Y = np.empty((1, 0), dtype=np.float32)

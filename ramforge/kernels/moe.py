@@ -24,6 +24,7 @@ from numba import njit, prange
 from ..errors import RamforgeError
 from ..gguf.constants import GGML_BLOCK
 from . import cxxsort
+from .fmatmul import _row_dot
 from .matmul import float_matmul
 from .ops import _expf
 from .qmatmul import qmatmul
@@ -87,37 +88,50 @@ def _argsort_desc(o, v):
 
 @njit(cache=True, parallel=True)
 def _route(ids, wts, logits, norm_w, gating):
-    # per token: SOFTMAX: probs = softmax(logits[t]), ids[t] = the k first of argsort(probs, desc),
+    # every token's routing (_route_row), tokens in parallel
+    for t in prange(logits.shape[0]):
+        _route_row(ids, wts, logits, norm_w, gating, t)
+
+
+@njit(cache=True)
+def _route_1(ids, wts, logits, norm_w, gating):
+    # one token's (or a few): on the calling thread, no parallel region
+    for t in range(logits.shape[0]):
+        _route_row(ids, wts, logits, norm_w, gating, t)
+
+
+@njit(cache=True, inline="always")
+def _route_row(ids, wts, logits, norm_w, gating, t):
+    # token t: SOFTMAX: probs = softmax(logits[t]), ids[t] = the k first of argsort(probs, desc),
     # wts[t] = probs[ids[t]]; SOFTMAX_WEIGHT: ids[t] = the k first of argsort(logits[t], desc), wts[t] =
     # softmax(logits[t, ids[t]]) (a k-wide ggml_soft_max). Then divided by max(sum, 2^-14) (sum in
     # float64, rounded to float) when norm_w
-    n, n_exp = logits.shape
+    n_exp = logits.shape[1]
     k = ids.shape[1]
-    for t in prange(n):
-        p = np.empty(n_exp, np.float32)
-        o = np.empty(n_exp, np.int32)
-        if gating == 1:
-            _argsort_desc(o, logits[t])
-            sel = np.empty(k, np.float32)
-            for j in range(k):
-                sel[j] = logits[t, o[j]]
-            _softmax(p[:k], sel)
-            for j in range(k):
-                ids[t, j] = o[j]
-                wts[t, j] = p[j]
-        else:
-            _softmax(p, logits[t])
-            _argsort_desc(o, p)
-            for j in range(k):
-                ids[t, j] = o[j]
-                wts[t, j] = p[o[j]]
-        if norm_w:
-            s = 0.0
-            for j in range(k):
-                s += np.float64(wts[t, j])
-            d = max(min(np.float32(s), np.float32(np.inf)), _SUM_CLAMP)
-            for j in range(k):
-                wts[t, j] = wts[t, j] / d
+    p = np.empty(n_exp, np.float32)
+    o = np.empty(n_exp, np.int32)
+    if gating == 1:
+        _argsort_desc(o, logits[t])
+        sel = np.empty(k, np.float32)
+        for j in range(k):
+            sel[j] = logits[t, o[j]]
+        _softmax(p[:k], sel)
+        for j in range(k):
+            ids[t, j] = o[j]
+            wts[t, j] = p[j]
+    else:
+        _softmax(p, logits[t])
+        _argsort_desc(o, p)
+        for j in range(k):
+            ids[t, j] = o[j]
+            wts[t, j] = p[o[j]]
+    if norm_w:
+        s = 0.0
+        for j in range(k):
+            s += np.float64(wts[t, j])
+        d = max(min(np.float32(s), np.float32(np.inf)), _SUM_CLAMP)
+        for j in range(k):
+            wts[t, j] = wts[t, j] / d
 
 
 def route(ids: np.ndarray, wts: np.ndarray, logits: np.ndarray, norm_w: bool,
@@ -129,7 +143,37 @@ def route(ids: np.ndarray, wts: np.ndarray, logits: np.ndarray, norm_w: bool,
         raise RamforgeError(f"route: logits {logits.shape}, ids {ids.shape}, weights {wts.shape}")
     if ids.dtype != np.int32 or wts.dtype != np.float32 or logits.dtype != np.float32:
         raise RamforgeError(f"route: dtypes {ids.dtype}, {wts.dtype}, {logits.dtype}; want int32, float32, float32")
-    _route(ids, wts, logits, bool(norm_w), int(Gating(gating)))
+    (_route_1 if n <= _SERIAL_TOKENS else _route)(ids, wts, logits, bool(norm_w), int(Gating(gating)))
+
+
+_SERIAL_TOKENS = 4             # routed on the calling thread up to this many tokens (a parallel region costs more)
+
+
+@njit(cache=True)
+def _router_1(logits, xb, w32, ids, wts, norm_w, gating):
+    # one token: logits f32[1, n_exp] = xb f32[1, n] . W^T for an F32 router W (w32: n_exp rows of n), in
+    # ggml_vec_dot_f32's arithmetic (fmatmul's for one token), then its routing (_route_row); on the
+    # calling thread
+    n_exp, n = logits.shape[1], xb.shape[1]
+    a = xb.reshape(-1)
+    none16, f16 = np.empty(0, np.uint16), np.empty(0, np.float32)
+    for r in range(n_exp):
+        logits[0, r] = _row_dot(0, False, w32, none16, r * n, a, 0, n, f16)
+    _route_row(ids, wts, logits, norm_w, gating, 0)
+
+
+def router_token(ids: np.ndarray, wts: np.ndarray, logits: np.ndarray, xb: np.ndarray, w32: np.ndarray,
+                 norm_w: bool, gating: Gating = Gating.SOFTMAX) -> None:
+    """One token's router logits f32[1, n_expert] = xb f32[1, n_embd] @ W^T (W: an F32 router, w32
+    f32[n_expert * n_embd]) and its routing into ids i32[1, k], wts f32[1, k], in one call on the calling
+    thread: the arithmetic of matmul (ggml_vec_dot_f32) and route."""
+    n_exp, n = logits.shape[1], xb.shape[1]
+    if (xb.shape[0] != 1 or logits.shape[0] != 1 or w32.dtype != np.float32 or w32.size != n_exp * n
+            or not xb.flags.c_contiguous or not w32.flags.c_contiguous):
+        raise RamforgeError(f"router_token: x {xb.shape}, logits {logits.shape}, weights {w32.dtype}{w32.shape}")
+    if ids.shape != wts.shape or ids.shape[0] != 1 or not 1 <= ids.shape[1] <= n_exp:
+        raise RamforgeError(f"router_token: logits {logits.shape}, ids {ids.shape}, weights {wts.shape}")
+    _router_1(logits, xb, w32, ids, wts, bool(norm_w), int(Gating(gating)))
 
 
 def argsort_desc(v: np.ndarray) -> np.ndarray:

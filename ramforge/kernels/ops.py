@@ -45,8 +45,12 @@ def _rms_norm(out, x, w, eps):
 
 @njit(cache=True)
 def _rms_norm_1(out, x, w, eps):
-    # one row on the calling thread (a decode token: no parallel region to wake)
-    _rms_row(out, x, w, eps, 0)
+    # rows on the calling thread (a decode token, its heads' q/k norms: no parallel region to wake)
+    for t in range(x.shape[0]):
+        _rms_row(out, x, w, eps, t)
+
+
+_SERIAL_VALUES = 1 << 16       # RMSNorms of up to this many values run on the calling thread
 
 
 @timed("norm")
@@ -56,7 +60,7 @@ def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float) -> np.nd
     if w.shape != (n,) or out.shape != x.shape:
         raise RamforgeError(f"rms_norm: x {x.shape}, w {w.shape}, out {out.shape}")
     o2, x2 = out.reshape(-1, n), x.reshape(-1, n)
-    (_rms_norm_1 if x2.shape[0] == 1 else _rms_norm)(o2, x2, w, np.float32(eps))
+    (_rms_norm_1 if x2.shape[0] == 1 or x2.size <= _SERIAL_VALUES else _rms_norm)(o2, x2, w, np.float32(eps))
     return out
 
 

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gguf.constants import GGMLType
+from ..kernels import fused_moe
+from ..kernels.batch import current_view
 from ..kernels.matmul import matmul
-from ..kernels.moe import Gating, expert_matmul, route, shared_expert_gate, weighted_sum
+from ..kernels.moe import Gating, expert_matmul, route, router_token, shared_expert_gate, weighted_sum
 from ..kernels.ops import rms_norm, swiglu, swiglu_oai
 from ..profiling import timed
 from .weights import rows_of
@@ -40,18 +43,41 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
     n = xb.shape[0]
     logits, sel, wts = s.router[:n], s.sel[:n], s.wts[:n]      # f32[n, n_expert], i32[n, k], f32[n, k]
     ex = s.ex[:n]                                              # f32[n, k, n_embd]
-    L.ffn_gate_inp.rows(logits, xb)
-    if L.ffn_gate_inp_bias is not None:                        # gpt-oss: router, experts and down have biases
-        logits += L.ffn_gate_inp_bias.data
-    route(sel, wts, logits, NORM_W[hp.arch], GATING.get(hp.arch, Gating.SOFTMAX))
+    router, gating = L.ffn_gate_inp, GATING.get(hp.arch, Gating.SOFTMAX)
+    if n == 1 and router.ggml_type == GGMLType.F32 and L.ffn_gate_inp_bias is None and current_view() in _ONE_TOKEN:
+        _router_token(sel, wts, logits, xb, router.data.view(np.float32), NORM_W[hp.arch], gating)
+    else:
+        router.rows(logits, xb)
+        if L.ffn_gate_inp_bias is not None:                    # gpt-oss: router, experts and down have biases
+            logits += L.ffn_gate_inp_bias.data
+        route(sel, wts, logits, NORM_W[hp.arch], gating)
     biases = [_expert_bias(L, t) for t in BIASES[1:]]
+    fuse = biases[0] is None                                   # an expert's rows in two compiled calls
+    kern = _kernels(L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps) if fuse and w.expert_cache is None else None
+    if n == 1 and kern is not None:                            # a lone token, its experts resident: all at once
+        mix = s.xe[:1] if hp.n_ff_shexp else xb
+        _token_experts(kern, L, s, xb, mix)
+        if hp.n_ff_shexp:                                      # the shared expert reads xb: then mix + it
+            shexp = _shared_expert(L, s, xb, n)
+            np.add(mix, shexp, out=xb)
+        return
     experts = np.unique(sel)                                   # ascending, as mul_mat_id's loop
+    if n > 1 and kern is not None and kern.up_act is not None:  # a batch: its experts' rows at once, but those
+        experts = _batch_experts(kern, L, s, xb, sel, ex.reshape(n * sel.shape[1], -1))   # of too many rows
     with w.experts(il, experts, n) as E:
         if E.wants_prediction:
             E.predict(_predict(w.predictors[il + 1], x, s.xe[:n], logits, hp))
+        if n == 1 and fuse and E.pool is not None:             # a lone token: the cached experts at once
+            _cached_experts(E, s, xb, ex[0])
         for e, (gate, up, down) in E:                          # cached experts first: any order is exact
             tok, slot = np.nonzero(sel == e)                   # its rows: (token, slot), token-major
             c = tok.size
+            if c == 1 and fuse and (kern := _kernels(gate, up, down)) is not None:   # k = 1, weight 1 (exact), ex = out
+                ye, t = s.ye[:1], tok[0]
+                _fused_experts(kern, xb[t:t + 1], (gate.data, up.data, down.data), _AT_ZERO, _ONE, s.ge[:1],
+                               s.ue[:1], ye, ye)
+                ex[t, slot[0]] = ye[0]
+                continue
             xe, ge, ue, ye = s.xe[:c], s.ge[:c], s.ue[:c], s.ye[:c]
             np.take(xb, tok, axis=0, out=xe)
             _expert_rows(ge, xe, gate)
@@ -67,18 +93,105 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
                 ye += biases[2][e]
             ex[tok, slot] = ye
     if hp.n_ff_shexp:                                          # qwen2moe's shared expert, gated
-        gate, up, g = s.gate[:n], s.up[:n], s.shgate[:n]       # f32[n, n_ff_shexp] x2, f32[n, 1]
-        v = L.ffn_gate_inp_shexp.data                          # f32[n_embd]: a one-row F32 matmul
-        matmul(g, xb, L.ffn_gate_inp_shexp.ggml_type, v.view(np.uint8), 1, v.size)
-        shared_expert_gate(g)
-        rows_of(xb, (L.ffn_gate_shexp, gate), (L.ffn_up_shexp, up))
-        swiglu(gate, gate, up)
-        shexp = L.ffn_down_shexp.rows(s.ye[:n], gate)
-        np.multiply(shexp, g, out=shexp)                       # ffn_shexp_out ...
+        shexp = _shared_expert(L, s, xb, n)
         weighted_sum(xb, ex, wts)
         xb += shexp                                            # ... added to the mixture
     else:
         weighted_sum(xb, ex, wts)
+
+
+def _shared_expert(L, s, xb: np.ndarray, n: int) -> np.ndarray:
+    """qwen2moe's shared expert of xb f32[n, n_embd], times its sigmoid gate, into s.ye[:n] (ffn_shexp_out)."""
+    gate, up, g = s.gate[:n], s.up[:n], s.shgate[:n]           # f32[n, n_ff_shexp] x2, f32[n, 1]
+    v = L.ffn_gate_inp_shexp.data                              # f32[n_embd]: a one-row F32 matmul
+    matmul(g, xb, L.ffn_gate_inp_shexp.ggml_type, v.view(np.uint8), 1, v.size)
+    shared_expert_gate(g)
+    rows_of(xb, (L.ffn_gate_shexp, gate), (L.ffn_up_shexp, up))
+    swiglu(gate, gate, up)
+    shexp = L.ffn_down_shexp.rows(s.ye[:n], gate)
+    np.multiply(shexp, g, out=shexp)
+    return shexp
+
+
+_ONE_TOKEN = (None, (1, 0))                                   # batch views in which a token is a batch of its own
+
+
+@timed("router")
+def _router_token(*args) -> None:
+    router_token(*args)
+
+
+_AT_ZERO = (np.zeros(1, np.int64),) * 3                      # one expert's rows, from its arrays' first byte
+_ONE = np.ones(1, np.float32)
+
+
+def _kernels(g, u, d) -> fused_moe.ExpertKernels | None:
+    """The expert kernels (kernels.fused_moe) for gate, up, down QTensors (3-D, or one expert's 2-D), or
+    None where their types take the expert-by-expert path. An expert's arithmetic depends on its row count
+    alone (mul_mat_id), never on a batch view."""
+    return fused_moe.plan(g.ggml_type, u.ggml_type, d.ggml_type, g.dims[0], g.dims[1])
+
+
+def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
+    """ex0 f32[k, n_embd][j] = slot j's expert output, for the slots whose experts the cache holds now (one
+    token, xb f32[1, n_embd]): two compiled calls over the cache's pool; the others are left to E's loop."""
+    kern = _kernels(*E.tensors)
+    ready = E.take_ready() if kern is not None else []
+    if not ready:
+        return
+    try:
+        sel = s.sel[0]
+        slots = np.array([int(np.flatnonzero(sel == e)[0]) for e, _ in ready])
+        offs = tuple(np.array([o[i] for _, o in ready], np.int64) for i in range(3))
+        c = len(ready)
+        part = ex0[:c]                                     # (then moved to their slots; numpy copies overlaps)
+        _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part, s.ye[:1])
+        ex0[slots] = part.copy()
+    finally:
+        E.release()
+
+
+def _token_experts(kern, L, s, xb: np.ndarray, mix: np.ndarray) -> None:
+    """mix f32[1, n_embd] = one token's mixture of its k experts (s.sel[0], s.wts[0]) from a resident
+    layer's 3-D tensors, in two compiled calls."""
+    g, u, d = L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps
+    ids = s.sel[0].astype(np.int64)
+    gb, ub, db = kern.expert_bytes
+    k = ids.size
+    _fused_experts(kern, xb, (g.data, u.data, d.data), (ids * gb, ids * ub, ids * db), s.wts[0], s.ge[:k],
+                   s.ue[:k], s.ex[0], mix)
+
+
+def _batch_experts(kern, L, s, xb: np.ndarray, sel: np.ndarray, ex2: np.ndarray) -> np.ndarray:
+    """ex2 f32[n * k, n_embd][t * k + j] = slot j of token t's expert output, for the experts of at most
+    kern's rows (their one-token arithmetic: fused_moe.run_batch), from a resident layer's 3-D tensors;
+    returns the other experts (ascending), left for the expert-by-expert path."""
+    k = sel.shape[1]
+    flat = sel.reshape(-1)
+    ids, counts = np.unique(flat, return_counts=True)
+    small = counts <= min(kern.up_rows, kern.down_rows)
+    if not small.any():
+        return ids
+    order = np.argsort(flat, kind="stable")                    # pairs t * k + j by expert, token-major
+    pairs = order[small[np.searchsorted(ids, flat[order])]].astype(np.int64)
+    e = ids[small].astype(np.int64)
+    start = np.zeros(e.size + 1, np.int64)
+    np.cumsum(counts[small], out=start[1:])
+    gb, ub, db = kern.expert_bytes
+    g, u, d = L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps
+    _fused_batch(kern, xb, (g.data, u.data, d.data), (e * gb, e * ub, e * db), start, pairs // k, pairs, s.ge,
+                 s.ue, ex2)
+    return ids[~small]
+
+
+@timed(lambda kern, *a: f"experts {kern.types} (batch)")
+def _fused_batch(kern, *args) -> None:
+    fused_moe.run_batch(kern, *args)
+
+
+@timed(lambda kern, *a: f"experts {kern.types}")
+def _fused_experts(kern, x, raws, offs, wts, ge, ue, ex, out) -> None:
+    fused_moe.run(kern, x, raws, offs, wts, ge, ue, ex, out)
 
 
 def _expert_bias(L, name: str) -> np.ndarray | None:

@@ -67,7 +67,8 @@ class ExpertCache:
         self.policy = Policy.parse(policy)
         self.tensors = {il: [f.tensors[gguf_name(s, il)] for s in EXPERT_TENSORS] for il in layers}
         self.n_expert = self.tensors[layers[0]][0].dims[2]
-        self.buffers = [aligned_empty(slot_bytes) for _ in range(n_slots)]
+        self.pool = aligned_empty(n_slots * slot_bytes)     # every slot's buffer, one after another
+        self.buffers = [self.pool[i * slot_bytes:(i + 1) * slot_bytes] for i in range(n_slots)]
         self.slot_bytes = slot_bytes
         self._slot: dict[tuple[int, int], int] = {}          # (layer, expert) -> slot
         self._key: list[tuple[int, int] | None] = [None] * n_slots
@@ -155,6 +156,37 @@ class ExpertCache:
         self._use(slot)
         self._taken = slot
         return self._tensors(key, slot)
+
+    def take_ready(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> list[tuple[tuple[int, int], tuple]]:
+        """Of this turn's keys, those whose bytes are in their slot now (cached, or read ahead and done),
+        each with its gate, up and down byte offsets in `pool`; marked used. They stay protected until
+        `release`."""
+        out = []
+        for k in keys:
+            slot = self._slot.get(k)
+            if slot is None or k in self._todo:
+                continue
+            fut = self._loading.get(slot)
+            if fut is not None:                                 # a read ahead: done and sound, or left to `take`
+                if not fut.done() or fut.cancelled() or fut.exception() is not None:
+                    continue
+                del self._loading[slot]
+                rec.read_s += fut.result()[1]
+            self._use(slot)
+            span = self._spans[k]
+            base = slot * self.slot_bytes
+            out.append((k, tuple(base + span.offsets[t.name] for t in self.tensors[k[0]])))
+        return out
+
+    def release(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> None:
+        """The keys taken by take_ready are computed: their slots may be reused (as `take` gives up the one
+        before), and misses waiting for a slot are read."""
+        held = set(self._prefetched.values()) | set(self._kept.values())
+        for k in keys:
+            slot = self._slot.get(k)
+            if slot is not None and slot not in held:
+                self._protected[slot] = False
+        self._submit(self._todo, rec)
 
     def end(self, rec: ExpertRecord) -> None:
         """End the layer's turn (after an error too): its experts are no longer protected."""

@@ -434,11 +434,42 @@ class Experts:
     def __init__(self, w: Weights, il: int, order: list[tuple[int, int]], rec: ExpertRecord | None,
                  resident: LayerExperts | None = None):
         self.w, self.il, self.order, self.rec, self.resident = w, il, order, rec, resident
+        self._ready: list[tuple[int, int]] = []             # keys take_ready gave, until release
 
     def __iter__(self):
         for key in self.order:
             e = key[1]
             yield e, (self.resident[e] if self.resident is not None else self.w.expert_cache.take(key, self.rec))
+
+    @property
+    def pool(self) -> np.ndarray | None:
+        """The expert cache's buffer of every slot (take_ready's offsets are into it); None when resident."""
+        c = self.w.expert_cache
+        return None if c is None else c.pool
+
+    @property
+    def tensors(self) -> list:
+        """The layer's expert tensors (gate, up, down) as the file describes them (TensorInfo: type, dims)."""
+        c = self.w.expert_cache
+        return c.tensors[self.il] if c is not None else [self.resident.layer.tensors[s] for s in EXPERT_TENSORS]
+
+    def take_ready(self) -> list[tuple[int, tuple[int, int, int]]]:
+        """The picked experts already in the cache, as (expert, (gate, up, down) byte offsets into `pool`);
+        iterating then yields only the others. Call `release` once they are computed. [] when resident."""
+        c = self.w.expert_cache
+        if c is None:
+            return []
+        ready = c.take_ready(self.order, self.rec)
+        taken = {k for k, _ in ready}
+        self.order = [k for k in self.order if k not in taken]
+        self._ready = [k for k, _ in ready]
+        return [(k[1], offs) for k, offs in ready]
+
+    def release(self) -> None:
+        """The experts take_ready gave are computed: their slots may be reused."""
+        keys, self._ready = self._ready, []
+        if keys:
+            self.w.expert_cache.release(keys, self.rec)
 
     @property
     def wants_prediction(self) -> bool:
