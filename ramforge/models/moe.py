@@ -22,6 +22,7 @@ from ..kernels.matmul import matmul
 from ..kernels.moe import Gating, expert_matmul, route, shared_expert_gate, weighted_sum
 from ..kernels.ops import rms_norm, swiglu, swiglu_oai
 from ..profiling import timed
+from ..stream import routing_trace
 from .weights import rows_of
 
 # architecture -> whether the k weights are divided by their sum (build_moe_ffn's norm_w)
@@ -44,6 +45,7 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
     if L.ffn_gate_inp_bias is not None:                        # gpt-oss: router, experts and down have biases
         logits += L.ffn_gate_inp_bias.data
     route(sel, wts, logits, NORM_W[hp.arch], GATING.get(hp.arch, Gating.SOFTMAX))
+    routing_trace.record(m, il, sel)                           # --trace-routing (a no-op without a trace)
     biases = [_expert_bias(L, t) for t in BIASES[1:]]
     experts = np.unique(sel)                                   # ascending, as mul_mat_id's loop
     with w.experts(il, experts, n) as E:
