@@ -191,3 +191,63 @@ def test_logits_equal_llama_cpp_on_two_real_qwen3moe_layers(tmp_path):
     """The real per-layer shape (2048 wide, 128 experts of 768, vocab 151936): 1.2 GB."""
     p = md.resolve("qwen3moe-30b-a3b", layers=2)
     _assert_logits_equal(md.write_direct(p, tmp_path / md.default_name(p), progress=False))
+
+
+# ---- --skew: routers fitted to a real model's published popularity and reuse -------------------------
+
+SKEW_SHAPE = {**SMALL, "n_ff_exp": 256, "n_expert": 64}
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory):
+    from tools.skew_router import SKEWS
+    p = md.resolve("qwen3moe-30b-a3b", layers=2, shape=SKEW_SHAPE)
+    d = tmp_path_factory.mktemp("skew")
+    prof = SKEWS["qwen3-30b-a3b"]
+    fits = md.write_skewed(p, d / md.default_name(p, prof.name), prof, progress=False)
+    return p, d / md.default_name(p, prof.name), md.write_direct(p, d / md.default_name(p), progress=False), fits, prof
+
+
+def test_skew_changes_only_the_routers(skewed):
+    p, skew, plain, fits, prof = skewed
+    assert skew.name.endswith("-skew-Q4_K_M.gguf") and sorted(fits) == [0, 1]
+    with GGUFFile(skew) as a, GGUFFile(plain) as b:
+        assert list(a.tensors) == list(b.tensors)
+        assert prof.source in a.metadata["general.description"]
+        for name, t in a.tensors.items():
+            same = np.array_equal(a.read_tensor(t), b.read_tensor(b.tensors[name]))
+            assert same != name.endswith("ffn_gate_inp.weight"), name
+            if name.endswith("ffn_gate_inp.weight"):
+                assert np.isfinite(a.read_tensor(t).view(np.float32)).all()
+
+
+def test_skew_file_routes_the_calibration_texts_as_fitted(skewed, tmp_path):
+    """The routers in the file are those fitted layer by layer: the engine, run on the calibration
+    texts again, routes them with the popularity and reuse each layer's fit reported."""
+    from ramforge.stream import routing_trace
+    from ramforge.stream.routing_trace import Trace
+    from tools.skew_router import CALIBRATION_TEXTS, popularity_reuse
+    p, skew, plain, fits, prof = skewed
+    with Engine.load(str(skew), n_ctx=1024, batch=1024, n_threads=1) as e:
+        ids, segs = [], []
+        for i, text in enumerate(CALIBRATION_TEXTS):
+            more = e.tokenizer.encode(text, add_special=i == 0)
+            segs.append(slice(len(ids), len(ids) + len(more)))
+            ids += more
+        routing_trace.attach(e, tmp_path / "cal.npz")
+        e.eval(ids, outputs_all=True)
+    t = Trace.load(tmp_path / "cal.npz")
+    for il, f in fits.items():
+        sel = t.ids[t.layer == il].astype(np.int64)
+        M = np.zeros((len(sel), p.spec.n_expert), bool)
+        np.put_along_axis(M, sel, True, axis=1)
+        top40, reuse = np.mean([popularity_reuse(M[s]) for s in segs], axis=0)
+        assert abs(top40 - f["top40"]) < 0.01 and abs(reuse - f["reuse"]) < 0.01, (il, top40, reuse, f)
+        assert 0.0 <= f["g"] and 0.0 <= f["lam"]
+
+
+def test_skew_refuses_a_model_without_a_plain_router(tmp_path):
+    from tools.skew_router import SKEWS
+    with pytest.raises(ValueError, match="needs a qwen3moe preset"):
+        md.write_skewed(md.resolve("gpt-oss-20b", layers=1, shape=SMALL), tmp_path / "x.gguf",
+                        SKEWS["qwen3-30b-a3b"], progress=False)

@@ -7,6 +7,7 @@ model means ~60 GB of F16 and an hour of llama.cpp's quantizer on 2 cores).
     python tools/make_direct.py gpt-oss-20b                       # MXFP4 experts, Q8_0 elsewhere
     python tools/make_direct.py llama-3.1-8b --out /big/disk/x.gguf
     python tools/make_direct.py qwen3moe-30b-a3b --layers 2 --shape n_embd=256 n_ff_exp=256 n_expert=8
+    python tools/make_direct.py qwen3moe-30b-a3b --layers 6 --skew qwen3-30b-a3b   # ...-6l-skew-Q4_K_M.gguf
 
 Each tensor takes the ggml type llama.cpp's quantizer (llama-quant.cpp, 0.3.36) would give it in
 that file (make_models.expected_types: e.g. Q4_K_M's Q6_K attn_v / ffn_down on the use_more_bits
@@ -17,6 +18,11 @@ std (1/sqrt(fan_in), embeddings 4/sqrt(n_embd), x4 on what writes the residual i
 dmin = 7.5 d and min = scale per sub-block (w = d*sc*(q - 7.5)), Q5_K likewise, Q6_K with signed scales, Q8_0 with
 no -128, MXFP4 with E8M0 exponents around the std. F32 tensors are make_models.tensor_values
 (norms ~1 +- 0.1, router, biases, sinks); Llama 3.1's rope_freqs are its real factors.
+
+--skew PROFILE (tools/skew_router.py) then rewrites each layer's router so that routing on ordinary
+text has a real model's published expert popularity and token-to-token reuse: the model runs one
+teacher-forced prefill of a calibration text, each layer's router fitted to that layer's hidden states
+just before it routes them, and the routers are written into the file in place.
 
 The header is gguf-py's GGUFWriter; tensor data streams in chunks, written to a temp file beside the
 output (renamed when done), each 512 MiB flushed and dropped from the page cache, so neither memory
@@ -42,6 +48,7 @@ from tools._fixtures import read_gguf_header, stable_seed, vocab_dir  # noqa: E4
 from tools.make_models import (  # noqa: E402
     SPECS, Spec, _add_kv, expected_types, stays_f32, tensor_plan, tensor_values,
 )
+from tools.skew_router import SKEWS  # noqa: E402
 
 CHUNK = 64 << 20          # bytes of blocks generated and written at a time
 FLUSH = 512 << 20         # fdatasync + drop from the page cache every this many bytes
@@ -207,8 +214,8 @@ def resolve(preset: str, layers: int | None = None, shape: dict | None = None) -
     return p
 
 
-def default_name(p: Preset) -> str:
-    return f"{p.spec.arch}-{p.spec.name}-{p.qtype}.gguf"
+def default_name(p: Preset, skew: str | None = None) -> str:
+    return f"{p.spec.arch}-{p.spec.name}{'-skew' if skew else ''}-{p.qtype}.gguf"
 
 
 def _vocab_kv(vocab: str, n_vocab: int) -> list[tuple[str, tuple]]:
@@ -343,6 +350,80 @@ def _write_quant(f, spec: Spec, name: str, shape: tuple[int, ...], kind: str, t:
     return n_blocks * b.nbytes
 
 
+def write_skewed(p: Preset, out: Path, profile, progress: bool = True) -> dict:
+    """Write preset p to out with its routers skew-routed by profile (tools/skew_router.SKEWS);
+    returns each layer's fit."""
+    if not p.spec.n_expert or p.spec.arch != "qwen3moe":
+        raise ValueError(f"--skew needs a qwen3moe preset (a router without bias); {p.spec.arch} {p.spec.name}")
+    p = dataclasses.replace(p, note=f"{p.note}; skew-routed as {profile.name}: {profile.source}")
+    out = Path(out)
+    tmp = write_direct(p, out.with_name(f".{out.name}.{os.getpid()}.skew"), progress)
+    try:
+        fits = calibrate_routers(p.spec, tmp, profile, progress)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return fits
+
+
+CALIBRATION_TOKENS = 1024       # the calibration texts run as one pass of at most this many tokens
+
+
+def calibrate_routers(spec: Spec, path: Path, profile, progress: bool = True) -> dict:
+    """Fit each layer's router to its hidden states in one prefill of the calibration text (each
+    layer's router set just before it routes), then write the routers into the file at path."""
+    from ramforge.engine import Engine
+    from ramforge.gguf.reader import GGUFFile
+    from ramforge.models import moe
+    from tools.skew_router import CALIBRATION_TEXTS, skew_router
+
+    routers, fits, ffn, segments = {}, {}, moe.ffn, []
+
+    def fitted(m, s, il, L, xb, x):
+        if il not in routers:
+            t = L.ffn_gate_inp
+            name = f"blk.{il}.ffn_gate_inp.weight"
+            W0 = t.data.view(np.float32).reshape(t.dims[1], t.dims[0])
+            rng = np.random.Generator(np.random.PCG64(stable_seed(spec.seed, "skew", profile.name, name)))
+            W, fits[il] = skew_router(xb, W0, spec.n_expert_used, profile, rng, segments)
+            if t.data.flags.writeable:
+                W0[...] = W
+            else:
+                L.ffn_gate_inp = dataclasses.replace(t, data=W.view(np.uint8).reshape(t.data.shape))
+            routers[name] = W
+            if progress:
+                f = fits[il]
+                print(f"layer {il}: g {f['g']:.2f} lam {f['lam']:.2f} -> top 40 % {f['top40']:.1%} "
+                      f"(want {profile.top40:.1%}), reuse {f['reuse']:.1%} (want {profile.reuse:.1%})",
+                      file=sys.stderr, flush=True)
+        ffn(m, s, il, L, xb, x)
+
+    moe.ffn = fitted
+    try:
+        with Engine.load(str(path), n_ctx=CALIBRATION_TOKENS, batch=CALIBRATION_TOKENS) as e:
+            ids = []
+            for i, text in enumerate(CALIBRATION_TEXTS):
+                more = e.tokenizer.encode(text, add_special=i == 0)
+                segments.append(slice(len(ids), len(ids) + len(more)))
+                ids += more
+            if len(ids) > e.plan.batch:
+                raise RuntimeError(f"the calibration texts are {len(ids)} tokens, a pass {e.plan.batch}")
+            e.eval(ids, outputs_all=True)                      # one pass, the last layer on every row too
+    finally:
+        moe.ffn = ffn
+    if len(routers) != spec.n_layer:
+        raise RuntimeError(f"calibrated {len(routers)} of {spec.n_layer} layers' routers")
+    with GGUFFile(path) as f:
+        at = {name: f.tensors[name].offset for name in routers}
+    with open(path, "r+b") as fh:
+        for name, W in routers.items():
+            fh.seek(at[name])
+            fh.write(np.ascontiguousarray(W, np.float32).tobytes())
+        fh.flush()
+        os.fsync(fh.fileno())
+    return fits
+
+
 def _shape_arg(s: str) -> tuple[str, object]:
     k, _, v = s.partition("=")
     if not v:
@@ -359,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="override make_models.Spec fields (smaller test shapes), e.g. n_embd=256 n_expert=8")
     ap.add_argument("--out", type=Path, help="output file (default: /work/models/<arch>-<name>-<type>.gguf)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing file")
+    ap.add_argument("--skew", choices=list(SKEWS), help="routers fitted to this real model's published expert "
+                                                        "popularity and token-to-token reuse (tools/skew_router.py)")
     a = ap.parse_args(argv)
     if a.layers is not None and a.layers < 1:
         ap.error("--layers must be >= 1")
@@ -367,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         types = tensor_types(p.spec, p.qtype, p.n_vocab)
     except ValueError as ex:
         ap.error(str(ex))
-    out = a.out or Path("/work/models") / default_name(p)
+    out = a.out or Path("/work/models") / default_name(p, a.skew)
     if out.exists() and not a.force:
         print(f"{out} exists (--force to rewrite)", file=sys.stderr)
         return 0
@@ -378,8 +461,14 @@ def main(argv: list[str] | None = None) -> int:
     if need > free:
         print(f"{out}: needs {need / 1e9:.2f} GB, {free / 1e9:.2f} GB free", file=sys.stderr)
         return 1
-    print(f"{default_name(p)}: {p.spec.n_layer} layers, {need / 1e9:.2f} GB -> {out}", file=sys.stderr)
-    write_direct(p, out)
+    print(f"{default_name(p, a.skew)}: {p.spec.n_layer} layers, {need / 1e9:.2f} GB -> {out}", file=sys.stderr)
+    if a.skew:
+        try:
+            write_skewed(p, out, SKEWS[a.skew])
+        except ValueError as ex:
+            ap.error(str(ex))
+    else:
+        write_direct(p, out)
     return 0
 
 

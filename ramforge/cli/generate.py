@@ -8,9 +8,15 @@ import click
 import numpy as np
 
 from ..params import sampler_params
+from ..stream import routing_trace
 from .console import (cluster_of, cluster_options, ctx_option, drafter_of, expert_options, io_option, kv_options,
                       kv_types_of, load_engine, spill_of, spill_option,
                       ram_option, sampler_options, speculative_options, threads_option)
+
+trace_option = click.option(
+    "--trace-routing", "trace_routing", type=click.Path(dir_okay=False, writable=True), default=None,
+    help="Record every pass's per-layer selected experts to this .npz file (mixture-of-experts models; "
+         "tools/replay_routing.py replays it against cache policies).")
 
 
 @click.command()
@@ -35,10 +41,11 @@ from .console import (cluster_of, cluster_options, ctx_option, drafter_of, exper
 @click.option("--profile", is_flag=True, help="Per-layer I/O and per-op compute tables on stderr (and in --json).")
 @click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
+@trace_option
 def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, kv_type, kv_type_k, kv_type_v,
         kv_spill, lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address,
         stages, stage_ram, ray_timeout, stage_timeout, placement, context_shift, n_keep, profile, memory_report,
-        as_json, **sampling):
+        as_json, trace_routing, **sampling):
     """Generate a continuation of PROMPT; text streams to stdout, stats to stderr.
 
     With --ray, the model runs as --stages layer ranges on a Ray cluster (ramforge.cluster); the
@@ -52,6 +59,8 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
     cluster = cluster_of(ray_address, stages, stage_ram, ray_timeout, stage_timeout, placement)
     if cluster is not None and (profile or memory_report):
         raise click.UsageError("--profile and --memory-report are not supported with --ray")
+    if trace_routing and cluster is not None:
+        raise click.UsageError("--trace-routing is not supported with --ray")
     if context_shift and (cluster is not None or drafter is not None):
         raise click.UsageError("--context-shift is not supported with --ray or speculative decoding")
     shift = {"context_shift": True, "n_keep": n_keep} if context_shift else {}
@@ -60,6 +69,8 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
     kv = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with compile_notice(), load_engine(model, ctx, ram, io, threads, expert_cache, expert_prefetch, drafter,
                                        cluster, kv, spill_of(kv_spill)) as eng:
+        if trace_routing:
+            routing_trace.attach(eng, trace_routing)
         sampler = Sampler(params, eng.hp.n_vocab, chain=LLAMA, tokenizer=eng.tokenizer)
         ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
@@ -106,8 +117,9 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
 @kv_options
 @spill_option
 @click.option("--json", "as_json", is_flag=True)
+@trace_option
 def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_prefetch, kv_type, kv_type_k, kv_type_v,
-          kv_spill, as_json):
+          kv_spill, as_json, trace_routing):
     """Prefill and decode speed, and the weight bandwidth decode achieves (greedy, after a warm-up)."""
     import numba
 
@@ -126,6 +138,8 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
         ids = ids[:prompt_tokens]
         eng.eval(ids[:2])                                     # warm-up: numba loads its cache
         eng.reset()
+        if trace_routing:                                     # the measured passes only
+            routing_trace.attach(eng, trace_routing)
         with Stopwatch() as sw:                               # compiling kernels left out
             logits = eng.eval(ids)[-1]
         prefill = sw.seconds

@@ -25,6 +25,7 @@ from ..kernels.matmul import matmul
 from ..kernels.moe import Gating, expert_matmul, route, router_token, shared_expert_gate, weighted_sum
 from ..kernels.ops import rms_norm, swiglu, swiglu_oai
 from ..profiling import timed
+from ..stream import routing_trace
 from .weights import rows_of
 
 # architecture -> whether the k weights are divided by their sum (build_moe_ffn's norm_w)
@@ -51,6 +52,7 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
         if L.ffn_gate_inp_bias is not None:                    # gpt-oss: router, experts and down have biases
             logits += L.ffn_gate_inp_bias.data
         route(sel, wts, logits, NORM_W[hp.arch], gating)
+    routing_trace.record(m, il, sel)                           # --trace-routing (a no-op without a trace)
     biases = [_expert_bias(L, t) for t in BIASES[1:]]
     fuse = biases[0] is None                                   # an expert's rows in two compiled calls
     kern = _kernels(L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps) if fuse and w.expert_cache is None else None
