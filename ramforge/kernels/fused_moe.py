@@ -155,19 +155,17 @@ def _make_down_n(sd: tuple):
     rows_d = _make_packed_one(sd[0], sd[1], 0)
 
     @njit(parallel=True, cache=True)
-    def _down_n(aq, ad, am, bs, draw, offs_d, start, dest, ex, rbd, n_threads):
-        # aq, ad, am, bs: the pairs' ge rows quantized for down (pair p's blocks after pair p-1's); expert
-        # i's pairs are p = start[i]..start[i+1], its rows at offs_d[i]; ex f32[n_tok * k, n_embd]:
-        # ex[dest[p]] = down_i . ge[p]
+    def _down_n(aq, ad, am, bs, n_pairs, draw, offs_d, lo, hi, dest, ex, rbd, n_threads):
+        # aq, ad, am, bs: n_pairs ge rows quantized for down (pair p's blocks after pair p-1's); expert i's
+        # pairs are p = lo[i]..hi[i], its rows at offs_d[i]; ex f32[n_tok * k, n_embd]: ex[dest[p]] = down_i . ge[p]
         n_embd = ex.shape[1]
-        n_pairs = start[start.shape[0] - 1]
-        n_ff = aq.shape[0] // max(n_pairs, 1)
-        sd_, sm_, sb_ = ad.shape[0] // max(n_pairs, 1), am.shape[0] // max(n_pairs, 1), bs.shape[0] // max(n_pairs, 1)
+        n_ff = aq.shape[0] // n_pairs
+        sd_, sm_, sb_ = ad.shape[0] // n_pairs, am.shape[0] // n_pairs, bs.shape[0] // n_pairs
         for c in prange(n_threads):
             a = _cut(n_embd * c // n_threads, 0, 1, n_embd, _UNIT)
             b = _cut(n_embd * (c + 1) // n_threads, 0, 1, n_embd, _UNIT)
-            for i in range(start.shape[0] - 1):
-                p0, p1 = start[i], start[i + 1]
+            for i in range(lo.shape[0]):
+                p0, p1 = lo[i], hi[i]
                 if a >= b or p0 == p1:
                     continue
                 y = np.empty((p1 - p0, n_embd), dtype=np.float32)
@@ -286,29 +284,36 @@ def _flat(a) -> tuple:
 
 
 def run_batch(kern: ExpertKernels, x: np.ndarray, raws: tuple, offs: tuple, start: np.ndarray, toks: np.ndarray,
-              dest: np.ndarray, ge: np.ndarray, ue: np.ndarray, ex: np.ndarray) -> None:
+              dest: np.ndarray, ge: np.ndarray, ue: np.ndarray, ex: np.ndarray, down_alone=None) -> None:
     """For n tokens x f32[n, n_embd] and their (token, slot) pairs grouped by expert: expert i's pairs
-    p = start[i]..start[i+1] (each no more than kern.up_rows / kern.down_rows: the caller runs larger ones
-    alone), of tokens toks[p]; ex f32[n * k, n_embd][dest[p]] = down_i(silu(gate_i(x_t)) * up_i(x_t)).
-    raws: (gate, up, down) u8; offs: (gate, up, down) i64[experts], where expert i's rows start;
-    scratch ge, ue f32[>= pairs, n_ff]."""
+    p = start[i]..start[i+1] (no more than kern.up_rows: the caller runs larger experts alone), of tokens
+    toks[p]; ex f32[n * k, n_embd][dest[p]] = down_i(silu(gate_i(x_t)) * up_i(x_t)). raws: (gate, up, down)
+    u8; offs: (gate, up, down) i64[experts], where expert i's rows start; scratch ge, ue f32[>= pairs, n_ff].
+    An expert of more than kern.down_rows rows takes down's other arithmetic: down_alone(i, g) returns
+    f32[c, n_embd] for its SwiGLU rows g f32[c, n_ff] (the tiled matmul), written to its places."""
     n, n_pairs = x.shape[0], toks.shape[0]
     if (x.shape[1] != kern.n_embd or ex.shape[1] != kern.n_embd or ge.shape[0] < n_pairs or ue.shape != ge.shape
-            or ge.shape[1] != kern.n_ff or start.size != offs[0].size + 1 or start[-1] != n_pairs
-            or dest.shape != toks.shape or n_pairs and (dest.max() >= ex.shape[0] or toks.max() >= n)):
+            or ge.shape[1] != kern.n_ff or start.size != offs[0].size + 1 or start[-1] != n_pairs or n_pairs == 0
+            or dest.shape != toks.shape or dest.max() >= ex.shape[0] or toks.max() >= n):
         raise InternalError(f"experts: x {x.shape}, {n_pairs} pairs, scratch {ge.shape} {ex.shape}")
     counts = np.diff(start)
-    if kern.up_act is None or counts.max(initial=0) > min(kern.up_rows, kern.down_rows):
-        raise InternalError(f"experts: {counts.max()} rows of one expert are past the batch kernels' "
-                            f"{min(kern.up_rows, kern.down_rows)}")
+    if kern.up_act is None or counts.max() > kern.up_rows:
+        raise InternalError(f"experts: {counts.max()} rows of one expert are past the batch kernels' {kern.up_rows}")
     for name, raw, o, nb in zip(("gate", "up", "down"), raws, offs, kern.expert_bytes):
         _check(name, raw, o, nb)
     nt = numba.get_num_threads()
     g, u = ge[:n_pairs], ue[:n_pairs]
     kern.up_n(*_flat(quantize_activation(x, *kern.up_act)), n, raws[0], raws[1], offs[0], offs[1], start, toks,
               g, u, kern.row_gate, kern.row_up, nt)
-    kern.down_n(*_flat(quantize_activation(g, *kern.down_act)), raws[2], offs[2], start, dest, ex,
-                kern.row_down, nt)
+    small = counts <= kern.down_rows
+    if small.any():
+        kern.down_n(*_flat(quantize_activation(g, *kern.down_act)), n_pairs, raws[2], offs[2][small],
+                    start[:-1][small], start[1:][small], dest, ex, kern.row_down, nt)
+    for i in np.flatnonzero(~small):
+        if down_alone is None:
+            raise InternalError(f"experts: expert slot {i} has {counts[i]} rows, past down's {kern.down_rows}")
+        p0, p1 = start[i], start[i + 1]
+        ex[dest[p0:p1]] = down_alone(int(i), g[p0:p1])
 
 
 def signatures() -> tuple[tuple, tuple]:

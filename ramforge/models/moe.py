@@ -26,7 +26,7 @@ from ..kernels.moe import Gating, expert_matmul, route, router_token, shared_exp
 from ..kernels.ops import rms_norm, swiglu, swiglu_oai
 from ..profiling import timed
 from ..stream import routing_trace
-from .weights import rows_of
+from .weights import expert_slice, rows_of
 
 # architecture -> whether the k weights are divided by their sum (build_moe_ffn's norm_w)
 NORM_W = {"qwen3moe": True, "qwen2moe": False, "llama": True, "gpt-oss": False}
@@ -166,12 +166,13 @@ def _token_experts(kern, L, s, xb: np.ndarray, mix: np.ndarray) -> None:
 
 def _batch_experts(kern, L, s, xb: np.ndarray, sel: np.ndarray, ex2: np.ndarray) -> np.ndarray:
     """ex2 f32[n * k, n_embd][t * k + j] = slot j of token t's expert output, for the experts of at most
-    kern's rows (their one-token arithmetic: fused_moe.run_batch), from a resident layer's 3-D tensors;
-    returns the other experts (ascending), left for the expert-by-expert path."""
+    kern.up_rows rows (gate and up in their one-token arithmetic; down too up to kern.down_rows, else its
+    tiled matmul: fused_moe.run_batch), from a resident layer's 3-D tensors; returns the other experts
+    (ascending), left for the expert-by-expert path."""
     k = sel.shape[1]
     flat = sel.reshape(-1)
     ids, counts = np.unique(flat, return_counts=True)
-    small = counts <= min(kern.up_rows, kern.down_rows)
+    small = counts <= kern.up_rows
     if not small.any():
         return ids
     order = np.argsort(flat, kind="stable")                    # pairs t * k + j by expert, token-major
@@ -181,8 +182,12 @@ def _batch_experts(kern, L, s, xb: np.ndarray, sel: np.ndarray, ex2: np.ndarray)
     np.cumsum(counts[small], out=start[1:])
     gb, ub, db = kern.expert_bytes
     g, u, d = L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps
+
+    def down_alone(i: int, ge: np.ndarray) -> np.ndarray:     # an expert of many rows: down's tiled matmul
+        return _expert_rows(s.ye[:ge.shape[0]], ge, expert_slice(d, int(e[i])))   # (an expert's rows <= the chunk's)
+
     _fused_batch(kern, xb, (g.data, u.data, d.data), (e * gb, e * ub, e * db), start, pairs // k, pairs, s.ge,
-                 s.ue, ex2)
+                 s.ue, ex2, down_alone)
     return ids[~small]
 
 
