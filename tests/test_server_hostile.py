@@ -9,6 +9,7 @@ measuring /health meanwhile (docs/RELIABILITY.md).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -213,6 +214,41 @@ def test_connection_flood_evicts_the_longest_waiting():
             for s in idle:
                 s.close()
         wait_until(lambda: len(server.server_state.connections) == 0, 5, "the connections to close")
+
+
+def test_a_request_over_the_connection_cap_gets_a_json_503():
+    """Every connection in the middle of a request: a new request is 503 in the server's error shape (Ollama's,
+    OpenAI's under /v1) with a reason and Retry-After, not uvicorn's plain text; once one ends, served again."""
+    release = threading.Event()
+
+    async def app(scope, receive, send):                     # /slow holds its request until released
+        if scope["type"] != "http":
+            return
+        await receive()
+        if scope["path"] == "/slow":
+            while not release.is_set():
+                await asyncio.sleep(0.02)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    with served(app, max_connections=2, request_timeout=30) as (url, server):
+        held = []
+        for _ in range(2):
+            held.append(threading.Thread(target=httpx.get, args=(url + "/slow",), kwargs={"timeout": 30}))
+            held[-1].start()
+        wait_until(lambda: len(server.server_state.tasks) == 2, 10, "two requests in flight")
+        try:
+            for path, reason in (("/api/generate", lambda b: b["error"]),
+                                 ("/v1/chat/completions", lambda b: b["error"]["message"])):
+                r = httpx.post(url + path, json={}, timeout=10)
+                assert r.status_code == 503 and r.headers["content-type"] == "application/json"
+                assert r.headers["retry-after"] == "1" and "--max-connections" in reason(r.json())
+            assert httpx.post(url + "/v1/x", json={}, timeout=10).json()["error"]["type"] == "server_busy"
+        finally:
+            release.set()
+            for t in held:
+                t.join(30)
+        assert httpx.get(url + "/fast", timeout=10).text == "ok"
 
 
 # ------------------------------------------------------------------- clients that stall (model)
