@@ -190,6 +190,28 @@ def test_cli_flags(monkeypatch):
     assert CliRunner().invoke(serve, ["--max-connections", "0"]).exit_code != 0
 
 
+def test_serve_ctx_beyond_max_ctx_is_refused_and_beyond_the_model_clamped(monkeypatch, caplog):
+    """--ctx over --max-ctx: refused when the server is made (the CLI's one-line error); over the model's
+    trained context: that context, with Ollama's warning, as a request's num_ctx is."""
+    import logging
+
+    from ramforge.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="--ctx 2,048 is larger than --max-ctx 1,024"):
+        create_app(ServerConfig(n_ctx=2048, max_ctx=1024))
+    monkeypatch.setattr("ramforge.server.common.trained_context", lambda path: 256)
+    app = create_app(ServerConfig(model="default", n_ctx=4096, ram="400M", n_threads=1))
+    manager = app.state.manager
+    with caplog.at_level(logging.WARNING, logger="ramforge.server"):
+        manager.preload()
+    try:
+        assert manager.current.model.n_ctx == 256
+        assert "requested context size too large for model: num_ctx=4096, n_ctx_train=256" in caplog.text
+    finally:
+        manager.run_sync(manager.current.model.close)
+        manager.executor.shutdown()
+
+
 # ---------------------------------------------------------------------------- connection cap
 
 def test_connection_flood_evicts_the_longest_waiting():

@@ -44,7 +44,8 @@ class ServerConfig:
 
     model: str | None = None          # the startup model: a path, a store name or "default"
     ram: str | int | None = None      # the budget of the one resident model
-    n_ctx: int | None = None          # context when a request gives no num_ctx (None: 4096 or the model's)
+    n_ctx: int | None = None          # --ctx: context when a request gives no num_ctx (None: 4096 or the model's);
+    #                                   above the model's trained context it is clamped to it (a warning, as Ollama)
     n_threads: int | None = None
     io: str = "direct"
     api_key: str | None = None        # required as `Authorization: Bearer KEY` when set
@@ -62,7 +63,8 @@ class ServerConfig:
     type_k: str = "f16"               # KV cache types (--kv-type*, $RAMFORGE_KV_TYPE, $OLLAMA_KV_CACHE_TYPE)
     type_v: str = "f16"
     kv_spill: bool | str | None = None  # the KV cache to storage (--kv-spill; memory.kv_spill): None when needed
-    max_ctx: int | None = None        # --max-ctx: the most a request's num_ctx gets (None: the model's trained context)
+    max_ctx: int | None = None        # --max-ctx: the most a request's num_ctx gets (None: the model's trained context);
+    #                                   an n_ctx above it is refused when the server starts
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -285,9 +287,9 @@ def trained_context(path: str) -> int:
 
 
 def clamp_num_ctx(num_ctx: int | None, path: str, max_ctx: int | None) -> int | None:
-    """A request's num_ctx as Ollama sizes it (llm/server.go): above the model's trained context it
-    is that context, with a warning; and here also at most the server's --max-ctx. None stays None
-    (the server's --ctx)."""
+    """A request's num_ctx (or the server's --ctx) as Ollama sizes it (llm/server.go): above the model's
+    trained context it is that context, with a warning; and here also at most the server's --max-ctx.
+    None stays None (the server's --ctx, or the engine's default)."""
     if num_ctx is None:
         return None
     trained = trained_context(path)

@@ -22,11 +22,11 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .. import cancel
-from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, RamforgeError, ServerBusy,
-                      check_token_ids)
+from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, InvalidArgument, RamforgeError,
+                      ServerBusy, check_token_ids)
 from ..resolve import DEFAULT_NAMES, DEFAULT_SHA256, default_model_path, resolve_model
 from ..store import InvalidModelName, Store, is_valid_name, normalize_name
-from .common import FOREVER, MAX_NAME, ServerConfig, details_of, iso, log
+from .common import FOREVER, MAX_NAME, ServerConfig, clamp_num_ctx, details_of, iso, log
 
 
 # ------------------------------------------------------------------------------ model manager
@@ -79,6 +79,9 @@ class ModelManager:
     """The one resident model, the lock that serialises requests, and the worker thread."""
 
     def __init__(self, cfg: ServerConfig):
+        if cfg.n_ctx is not None and cfg.max_ctx is not None and cfg.n_ctx > cfg.max_ctx:
+            raise InvalidArgument(f"--ctx {cfg.n_ctx:,} is larger than --max-ctx {cfg.max_ctx:,}, the most any "
+                                  f"request gets: lower --ctx or raise --max-ctx")
         self.cfg = cfg
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="ramforge-model")
         self.lock = asyncio.Lock()
@@ -122,7 +125,9 @@ class ModelManager:
         from ..speculative import make_drafter
 
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
-        model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx if n_ctx is not None else self.cfg.n_ctx,
+        if n_ctx is None:       # --ctx above the model's trained context: that context, with Ollama's warning
+            n_ctx = clamp_num_ctx(self.cfg.n_ctx, path, self.cfg.max_ctx)
+        model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx,
                       n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter,
                       ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
                       **self._kv_types())
