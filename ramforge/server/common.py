@@ -34,6 +34,7 @@ MAX_STOP = 16                # stop strings per request
 MAX_STOP_LEN = 1024          # characters per stop string
 MAX_NAME = 300               # characters in a model field (store names are at most 128 + ':' + 128)
 MAX_MESSAGES = 4096          # chat messages per request
+MAX_JSON_DEPTH = 512         # arrays and objects nested in a request body (Python's parser recurses per level)
 FOREVER = math.inf
 OPEN_PATHS = frozenset({"/health"})   # reachable without the API key
 
@@ -99,6 +100,36 @@ def validation_message(errors: list[dict]) -> str:
         parts.append(f"{loc}: {msg}" if loc else msg)
     more = f" (and {len(errors) - 6} more)" if len(errors) > 6 else ""
     return "invalid request: " + "; ".join(parts) + more
+
+
+# ------------------------------------------------------------------------------------ request bodies
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.S)
+
+
+def json_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep arrays and objects nest in a JSON text (brackets in strings not counted), or 0 when it
+    has no more than `limit` brackets (so cannot nest deeper): linear, in C (a count, a regex, numpy)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return 0
+    import numpy as np
+
+    a = np.frombuffer(_JSON_STRING.sub(b'""', body), np.uint8)
+    step = ((a == 0x5B) | (a == 0x7B)).astype(np.int32) - ((a == 0x5D) | (a == 0x7D)).astype(np.int32)
+    return int(np.cumsum(step).max(initial=0))
+
+
+def body_error(exc: BaseException | None) -> str | None:
+    """The reason a request body's JSON could not be read, from the error FastAPI's generic "There was an
+    error parsing the body" wraps (None: not one of these)."""
+    import sys
+
+    if isinstance(exc, RecursionError):
+        return f"the request body nests arrays and objects too deep (at most {MAX_JSON_DEPTH} levels are read)"
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return (f"a number in the request body is too large: more than {sys.get_int_max_str_digits():,} digits "
+                "(Python's limit for reading an integer)")
+    return None
 
 
 # ------------------------------------------------------------------------------------ helpers
