@@ -234,6 +234,35 @@ def write_state_file(path, engine) -> int:
         return _write_file(path, _header(_shape(engine), n, engine.path), chunks)
 
 
+def _finite(text: str) -> float:
+    x = float(text)
+    if x in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:20]} is out of a float's range")
+    return x
+
+
+def _not_a_number(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _parse_header(raw: bytes, path: Path) -> dict:
+    """A state file's header: a flat JSON object (values: scalars or lists of them) whose n_tokens is an
+    integer; numbers finite (no 1e999, NaN or Infinity), integers within Python's digit limit, nesting
+    within the recursion limit. StateError (damaged) otherwise, never another exception."""
+    try:
+        meta = json.loads(raw, parse_float=_finite, parse_constant=_not_a_number)
+    except (ValueError, RecursionError, UnicodeDecodeError) as e:   # JSONDecodeError, digits, 1e999; too deep
+        why = "nested too deep" if isinstance(e, RecursionError) else str(e)[:200]
+        raise StateError(f"{path.name}: unreadable header ({why}): damaged") from None
+    if not isinstance(meta, dict) or any(isinstance(v, (dict, list)) and any(isinstance(x, (dict, list)) for x in v)
+                                         for v in meta.values()):
+        raise StateError(f"{path.name}: the header is not a flat JSON object: damaged")   # (its values print safely)
+    n = meta.get("n_tokens")
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise StateError(f"{path.name}: the header's n_tokens is {str(n)[:40]}, not a number of tokens: damaged")
+    return meta
+
+
 def _read_header(f, path: Path, engine) -> tuple[dict, int, list]:
     """(meta, n_tokens, [(shape, dtype)] of tokens, K, V) of an open state file, each field checked
     against the engine, the file's size against them (StateError)."""
@@ -244,11 +273,8 @@ def _read_header(f, path: Path, engine) -> tuple[dict, int, list]:
     (n_header,) = struct.unpack("<I", head[len(MAGIC):])
     if n_header > MAX_HEADER:
         raise StateError(f"{path.name}: header of {n_header} bytes is over {MAX_HEADER}: damaged")
-    try:
-        meta = json.loads(f.read(n_header))
-        n = int(meta["n_tokens"])
-    except (ValueError, KeyError, TypeError, OverflowError) as e:
-        raise StateError(f"{path.name}: unreadable header ({e}): damaged") from None
+    meta = _parse_header(f.read(n_header), path)
+    n = meta["n_tokens"]
     if meta.get("model_sha256") != model_sha256(engine.path):
         raise StateError(f"{path.name} was saved for another model (sha256 {str(meta.get('model_sha256'))[:16]}…, "
                          f"this one is {model_sha256(engine.path)[:16]}…)")

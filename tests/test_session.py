@@ -99,6 +99,30 @@ def test_bad_state_files_are_refused(model, tmp_path):
     assert m.engine.n_past == st.n_tokens
 
 
+def test_hostile_state_headers_are_refused_as_damaged(model, tmp_path):
+    """robustness/hostile_files.py's headers (1e999, NaN, 5,000 digits, nested 30,000 deep, mistyped
+    n_tokens, ...): each a StateError (damaged), the sequence left empty; the good file still loads."""
+    from robustness.hostile_files import hostile_headers
+
+    m = model
+    m.engine.reset(0)
+    m.generate(TURN1, 4, **GREEDY)
+    good = tmp_path / "good.state"
+    m.save_state_file(good)
+    raw = good.read_bytes()
+    body = len(MAGIC) + 4 + struct.unpack("<I", raw[len(MAGIC):len(MAGIC) + 4])[0]
+    for i, (name, h) in enumerate(hostile_headers(json.loads(raw[len(MAGIC) + 4:body])).items()):
+        p = tmp_path / f"hostile-{i}.state"
+        p.write_bytes(MAGIC + struct.pack("<I", len(h)) + h + raw[body:])
+        with pytest.raises(StateError, match="damaged|another context shape") as e:
+            m.load_state(p)
+        assert m.engine.n_past == 0, name
+        with pytest.raises(StateError):
+            read_state(p, m.engine)
+        assert len(str(e.value)) < 400, name
+    m.load_state(good)                                              # the good one still loads
+
+
 def test_a_state_longer_than_the_context_is_refused(model, tmp_path):
     model.engine.reset(0)
     model.generate(TURN1, 4, **GREEDY)
