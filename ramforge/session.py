@@ -23,6 +23,8 @@ truncated one, or tokens outside the vocabulary are refused (errors.StateError) 
 restored: the engine's sequence is then empty. write_state_file / load_state_file stream between
 the file and the cache a layer at a time (a spilled cache through its charged read buffers), so a
 state file never needs a copy of the whole cache in RAM; their tokens are charged to the budget.
+Both check ramforge.cancel between layers: a request whose client has gone stops (a save leaves no
+file, a restore an empty sequence).
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ._version import __version__
+from . import cancel
 from .errors import InvalidArgument, StateError, Unsupported
 from .memory.budget import MemoryBudget
 
@@ -214,6 +217,7 @@ def write_state_file(path, engine) -> int:
     if hasattr(kv, "rows_out"):
         def rows(which):
             for i in range(kv.n_layer):
+                cancel.check()
                 with kv.rows_out(which, i, n) as r:
                     yield r
     else:
@@ -223,7 +227,10 @@ def write_state_file(path, engine) -> int:
                                   "parallel sequences): it cannot be saved as a state; reset it first")
 
         def rows(which):
-            yield from (a[i, :n] for a in [kv.k if which == "k" else kv.v] for i in range(a.shape[0]))
+            a = kv.k if which == "k" else kv.v
+            for i in range(a.shape[0]):
+                cancel.check()
+                yield a[i, :n]
     with engine.budget.charge("state file: tokens", 4 * n):
         tokens = np.asarray(engine.tokens[:n], "<i4")
 
@@ -356,6 +363,7 @@ def load_state_file(engine, path) -> int:
                     kv.reserve(n)
                 for which, (s, d) in zip("kv", dims[1:]):
                     for i in range(s[0]):
+                        cancel.check()          # a gone client stops the restore between layers: left empty
                         if spilled:
                             with kv.rows_in(which, i, n) as rows:
                                 _read_into(f, path, rows, h)

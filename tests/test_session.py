@@ -123,6 +123,39 @@ def test_hostile_state_headers_are_refused_as_damaged(model, tmp_path):
     m.load_state(good)                                              # the good one still loads
 
 
+def test_a_gone_client_stops_state_files_between_layers(model, tmp_path):
+    """Save and restore check ramforge.cancel a layer at a time: a client gone mid-way stops them with
+    ClientDisconnected; a save leaves no file (nor temporary), a restore an empty sequence, the budget as before."""
+    from ramforge import cancel
+    from ramforge.errors import ClientDisconnected
+
+    m = model
+    m.engine.reset(0)
+    m.generate(TURN1, 4, **GREEDY)
+    good = tmp_path / "good.state"
+    m.save_state_file(good)
+    budget = m.engine.budget.current
+    checks = []
+
+    def gone_at_third_layer():
+        checks.append(1)
+        return len(checks) > 3
+
+    for act in (lambda: m.save_state_file(tmp_path / "cut.state"), lambda: m.load_state(good)):
+        checks.clear()
+        token = cancel.INTERRUPT.set(gone_at_third_layer)
+        try:
+            with pytest.raises(ClientDisconnected):
+                act()
+        finally:
+            cancel.INTERRUPT.reset(token)
+        assert 3 < len(checks) < 2 * m.engine.kv.k.shape[0]              # stopped mid-way, not at the end
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.state"]
+    assert m.engine.n_past == 0 and m.engine.tokens == [] and m.engine.budget.current <= budget
+    m.load_state(good)                                              # nothing else changed
+    assert m.engine.n_past > 0
+
+
 def test_a_state_longer_than_the_context_is_refused(model, tmp_path):
     model.engine.reset(0)
     model.generate(TURN1, 4, **GREEDY)

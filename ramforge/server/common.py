@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, StrictBool
 
+from .. import cancel
 from ..chat import ChatTemplateError
 from ..errors import InvalidArgument, RamforgeError, RequestTooLarge, http_status
 from ..params import PARAMS, sampler_params, stop_strings
@@ -373,6 +374,7 @@ def fit_messages(msgs: list[dict], n_ctx: int, count) -> list[dict]:
         """(k, kept if it fits else None) for the first cut k in i..hi the template takes; (hi + 1, None)
         if it takes none of them."""
         for k in range(i, hi + 1):
+            cancel.check()                 # each cut is a render and a tokenization under the model lock
             start, ks = kept(k)
             if k == last:
                 return k, ks
