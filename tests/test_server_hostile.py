@@ -368,6 +368,58 @@ def test_cancel_check_is_a_no_op_outside_a_request():
     assert not cancel.gone()
 
 
+def test_closing_a_job_while_its_step_runs_on_another_thread(caplog):
+    """--parallel steps a generation on anyio's threads; a request cancelled mid-step (its await abandoned, as
+    a native cancel does) closes its job from another thread while next() still runs. Closing then must
+    not fail with "generator already executing" (the generator left open, its step running on): it stops
+    the step through the cancel test, the stepping thread closes the generator, and close waits for it."""
+    import logging
+
+    import anyio.to_thread
+
+    from ramforge.server.manager import Job, ModelManager
+
+    started, closed_by = threading.Event(), []
+
+    def generation():
+        try:
+            yield 1
+            started.set()
+            t = time.monotonic()
+            while not cancel.gone() and time.monotonic() - t < 10:     # a long step, checking as the engine does
+                time.sleep(0.005)
+            cancel.check()
+            yield 2
+        finally:
+            closed_by.append(threading.current_thread().name)
+
+    async def main():
+        from ramforge.server.manager import Steps
+
+        manager = ModelManager(ServerConfig())
+        job = Job(manager, keep_alive=None)
+        job.shared, manager.busy = True, 1
+        job.it = generation()
+        job.steps = Steps(job.it)
+        assert await anyio.to_thread.run_sync(job.steps.step) == 1
+        step = asyncio.ensure_future(anyio.to_thread.run_sync(job.steps.step))
+        await anyio.to_thread.run_sync(started.wait, 10)
+        step.cancel()                                          # the request's task is cancelled mid-step
+        t = time.monotonic()
+        await job.close()
+        took = time.monotonic() - t
+        with pytest.raises((asyncio.CancelledError, ClientDisconnected)):
+            await step
+        manager.executor.shutdown()
+        return took, manager.busy
+
+    with caplog.at_level(logging.ERROR, logger="ramforge.server"):
+        took, busy = asyncio.run(main())
+    assert "closing a generation failed" not in caplog.text
+    assert len(closed_by) == 1 and closed_by[0] != threading.current_thread().name   # by the stepping thread
+    assert took < 2 and busy == 0
+
+
 # ----------------------------------------------------------------- one failing batched slot
 
 @pytest.fixture(scope="module")

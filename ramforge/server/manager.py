@@ -268,6 +268,58 @@ def list_models(manager: ModelManager) -> list[dict]:
 
 # ------------------------------------------------------------------------------------- jobs
 
+class Steps:
+    """A generation's iterator, stepped on threads one `step` at a time and closed safely from any thread.
+
+    A generator cannot be closed while another thread runs its next() ("generator already executing"),
+    and with --parallel a step runs on any thread of anyio's pool, while a cancelled request closes its
+    job from another. So `close` during a step only sets the stop flag: the step runs with it added to
+    the request's ramforge.cancel test, so the engine, the batcher or the wait for a slot sees the
+    client as gone and the step ends within a chunk; the thread that ran it then closes the iterator,
+    and `close` waits for that. `close` between steps closes it at once; a step after it raises."""
+
+    def __init__(self, it):
+        self.it = it
+        self._lock = threading.Lock()
+        self._running = False
+        self._stop = threading.Event()
+        self._closed = threading.Event()
+
+    def step(self):
+        """next(it, None), in the caller's thread."""
+        outer = cancel.INTERRUPT.get()
+        with self._lock:
+            if self._stop.is_set():
+                raise ClientDisconnected("the generation was closed")
+            self._running = True
+        token = cancel.INTERRUPT.set(lambda: self._stop.is_set() or (outer is not None and bool(outer())))
+        try:
+            return next(self.it, None)
+        finally:
+            cancel.INTERRUPT.reset(token)
+            with self._lock:
+                self._running = False
+                closing = self._stop.is_set()
+            if closing:                             # close() came during this step: closed here, by its thread
+                self._close_now()
+
+    def _close_now(self) -> None:
+        try:
+            self.it.close()
+        finally:
+            self._closed.set()
+
+    def close(self) -> None:
+        """Stop and close the iterator (blocking: call it on a thread); idempotent."""
+        with self._lock:
+            self._stop.set()
+            running = self._running
+        if running:
+            self._closed.wait()                     # the step's own thread closes it when the step ends
+        elif not self._closed.is_set():
+            self._close_now()
+
+
 class Job:
     """One generation holding the model lock, from loading to the last token."""
 
@@ -278,6 +330,7 @@ class Job:
         self.load_s = 0.0
         self.ids: list[int] = []
         self.it = None
+        self.steps: Steps | None = None     # it, stepped and closed safely (Steps)
         self.first = None
         self.closed = False
         self.shared = False        # --parallel: the lock is let go once the request has its slot's stream
@@ -315,13 +368,14 @@ class Job:
             job.it = mdl.stream(ids, max_tokens, stop=stop or None, **sampling)
             if chat:
                 job.it = mdl.split_reasoning(job.it)
+            job.steps = Steps(job.it)
             if getattr(mdl, "batcher", None) is not None:   # --parallel: the others join the shared passes
                 job.shared = True
                 manager.busy += 1
                 manager.lock.release()
-                job.first = await anyio.to_thread.run_sync(next, job.it, None)
+                job.first = await anyio.to_thread.run_sync(job.steps.step)
             else:
-                job.first = await manager.call(next, job.it, None)
+                job.first = await manager.call(job.steps.step)
         except BaseException:
             await job.close()
             raise
@@ -346,7 +400,7 @@ class Job:
                 if await request.is_disconnected():
                     raise ClientDisconnected("client disconnected")
             step = anyio.to_thread.run_sync if self.shared else self.m.call      # --parallel: off the worker
-            r = await step(next, self.it, None)
+            r = await step(self.steps.step)
 
     async def collect(self, request: Request | None = None):
         """The final Response with the whole text (non-streaming requests); closes the job."""
@@ -378,8 +432,8 @@ class Job:
 
         async def _close():
             try:
-                if self.it is not None:
-                    await (anyio.to_thread.run_sync(self.it.close) if self.shared else self.m.call(self.it.close))
+                if self.steps is not None:      # (a step still running on another thread: stopped, then closed)
+                    await (anyio.to_thread.run_sync(self.steps.close) if self.shared else self.m.call(self.steps.close))
             except Exception:  # noqa: BLE001 - never keep the lock over a failed close
                 log.exception("closing a generation failed")
             finally:
