@@ -351,7 +351,9 @@ class Model:
                                   "each constrains the whole answer")
         if forced:
             kwargs["grammar"] = forced[0][1]
-        prompt = self.render_chat(msgs, tools=tools_for, **(chat_template_kwargs or {}))
+        from .chat import check_template_kwargs
+
+        prompt = self.render_chat(msgs, tools=tools_for, **check_template_kwargs(chat_template_kwargs))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         n_top = check_top(top_logprobs or 0) if logprobs else None
         chunks = self.split_reasoning(self.stream(prompt, max_tokens if max_tokens is not None else -1,

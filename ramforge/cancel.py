@@ -1,7 +1,11 @@
 """Stopping the work of a client that has gone: one check the loops under the model lock call between steps.
 
 `Engine.eval` checks before each chunk (a long prefill stops within one chunk), `parallel.eval_batch`
-before each ubatch, `Batcher` between passes (per request) and the server's `Job` between responses.
+before each ubatch, `Batcher` between passes (per request) and the server's `Job` between responses;
+the other loops under the lock too: state files between layers (session.write_state_file /
+load_state_file: a restore left empty), grammar compilation between phases and lowered rules
+(structured.matcher.Grammar, structured.lark.to_lark), Ollama's chat truncation between renders
+(server.common.fit_messages) and a chat template's render at each of its deadline ticks (chat._State).
 The server sets `INTERRUPT` for each request to its client's "gone" test (server.app.Guard) and runs
 every step of the request in a copy of the request's context, so the model's threads see it; outside
 a server it is None and `check` is one lookup. A check raises between chunks or ubatches only, where

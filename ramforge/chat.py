@@ -22,7 +22,8 @@ import types
 from datetime import datetime
 from functools import lru_cache, wraps
 
-from ramforge.errors import InvalidArgument, ModelFileError
+from ramforge import cancel
+from ramforge.errors import ClientDisconnected, InvalidArgument, ModelFileError
 
 CHATML_TEMPLATE = (
     "{%- for message in messages -%}\n"
@@ -80,6 +81,7 @@ class _State:
         self.iterations = self.depth = self.produced = 0
 
     def tick(self):
+        cancel.check()                    # the request's client gone: stop rendering (ramforge.cancel)
         if time.perf_counter() > self.deadline:
             raise ChatTemplateError(f"render exceeded {self.limits.timeout_s:g} s", "limit")
 
@@ -402,6 +404,8 @@ def render_chat(template: str, messages: list[dict], *, add_generation_prompt: b
         raise ChatTemplateError(f"sandbox refused: {e}", "security", _lineno(e)) from None
     except (OverflowError, RecursionError, MemoryError) as e:
         raise ChatTemplateError(f"limit hit: {type(e).__name__}: {e}", "limit", _lineno(e)) from None
+    except ClientDisconnected:
+        raise
     except Exception as e:  # noqa: BLE001 - any runtime error is the template's (or its inputs') fault
         raise ChatTemplateError(f"{type(e).__name__}: {e}", "render", _lineno(e)) from None
     finally:

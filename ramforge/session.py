@@ -23,6 +23,8 @@ truncated one, or tokens outside the vocabulary are refused (errors.StateError) 
 restored: the engine's sequence is then empty. write_state_file / load_state_file stream between
 the file and the cache a layer at a time (a spilled cache through its charged read buffers), so a
 state file never needs a copy of the whole cache in RAM; their tokens are charged to the budget.
+Both check ramforge.cancel between layers: a request whose client has gone stops (a save leaves no
+file, a restore an empty sequence).
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ._version import __version__
+from . import cancel
 from .errors import InvalidArgument, StateError, Unsupported
 from .memory.budget import MemoryBudget
 
@@ -214,6 +217,7 @@ def write_state_file(path, engine) -> int:
     if hasattr(kv, "rows_out"):
         def rows(which):
             for i in range(kv.n_layer):
+                cancel.check()
                 with kv.rows_out(which, i, n) as r:
                     yield r
     else:
@@ -223,7 +227,10 @@ def write_state_file(path, engine) -> int:
                                   "parallel sequences): it cannot be saved as a state; reset it first")
 
         def rows(which):
-            yield from (a[i, :n] for a in [kv.k if which == "k" else kv.v] for i in range(a.shape[0]))
+            a = kv.k if which == "k" else kv.v
+            for i in range(a.shape[0]):
+                cancel.check()
+                yield a[i, :n]
     with engine.budget.charge("state file: tokens", 4 * n):
         tokens = np.asarray(engine.tokens[:n], "<i4")
 
@@ -232,6 +239,35 @@ def write_state_file(path, engine) -> int:
             yield from rows("k")
             yield from rows("v")
         return _write_file(path, _header(_shape(engine), n, engine.path), chunks)
+
+
+def _finite(text: str) -> float:
+    x = float(text)
+    if x in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:20]} is out of a float's range")
+    return x
+
+
+def _not_a_number(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _parse_header(raw: bytes, path: Path) -> dict:
+    """A state file's header: a flat JSON object (values: scalars or lists of them) whose n_tokens is an
+    integer; numbers finite (no 1e999, NaN or Infinity), integers within Python's digit limit, nesting
+    within the recursion limit. StateError (damaged) otherwise, never another exception."""
+    try:
+        meta = json.loads(raw, parse_float=_finite, parse_constant=_not_a_number)
+    except (ValueError, RecursionError, UnicodeDecodeError) as e:   # JSONDecodeError, digits, 1e999; too deep
+        why = "nested too deep" if isinstance(e, RecursionError) else str(e)[:200]
+        raise StateError(f"{path.name}: unreadable header ({why}): damaged") from None
+    if not isinstance(meta, dict) or any(isinstance(v, (dict, list)) and any(isinstance(x, (dict, list)) for x in v)
+                                         for v in meta.values()):
+        raise StateError(f"{path.name}: the header is not a flat JSON object: damaged")   # (its values print safely)
+    n = meta.get("n_tokens")
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise StateError(f"{path.name}: the header's n_tokens is {str(n)[:40]}, not a number of tokens: damaged")
+    return meta
 
 
 def _read_header(f, path: Path, engine) -> tuple[dict, int, list]:
@@ -244,11 +280,8 @@ def _read_header(f, path: Path, engine) -> tuple[dict, int, list]:
     (n_header,) = struct.unpack("<I", head[len(MAGIC):])
     if n_header > MAX_HEADER:
         raise StateError(f"{path.name}: header of {n_header} bytes is over {MAX_HEADER}: damaged")
-    try:
-        meta = json.loads(f.read(n_header))
-        n = int(meta["n_tokens"])
-    except (ValueError, KeyError, TypeError, OverflowError) as e:
-        raise StateError(f"{path.name}: unreadable header ({e}): damaged") from None
+    meta = _parse_header(f.read(n_header), path)
+    n = meta["n_tokens"]
     if meta.get("model_sha256") != model_sha256(engine.path):
         raise StateError(f"{path.name} was saved for another model (sha256 {str(meta.get('model_sha256'))[:16]}…, "
                          f"this one is {model_sha256(engine.path)[:16]}…)")
@@ -330,6 +363,7 @@ def load_state_file(engine, path) -> int:
                     kv.reserve(n)
                 for which, (s, d) in zip("kv", dims[1:]):
                     for i in range(s[0]):
+                        cancel.check()          # a gone client stops the restore between layers: left empty
                         if spilled:
                             with kv.rows_in(which, i, n) as rows:
                                 _read_into(f, path, rows, h)

@@ -27,20 +27,13 @@ import json
 import re
 import secrets
 import string
-from dataclasses import dataclass
+from collections import deque
 
 from .errors import InvalidArgument
+from .tools_parse import (GENERIC, HERMES, LLAMA3, MISTRAL, ToolCall, _hermes, _hold, parse,  # noqa: F401
+                          value_end)
 
-HERMES, LLAMA3, MISTRAL, GENERIC = "hermes", "llama3", "mistral", "generic"
 _ALNUM = string.ascii_letters + string.digits
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: str          # JSON text
-    id: str = ""
-    complete: bool = True
 
 
 def detect(template: str | None) -> str:
@@ -181,210 +174,6 @@ def generic_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
     return [{"role": "system", "content": note}] + list(messages)
 
 
-# ---- JSON scanning -----------------------------------------------------------------------------
-
-_WS = " \t\r\n"
-
-
-_SCALAR = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null")
-
-
-def value_end(s: str, i: int, scan: dict | None = None, ns=0) -> int:
-    """End of the JSON value starting at s[i] (after whitespace), or -1 if it is not complete yet.
-
-    scan: where a scan of an object / array / string stopped, kept between calls on a text that only
-    grows (a stream's), so each call resumes there instead of starting over; keyed by (ns, i), ns
-    naming the text's origin."""
-    n = len(s)
-    state = scan.get((ns, i)) if scan is not None else None
-    if state is None:
-        j = i
-        while j < n and s[j] in _WS:
-            j += 1
-        if j >= n:
-            return -1
-        if s[j] not in "{[\"":
-            m = _SCALAR.match(s, j)
-            return m.end() if m and m.end() < n else -1
-        state = (j, 0, False, -1)
-    j, depth, instr, end = state
-    if end >= 0:
-        return end
-    while j < n:
-        c = s[j]
-        if instr:
-            if c == "\\":
-                j += 1
-            elif c == '"':
-                instr = False
-                if depth == 0:
-                    end = j + 1
-                    break
-        elif c == '"':
-            instr = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                end = j + 1
-                break
-        j += 1
-    if scan is not None:
-        scan[(ns, i)] = (j, depth, instr, end)
-    return end
-
-
-_HEAD = re.compile(r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*'
-                   r'"(arguments|parameters)"\s*:\s*')
-
-
-def _call_object(s: str, i: int, fmt: str, scan: dict | None = None, ns=0) -> tuple[ToolCall | None, int]:
-    """A `{"name": ..., "arguments": ...}` object at s[i]: (call, end), (partial call, -1) or (None, -1)."""
-    m = _HEAD.match(s, i)
-    if m is None:
-        end = value_end(s, i, scan, ns)
-        if end < 0:
-            return None, -1
-        try:
-            obj = json.loads(s[i:end])
-        except ValueError:
-            return None, -1
-        args = obj.get("arguments", obj.get("parameters")) if isinstance(obj, dict) else None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or args is None:
-            return None, -1
-        text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-        return ToolCall(obj["name"], text, str(obj.get("id") or "")), end
-    name = json.loads(f'"{m.group(1)}"')
-    a = m.end()
-    b = value_end(s, a, scan, ns)
-    if b < 0:
-        return ToolCall(name, s[a:].rstrip(_WS), complete=False), -1
-    end = value_end(s, i, scan, ns)
-    if end < 0:
-        return ToolCall(name, s[a:b], complete=False), -1
-    rest = s[b:end - 1]
-    idm = re.search(r'"id"\s*:\s*"([^"]*)"', rest)
-    return ToolCall(name, s[a:b], idm.group(1) if idm else ""), end
-
-
-# ---- parsing -----------------------------------------------------------------------------------
-
-def _hold(text: str, markers) -> int:
-    for n in range(min(len(text), max(map(len, markers)) - 1), 0, -1):
-        if any(m.startswith(text[-n:]) for m in markers):
-            return n
-    return 0
-
-
-def parse(text: str, fmt: str, partial: bool = False, scan: dict | None = None) -> tuple[str, list[ToolCall]]:
-    """(content, calls) of an output. partial: the output so far (content that could still become a
-    call is held back; the last call may be incomplete). scan: value_end's resumption points, for a
-    text that only grows (CallStream's)."""
-    if fmt == HERMES:
-        return _parse_hermes(text, partial, scan)
-    if fmt == GENERIC:
-        return _parse_generic(text, partial, scan)
-    return _parse_json_calls(text, fmt, partial, scan)
-
-
-def _parse_hermes(text: str, partial: bool, scan=None):
-    content, calls, i = [], [], 0
-    while True:
-        j = text.find("<tool_call>", i)
-        if j < 0:
-            tail = text[i:]
-            keep = _hold(tail, ["<tool_call>"]) if partial else 0
-            content.append(tail[:len(tail) - keep])
-            break
-        content.append(text[i:j])
-        call, end = _call_object(text, j + len("<tool_call>"), HERMES, scan)
-        if call is None:
-            if partial:
-                break
-            content.append(text[j:])                      # not a call after all
-            break
-        calls.append(call)
-        if end < 0:
-            break
-        k = end
-        while k < len(text) and text[k] in _WS:
-            k += 1
-        if text.startswith("</tool_call>", k):
-            i = k + len("</tool_call>")
-        elif partial and "</tool_call>".startswith(text[k:]):
-            break
-        else:
-            i = k
-    return _strip("".join(content), calls), calls
-
-
-def _parse_json_calls(text: str, fmt: str, partial: bool, scan=None):
-    """llama3 / mistral: calls at the start (after content, for mistral's marker)."""
-    marker = "[TOOL_CALLS]" if fmt == MISTRAL else "<|python_tag|>"
-    j = text.find(marker)
-    head, rest = (text[:j], text[j + len(marker):]) if j >= 0 else ("", text)
-    s = rest.lstrip(_WS)
-    opener = "[" if fmt == MISTRAL else "{"
-    if not s or not (s.startswith(opener) or (fmt == MISTRAL and s.startswith("{"))):
-        if partial and (not s or _hold(text, [marker]) or (j < 0 and not s)):
-            return head, []
-        return text if j < 0 else head + rest, []
-    calls, i = [], len(rest) - len(s)
-    if s.startswith("["):
-        i += 1
-    while True:
-        call, end = _call_object(rest, i, fmt, scan, ("after", j))
-        if call is None:
-            if partial:
-                return head, calls
-            return (text, []) if not calls else (head, calls)
-        calls.append(call)
-        if end < 0:
-            return head, calls
-        k = end
-        while k < len(rest) and rest[k] in _WS + ",;":
-            k += 1
-        if k >= len(rest) or rest[k] in "]":
-            return head, calls
-        i = k
-
-
-def _parse_generic(text: str, partial: bool, scan=None):
-    s = text.strip()
-    at = len(text) - len(text.lstrip())          # where s starts in text (for scan's key)
-    fence = re.match(r"```(?:json)?\s*", s)
-    if fence:
-        s = s[fence.end():]
-        at += fence.end()
-        s = s[:-3] if s.endswith("```") else s
-    if not s.startswith("{"):
-        return ("", []) if partial and (not s or "```".startswith(s)) else (text, [])
-    end = value_end(s, 0, scan, ("generic", at))
-    if end < 0:
-        return "", []                                      # wait for the whole object
-    try:
-        obj = json.loads(s[:end])
-    except ValueError:
-        return text, []
-    if isinstance(obj, dict) and isinstance(obj.get("response"), str):
-        return obj["response"], []
-    raw = obj.get("tool_calls") if isinstance(obj, dict) else None
-    if raw is None and isinstance(obj, dict) and isinstance(obj.get("tool_call"), dict):
-        raw = [obj["tool_call"]]
-    calls = []
-    for c in raw if isinstance(raw, list) else []:
-        if isinstance(c, dict) and isinstance(c.get("name"), str):
-            a = c.get("arguments", {})
-            calls.append(ToolCall(c["name"], a if isinstance(a, str) else json.dumps(a, ensure_ascii=False),
-                                  str(c.get("id") or "")))
-    return ("", calls) if calls else (text, [])
-
-
-def _strip(content: str, calls) -> str:
-    return content.strip() if calls else content
-
-
 # ---- streaming ---------------------------------------------------------------------------------
 
 # What turns plain content into calls later on, by format (the generic format decides at its start).
@@ -393,13 +182,59 @@ def _strip(content: str, calls) -> str:
 _MARKERS = {HERMES: "<tool_call>", LLAMA3: "<|python_tag|>", MISTRAL: "[TOOL_CALLS]"}
 
 
+class _Content:
+    """A stream's final content so far (not stripped), as the pieces from the first not yet sent: its
+    length, the whitespace it starts and ends with, and a slice near its end, each in time linear in
+    what was added."""
+
+    def __init__(self):
+        self.pieces: deque[str] = deque()
+        self.off = self.n = 0          # where pieces[0] starts; the length of it all
+        self.lead = self.trail = 0     # whitespace it starts (all of it while blank) and ends with
+        self.blank = True
+
+    def add(self, s: str) -> None:
+        if not s:
+            return
+        self.pieces.append(s)
+        self.n += len(s)
+        body = s.rstrip()
+        if not body:
+            self.trail += len(s)
+            self.lead += len(s) if self.blank else 0
+            return
+        if self.blank:
+            self.lead += len(s) - len(s.lstrip())
+            self.blank = False
+        self.trail = len(s) - len(body)
+
+    def slice(self, a: int, b: int) -> str:
+        """self[a:b], a at or after every earlier slice's a (the pieces before it are dropped)."""
+        while self.pieces and self.off + len(self.pieces[0]) <= a:
+            self.off += len(self.pieces.popleft())
+        parts, pos = [], self.off
+        for p in self.pieces:
+            if pos >= b:
+                break
+            parts.append(p[max(0, a - pos):b - pos])
+            pos += len(p)
+        return "".join(parts)
+
+
 class CallStream:
     """Feed the answer's text as it comes: `feed(text)` -> (content delta, OpenAI tool_call deltas);
-    `finish()` -> the same for the rest, and `calls` holds the final ToolCalls (with ids).
+    `finish()` -> the same for the rest, and `calls` holds the final ToolCalls (with ids). The deltas
+    are those of parsing the whole text so far at each chunk (`parse`, partial), in less time:
 
-    Incremental: while the answer is plain content a chunk with no marker (or start of one) is content
-    at once (its cost is its own length, nothing is parsed again); otherwise the text is parsed with
-    value_end's scans resumed where they stopped, so a long call's arguments are read once."""
+    - Hermes: only the text after the last final point is parsed again (`_hermes`'s `done`: past a
+      call's closing tag, before a marker, or before the start of one held back), the content before
+      it kept as pieces (`_Content`); a chunk arriving with nothing held back and no marker (or start
+      of one) is content at once. Content holding `<` (HTML), calls after calls: each chunk costs
+      about its own length.
+    - The others (their calls come first): while the answer is plain content a chunk with no marker
+      (or start of one) is content at once; otherwise the text is parsed with value_end's scans
+      resumed where they stopped.
+    Either way a call's arguments are scanned once (value_end resumes)."""
 
     def __init__(self, fmt: str):
         self.fmt, self.sent = fmt, 0
@@ -409,14 +244,13 @@ class CallStream:
         self._scan: dict = {}
         self._plain = False            # all content so far, nothing held back: the fast path may run
         self._ws: list[str] = []       # the fast path's trailing whitespace, not sent yet
-
-    @property
-    def text(self) -> str:
-        if len(self._chunks) > 1:
-            self._chunks = ["".join(self._chunks)]
-        return self._chunks[0] if self._chunks else ""
+        self._content = _Content()     # Hermes: the final content, before the window
+        self._win = ""                 # Hermes: the text after the last final point
+        self._done_calls = 0           # Hermes: the calls before the window
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
+        if self.fmt == HERMES:
+            return self._feed_hermes(text, final)
         if text:
             self._chunks.append(text)
         marker = _MARKERS.get(self.fmt)
@@ -429,7 +263,9 @@ class CallStream:
             self._ws = [text[len(body):]]
             self.sent += len(delta)
             return delta, []
-        full = self.text
+        if len(self._chunks) > 1:
+            self._chunks = ["".join(self._chunks)]
+        full = self._chunks[0] if self._chunks else ""
         content, calls = parse(full, self.fmt, partial=not final, scan=self._scan)
         # (the generic format's opening ``` fence can still grow into ```json: not plain while it may)
         self._plain = not calls and content == full and not (self.fmt == GENERIC and full.lstrip()[:1] == "`")
@@ -440,8 +276,44 @@ class CallStream:
                 content = content.lstrip()
         delta = content[self.sent:] if len(content) > self.sent else ""
         self.sent += len(delta)
+        return delta, self._deltas(calls, 0)
+
+    def _feed_hermes(self, text: str, final: bool) -> tuple[str, list[dict]]:
+        c = self._content
+        if not final and not self._win and not ("<tool_call>" in text or _hold(text, ["<tool_call>"])):
+            c.add(text)                                  # nothing held back, no marker: content, final
+            rest, calls, out = "", [], []
+        else:
+            self._win += text
+            pieces, calls, (at, n_pieces, n_calls) = _hermes(self._win, not final, self._scan)
+            if final:
+                n_pieces = n_calls = 0
+            for p in pieces[:n_pieces]:
+                c.add(p)
+            rest = "".join(pieces[n_pieces:])
+            out = self._deltas(calls, self._done_calls)
+            self._done_calls += n_calls
+            calls = calls[n_calls:]
+            if at:
+                self._win, self._scan = self._win[at:], {}     # value_end's positions were the window's
+        # the content as parse() gives it then feed() cuts it: stripped when there are calls, its trailing
+        # whitespace held back until the end; what of it was not sent yet
+        has_calls = self._done_calls + len(calls) > 0
+        n = c.n + len(rest)
+        lead = c.lead + len(rest) - len(rest.lstrip()) if c.blank else c.lead
+        body = rest.rstrip()
+        trail = len(rest) - len(body) if body else len(rest) + c.trail
+        a, b = self.sent + (lead if has_calls else 0), n - (trail if has_calls or not final else 0)
+        delta = ""
+        if b > a:
+            delta = (c.slice(a, min(b, c.n)) if a < c.n else "") + (rest[max(0, a - c.n):b - c.n] if b > c.n else "")
+            self.sent += len(delta)
+        return delta, out
+
+    def _deltas(self, calls: list[ToolCall], base: int) -> list[dict]:
+        """The OpenAI tool_call deltas of `calls`, the calls from index `base` on as parsed now."""
         out = []
-        for k, c in enumerate(calls):
+        for k, c in enumerate(calls, base):
             if k == len(self.calls):
                 c.id = c.id or new_id(self.fmt)
                 self.calls.append(c)
@@ -453,7 +325,7 @@ class CallStream:
                 out.append({"index": k, "function": {"arguments": c.arguments[self._args_sent[k]:]}})
                 self._args_sent[k] = len(c.arguments)
             known.arguments, known.complete = c.arguments, c.complete
-        return delta, out
+        return out
 
     def finish(self) -> tuple[str, list[dict]]:
         return self.feed("", final=True)

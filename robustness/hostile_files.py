@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.server
+import json
 import os
 import shutil
 import signal
@@ -69,6 +70,22 @@ def refused(exc_type, fn, *needles):
             assert n in str(e), f"{n!r} not in {e}"
         return e
     raise AssertionError(f"not refused (expected {exc_type.__name__})")
+
+
+def hostile_headers(header: dict) -> dict:
+    """State file headers built to overflow, recurse or mistype the reader (name -> header bytes), from a
+    good file's header: each must be refused as damaged (StateError), never OverflowError or RecursionError."""
+    def put(key, raw):
+        return json.dumps({**header, key: "@RAW@"}).replace('"@RAW@"', raw).encode()
+
+    out = {f"n_tokens {raw[:10]}": put("n_tokens", raw)
+           for raw in ("1e999", "-1e999", "NaN", "Infinity", "1e308", "12.0", '"12"', "true", "null", "9" * 5000)}
+    out["head_dim_k 1e999"] = put("head_dim_k", "1e999")
+    out["model_sha256 nested"] = put("model_sha256", "[[[1]]]")
+    out["nested 30,000 deep"] = b"[" * 30_000 + b"]" * 30_000
+    out["a list"] = b"[1, 2]"
+    out["not UTF-8"] = b'{"n_tokens": "\xff\xfe' + bytes([0xff, 0xfe]) + b'"}'
+    return out
 
 
 def main() -> int:
@@ -156,6 +173,18 @@ def main() -> int:
             def _(path=path, why=why):
                 refused(StateError, lambda: load_state_file(eng, path), why)
                 assert eng.n_past == 0 and eng.tokens == [] and eng.budget.current <= budget0
+
+        @case("state files", "headers with 1e999, NaN, 5,000 digits, 30,000-deep nesting: refused as damaged")
+        def _():
+            import struct
+
+            from ramforge.session import MAGIC
+            body = len(MAGIC) + 4 + struct.unpack("<I", raw[len(MAGIC):len(MAGIC) + 4])[0]
+            for i, (name, h) in enumerate(hostile_headers(json.loads(raw[len(MAGIC) + 4:body])).items()):
+                p = states / f"hostile-header-{i}.bin"
+                p.write_bytes(MAGIC + struct.pack("<I", len(h)) + h + raw[body:])
+                refused(StateError, lambda: load_state_file(eng, p))
+                assert eng.n_past == 0 and eng.budget.current <= budget0, name
 
         @case("state files", "slot names: the whole name checked")
         def _():

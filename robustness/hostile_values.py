@@ -10,8 +10,10 @@ The classes (`CASES`, one request each, over the Ollama and OpenAI routes):
   - JSON schemas nested 500 deep (as `format`, response_format, json_schema and a forced tool's
     parameters), `1e999` as a bound or a const, NaN, an integer bound of 400 digits (clamped: served),
     JSON nested 100,000 deep;
+  - request bodies nested 100,000 and 600 deep (400 saying so, before Python's recursive parser runs),
+    1,600 brackets inside strings (not nesting: served);
   - numbers: `1e999`, `NaN`, `Infinity` and 5,000-digit integers as sampling options, num_ctx,
-    keep_alive, max_tokens, seed, logit_bias;
+    keep_alive, max_tokens, seed, logit_bias (a 5,000-digit integer: 400 saying it is too large);
   - chat_template_kwargs naming the template's own variables (messages, add_generation_prompt,
     bos_token, tools, limits);
   - 5,000 messages in one chat (400); num_ctx 1,048,576 (clamped to the model's trained context and
@@ -50,6 +52,7 @@ class Case:
     path: str
     body: str                 # the JSON text sent (numbers such as 1e999 written as they are)
     expect: str               # SERVED or REFUSED
+    why: str = ""             # for REFUSED: what the reason must say (any reason where empty)
 
 
 def _j(obj) -> str:
@@ -90,10 +93,10 @@ def cases(model: str = "default") -> list[Case]:
     """The table of hostile values (see the module doc); `model` names the model every request asks for."""
     out: list[Case] = []
 
-    def add(name, path, body, expect):
+    def add(name, path, body, expect, why=""):
         if isinstance(body, dict):
             body = _j(body)
-        out.append(Case(name, path, body.replace('"model": "default"', f'"model": {_j(model)}'), expect))
+        out.append(Case(name, path, body.replace('"model": "default"', f'"model": {_j(model)}'), expect, why))
 
     # ---- grammars (GBNF)
     for path, mk in (("/v1/chat/completions", _v1_chat), ("/v1/completions", None)):
@@ -125,17 +128,26 @@ def cases(model: str = "default") -> list[Case]:
             _with(_v1_chat(json_schema={}), raw, "json_schema.const"), REFUSED)
     add("schema: a 400-digit integer bound (clamped to int64)", "/api/chat",
         _with(_ollama_chat(format={"type": "integer"}), "1" + "0" * 400, "format.maximum"), SERVED)
+    nests = "nests arrays and objects"
     add("schema: JSON nested 100,000 deep", "/api/chat",
-        _with(_ollama_chat(), "[" * 100_000 + "]" * 100_000, "format"), REFUSED)
+        _with(_ollama_chat(), "[" * 100_000 + "]" * 100_000, "format"), REFUSED, nests)
+    # ---- request bodies: nesting past what the server reads (Python's parser recurses per level)
+    add("body: JSON nested 100,000 deep", "/api/generate", "[" * 100_000 + "]" * 100_000, REFUSED, nests)
+    add("body: JSON nested 600 deep", "/v1/chat/completions", _with(_v1_chat(), "[" * 600 + "]" * 600, "stop"),
+        REFUSED, nests)
+    add("body: 1,600 brackets inside strings (not nesting: read)", "/v1/chat/completions",
+        _v1_chat(stop=["[{" * 400, "[" * 800]), SERVED)
     # ---- numbers anywhere
     for raw in ("1e999", "NaN", "-Infinity", "9" * 5000):
+        why = "more than 4,300 digits" if raw[0] == "9" else ""     # the body's JSON cannot be read
         for opt in ("temperature", "top_p", "num_ctx", "seed", "num_predict", "repeat_penalty"):
             add(f"options.{opt} = {raw[:8]}", "/api/generate",
-                _with({"model": "default", "prompt": "x", "stream": False}, raw, f"options.{opt}"), REFUSED)
+                _with({"model": "default", "prompt": "x", "stream": False}, raw, f"options.{opt}"), REFUSED, why)
         for field in ("temperature", "max_tokens", "seed", "top_p", "frequency_penalty"):
-            add(f"{field} = {raw[:8]}", "/v1/chat/completions", _with(_v1_chat(), raw, field), REFUSED)
-        add(f"keep_alive = {raw[:8]}", "/api/chat", _with(_ollama_chat(), raw, "keep_alive"), REFUSED)
-        add(f"logit_bias value = {raw[:8]}", "/v1/chat/completions", _with(_v1_chat(), raw, "logit_bias.1"), REFUSED)
+            add(f"{field} = {raw[:8]}", "/v1/chat/completions", _with(_v1_chat(), raw, field), REFUSED, why)
+        add(f"keep_alive = {raw[:8]}", "/api/chat", _with(_ollama_chat(), raw, "keep_alive"), REFUSED, why)
+        add(f"logit_bias value = {raw[:8]}", "/v1/chat/completions", _with(_v1_chat(), raw, "logit_bias.1"), REFUSED,
+            why)
     add('keep_alive = "1e999"', "/api/chat", _ollama_chat(keep_alive="1e999"), REFUSED)
     # ---- template variables
     for name in ("messages", "add_generation_prompt", "bos_token", "tools", "limits"):
@@ -170,6 +182,8 @@ def judge(case: Case, status: int, body: bytes, missing_model: bool = False) -> 
     if case.expect == REFUSED:
         if status not in (400, 422) or reason(status, body) is None:
             return f"expected a 400 with a reason, got {status}: {body[:200]!r}"
+        if case.why not in reason(status, body):
+            return f"expected a reason saying {case.why!r}, got {reason(status, body)!r}"
     elif missing_model:
         if status != 404:
             return f"expected the values to pass (then 404 for the model), got {status}: {body[:200]!r}"

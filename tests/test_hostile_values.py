@@ -53,7 +53,8 @@ def test_the_table_covers_each_class_and_both_apis():
     table = cases()
     names = " ".join(c.name for c in table)
     for what in ("doubling", "nested 5,000", "rule chain", "500 deep", "1e999", "NaN", "Infinity", "400-digit",
-                 "chat_template_kwargs.messages", "5,000 messages", "num_ctx 1,048,576"):
+                 "chat_template_kwargs.messages", "5,000 messages", "num_ctx 1,048,576", "body: JSON nested 600 deep",
+                 "inside strings"):
         assert what in names, what
     assert {c.path for c in table} >= {"/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions"}
     assert {c.expect for c in table} == {SERVED, REFUSED}
@@ -72,6 +73,47 @@ def test_served_cases_on_the_model(client):
             assert set(text) <= {"a"} and text, text                 # the grammar held
     ps = client.get("/api/ps").json()["models"][0]
     assert ps["context_length"] == 1024
+
+
+def test_request_bodies_nest_and_count_digits_with_a_reason(client):
+    """A body nesting past MAX_JSON_DEPTH is a 400 saying so (checked in C before Python's recursive parser
+    runs, within milliseconds even at the body limit); one nesting to the limit is read; an integer past
+    Python's digit limit is a 400 saying the number is too large, not FastAPI's "error parsing the body"."""
+    import json
+
+    from ramforge.server.common import MAX_JSON_DEPTH, json_depth
+
+    assert json_depth(b'[' * MAX_JSON_DEPTH + b']' * MAX_JSON_DEPTH) == 0            # no more brackets than the limit
+    assert json_depth(b'{"a": "' + b'[{' * 5000 + b'\\"]", "b": [[1]]}') == 3      # strings do not nest
+    ok = {"model": "no-such-model", "prompt": "x", "stream": False, "context": []}
+    for depth, status in ((MAX_JSON_DEPTH - 1, 400), (MAX_JSON_DEPTH + 1, 400)):
+        body = json.dumps(ok).replace('"context": []', '"context": ' + "[" * depth + "]" * depth)
+        r = client.post("/api/generate", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == status
+        assert ("nests arrays and objects" in r.json()["error"]) == (depth + 1 > MAX_JSON_DEPTH)
+    t = time.perf_counter()
+    r = client.post("/api/generate", content=b"[" * (1 << 20), headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "1,048,576 deep" in r.json()["error"] and time.perf_counter() - t < 1.0
+    r = client.post("/v1/completions", content='{"model": "m", "prompt": "x", "seed": ' + "7" * 4301 + "}",
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "more than 4,300 digits" in r.json()["error"]["message"]
+
+
+def test_the_library_refuses_template_variable_collisions_too(default_model):
+    """Model.create_chat_completion applies chat.check_template_kwargs as the server does."""
+    from ramforge import Model
+    from ramforge.chat import ChatTemplateError
+
+    with Model(default_model, n_ctx=256) as m:
+        for name in ("messages", "bos_token", "add_generation_prompt"):
+            with pytest.raises(ChatTemplateError, match=f"cannot set {name}"):
+                m.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=1,
+                                         chat_template_kwargs={name: 1})
+        with pytest.raises(ChatTemplateError, match="must be an object"):
+            m.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=1, chat_template_kwargs=["x"])
+        r = m.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=1,
+                                     chat_template_kwargs={"enable_thinking": False})
+        assert r["choices"][0]["message"]["role"] == "assistant"
 
 
 def test_num_ctx_is_clamped_as_ollama_clamps_it(default_model, caplog):

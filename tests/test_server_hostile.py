@@ -9,6 +9,7 @@ measuring /health meanwhile (docs/RELIABILITY.md).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -189,6 +190,28 @@ def test_cli_flags(monkeypatch):
     assert CliRunner().invoke(serve, ["--max-connections", "0"]).exit_code != 0
 
 
+def test_serve_ctx_beyond_max_ctx_is_refused_and_beyond_the_model_clamped(monkeypatch, caplog):
+    """--ctx over --max-ctx: refused when the server is made (the CLI's one-line error); over the model's
+    trained context: that context, with Ollama's warning, as a request's num_ctx is."""
+    import logging
+
+    from ramforge.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="--ctx 2,048 is larger than --max-ctx 1,024"):
+        create_app(ServerConfig(n_ctx=2048, max_ctx=1024))
+    monkeypatch.setattr("ramforge.server.common.trained_context", lambda path: 256)
+    app = create_app(ServerConfig(model="default", n_ctx=4096, ram="400M", n_threads=1))
+    manager = app.state.manager
+    with caplog.at_level(logging.WARNING, logger="ramforge.server"):
+        manager.preload()
+    try:
+        assert manager.current.model.n_ctx == 256
+        assert "requested context size too large for model: num_ctx=4096, n_ctx_train=256" in caplog.text
+    finally:
+        manager.run_sync(manager.current.model.close)
+        manager.executor.shutdown()
+
+
 # ---------------------------------------------------------------------------- connection cap
 
 def test_connection_flood_evicts_the_longest_waiting():
@@ -213,6 +236,41 @@ def test_connection_flood_evicts_the_longest_waiting():
             for s in idle:
                 s.close()
         wait_until(lambda: len(server.server_state.connections) == 0, 5, "the connections to close")
+
+
+def test_a_request_over_the_connection_cap_gets_a_json_503():
+    """Every connection in the middle of a request: a new request is 503 in the server's error shape (Ollama's,
+    OpenAI's under /v1) with a reason and Retry-After, not uvicorn's plain text; once one ends, served again."""
+    release = threading.Event()
+
+    async def app(scope, receive, send):                     # /slow holds its request until released
+        if scope["type"] != "http":
+            return
+        await receive()
+        if scope["path"] == "/slow":
+            while not release.is_set():
+                await asyncio.sleep(0.02)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    with served(app, max_connections=2, request_timeout=30) as (url, server):
+        held = []
+        for _ in range(2):
+            held.append(threading.Thread(target=httpx.get, args=(url + "/slow",), kwargs={"timeout": 30}))
+            held[-1].start()
+        wait_until(lambda: len(server.server_state.tasks) == 2, 10, "two requests in flight")
+        try:
+            for path, reason in (("/api/generate", lambda b: b["error"]),
+                                 ("/v1/chat/completions", lambda b: b["error"]["message"])):
+                r = httpx.post(url + path, json={}, timeout=10)
+                assert r.status_code == 503 and r.headers["content-type"] == "application/json"
+                assert r.headers["retry-after"] == "1" and "--max-connections" in reason(r.json())
+            assert httpx.post(url + "/v1/x", json={}, timeout=10).json()["error"]["type"] == "server_busy"
+        finally:
+            release.set()
+            for t in held:
+                t.join(30)
+        assert httpx.get(url + "/fast", timeout=10).text == "ok"
 
 
 # ------------------------------------------------------------------- clients that stall (model)
@@ -308,6 +366,58 @@ def test_cancel_check_is_a_no_op_outside_a_request():
     finally:
         cancel.INTERRUPT.reset(token)
     assert not cancel.gone()
+
+
+def test_closing_a_job_while_its_step_runs_on_another_thread(caplog):
+    """--parallel steps a generation on anyio's threads; a request cancelled mid-step (its await abandoned, as
+    a native cancel does) closes its job from another thread while next() still runs. Closing then must
+    not fail with "generator already executing" (the generator left open, its step running on): it stops
+    the step through the cancel test, the stepping thread closes the generator, and close waits for it."""
+    import logging
+
+    import anyio.to_thread
+
+    from ramforge.server.manager import Job, ModelManager
+
+    started, closed_by = threading.Event(), []
+
+    def generation():
+        try:
+            yield 1
+            started.set()
+            t = time.monotonic()
+            while not cancel.gone() and time.monotonic() - t < 10:     # a long step, checking as the engine does
+                time.sleep(0.005)
+            cancel.check()
+            yield 2
+        finally:
+            closed_by.append(threading.current_thread().name)
+
+    async def main():
+        from ramforge.server.manager import Steps
+
+        manager = ModelManager(ServerConfig())
+        job = Job(manager, keep_alive=None)
+        job.shared, manager.busy = True, 1
+        job.it = generation()
+        job.steps = Steps(job.it)
+        assert await anyio.to_thread.run_sync(job.steps.step) == 1
+        step = asyncio.ensure_future(anyio.to_thread.run_sync(job.steps.step))
+        await anyio.to_thread.run_sync(started.wait, 10)
+        step.cancel()                                          # the request's task is cancelled mid-step
+        t = time.monotonic()
+        await job.close()
+        took = time.monotonic() - t
+        with pytest.raises((asyncio.CancelledError, ClientDisconnected)):
+            await step
+        manager.executor.shutdown()
+        return took, manager.busy
+
+    with caplog.at_level(logging.ERROR, logger="ramforge.server"):
+        took, busy = asyncio.run(main())
+    assert "closing a generation failed" not in caplog.text
+    assert len(closed_by) == 1 and closed_by[0] != threading.current_thread().name   # by the stepping thread
+    assert took < 2 and busy == 0
 
 
 # ----------------------------------------------------------------- one failing batched slot

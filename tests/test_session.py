@@ -99,6 +99,63 @@ def test_bad_state_files_are_refused(model, tmp_path):
     assert m.engine.n_past == st.n_tokens
 
 
+def test_hostile_state_headers_are_refused_as_damaged(model, tmp_path):
+    """robustness/hostile_files.py's headers (1e999, NaN, 5,000 digits, nested 30,000 deep, mistyped
+    n_tokens, ...): each a StateError (damaged), the sequence left empty; the good file still loads."""
+    from robustness.hostile_files import hostile_headers
+
+    m = model
+    m.engine.reset(0)
+    m.generate(TURN1, 4, **GREEDY)
+    good = tmp_path / "good.state"
+    m.save_state_file(good)
+    raw = good.read_bytes()
+    body = len(MAGIC) + 4 + struct.unpack("<I", raw[len(MAGIC):len(MAGIC) + 4])[0]
+    for i, (name, h) in enumerate(hostile_headers(json.loads(raw[len(MAGIC) + 4:body])).items()):
+        p = tmp_path / f"hostile-{i}.state"
+        p.write_bytes(MAGIC + struct.pack("<I", len(h)) + h + raw[body:])
+        with pytest.raises(StateError, match="damaged|another context shape") as e:
+            m.load_state(p)
+        assert m.engine.n_past == 0, name
+        with pytest.raises(StateError):
+            read_state(p, m.engine)
+        assert len(str(e.value)) < 400, name
+    m.load_state(good)                                              # the good one still loads
+
+
+def test_a_gone_client_stops_state_files_between_layers(model, tmp_path):
+    """Save and restore check ramforge.cancel a layer at a time: a client gone mid-way stops them with
+    ClientDisconnected; a save leaves no file (nor temporary), a restore an empty sequence, the budget as before."""
+    from ramforge import cancel
+    from ramforge.errors import ClientDisconnected
+
+    m = model
+    m.engine.reset(0)
+    m.generate(TURN1, 4, **GREEDY)
+    good = tmp_path / "good.state"
+    m.save_state_file(good)
+    budget = m.engine.budget.current
+    checks = []
+
+    def gone_at_third_layer():
+        checks.append(1)
+        return len(checks) > 3
+
+    for act in (lambda: m.save_state_file(tmp_path / "cut.state"), lambda: m.load_state(good)):
+        checks.clear()
+        token = cancel.INTERRUPT.set(gone_at_third_layer)
+        try:
+            with pytest.raises(ClientDisconnected):
+                act()
+        finally:
+            cancel.INTERRUPT.reset(token)
+        assert 3 < len(checks) < 2 * m.engine.kv.k.shape[0]              # stopped mid-way, not at the end
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.state"]
+    assert m.engine.n_past == 0 and m.engine.tokens == [] and m.engine.budget.current <= budget
+    m.load_state(good)                                              # nothing else changed
+    assert m.engine.n_past > 0
+
+
 def test_a_state_longer_than_the_context_is_refused(model, tmp_path):
     model.engine.reset(0)
     model.generate(TURN1, 4, **GREEDY)

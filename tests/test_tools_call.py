@@ -239,7 +239,11 @@ def test_incremental_stream_equals_parsing_the_whole_text_each_time(seed):
     (LLAMA3, '{"name": "f", "parameters": {"t": "' + "y" * 100_000 + '"}}'),
     (MISTRAL, '[TOOL_CALLS][{"name": "f", "arguments": {"t": "' + "z" * 100_000 + '"}}]'),
     (GENERIC, '{"tool_calls": [{"name": "f", "arguments": {"t": "' + "w" * 100_000 + '"}}]}'),
-], ids=["hermes-content", "llama3-content", "hermes-call", "llama3-call", "mistral-call", "generic-call"])
+    (HERMES, ("<p>Some <b>bold</b> text, <i>it</i> & <a href='x'>a link</a>.</p>\n" * 3000)[:200_000]),
+    (HERMES, "".join(f'<b>{i}</b> <tool_call>\n{{"name": "f", "arguments": {{"i": {i}, "t": "<b>x</b>"}}}}\n'
+                     f'</tool_call>\n' for i in range(2000))),
+], ids=["hermes-content", "llama3-content", "hermes-call", "llama3-call", "mistral-call", "generic-call",
+        "hermes-html", "hermes-2000-calls"])
 def test_long_streams_cost_linear_time(fmt, text):
     """~200 KB of content, or a call with 100 KB of arguments, 4 characters a chunk: re-parsing the
     whole text per chunk took minutes for the calls (a Python scan of every argument each time)."""
@@ -251,3 +255,47 @@ def test_long_streams_cost_linear_time(fmt, text):
     want_content, want_calls = parse(text, fmt)
     assert content == want_content
     assert "".join(d["function"]["arguments"] for d in deltas) == "".join(c.arguments for c in want_calls)
+
+
+_HERMES_MORE = _PIECES[HERMES] + ["<tool", "_call>", "</tool", "</tool_call", "x", "\u2003",
+                                  '{"name": "g", "arguments": 1}', "<tool_call>\n"]
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_hermes_stream_parses_only_after_its_last_final_point(seed):
+    """Hermes re-parses only the text after its last final point (tools_call._hermes's `done`): the deltas
+    equal the re-parse-everything stream's on longer random streams of calls, HTML, split markers and
+    whitespace (Unicode's too), in random chunks."""
+    import random
+
+    rng = random.Random(seed)
+    text = "".join(rng.choice(_HERMES_MORE) for _ in range(rng.randint(0, 30)))
+    cuts = sorted({0, len(text)} | {rng.randint(0, len(text)) for _ in range(rng.randint(0, 25))})
+    pieces = [text[a:b] for a, b in zip(cuts, cuts[1:])]
+    cs = CallStream(HERMES)
+    got = [cs.feed(p) for p in pieces] + [cs.finish()]
+    got = [(d, [{k: v for k, v in x.items() if k != "id"} for x in xs]) for d, xs in got]
+    want, calls = _naive_stream(HERMES, pieces)
+    want = [(d, [{k: v for k, v in x.items() if k != "id"} for x in xs]) for d, xs in want]
+    assert got == want and [(c.name, c.arguments, c.complete) for c in cs.calls] == calls
+
+
+def test_hermes_html_streams_in_linear_time():
+    """HTML under the Hermes format (a `<` in most chunks, each the start of a marker) costs about its
+    length: 4x the text takes well under 16x (quadratic) the time; 200 KB in 4-character chunks took
+    about 1 s when every such chunk re-parsed the whole text."""
+    import time
+
+    unit = "<p>Some <b>bold</b> text, <i>it</i> & <a href='x'>a link</a>.</p>\n" + \
+        '<tool_call>{"name": "f", "arguments": {"t": "<b>x</b>"}}</tool_call>\n'
+
+    def took(text):
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            stream(HERMES, [text[i:i + 4] for i in range(0, len(text), 4)])
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    small, large = unit * 350, unit * 1400
+    assert took(large) < 8 * took(small)

@@ -34,7 +34,8 @@ from .. import cancel
 from .._version import __version__
 from ..errors import RamforgeError
 from .browser import CORS_METHODS, DEFAULT_ORIGINS, BrowserGate, origin_regex, send_error as _send_error
-from .common import OPEN_PATHS, ServerConfig, error_response, error_status, log, validation_message
+from .common import (MAX_JSON_DEPTH, OPEN_PATHS, ServerConfig, body_error, error_response, error_status, json_depth, log,
+                     validation_message)
 from .manager import ModelManager
 
 
@@ -47,8 +48,8 @@ def _json_type(value: bytes | None) -> bool:
 
 
 class Guard:
-    """Pure ASGI: the API key (401), the body limit (413) and a browser's body type (415), before
-    any route runs; then the app, with the client's "gone" test as ramforge.cancel.INTERRUPT.
+    """Pure ASGI: the API key (401), the body limit (413), a browser's body type (415) and a body
+    nesting deeper than MAX_JSON_DEPTH (400), before any route runs; then the app, with the client's "gone" test as ramforge.cancel.INTERRUPT.
 
     The body is read here (at most `max_body` bytes) and replayed to the app, so chunked bodies
     are limited too; an oversized body is drained (up to 16x the limit) before the 413 goes out,
@@ -102,6 +103,10 @@ class Guard:
             kind = (headers.get(b"content-type") or b"none").decode("latin-1")[:100]
             return await _send_error(send, path, 415, f"a request body from a browser must be application/json, "
                                                       f"not {kind}")
+        depth = json_depth(body) if body else 0
+        if depth > MAX_JSON_DEPTH:  # Python's JSON parser recurses per level: refused before it runs
+            return await _send_error(send, path, 400, f"the request body nests arrays and objects {depth:,} deep, "
+                                                      f"deeper than the {MAX_JSON_DEPTH} levels the server reads")
         if body:   # every route takes JSON: read it so whatever the Content-Type (curl -d sends a form type)
             scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
                          + [(b"content-type", b"application/json")])
@@ -172,7 +177,8 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return error_response(request, exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+        why = body_error(exc.__cause__) if exc.status_code == 400 else None     # FastAPI's generic parse error
+        return error_response(request, exc.status_code, why or str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(RamforgeError)
     async def _ramforge(request: Request, exc: RamforgeError):

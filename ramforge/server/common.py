@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, StrictBool
 
+from .. import cancel
 from ..chat import ChatTemplateError
 from ..errors import InvalidArgument, RamforgeError, RequestTooLarge, http_status
 from ..params import PARAMS, sampler_params, stop_strings
@@ -34,6 +35,7 @@ MAX_STOP = 16                # stop strings per request
 MAX_STOP_LEN = 1024          # characters per stop string
 MAX_NAME = 300               # characters in a model field (store names are at most 128 + ':' + 128)
 MAX_MESSAGES = 4096          # chat messages per request
+MAX_JSON_DEPTH = 512         # arrays and objects nested in a request body (Python's parser recurses per level)
 FOREVER = math.inf
 OPEN_PATHS = frozenset({"/health"})   # reachable without the API key
 
@@ -44,7 +46,8 @@ class ServerConfig:
 
     model: str | None = None          # the startup model: a path, a store name or "default"
     ram: str | int | None = None      # the budget of the one resident model
-    n_ctx: int | None = None          # context when a request gives no num_ctx (None: 4096 or the model's)
+    n_ctx: int | None = None          # --ctx: context when a request gives no num_ctx (None: 4096 or the model's);
+    #                                   above the model's trained context it is clamped to it (a warning, as Ollama)
     n_threads: int | None = None
     io: str = "direct"
     api_key: str | None = None        # required as `Authorization: Bearer KEY` when set
@@ -62,7 +65,8 @@ class ServerConfig:
     type_k: str = "f16"               # KV cache types (--kv-type*, $RAMFORGE_KV_TYPE, $OLLAMA_KV_CACHE_TYPE)
     type_v: str = "f16"
     kv_spill: bool | str | None = None  # the KV cache to storage (--kv-spill; memory.kv_spill): None when needed
-    max_ctx: int | None = None        # --max-ctx: the most a request's num_ctx gets (None: the model's trained context)
+    max_ctx: int | None = None        # --max-ctx: the most a request's num_ctx gets (None: the model's trained context);
+    #                                   an n_ctx above it is refused when the server starts
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -97,6 +101,36 @@ def validation_message(errors: list[dict]) -> str:
         parts.append(f"{loc}: {msg}" if loc else msg)
     more = f" (and {len(errors) - 6} more)" if len(errors) > 6 else ""
     return "invalid request: " + "; ".join(parts) + more
+
+
+# ------------------------------------------------------------------------------------ request bodies
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.S)
+
+
+def json_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep arrays and objects nest in a JSON text (brackets in strings not counted), or 0 when it
+    has no more than `limit` brackets (so cannot nest deeper): linear, in C (a count, a regex, numpy)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return 0
+    import numpy as np
+
+    a = np.frombuffer(_JSON_STRING.sub(b'""', body), np.uint8)
+    step = ((a == 0x5B) | (a == 0x7B)).astype(np.int32) - ((a == 0x5D) | (a == 0x7D)).astype(np.int32)
+    return int(np.cumsum(step).max(initial=0))
+
+
+def body_error(exc: BaseException | None) -> str | None:
+    """The reason a request body's JSON could not be read, from the error FastAPI's generic "There was an
+    error parsing the body" wraps (None: not one of these)."""
+    import sys
+
+    if isinstance(exc, RecursionError):
+        return f"the request body nests arrays and objects too deep (at most {MAX_JSON_DEPTH} levels are read)"
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return (f"a number in the request body is too large: more than {sys.get_int_max_str_digits():,} digits "
+                "(Python's limit for reading an integer)")
+    return None
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -285,9 +319,9 @@ def trained_context(path: str) -> int:
 
 
 def clamp_num_ctx(num_ctx: int | None, path: str, max_ctx: int | None) -> int | None:
-    """A request's num_ctx as Ollama sizes it (llm/server.go): above the model's trained context it
-    is that context, with a warning; and here also at most the server's --max-ctx. None stays None
-    (the server's --ctx)."""
+    """A request's num_ctx (or the server's --ctx) as Ollama sizes it (llm/server.go): above the model's
+    trained context it is that context, with a warning; and here also at most the server's --max-ctx.
+    None stays None (the server's --ctx, or the engine's default)."""
     if num_ctx is None:
         return None
     trained = trained_context(path)
@@ -340,6 +374,7 @@ def fit_messages(msgs: list[dict], n_ctx: int, count) -> list[dict]:
         """(k, kept if it fits else None) for the first cut k in i..hi the template takes; (hi + 1, None)
         if it takes none of them."""
         for k in range(i, hi + 1):
+            cancel.check()                 # each cut is a render and a tokenization under the model lock
             start, ks = kept(k)
             if k == last:
                 return k, ks

@@ -22,11 +22,11 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .. import cancel
-from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, RamforgeError, ServerBusy,
-                      check_token_ids)
+from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, InvalidArgument, RamforgeError,
+                      ServerBusy, check_token_ids)
 from ..resolve import DEFAULT_NAMES, DEFAULT_SHA256, default_model_path, resolve_model
 from ..store import InvalidModelName, Store, is_valid_name, normalize_name
-from .common import FOREVER, MAX_NAME, ServerConfig, details_of, iso, log
+from .common import FOREVER, MAX_NAME, ServerConfig, clamp_num_ctx, details_of, iso, log
 
 
 # ------------------------------------------------------------------------------ model manager
@@ -79,6 +79,9 @@ class ModelManager:
     """The one resident model, the lock that serialises requests, and the worker thread."""
 
     def __init__(self, cfg: ServerConfig):
+        if cfg.n_ctx is not None and cfg.max_ctx is not None and cfg.n_ctx > cfg.max_ctx:
+            raise InvalidArgument(f"--ctx {cfg.n_ctx:,} is larger than --max-ctx {cfg.max_ctx:,}, the most any "
+                                  f"request gets: lower --ctx or raise --max-ctx")
         self.cfg = cfg
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="ramforge-model")
         self.lock = asyncio.Lock()
@@ -122,7 +125,9 @@ class ModelManager:
         from ..speculative import make_drafter
 
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
-        model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx if n_ctx is not None else self.cfg.n_ctx,
+        if n_ctx is None:       # --ctx above the model's trained context: that context, with Ollama's warning
+            n_ctx = clamp_num_ctx(self.cfg.n_ctx, path, self.cfg.max_ctx)
+        model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx,
                       n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter,
                       ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
                       **self._kv_types())
@@ -263,6 +268,58 @@ def list_models(manager: ModelManager) -> list[dict]:
 
 # ------------------------------------------------------------------------------------- jobs
 
+class Steps:
+    """A generation's iterator, stepped on threads one `step` at a time and closed safely from any thread.
+
+    A generator cannot be closed while another thread runs its next() ("generator already executing"),
+    and with --parallel a step runs on any thread of anyio's pool, while a cancelled request closes its
+    job from another. So `close` during a step only sets the stop flag: the step runs with it added to
+    the request's ramforge.cancel test, so the engine, the batcher or the wait for a slot sees the
+    client as gone and the step ends within a chunk; the thread that ran it then closes the iterator,
+    and `close` waits for that. `close` between steps closes it at once; a step after it raises."""
+
+    def __init__(self, it):
+        self.it = it
+        self._lock = threading.Lock()
+        self._running = False
+        self._stop = threading.Event()
+        self._closed = threading.Event()
+
+    def step(self):
+        """next(it, None), in the caller's thread."""
+        outer = cancel.INTERRUPT.get()
+        with self._lock:
+            if self._stop.is_set():
+                raise ClientDisconnected("the generation was closed")
+            self._running = True
+        token = cancel.INTERRUPT.set(lambda: self._stop.is_set() or (outer is not None and bool(outer())))
+        try:
+            return next(self.it, None)
+        finally:
+            cancel.INTERRUPT.reset(token)
+            with self._lock:
+                self._running = False
+                closing = self._stop.is_set()
+            if closing:                             # close() came during this step: closed here, by its thread
+                self._close_now()
+
+    def _close_now(self) -> None:
+        try:
+            self.it.close()
+        finally:
+            self._closed.set()
+
+    def close(self) -> None:
+        """Stop and close the iterator (blocking: call it on a thread); idempotent."""
+        with self._lock:
+            self._stop.set()
+            running = self._running
+        if running:
+            self._closed.wait()                     # the step's own thread closes it when the step ends
+        elif not self._closed.is_set():
+            self._close_now()
+
+
 class Job:
     """One generation holding the model lock, from loading to the last token."""
 
@@ -273,6 +330,7 @@ class Job:
         self.load_s = 0.0
         self.ids: list[int] = []
         self.it = None
+        self.steps: Steps | None = None     # it, stepped and closed safely (Steps)
         self.first = None
         self.closed = False
         self.shared = False        # --parallel: the lock is let go once the request has its slot's stream
@@ -310,13 +368,14 @@ class Job:
             job.it = mdl.stream(ids, max_tokens, stop=stop or None, **sampling)
             if chat:
                 job.it = mdl.split_reasoning(job.it)
+            job.steps = Steps(job.it)
             if getattr(mdl, "batcher", None) is not None:   # --parallel: the others join the shared passes
                 job.shared = True
                 manager.busy += 1
                 manager.lock.release()
-                job.first = await anyio.to_thread.run_sync(next, job.it, None)
+                job.first = await anyio.to_thread.run_sync(job.steps.step)
             else:
-                job.first = await manager.call(next, job.it, None)
+                job.first = await manager.call(job.steps.step)
         except BaseException:
             await job.close()
             raise
@@ -341,7 +400,7 @@ class Job:
                 if await request.is_disconnected():
                     raise ClientDisconnected("client disconnected")
             step = anyio.to_thread.run_sync if self.shared else self.m.call      # --parallel: off the worker
-            r = await step(next, self.it, None)
+            r = await step(self.steps.step)
 
     async def collect(self, request: Request | None = None):
         """The final Response with the whole text (non-streaming requests); closes the job."""
@@ -373,8 +432,8 @@ class Job:
 
         async def _close():
             try:
-                if self.it is not None:
-                    await (anyio.to_thread.run_sync(self.it.close) if self.shared else self.m.call(self.it.close))
+                if self.steps is not None:      # (a step still running on another thread: stopped, then closed)
+                    await (anyio.to_thread.run_sync(self.steps.close) if self.shared else self.m.call(self.steps.close))
             except Exception:  # noqa: BLE001 - never keep the lock over a failed close
                 log.exception("closing a generation failed")
             finally:

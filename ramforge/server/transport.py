@@ -24,9 +24,27 @@ def uvicorn_config(app, host: str = "127.0.0.1", port: int = 11434, *, timeout_k
 
     cap = None if max_connections is None else int(max_connections)
     http = _timed_h11(float(request_timeout), float(write_timeout), cap, send_buffer)
-    return uvicorn.Config(app, host=host, port=port, http=http,
-                          timeout_keep_alive=timeout_keep_alive,
-                          limit_concurrency=None if cap is None else cap + 1, **kwargs)
+    return uvicorn.Config(app, host=host, port=port, http=http, timeout_keep_alive=timeout_keep_alive, **kwargs)
+
+
+def _over_cap(max_connections: int):
+    """The ASGI app answering a request made over the connection cap: 503 in the server's JSON error shape
+    (Ollama's, OpenAI's under /v1), with Retry-After, closing the connection (uvicorn's own answer is
+    plain text)."""
+    from .browser import send_error
+
+    warned = [-1e9]
+
+    async def over_cap(scope, receive, send):
+        now = time.monotonic()
+        if now - warned[0] >= 1.0:              # a flood logs once a second
+            warned[0] = now
+            log.warning("every connection is being served (--max-connections %d): a new request gets 503",
+                        max_connections)
+        await send_error(send, scope.get("path", ""), 503,
+                         f"server busy: all {max_connections} connections (--max-connections) are being served; "
+                         "retry later", [(b"retry-after", b"1"), (b"connection", b"close")])
+    return over_cap
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,20 +67,36 @@ def _timed_h11(request_timeout: float, write_timeout: float = 30.0, max_connecti
     - Connection cap: when a new connection makes more than `max_connections`, the connection that
       has waited longest for its (next) request is closed to make room: a flood of idle or
       slow-loris connections cannot lock others out, and stays bounded in descriptors. When every
-      connection is in the middle of a request, uvicorn's limit_concurrency (the cap + 1) answers
-      the new one 503.
+      connection is in the middle of a request (uvicorn's limit_concurrency rule, at the cap + 1
+      connections or requests), the new request is answered 503 in the server's JSON error shape
+      (`_over_cap`), and its connection closed.
     """
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     reading = (h11.IDLE, h11.SEND_BODY)
     _warned = [-1e9]                            # when an eviction was last logged
+    limit = None if max_connections is None else max_connections + 1
+    busy_app = None if max_connections is None else _over_cap(max_connections)
 
     class TimedH11Protocol(H11Protocol):
         _deadline = None
         _write_deadline = None
         _waiting_since = 0.0                    # when it started to wait for its (next) request
         _evicted = False                        # aborted by the cap, not yet lost
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._app = self.app
+            self.limit_concurrency = None       # uvicorn's own check answers plain text: ours is handle_events'
+
+        def handle_events(self) -> None:
+            # uvicorn's limit_concurrency rule, evaluated in the same call that starts a request's task
+            if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+                self.app = busy_app
+            else:
+                self.app = self._app
+            super().handle_events()
 
         def _arm(self) -> None:
             self._disarm()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+from .. import cancel
 from .gbnf import GrammarTooLarge, _refs
 
 ANY = r"[\x{0}-\x{10FFFF}]"
@@ -324,6 +325,7 @@ def to_lark(rules: dict) -> str:
     w = _Writer(rules)
     lines, size = ['%llguidance {"no_forcing": true}'], 0
     for n, alts in rules.items():
+        cancel.check()                   # a gone client stops the lowering (ramforge.cancel)
         lines.append(f"{w.names[n]}: {w.alts(alts)}")
         size += len(lines[-1])
         if size > MAX_LARK_CHARS:

@@ -22,6 +22,7 @@ import weakref
 import numba
 import numpy as np
 
+from .. import cancel
 from ..errors import GrammarError, MissingExtra
 
 _TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -121,7 +122,10 @@ class Grammar:
         from .lark import to_lark
 
         self.gbnf = gbnf
-        self.lark = to_lark(parse(gbnf))
+        rules = parse(gbnf)
+        cancel.check()                  # compiled under the model lock: a gone client stops between phases
+        self.lark = to_lark(rules)
+        cancel.check()
         g = _llguidance()
         self.tokenizer, self.n_vocab = tokenizer, tokenizer.n_vocab
         self._lltok = lltokenizer(tokenizer)
@@ -129,6 +133,7 @@ class Grammar:
             self._spec = g.LLMatcher.grammar_from_lark(self.lark)
         except ValueError as e:
             raise GrammarError(f"the grammar could not be compiled: {e}") from None
+        cancel.check()
         bad, msgs = _on_big_stack(g.LLMatcher.validate_grammar_with_warnings, self._spec, self._lltok)
         if bad:
             raise GrammarError(f"the grammar could not be compiled: {'; '.join(msgs)}")
