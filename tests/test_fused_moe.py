@@ -15,6 +15,7 @@ from ramforge.kernels.moe import expert_matmul, weighted_sum
 from ramforge.kernels.ops import swiglu
 from ramforge.kernels.qmatmul import VECTOR
 from ramforge.kernels.registry import kernels_for
+from ramforge.kernels.repack import repack, repackable
 from tests.test_qmatmul import weight
 
 N_EMBD, N_FF, N_EXP, K = 512, 256, 6, 4
@@ -55,15 +56,33 @@ TYPES = [(G.Q4_K, G.Q4_K, G.Q6_K), (G.Q4_K, G.Q4_K, G.Q4_K), (G.Q8_0, G.Q8_0, G.
          (G.IQ4_XS, G.IQ4_XS, G.Q6_K)]
 
 
-@pytest.mark.parametrize("types", TYPES, ids=lambda ts: "-".join(t.name for t in ts))
+def _repacked(t, raw, n_out, n_in):
+    """Each expert's matrix of raw in kernels.repack's groups (a copy) and the group, or (raw, 0)."""
+    if not repackable(t, (n_in, n_out)):
+        return raw, 0
+    raw, per = raw.copy(), raw.size // N_EXP
+    reps = {repack(t, raw[e * per:(e + 1) * per], (n_in, n_out)) for e in range(N_EXP)}
+    return raw, reps.pop()
+
+
+CASES = [(ts, False) for ts in TYPES] + [(ts, True) for ts in TYPES if any(t in (G.Q4_0, G.Q4_K, G.Q8_0) for t in ts)]
+
+
+@pytest.mark.parametrize("types,packed", CASES,
+                         ids=lambda v: "-".join(t.name for t in v) if isinstance(v, tuple) else "repacked" if v else "")
 @pytest.mark.parametrize("threads", [1, 2])
-def test_experts_equal_the_expert_by_expert_path(types, threads):
+def test_experts_equal_the_expert_by_expert_path(types, threads, packed):
+    """Every expert's rows (in file order, or repacked at load as llama.cpp repacks them) give the bits of
+    the expert-by-expert path over the file-order rows."""
     tg, tu, td = types
-    kern = fused_moe.plan(tg, tu, td, N_EMBD, N_FF)
-    assert kern is not None
     g, gb = _experts(tg, N_FF, N_EMBD, 1)
     u, ub = _experts(tu, N_FF, N_EMBD, 100)
     d, db = _experts(td, N_EMBD, N_FF, 200)
+    (gp, rg), (up, ru), (dp, rd) = ((_repacked(t, r, o, i) if packed else (r, 0)) for t, r, o, i in
+                                    ((tg, g, N_FF, N_EMBD), (tu, u, N_FF, N_EMBD), (td, d, N_EMBD, N_FF)))
+    assert not packed or rg or ru or rd
+    kern = fused_moe.plan(tg, tu, td, N_EMBD, N_FF, (rg, ru, rd))
+    assert kern is not None
     assert (gb, ub, db) == kern.expert_bytes
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, N_EMBD)).astype(np.float32)
@@ -74,7 +93,7 @@ def test_experts_equal_the_expert_by_expert_path(types, threads):
     prev = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        got = _run(kern, x, (g, u, d), (ids * gb, ids * ub, ids * db), wts)
+        got = _run(kern, x, (gp, up, dp), (ids * gb, ids * ub, ids * db), wts)
     finally:
         numba.set_num_threads(prev)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -43,7 +43,7 @@ _UNIT = 16              # rows cut in whole 16s: _make_packed_one's 8-row groups
 
 def _make_up(sg: tuple, su: tuple):
     """The gate/up kernel for weights of slots sg, su (fused.slot's (type, variant, rep, act code, sub))."""
-    rows_g, rows_u = _make_packed_one(sg[0], sg[1], 0), _make_packed_one(su[0], su[1], 0)
+    rows_g, rows_u = _make_packed_one(*sg[:3]), _make_packed_one(*su[:3])
     cg, sbg, cu, sbu = sg[3], sg[4], su[3], su[4]
     own_u = (cu, sbu) != (cg, sbg)
 
@@ -73,7 +73,7 @@ def _make_up(sg: tuple, su: tuple):
 
 def _make_down(sd: tuple):
     """The down-and-sum kernel for a weight of slot sd."""
-    rows_d = _make_packed_one(sd[0], sd[1], 0)
+    rows_d = _make_packed_one(*sd[:3])
     cd, sbd = sd[3], sd[4]
 
     @njit(parallel=True, cache=True)
@@ -123,7 +123,7 @@ def _gathered(aq, ad, am, bs, n_tok, toks):
 def _make_up_n(sg: tuple, su: tuple):
     """The gate/up kernel of a batch: every picked expert's rows for the tokens routed to it, each token in
     the one-token arithmetic (mul_mat_id's per-row gemv or vec_dot: see ExpertKernels.batchable)."""
-    rows_g, rows_u = _make_packed_one(sg[0], sg[1], 0), _make_packed_one(su[0], su[1], 0)
+    rows_g, rows_u = _make_packed_one(*sg[:3]), _make_packed_one(*su[:3])
 
     @njit(parallel=True, cache=True)
     def _up_n(aq, ad, am, bs, n_tok, graw, uraw, offs_g, offs_u, start, toks, ge, ue, rbg, rbu, n_threads):
@@ -152,7 +152,7 @@ def _make_up_n(sg: tuple, su: tuple):
 def _make_down_n(sd: tuple):
     """The down kernel of a batch: every picked expert's rows for its pairs' SwiGLU outputs, into their
     (token, slot) places."""
-    rows_d = _make_packed_one(sd[0], sd[1], 0)
+    rows_d = _make_packed_one(*sd[:3])
 
     @njit(parallel=True, cache=True)
     def _down_n(aq, ad, am, bs, n_pairs, draw, offs_d, lo, hi, dest, ex, rbd, n_threads):
@@ -230,15 +230,16 @@ class ExpertKernels(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1024)
-def plan(gate_type, up_type, down_type, n_embd: int, n_ff: int, vec: bool | None = None) -> ExpertKernels | None:
+def plan(gate_type, up_type, down_type, n_embd: int, n_ff: int, reps: tuple = (0, 0, 0),
+         vec: bool | None = None) -> ExpertKernels | None:
     """The kernels for experts of these types and shape (gate, up: n_ff rows of n_embd; down: n_embd rows
-    of n_ff), or None where one weight does not take the packed one-token path (the caller then runs
-    expert by expert)."""
+    of n_ff; reps: each weight's repacked group, 0 in file order), or None where one weight does not take
+    the packed one-token path (the caller then runs expert by expert)."""
     vec = VECTOR if vec is None else bool(vec)
-    if not vec or n_ff % _UNIT or n_embd % _UNIT:
+    if not vec or n_ff % _UNIT or n_embd % _UNIT or any(_UNIT % r for r in reps if r):
         return None
-    g, u, d = slot(gate_type, n_ff, n_embd, 0, vec), slot(up_type, n_ff, n_embd, 0, vec), \
-        slot(down_type, n_embd, n_ff, 0, vec)
+    g, u, d = slot(gate_type, n_ff, n_embd, reps[0], vec), slot(up_type, n_ff, n_embd, reps[1], vec), \
+        slot(down_type, n_embd, n_ff, reps[2], vec)
     if None in (g, u, d):
         return None
     act = {code: a for a, code in ACT_CODE.items()}

@@ -198,21 +198,23 @@ def _row_group(qd, be: int, n_out: int, c: int) -> int:
     return 1
 
 
-def expert_matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+def expert_matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
+                  repacked: int = 0) -> np.ndarray:
     """y f32[c, n_out] = x f32[c, n_in] @ W^T for the c rows routed to one expert (W: its n_out rows of
-    n_in elements, packed), in the arithmetic llama.cpp's mul_mat_id gives c rows (see the module doc)."""
+    n_in elements, packed; in kernels.repack's groups of `repacked` rows where not 0), in the arithmetic
+    llama.cpp's mul_mat_id gives c rows (see the module doc)."""
     k = kernels_for(ggml_type)
     c = x.shape[0]
     if k.qdot is None:
         return float_matmul(y, x, ggml_type, raw, n_out, n_in, 1)          # ggml_vec_dot_{f32,f16,bf16}
     be = GGML_BLOCK[k.ggml_type][0]
     qd = k.qdot
-    repacked = qd.repack is not None and n_out % 8 == 0
-    if qd.tiled and not repacked and c >= TILED_FROM:
-        return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=(c, 0))       # the tiled matmul
+    llama_repacks = qd.repack is not None and n_out % 8 == 0
+    if qd.tiled and not llama_repacks and c >= TILED_FROM:
+        return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=(c, 0), repacked=repacked)   # the tiled matmul
     g = _row_group(qd, be, n_out, c)
     for r in range(0, c, g):
-        qmatmul(y[r:r + g], x[r:r + g], ggml_type, raw, n_out, n_in, view=(min(g, c - r), 0))
+        qmatmul(y[r:r + g], x[r:r + g], ggml_type, raw, n_out, n_in, view=(min(g, c - r), 0), repacked=repacked)
     return y
 
 

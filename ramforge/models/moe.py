@@ -131,7 +131,8 @@ def _kernels(g, u, d) -> fused_moe.ExpertKernels | None:
     """The expert kernels (kernels.fused_moe) for gate, up, down QTensors (3-D, or one expert's 2-D), or
     None where their types take the expert-by-expert path. An expert's arithmetic depends on its row count
     alone (mul_mat_id), never on a batch view."""
-    return fused_moe.plan(g.ggml_type, u.ggml_type, d.ggml_type, g.dims[0], g.dims[1])
+    reps = tuple(getattr(t, "repacked", 0) for t in (g, u, d))    # (a cache's TensorInfo: file order)
+    return fused_moe.plan(g.ggml_type, u.ggml_type, d.ggml_type, g.dims[0], g.dims[1], reps)
 
 
 def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
@@ -223,4 +224,4 @@ def _predict(predictor, x: np.ndarray, xn: np.ndarray, logits: np.ndarray, hp) -
 @timed(lambda y, x, t: f"expert matvec {t.ggml_type.name}")
 def _expert_rows(y: np.ndarray, x: np.ndarray, t) -> np.ndarray:
     """y f32[c, rows of t] = x f32[c, n_in] @ t^T for the c rows routed to expert t (a 2-D QTensor)."""
-    return expert_matmul(y, x, t.ggml_type, t.data, t.dims[1], t.dims[0])
+    return expert_matmul(y, x, t.ggml_type, t.data, t.dims[1], t.dims[0], t.repacked)

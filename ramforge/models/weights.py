@@ -85,13 +85,13 @@ class Layer:
 
 def expert_slice(t: QTensor, e: int) -> QTensor:
     """Expert e of a 3-D expert tensor (GGUF [n_in, n_out, n_expert]): its n_out rows, contiguous bytes,
-    as a 2-D QTensor."""
+    as a 2-D QTensor (repacked as the tensor: each expert's rows in their own groups)."""
     n_in, n_out, n_exp = t.dims
     if not 0 <= e < n_exp:
         raise InternalError(f"{t.name}: expert {e} is out of range for {n_exp} experts")
     k = kernels_for(t.ggml_type)
     nbytes = n_out * (n_in // k.block_elems * k.block_bytes)
-    return QTensor(f"{t.name}[{e}]", t.ggml_type, (n_in, n_out), t.data[e * nbytes:(e + 1) * nbytes])
+    return QTensor(f"{t.name}[{e}]", t.ggml_type, (n_in, n_out), t.data[e * nbytes:(e + 1) * nbytes], t.repacked)
 
 
 class LayerExperts:

@@ -190,14 +190,19 @@ class Weights:
         if il not in self._rep:
             ts = [self.f.tensors.get(gguf_name(s, il)) for s in self.tensors]
             self._rep[il] = {} if self.mmap or REPACK_OFF else {
-                t.name: t for t in ts if t is not None and repackable(t.ggml_type, t.dims)}
+                t.name: t for t in ts if t is not None and repackable(t.ggml_type, t.dims[:2])
+                and (len(t.dims) == 2 or not self.apart)}   # a 3-D expert tensor: each expert's matrix alone
         return self._rep[il]
 
     def _repack(self, il: int, buf: np.ndarray) -> None:
-        """Repack layer il's repackable matrices in its buffer, in place (after every read of it)."""
+        """Repack layer il's repackable matrices in its buffer, in place (after every read of it); an
+        expert tensor expert by expert (its 2-D matrices one after another), as llama.cpp repacks it."""
         for t in self._repackable(il).values():
             at = self.spans[il].offsets[t.name]
-            repack(t.ggml_type, buf[at:at + t.nbytes], t.dims)
+            n = t.dims[2] if len(t.dims) == 3 else 1
+            per = t.nbytes // n
+            for e in range(n):
+                repack(t.ggml_type, buf[at + e * per:at + (e + 1) * per], t.dims[:2])
 
     def _layer_from(self, il: int, buf: np.ndarray | None, repacked: bool = False) -> Layer:
         layer = Layer(il, self.layer_names)
