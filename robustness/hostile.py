@@ -50,9 +50,9 @@ from urllib.parse import urlsplit
 import httpx
 
 try:
-    from robustness.load_server import budget_of, free_port, wait_up
+    from robustness.load_server import budget_of, free_port, stop_server, wait_up
 except ImportError:                     # run as a script: robustness/ is sys.path[0]
-    from load_server import budget_of, free_port, wait_up
+    from load_server import budget_of, free_port, stop_server, wait_up
 
 EVIL = "https://evil.example"
 CLASSES = ("cross_site", "bad_origin", "dns_rebinding", "slow_loris", "flood", "non_reader")
@@ -402,14 +402,7 @@ def main(argv=None) -> int:
         print("reproduce:", shlex.join(cmd))
         return 1 if failures else 0
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except Exception:  # noqa: BLE001
-                proc.kill()
-            if log_path and os.path.exists(log_path):
-                os.unlink(log_path)
+        stop_server(proc, log_path)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ import httpx
 
 if __package__ in (None, ""):                       # run as a script: python robustness/hostile_values.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from robustness.load_server import budget_of, free_port, wait_idle, wait_up  # noqa: E402
+from robustness.load_server import budget_of, free_port, stop_server, wait_idle, wait_up  # noqa: E402
 
 SERVED, REFUSED = "served", "refused"      # 2xx (or 404 for a model that is not there), or 400 / 422
 MSG = [{"role": "user", "content": "Say yes."}]
@@ -263,14 +263,7 @@ def main(argv=None) -> int:
             print("  " + f)
         return 1 if fails else 0
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            if log_path and os.path.exists(log_path):
-                os.unlink(log_path)
+        stop_server(proc, log_path)
 
 
 if __name__ == "__main__":

@@ -291,6 +291,18 @@ def start_server(port: int, request_timeout: float, log_path: str) -> subprocess
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
+def stop_server(proc: subprocess.Popen | None, log_path: str | None) -> None:
+    """Terminate a server start_server started (killed if it does not exit in 15 s) and remove its log."""
+    if proc is not None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if log_path and os.path.exists(log_path):
+        os.unlink(log_path)
+
+
 def wait_up(url: str, proc: subprocess.Popen | None, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -450,14 +462,7 @@ def main(argv=None) -> int:
         print("reproduce:", shlex.join(cmd))
         return 1 if failures else 0
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            if log_path and os.path.exists(log_path):
-                os.unlink(log_path)
+        stop_server(proc, log_path)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,21 @@ def test_run_profile_and_memory_report_json():
     assert "python overhead per decode token" in r.stderr and "compiled kernel calls per token" in r.stderr
 
 
+def test_bench_json_and_token_latency_percentiles():
+    """bench runs (its engine loaded by keyword: --kv-type and --kv-spill where load_engine takes them) and
+    reports each decode token's latency percentiles; --profile gives them too."""
+    r = ramforge("bench", "--prompt-tokens", "8", "--gen", "6", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["prompt_tokens"] == 8 and d["gen_tokens"] == 6 and d["decode_tok_s"] > 0
+    p50, p90, p99 = d["decode_token_p50_s"], d["decode_token_p90_s"], d["decode_token_p99_s"]
+    assert 0 < p50 <= p90 <= p99 <= d["decode_s"]
+    r = ramforge("run", "-p", "Hello", "-n", "4", "--temp", "0", "--profile", "--json")
+    assert r.returncode == 0, r.stderr
+    prof = json.loads(r.stdout)["profile"]
+    assert 0 < prof["decode_token_p50_s"] <= prof["decode_token_p90_s"] <= prof["decode_token_p99_s"]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux's /proc")
 def test_peak_rss_is_the_process_own_not_its_parents():
     """--memory-report's peak RSS: a child started by a large parent reports its own high-water mark

@@ -27,6 +27,7 @@ from ramforge.errors import ClientDisconnected, GrammarError  # noqa: E402
 from ramforge.server import ServerConfig, create_app  # noqa: E402
 from ramforge.server.browser import DEFAULT_ORIGINS, local_host, origin_regex, parse_origins  # noqa: E402
 from ramforge.server.transport import uvicorn_config  # noqa: E402
+from tests.serving import serving  # noqa: E402
 
 KEY = "sk-hostile"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -36,22 +37,10 @@ EVIL = "https://evil.example"
 @contextlib.contextmanager
 def served(app, **limits):
     """A uvicorn server of `app` in a thread on 127.0.0.1 at a free port, as `ramforge serve` configures
-    it (server.transport.uvicorn_config's `limits`)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    it (server.transport.uvicorn_config's `limits`); yields (url, server)."""
     server = uvicorn.Server(uvicorn_config(app, log_level="warning", **limits))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", server
-    finally:
-        server.should_exit = True
-        thread.join(30)
-    assert not thread.is_alive()
+    with serving(server) as (url, _):
+        yield url, server
 
 
 def wait_until(pred, timeout: float, what: str) -> float:

@@ -131,7 +131,7 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
     c0 = COMPILE.seconds
     kv = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with compile_notice(), load_engine(model, prompt_tokens + gen + 8, ram, io, threads, expert_cache,
-                                       expert_prefetch, None, kv, spill_of(kv_spill)) as eng:
+                                       expert_prefetch, kv=kv, kv_spill=spill_of(kv_spill)) as eng:
         base = eng.tokenizer.encode("The history of the printing press begins in the fifteenth century, when ",
                                     add_special=False)
         ids = ([eng.tokenizer.bos_id] if eng.tokenizer.add_bos else []) + (base * prompt_tokens)[:prompt_tokens]

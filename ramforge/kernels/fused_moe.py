@@ -177,24 +177,10 @@ def _make_down_n(sd: tuple):
     return made_for(_down_n, "_".join(str(getattr(p, "name", p)) for p in sd))
 
 
-@functools.lru_cache(maxsize=256)
-def _up_kernel(sg: tuple, su: tuple):
-    return _make_up(sg, su)
-
-
-@functools.lru_cache(maxsize=256)
-def _down_kernel(sd: tuple):
-    return _make_down(sd)
-
-
-@functools.lru_cache(maxsize=256)
-def _up_n_kernel(sg: tuple, su: tuple):
-    return _make_up_n(sg, su)
-
-
-@functools.lru_cache(maxsize=256)
-def _down_n_kernel(sd: tuple):
-    return _make_down_n(sd)
+@functools.lru_cache(maxsize=1024)
+def _kernel(make, *slots: tuple):
+    """make(*slots) once per process: one of the four kernel factories above, for weights of these slots."""
+    return make(*slots)
 
 
 def _rows_limit(ggml_type, n_out: int) -> int:
@@ -244,9 +230,9 @@ def plan(gate_type, up_type, down_type, n_embd: int, n_ff: int, reps: tuple = (0
         return None
     act = {code: a for a, code in ACT_CODE.items()}
     same = (g[0][3], g[0][4]) == (u[0][3], u[0][4])
-    return ExpertKernels(_up_kernel(g[0], u[0]), _down_kernel(d[0]), g[1], u[1], d[1], n_embd, n_ff,
+    return ExpertKernels(_kernel(_make_up, g[0], u[0]), _kernel(_make_down, d[0]), g[1], u[1], d[1], n_embd, n_ff,
                          "+".join(GGMLType(t).name for t in (gate_type, up_type, down_type)),
-                         _up_n_kernel(g[0], u[0]), _down_n_kernel(d[0]),
+                         _kernel(_make_up_n, g[0], u[0]), _kernel(_make_down_n, d[0]),
                          min(_rows_limit(gate_type, n_ff), _rows_limit(up_type, n_ff)) if same else 0,
                          _rows_limit(down_type, n_embd), (act[g[0][3]], g[0][4]) if same else None,
                          (act[d[0][3]], d[0][4]))
