@@ -64,14 +64,15 @@ def _warm(model) -> None:
     """Compile, or load from the disk cache, the sampler's kernels and the matmul kernels any batch of
     this model may take: a kernel compiled under a request would hold the GIL, and the event loop with
     it (/health, the read deadlines), for seconds. A pipeline on Ray warms in its stages."""
-    from ..kernels import fused
+    from ..kernels import fused, fused_moe
     from ..kernels.qmatmul import warm
     from ..sampling import warm as warm_sampler
 
     warm_sampler(model.engine.hp.n_vocab)
     weights = getattr(model.engine, "weights", None)
     if weights is not None:
-        n = warm(weights.matmul_shapes()) + fused.warm(weights.layer_matrices())
+        n = (warm(weights.matmul_shapes()) + fused.warm(weights.layer_matrices())
+             + fused_moe.warm(weights.expert_shapes()))
         log.debug("%d matmul kernels ready", n)
 
 

@@ -234,6 +234,20 @@ class Weights:
                     out.add((t.ggml_type, t.dims[1], t.dims[0], repack_group(t.dims[1])))
         return out
 
+    def expert_shapes(self) -> set[tuple]:
+        """(gate type, up type, down type, n_embd, n_ff, repacked groups) of each layer's experts as a
+        decode token multiplies by them (kernels.fused_moe.warm); empty for a dense model."""
+        out = set()
+        for il in range(*self.plan.layers):
+            ts = [self.f.tensors.get(gguf_name(s, il)) for s in EXPERT_TENSORS]
+            if None in ts:
+                continue
+            repacked = (il in self.pinned or REPACK_STREAMED) and not self.mmap and not self.apart
+            g, u, d = ts
+            out.add((g.ggml_type, u.ggml_type, d.ggml_type, g.dims[0], g.dims[1],
+                     tuple(self._groups(il, t, repacked) for t in ts)))
+        return out
+
     def layer_matrices(self) -> list[dict]:
         """Each layer's matrices as a pass multiplies by them, {suffix: (type, n_out, n_in, repacked)},
         and {"output": ...} for a resident output matrix (kernels.fused.warm)."""
@@ -449,12 +463,11 @@ class Experts:
     @property
     def pool(self) -> np.ndarray | None:
         """The expert cache's buffer of every slot (take_ready's offsets are into it); None when resident."""
-        c = self.w.expert_cache
-        return None if c is None else c.pool
+        return None if self.w.expert_cache is None else self.w.expert_cache.pool
 
     @property
     def tensors(self) -> list:
-        """The layer's expert tensors (gate, up, down) as the file describes them (TensorInfo: type, dims)."""
+        """The layer's expert tensors (gate, up, down): the file's TensorInfo (cached), else the layer's."""
         c = self.w.expert_cache
         return c.tensors[self.il] if c is not None else [self.resident.layer.tensors[s] for s in EXPERT_TENSORS]
 
@@ -465,9 +478,8 @@ class Experts:
         if c is None:
             return []
         ready = c.take_ready(self.order, self.rec)
-        taken = {k for k, _ in ready}
-        self.order = [k for k in self.order if k not in taken]
         self._ready = [k for k, _ in ready]
+        self.order = [k for k in self.order if k not in self._ready]
         return [(k[1], offs) for k, offs in ready]
 
     def release(self) -> None:
