@@ -464,6 +464,9 @@ def _tls_server(tmp_path, monkeypatch):
     """An https server on 127.0.0.1 with a self-signed certificate the client is made to trust."""
     import ssl
     import subprocess
+    import shutil
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command (to make a test certificate) is not installed")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
                         str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
