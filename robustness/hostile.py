@@ -50,9 +50,9 @@ from urllib.parse import urlsplit
 import httpx
 
 try:
-    from robustness.load_server import budget_of, free_port, stop_server, wait_up
+    from robustness.load_server import budget_of, free_port, start_server, stop_server, wait_up
 except ImportError:                     # run as a script: robustness/ is sys.path[0]
-    from load_server import budget_of, free_port, stop_server, wait_up
+    from load_server import budget_of, free_port, start_server, stop_server, wait_up
 
 EVIL = "https://evil.example"
 CLASSES = ("cross_site", "bad_origin", "dns_rebinding", "slow_loris", "flood", "non_reader")
@@ -348,15 +348,6 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def start_server(port: int, log_path: str, request_timeout: float, write_timeout: float, max_connections: int):
-    import subprocess
-
-    cmd = [sys.executable, "-m", "ramforge", "serve", "--host", "127.0.0.1", "--port", str(port), "--ram", "400M",
-           "--ctx", "512", "--request-timeout", str(request_timeout), "--write-timeout", str(write_timeout),
-           "--max-connections", str(max_connections), "--log-level", "warning"]
-    return subprocess.Popen(cmd, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(CLASSES), help=f"comma-separated classes of {', '.join(CLASSES)}")
@@ -381,7 +372,8 @@ def main(argv=None) -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log_path = tempfile.mktemp(prefix="ramforge-hostile-", suffix=".log")
-        proc = start_server(port, log_path, a.request_timeout, a.write_timeout, a.max_connections)
+        proc = start_server(port, log_path, "--request-timeout", str(a.request_timeout), "--write-timeout",
+                            str(a.write_timeout), "--max-connections", str(a.max_connections))
     try:
         wait_up(url, proc)
         results = run(url, classes, seconds=a.seconds, pid=proc.pid if proc else None,

@@ -39,7 +39,7 @@ import httpx
 
 if __package__ in (None, ""):                       # run as a script: python robustness/hostile_values.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from robustness.load_server import budget_of, free_port, stop_server, wait_idle, wait_up  # noqa: E402
+from robustness.load_server import budget_of, free_port, start_server, stop_server, wait_idle, wait_up  # noqa: E402
 
 SERVED, REFUSED = "served", "refused"      # 2xx (or 404 for a model that is not there), or 400 / 422
 MSG = [{"role": "user", "content": "Say yes."}]
@@ -233,8 +233,6 @@ def run(url: str, deadline: float = 2.0, served_deadline: float = 60.0) -> list[
 
 
 def main(argv=None) -> int:
-    import subprocess
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default=None, help="an already running server (loopback) instead of starting one")
     ap.add_argument("--deadline", type=float, default=2.0, help="seconds a refused value may take")
@@ -245,9 +243,7 @@ def main(argv=None) -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log_path = tempfile.mktemp(prefix="ramforge-hostile-", suffix=".log")
-        cmd = [sys.executable, "-m", "ramforge", "serve", "--host", "127.0.0.1", "--port", str(port), "--ram", "400M",
-               "--ctx", "512", "--max-ctx", "1024", "--log-level", "warning"]
-        proc = subprocess.Popen(cmd, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = start_server(port, log_path, "--max-ctx", "1024")
     try:
         wait_up(url, proc)
         fails = run(url, a.deadline, a.served_deadline)

@@ -284,11 +284,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, request_timeout: float, log_path: str) -> subprocess.Popen:
+def start_server(port: int, log_path: str, *flags: str) -> subprocess.Popen:
+    """`ramforge serve` on the default model at 127.0.0.1:port (400M, ctx 512) with these further flags,
+    its output to log_path; every harness's server (stop_server ends it)."""
     cmd = [sys.executable, "-m", "ramforge", "serve", "--host", "127.0.0.1", "--port", str(port), "--ram", "400M",
-           "--ctx", "512", "--request-timeout", str(request_timeout), "--log-level", "warning"]
-    log = open(log_path, "wb")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+           "--ctx", "512", "--log-level", "warning", *flags]
+    return subprocess.Popen(cmd, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def stop_server(proc: subprocess.Popen | None, log_path: str | None) -> None:
@@ -436,7 +437,7 @@ def main(argv=None) -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log_path = tempfile.mktemp(prefix="ramforge-load-", suffix=".log")
-        proc = start_server(port, a.request_timeout, log_path)
+        proc = start_server(port, log_path, "--request-timeout", str(a.request_timeout))
     try:
         wait_up(url, proc)
         report = run_load(url, clients=a.clients, seconds=a.seconds, stalled=a.stalled,

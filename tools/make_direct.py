@@ -46,7 +46,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools._fixtures import read_gguf_header, stable_seed, vocab_dir  # noqa: E402
 from tools.make_models import (  # noqa: E402
-    SPECS, Spec, _add_kv, expected_types, stays_f32, tensor_plan, tensor_values,
+    SPECS, Spec, _add_kv, add_hparams, expected_types, tensor_plan, tensor_values,
 )
 from tools.skew_router import SKEWS  # noqa: E402
 
@@ -241,22 +241,7 @@ def _metadata(w, p: Preset) -> None:
     s, A = p.spec, p.spec.arch
     w.add_name(f"ramforge direct {s.arch}-{s.name} {p.qtype}")
     w.add_description(f"ramforge synthetic random-quant model ({p.note}; tools/make_direct.py, seed {s.seed})")
-    for key, val in ((f"{A}.context_length", s.n_ctx), (f"{A}.embedding_length", s.n_embd),
-                     (f"{A}.block_count", s.n_layer), (f"{A}.feed_forward_length", s.n_ff),
-                     (f"{A}.attention.head_count", s.n_head), (f"{A}.attention.head_count_kv", s.n_head_kv),
-                     (f"{A}.attention.key_length", s.head_dim), (f"{A}.attention.value_length", s.head_dim),
-                     (f"{A}.rope.dimension_count", s.n_rot or s.head_dim)):
-        w.add_uint32(key, val)
-    w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", s.eps)
-    w.add_float32(f"{A}.rope.freq_base", s.rope_base)
-    for key, value in [(f"rope.scaling.{k}", v) for k, v in s.rope_scaling] + list(s.extra_kv):
-        add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
-        add(f"{A}.{key}", value)
-    if s.n_expert:
-        w.add_uint32(f"{A}.expert_count", s.n_expert)
-        w.add_uint32(f"{A}.expert_used_count", s.n_expert_used)
-        if A != "llama":
-            w.add_uint32(f"{A}.expert_feed_forward_length", s.n_ff_exp)
+    add_hparams(w, s)
     w.add_file_type(FILE_TYPE[p.qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for key, (vt, val, st) in _vocab_kv(s.vocab, p.n_vocab):

@@ -316,23 +316,14 @@ def _publish(tmp: Path, dst: Path) -> None:
             os.replace(tmp, dst)
 
 
-def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None = None) -> Path:
-    """Stream a float (F32/F16/BF16) model to `out` one tensor at a time (bounded memory)."""
-    import gguf
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    w = gguf.GGUFWriter(tmp, spec.arch)
-    w.add_name(model_id(spec, ftype))
-    w.add_description(f"ramforge synthetic random-weight test model, seed {spec.seed}")
+def add_hparams(w, spec: Spec) -> None:
+    """spec's hyperparameters as `{arch}.*` keys of GGUFWriter w (the order the oracle files were written in)."""
     A = spec.arch
-    w.add_uint32(f"{A}.context_length", spec.n_ctx)
-    w.add_uint32(f"{A}.embedding_length", spec.n_embd)
-    w.add_uint32(f"{A}.block_count", spec.n_layer)
-    w.add_uint32(f"{A}.feed_forward_length", spec.n_ff)
-    w.add_uint32(f"{A}.attention.head_count", spec.n_head)
-    w.add_uint32(f"{A}.attention.head_count_kv", spec.n_head_kv)
-    w.add_uint32(f"{A}.attention.key_length", spec.head_dim)
-    w.add_uint32(f"{A}.attention.value_length", spec.head_dim)
+    for key, val in (("context_length", spec.n_ctx), ("embedding_length", spec.n_embd), ("block_count", spec.n_layer),
+                     ("feed_forward_length", spec.n_ff), ("attention.head_count", spec.n_head),
+                     ("attention.head_count_kv", spec.n_head_kv), ("attention.key_length", spec.head_dim),
+                     ("attention.value_length", spec.head_dim)):
+        w.add_uint32(f"{A}.{key}", val)
     w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", spec.eps)
     w.add_float32(f"{A}.rope.freq_base", spec.rope_base)
     w.add_uint32(f"{A}.rope.dimension_count", spec.n_rot or spec.head_dim)
@@ -346,6 +337,18 @@ def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None =
             w.add_uint32(f"{A}.expert_feed_forward_length", spec.n_ff_exp)
         if spec.n_ff_shexp:
             w.add_uint32(f"{A}.expert_shared_feed_forward_length", spec.n_ff_shexp)
+
+
+def write_float_model(spec: Spec, ftype: str, out: Path, vocab_dir: str | None = None) -> Path:
+    """Stream a float (F32/F16/BF16) model to `out` one tensor at a time (bounded memory)."""
+    import gguf
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    w = gguf.GGUFWriter(tmp, spec.arch)
+    w.add_name(model_id(spec, ftype))
+    w.add_description(f"ramforge synthetic random-weight test model, seed {spec.seed}")
+    A = spec.arch
+    add_hparams(w, spec)
     w.add_file_type(FILE_TYPE[ftype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     n_vocab = _copy_vocab(w, vocab_path(spec.vocab, vocab_dir))

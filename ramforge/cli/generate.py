@@ -124,7 +124,6 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
     import numba
 
     from ..jit import COMPILE, Stopwatch
-    from ..plan import layer_of
     from ..profiling import latency_percentiles
     from ..report import compile_notice
 
@@ -150,8 +149,7 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
                 tok = int(np.argmax(eng.eval([tok])[-1]))
             per_token.append(sw.seconds)
         decode = sum(per_token)
-        weights = eng.plan.active_bytes_per_token or sum(       # a mixture: the k experts a layer it computes with
-            t.nbytes for n, t in eng.weights.f.tensors.items() if layer_of(n) is not None or n == eng.weights.out_name)
+        weights = eng.plan.active_bytes_per_token             # what a token reads: a mixture's k experts a layer
         res = {"model": eng.path, "threads": numba.get_num_threads(), "prompt_tokens": len(ids),
                "gen_tokens": gen, "prefill_s": prefill, "prefill_tok_s": len(ids) / prefill,
                "decode_s": decode, "decode_tok_s": gen / decode, "weight_bytes_per_token": weights,

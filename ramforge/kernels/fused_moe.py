@@ -33,9 +33,9 @@ from ..gguf.constants import GGMLType
 from .fused import _cut, slot
 from .glu import _swiglu_span
 from .naming import made_for
-from .qmatmul import VECTOR, _make_packed_one
-from .quantize import ACT_CODE, _token_activation, quantize_activation
-from .registry import kernels_for
+from .qmatmul import VECTOR, _make_packed_one, _quantized
+from .quantize import ACT_CODE, _token_activation
+from .registry import ActType, kernels_for
 from .variants import TILED_FROM
 
 _UNIT = 16              # rows cut in whole 16s: _make_packed_one's 8-row groups, SwiGLU's 16-lane exp
@@ -263,11 +263,9 @@ def run(kern: ExpertKernels, x: np.ndarray, raws: tuple, offs: tuple, wts: np.nd
     return out
 
 
-def _flat(a) -> tuple:
-    """quantize_activation's arrays as the kernels take them: (q i8, d f32, m f32 (Q8_1's sums, else d),
-    bsum i32), flat."""
-    d = a.d.reshape(-1)
-    return a.q, d, a.s.reshape(-1) if a.s.size > 1 else d, a.bsum.reshape(-1)
+def _activation(x: np.ndarray, act: tuple) -> tuple:
+    """x quantized for weights of act (ActType, sub), as qmatmul hands it to its kernels (flat arrays)."""
+    return _quantized(x, act[0], act[1], 0, act[0] is ActType.Q8_1)
 
 
 def run_batch(kern: ExpertKernels, x: np.ndarray, raws: tuple, offs: tuple, start: np.ndarray, toks: np.ndarray,
@@ -290,11 +288,11 @@ def run_batch(kern: ExpertKernels, x: np.ndarray, raws: tuple, offs: tuple, star
         _check(name, raw, o, nb)
     nt = numba.get_num_threads()
     g, u = ge[:n_pairs], ue[:n_pairs]
-    kern.up_n(*_flat(quantize_activation(x, *kern.up_act)), n, raws[0], raws[1], offs[0], offs[1], start, toks,
+    kern.up_n(*_activation(x, kern.up_act), n, raws[0], raws[1], offs[0], offs[1], start, toks,
               g, u, kern.row_gate, kern.row_up, nt)
     small = counts <= kern.down_rows
     if small.any():
-        kern.down_n(*_flat(quantize_activation(g, *kern.down_act)), n_pairs, raws[2], offs[2][small],
+        kern.down_n(*_activation(g, kern.down_act), n_pairs, raws[2], offs[2][small],
                     start[:-1][small], start[1:][small], dest, ex, kern.row_down, nt)
     for i in np.flatnonzero(~small):
         if down_alone is None:

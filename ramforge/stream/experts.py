@@ -181,20 +181,21 @@ class ExpertCache:
     def release(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> None:
         """The keys taken by take_ready are computed: their slots may be reused (as `take` gives up the one
         before), and misses waiting for a slot are read."""
+        self._unprotect(keys)
+        self._submit(self._todo, rec)
+
+    def _unprotect(self, keys) -> None:
+        """keys' slots may be evicted again, except those kept for a later layer (read ahead or predicted)."""
         held = set(self._prefetched.values()) | set(self._kept.values())
         for k in keys:
             slot = self._slot.get(k)
             if slot is not None and slot not in held:
                 self._protected[slot] = False
-        self._submit(self._todo, rec)
 
     def end(self, rec: ExpertRecord) -> None:
         """End the layer's turn (after an error too): its experts are no longer protected."""
         self._release_taken(rec, submit=False)
-        held = set(self._prefetched.values()) | set(self._kept.values())
-        for k in self._turn:
-            if k in self._slot and self._slot[k] not in held:
-                self._protected[self._slot[k]] = False
+        self._unprotect(self._turn)
         self._turn, self._todo = [], []
         self._settle_failed()
         self.totals.add(rec)
