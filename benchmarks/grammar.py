@@ -53,9 +53,9 @@ class Timed:
 
 def main(argv=None) -> int:
     import ramforge
-    from ramforge.params import sampler_params
+    from ramforge.sampling.params import sampler_params
     from ramforge.sampling import Sampler
-    from ramforge.structured import matcher, schema_grammar
+    from ramforge.structured import schema_grammar, matcher
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")

@@ -15,8 +15,8 @@ if __package__ in (None, ""):
 
 
 def measure(model: str, kind: str, n: int) -> dict:
-    from ramforge.engine import Engine
-    from ramforge.resolve import resolve_model
+    from ramforge.engine.engine import Engine
+    from ramforge.store.resolve import resolve_model
 
     with Engine.load(resolve_model(model), n_ctx=n, type_k=kind, type_v=kind) as eng:
         ids = [(7 * i) % (eng.hp.n_vocab - 1) + 1 for i in range(n)]

@@ -26,10 +26,10 @@ sys.path.insert(0, str(REPO))
 
 
 def child(model: str, mode: str, ctx: int, n_prompt: int, gen: int, ram: str, kind: str, threads: int | None) -> dict:
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
     from ramforge.gguf.reader import GGUFFile
     from ramforge.memory import MemoryBudget, parse_memory_size
-    from ramforge.plan import plan_for_budget
+    from ramforge.stream.plan import plan_for_budget
     from ramforge.profiling import PROFILE
     from ramforge.stream.io import evict
 
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    from ramforge.resolve import resolve_model
+    from ramforge.store.resolve import resolve_model
     model = str(resolve_model(a.model))
     if a.child:
         print(json.dumps(child(model, a.child, a.ctx, a.prompt, a.gen, a.ram, a.kv_type, a.threads)))

@@ -59,7 +59,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from ramforge.report import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
+from ramforge.cli.report import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
 from benchmarks import fairdisk  # noqa: E402
 from benchmarks.fairdisk import read_ahead_kb  # noqa: E402,F401  (the readahead of the device holding a file)
 
@@ -106,7 +106,7 @@ def _delta(after: dict, before: dict) -> dict:
 def child_ramforge(c: dict) -> dict:
     import numpy as np
 
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
     from ramforge.memory import MemoryBudget
     from ramforge.profiling import PROFILE
 
@@ -342,7 +342,7 @@ def prompt_tokens(model: str) -> tuple[list[int], list[int]]:
 
 def ramforge_configs(policies: list[str] | None, prefetch: list[str] | None) -> tuple[list[dict], list[str]]:
     """The expert-cache configurations Engine.load can take, and notes on the ones it cannot."""
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
 
     params = inspect.signature(Engine.load).parameters
     notes = []

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-from ramforge.report import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
+from ramforge.cli.report import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
 from benchmarks import fairdisk  # noqa: E402
 
 PROMPT = [1, 450, 4996, 17354, 1701, 29916]      # llama-spm ids
@@ -36,7 +36,7 @@ def child_ramforge(model: str, ram: str, tokens: int, ctx: int, io: str, threads
     """One budgeted run: seconds per decode token (the first decode pass left out), bytes read per
     token, and the prompt's tok/s. warm: first run the prompt and 2 decode steps, so the first kernel
     calls of the process are not timed (vs_llamacpp.py --ram; out_of_core.py times it cold)."""
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
     from ramforge.memory import MemoryBudget, parse_memory_size
     from ramforge.profiling import PROFILE
 

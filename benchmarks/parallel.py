@@ -8,7 +8,7 @@ A configuration is a budget (--rams: one large enough that nothing streams is "i
 such as 64M is out of core: layers and the output stream every pass) and N parallel sequences: the
 engine loaded with n_seq=N (`Model(n_seq=N)`, `ramforge serve --parallel N`: a slot of PAD(ctx / N,
 256) KV cells each; the same --ctx for every N, so every configuration has the same plan) under
-ramforge.batcher.Batcher, and N requests with distinct prompts (--prompt tokens of text) submitted
+ramforge.generation.batcher.Batcher, and N requests with distinct prompts (--prompt tokens of text) submitted
 at once, each generating --gen greedy tokens. Each configuration runs in a fresh process, the model
 file evicted from the page cache before (as benchmarks/out_of_core.py); inside it, one untimed round
 of N requests (other prompts, N + 2 tokens) first, so the first pass of every batch shape (kernels
@@ -89,7 +89,7 @@ def warm_prompts(n: int, length: int, n_vocab: int) -> list[list[int]]:
 
 def child_solo(model: str, n: int, n_prompt: int, gen: int, ctx: int, threads: int | None) -> dict:
     """The reference: each prompt alone, greedy, Engine.generate with one sequence, in RAM."""
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
 
     with Engine.load(model, n_ctx=ctx, n_threads=threads) as eng:
         res = []
@@ -100,12 +100,12 @@ def child_solo(model: str, n: int, n_prompt: int, gen: int, ctx: int, threads: i
 
 
 def child_parallel(model: str, ram: str, n: int, n_prompt: int, gen: int, ctx: int, threads: int | None) -> dict:
-    from ramforge.batcher import Batcher
-    from ramforge.engine import Engine
+    from ramforge.generation.batcher import Batcher
+    from ramforge.engine.engine import Engine
     from ramforge.jit import COMPILE
     from ramforge.memory import MemoryBudget, parse_memory_size
     from ramforge.profiling import PROFILE
-    from ramforge.report import peak_rss
+    from ramforge.cli.report import peak_rss
 
     budget = MemoryBudget(parse_memory_size(ram))
     t0 = time.perf_counter()
@@ -175,8 +175,8 @@ def child_parallel(model: str, ram: str, n: int, n_prompt: int, gen: int, ctx: i
 def replay(model: str, ctx: int, n: int, schedule: list, ps: list[list[int]], gen: int) -> list[list[int]]:
     """The scheduler's passes (Batcher(log=True)) again through Engine.eval_batch on a fresh engine in RAM,
     greedy: each request's tokens as the batched decode computes them (tests/test_parallel.py's replay)."""
-    from ramforge.batcher import replay as replay_passes
-    from ramforge.engine import Engine
+    from ramforge.generation.batcher import replay as replay_passes
+    from ramforge.engine.engine import Engine
 
     with Engine.load(model, n_ctx=ctx, n_seq=n) as eng:
         segs = replay_passes(eng, schedule)
@@ -259,7 +259,7 @@ def main(argv=None) -> int:
     if a.table:
         report(json.loads(Path(a.table).read_text()))
         return 0
-    from ramforge.resolve import resolve_model
+    from ramforge.store.resolve import resolve_model
     model = str(resolve_model(a.model))
     threads = a.threads or None
     if a.child:

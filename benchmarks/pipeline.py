@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     import ray
 
     from ramforge.cluster import RAY_SYSTEM_CONFIG, Pipeline
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
 
     ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
              _system_config=RAY_SYSTEM_CONFIG)

@@ -54,7 +54,7 @@ MODES = ("plain", "lookup", "lookup-fixed", "self-draft")
 
 
 def drafter_for(mode: str, draft_path: str | None):
-    from ramforge.speculative import DraftModel, PromptLookup
+    from ramforge.engine.speculative import DraftModel, PromptLookup
 
     if mode == "lookup":
         return PromptLookup(2, 10, adaptive=True)
@@ -66,10 +66,10 @@ def drafter_for(mode: str, draft_path: str | None):
 
 
 def child(model: str, ram: str, ctx: int, mode: str, prompt: str, tokens: int, draft_path: str | None) -> dict:
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
     from ramforge.memory import MemoryBudget
     from ramforge.profiling import PROFILE
-    from ramforge.speculative import DraftModel
+    from ramforge.engine.speculative import DraftModel
 
     budget = MemoryBudget(None if ram == "unlimited" else ram)
     drafter = drafter_for(mode, draft_path)
@@ -157,7 +157,7 @@ def main() -> int:
         print(json.dumps(child(*json.loads(a.child))))
         return 0
     from ramforge.memory import parse_memory_size
-    from ramforge.resolve import default_model_path
+    from ramforge.store.resolve import default_model_path
 
     model = a.model or str(default_model_path())
     size = os.path.getsize(model)

@@ -55,7 +55,7 @@ SPIN = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    for _ in rang
 
 def model_path(spec: str) -> str:
     if spec == "default":
-        from ramforge.resolve import default_model_path
+        from ramforge.store.resolve import default_model_path
 
         return str(default_model_path())
     if ":" in spec and not Path(spec).exists():
@@ -72,7 +72,7 @@ def weight_bytes_per_token(path: str) -> int:
     """Bytes of the weights one decode token reads: every layer tensor and the output matrix, one
     embedding row (and the few norms outside the layers)."""
     from ramforge.gguf.reader import GGUFFile
-    from ramforge.plan import make_plan
+    from ramforge.stream.plan import make_plan
 
     with GGUFFile(path) as f:
         return make_plan(f, None).active_bytes_per_token
@@ -255,7 +255,7 @@ def run_model(a, spec: str, report: dict) -> None:
     """Every figure of one model into report["models"]."""
     import llama_cpp
 
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
 
     path = model_path(spec)
     size, wbytes = os.path.getsize(path), weight_bytes_per_token(path)

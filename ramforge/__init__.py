@@ -25,15 +25,15 @@ if "OMP_WAIT_POLICY" not in _os.environ:
 def __getattr__(name):
     """`ramforge.Model` and friends, imported on first use so `import ramforge` stays light."""
     if name in ("Model", "Response"):
-        from . import api
+        from .generation import api
 
         return getattr(api, name)
     if name in ("PromptLookup", "DraftModel"):
-        from . import speculative
+        from .engine import speculative
 
         return getattr(speculative, name)
     if name in ("PromptCache", "State"):
-        from . import session
+        from .generation import session
 
         return getattr(session, name)
     if name in ("MemoryBudget", "parse_memory_size"):

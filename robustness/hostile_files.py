@@ -90,10 +90,10 @@ def hostile_headers(header: dict) -> dict:
 
 def main() -> int:
     from ramforge import paths
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
     from ramforge.errors import KVSpillError, StateError
     from ramforge.memory import MemoryBudget
-    from ramforge.session import load_state_file, write_state_file
+    from ramforge.generation.session import load_state_file, write_state_file
     from tools.make_models import ensure_model
 
     tiny = str(ensure_model("llama", "F16"))
@@ -178,7 +178,7 @@ def main() -> int:
         def _():
             import struct
 
-            from ramforge.session import MAGIC
+            from ramforge.generation.session import MAGIC
             body = len(MAGIC) + 4 + struct.unpack("<I", raw[len(MAGIC):len(MAGIC) + 4])[0]
             for i, (name, h) in enumerate(hostile_headers(json.loads(raw[len(MAGIC) + 4:body])).items()):
                 p = states / f"hostile-header-{i}.bin"
@@ -214,7 +214,7 @@ def main() -> int:
         def _():
             d = root / "spill"
             d.mkdir()
-            code = ("import sys; from ramforge.engine import Engine; e = Engine.load(sys.argv[1], n_ctx=1024, "
+            code = ("import sys; from ramforge.engine.engine import Engine; e = Engine.load(sys.argv[1], n_ctx=1024, "
                     "kv_spill=sys.argv[2]); e.eval(list(range(1, 450))); print(e.kv.spilled, flush=True); "
                     "sys.stdin.read()")
             with subprocess.Popen([sys.executable, "-c", code, tiny, str(d)], stdin=subprocess.PIPE,

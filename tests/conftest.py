@@ -8,7 +8,7 @@ def pytest_sessionstart(session):
     config = session.config
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
-    from ramforge.resolve import default_model_path
+    from ramforge.store.resolve import default_model_path
     from tools.fetch_vocab import fetch_vocab
 
     fetch_vocab()
@@ -18,6 +18,6 @@ def pytest_sessionstart(session):
 @pytest.fixture(scope="session")
 def default_model():
     """Path of the embedded default model (gemma-3-270m Q4_K_M), assembled and verified once."""
-    from ramforge.resolve import default_model_path
+    from ramforge.store.resolve import default_model_path
 
     return default_model_path()

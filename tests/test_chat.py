@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ramforge.chat import CHATML_TEMPLATE, ChatLimits, ChatTemplate, ChatTemplateError, render_chat
+from ramforge.generation.chat import CHATML_TEMPLATE, ChatLimits, ChatTemplate, ChatTemplateError, render_chat
 from ramforge.errors import RamforgeError
 
 CHAT_DIR = Path(__file__).parent / "fixtures" / "chat"
@@ -43,7 +43,7 @@ def test_records_present_and_intact():
 def test_render_equals_llama_cpp_python(record, name, monkeypatch):
     rec, c = RECORDS[record], case(record, name)
     if "now" in rec:           # a template that prints today's date: the record's, as it was recorded
-        monkeypatch.setattr("ramforge.chat._strftime_now",
+        monkeypatch.setattr("ramforge.generation.chat._strftime_now",
                             lambda fmt: datetime.strptime(rec["now"], "%Y-%m-%d").strftime(fmt))
     if "error" in c:  # the template's own raise_exception
         with pytest.raises(ChatTemplateError) as e:
@@ -381,7 +381,7 @@ def test_format_width_guard_still_catches_widths():
 
 
 def test_template_kwargs_may_not_take_the_templates_own_names():
-    from ramforge.chat import RESERVED_VARIABLES, check_template_kwargs
+    from ramforge.generation.chat import RESERVED_VARIABLES, check_template_kwargs
 
     assert check_template_kwargs({"enable_thinking": False}) == {"enable_thinking": False}
     assert check_template_kwargs(None) == {}

@@ -48,7 +48,7 @@ def test_support_lists_types():
     ("1G", "resident", 2048, None), ("100M", "streaming", 2048, None), ("30M", "streaming", 2048, None),
     ("30M", "streaming", 1280, "off"), ("8M", "insufficient", 2048, None)])
 def test_plan_verdicts(ram, verdict, kv_positions, spill):
-    from ramforge.memory.kv_types import spill_layout
+    from ramforge.kv.types import spill_layout
     r = ramforge("plan", "default", "--ram", ram, "--ctx", "2048", "--json", *(("--kv-spill", spill) if spill else ()))
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)
@@ -118,7 +118,7 @@ def test_peak_rss_is_the_process_own_not_its_parents():
     import numpy as np
 
     big = np.ones(512 * 2**20 // 8)                            # 512 MiB resident in this process
-    r = subprocess.run([sys.executable, "-c", "from ramforge.report import peak_rss; print(peak_rss())"],
+    r = subprocess.run([sys.executable, "-c", "from ramforge.cli.report import peak_rss; print(peak_rss())"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert 0 < int(r.stdout) < 400 * 2**20, int(r.stdout) >> 20

@@ -17,11 +17,11 @@ import pytest
 
 from ramforge.cluster.split import parse_budgets, plan_stages, split_layers
 from ramforge.cluster.stage import Stage, check_identity
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 from ramforge.errors import (ClusterUnreachable, InvalidArgument, StageBudgetTooSmall, StageFailed, StageMismatch,
                              http_status)
 from ramforge.gguf.reader import GGUFFile
-from ramforge.params import sampler_params
+from ramforge.sampling.params import sampler_params
 from ramforge.sampling import LLAMA, Sampler
 
 PROMPT = [1, 415, 4996, 17354, 1701, 29916, 432, 17204, 975, 278, 17366, 11203, 29889]

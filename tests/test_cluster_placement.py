@@ -35,7 +35,7 @@ def two_nodes():
 
 def test_two_stages_on_two_nodes_one_each(two_nodes, tiny):
     from ramforge.cluster import Pipeline
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
 
     ray, nodes = two_nodes
     assert len(nodes) == 2

@@ -64,8 +64,8 @@ def test_status_by_type(exc, status):
 
 
 def test_errors_of_other_modules_map_by_their_category():
-    from ramforge.chat import ChatTemplateError, ChatTemplateInvalid
-    from ramforge.params import SamplerError
+    from ramforge.generation.chat import ChatTemplateError, ChatTemplateInvalid
+    from ramforge.sampling.params import SamplerError
     from ramforge.store import InvalidModelName, NotInStore
 
     assert http_status(SamplerError("top_p", 2, "a number in [0, 1]")) == 400

@@ -44,7 +44,7 @@ NAMES = ["gemma3", "qwen2", "llama-spm"]
 @lru_cache(maxsize=None)
 def model_path(name: str) -> str:
     if name == "gemma3":
-        from ramforge.resolve import default_model_path
+        from ramforge.store.resolve import default_model_path
         return str(default_model_path())
     from tests.test_tokenizer_data import vocab_path_dir
     return str(vocab_path_dir() / f"ggml-vocab-{name}.gguf")

@@ -102,7 +102,7 @@ def test_request_bodies_nest_and_count_digits_with_a_reason(client):
 def test_the_library_refuses_template_variable_collisions_too(default_model):
     """Model.create_chat_completion applies chat.check_template_kwargs as the server does."""
     from ramforge import Model
-    from ramforge.chat import ChatTemplateError
+    from ramforge.generation.chat import ChatTemplateError
 
     with Model(default_model, n_ctx=256) as m:
         for name in ("messages", "bos_token", "add_generation_prompt"):
@@ -134,7 +134,7 @@ def test_num_ctx_is_clamped_as_ollama_clamps_it(default_model, caplog):
 
 def _linear_fit(msgs, n_ctx, count):
     """The linear scan fit_messages replaced (Ollama's chatPrompt, oldest first), as the reference."""
-    from ramforge.chat import ChatTemplateError
+    from ramforge.generation.chat import ChatTemplateError
     from ramforge.server.common import _tool_block_start
 
     last = len(msgs) - 1
@@ -166,7 +166,7 @@ def _conversation(rng: random.Random, n: int) -> list[dict]:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_truncation_by_binary_search_keeps_ollamas_choice(seed):
-    from ramforge.chat import ChatTemplateError
+    from ramforge.generation.chat import ChatTemplateError
 
     rng = random.Random(seed)
     msgs = _conversation(rng, rng.randint(1, 60))

@@ -155,7 +155,7 @@ def describe(graph, path: list[str]) -> str:
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert len(graph) > 50 and "ramforge.engine" in graph
+    assert len(graph) > 50 and "ramforge.engine.engine" in graph
     found = components(graph)
     report = [f"{describe(graph, _closed_path(graph, set(c), c[0]))}\n    (all of: {', '.join(c)})" for c in found]
     assert not found, "import cycles in ramforge/:\n  " + "\n  ".join(report)
@@ -245,3 +245,61 @@ def test_tools_and_harnesses_still_run_as_scripts(args):
 
     r = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------- layering
+
+# The tiers of ramforge/, lowest first: a package imports only from tiers below its own (leaf
+# modules, tier 0, import each other and nothing else). Docs: docs/ARCHITECTURE.md draws the same picture.
+TIERS = [
+    {"_version", "errors", "paths", "flags", "jit", "profiling", "cancel"},   # leaves
+    {"gguf", "store"},
+    {"kernels"},
+    {"memory"},
+    {"models", "kv", "sampling", "tokenizer", "structured"},
+    {"stream"},
+    {"engine"},
+    {"cluster"},
+    {"generation"},
+    {"server"},
+    {"cli"},
+    {"ramforge", "__main__"},        # the package's own __init__ (lazy public names) and `python -m`
+]
+TIER = {name: i for i, names in enumerate(TIERS) for name in names}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "ramforge"
+
+
+def layering_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    out = []
+    for module, deps in sorted(graph.items()):
+        here = package_of(module)
+        for dep, line in sorted(deps.items()):
+            there = package_of(dep)
+            if there != here and (TIER[there] > TIER[here] or TIER[there] == TIER[here] > 0):
+                out.append(f"{module} (tier {TIER[here]}) imports {dep} (tier {TIER[there]}) at line {line}")
+    return out
+
+
+def test_every_package_has_a_tier():
+    assert {package_of(m) for m in module_names(PACKAGE)} <= set(TIER)
+
+
+def test_packages_import_only_lower_tiers():
+    assert layering_violations(import_graph()) == []
+
+
+def test_the_layering_check_sees_an_upward_import():
+    graph = {"ramforge.kernels.ops": {"ramforge.engine.engine": 3}, "ramforge.engine.engine": {}}
+    assert layering_violations(graph) == ["ramforge.kernels.ops (tier 2) imports ramforge.engine.engine (tier 6) at line 3"]
+
+
+def test_only_the_cli_uses_rich():
+    users = sorted(str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")
+                   if any(isinstance(n, (ast.Import, ast.ImportFrom)) and
+                          any((getattr(n, "module", None) or a.name).split(".")[0] == "rich" for a in n.names)
+                          for n in ast.walk(ast.parse(p.read_text()))))
+    assert users and all(u.startswith("ramforge/cli/") for u in users), users

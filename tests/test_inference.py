@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 from ramforge.errors import ContextLengthExceeded, RamforgeError, UnsupportedArch
 from ramforge.models.config import ConfigError
 from ramforge.models.weights import ModelError

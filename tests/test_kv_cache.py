@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ramforge.engine import Engine, kv_types
+from ramforge.engine.engine import Engine, kv_types
 from ramforge.errors import ContextLengthExceeded, KVBudgetExceeded, KVTypeError
 from ramforge.kernels.kvquant import _fwht, dequantize_rows, rotate, rotation, store_rows
 from ramforge.memory import MemoryBudget
-from ramforge.memory.kv_cache import CHUNK, KVCache
-from ramforge.memory.kv_types import bytes_per_position, kv_type, row_bytes
+from ramforge.kv.cache import CHUNK, KVCache
+from ramforge.kv.types import bytes_per_position, kv_type, row_bytes
 from tools.make_models import ensure_model
 
 
@@ -79,7 +79,7 @@ def test_serve_reads_ollamas_variable():
 
 
 def test_model_takes_llama_cpp_pythons_type_ids(tiny):
-    from ramforge.api import Model
+    from ramforge.generation.api import Model
     from ramforge.errors import InvalidArgument
     with Model(str(tiny), n_ctx=64, type_k=8, type_v=2) as m:
         assert (m.engine.kv.type_k, m.engine.kv.type_v, m.flash_attn) == ("q8_0", "q4_0", True)
@@ -101,7 +101,7 @@ def test_cli_plan_prints_kv_cost_and_longest_context(tiny):
     assert (p["type_k"], p["type_v"]) == ("q4_0", "q4_0")
     assert p["kv_bytes_per_1k"] == 1000 * bytes_per_position(3, 2, 64, 64, "q4_0", "q4_0")
     from ramforge.gguf.reader import GGUFFile
-    from ramforge.plan import plan_for_budget
+    from ramforge.stream.plan import plan_for_budget
     with GGUFFile(tiny) as f:                         # max_ctx positions fit (smallest chunk), one more does not
         at = plan_for_budget(f, 64 << 20, p["max_ctx"], batch=1, type_k="q4_0", type_v="q4_0")
         past = plan_for_budget(f, 64 << 20, p["max_ctx"] + 1, batch=1, type_k="q4_0", type_v="q4_0")
@@ -269,7 +269,7 @@ def test_serve_refuses_a_bad_ollama_kv_type_before_starting(tiny, monkeypatch):
 
 def test_a_budget_short_of_the_whole_context_loads_and_fails_at_the_position(tiny):
     from ramforge.gguf.reader import GGUFFile
-    from ramforge.plan import plan_for_budget
+    from ramforge.stream.plan import plan_for_budget
     with GGUFFile(tiny) as f:
         whole = plan_for_budget(f, None, 512).min_budget
         p = plan_for_budget(f, whole - 200 * 1024, 512)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 from tools.oracle_report import model_path
 
 KV_DIR = Path(__file__).parent / "fixtures" / "kv"

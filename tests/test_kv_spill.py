@@ -1,4 +1,4 @@
-"""The KV cache spilled to storage (ramforge.memory.kv_spill): the same logits as the cache in RAM, for
+"""The KV cache spilled to storage (ramforge.stream.kv_spill): the same logits as the cache in RAM, for
 every KV type, after rollbacks and restores; the budget's books; the plan, the profile; the errors."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import os
 import numpy as np
 import pytest
 
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 from ramforge.errors import ContextLengthExceeded, InvalidArgument, KVSpillError
 from ramforge.memory import MemoryBudget
-from ramforge.memory.kv_cache import KVCache
-from ramforge.memory.kv_spill import SpilledKVCache
-from ramforge.memory.kv_types import spill_layout
+from ramforge.kv.cache import KVCache
+from ramforge.stream.kv_spill import SpilledKVCache
+from ramforge.kv.types import spill_layout
 from tools.make_models import ensure_model
 
 IDS = [(7 * i) % 250 + 1 for i in range(450)]     # 450 positions: past the tail of 320 (f16, tiny shapes)
@@ -73,7 +73,7 @@ def test_auto_spill_under_the_budget_reads_only_the_windows_and_leaks_nothing():
     """gemma3's sliding layers (window 8 on 5 of 6 layers) read only their window; a budget short of the
     whole cache spills by itself; the managed peak stays under it; a failed eval leaks nothing."""
     from ramforge.gguf.reader import GGUFFile
-    from ramforge.plan import plan_for_budget
+    from ramforge.stream.plan import plan_for_budget
     path = ensure_model("gemma3-linear", "F16")
     ids = IDS[:400]
     with Engine.load(path, n_ctx=1024) as ref:
@@ -157,7 +157,8 @@ def test_rollback_and_speculative_decoding_match_the_cache_in_ram(tiny):
 def test_saved_states_of_a_spilled_cache_restore_anywhere(tiny, ram_logits, tmp_path):
     import tracemalloc
 
-    from ramforge.session import load_state, load_state_file, read_state, save_state, write_state, write_state_file
+    from ramforge.generation.session import (load_state, load_state_file, read_state, save_state, write_state,
+                                             write_state_file)
     want, decode = ram_logits
     with Engine.load(tiny, n_ctx=1024, kv_spill=True) as eng:
         eng.eval(IDS)
@@ -243,7 +244,7 @@ def test_an_unwritable_directory_is_a_clear_error_and_leaks_nothing(tiny, tmp_pa
 
 
 def test_a_full_disk_is_a_clear_error_with_the_numbers(tiny, tmp_path, monkeypatch):
-    import ramforge.memory.kv_spill as ks
+    import ramforge.stream.kv_spill as ks
     b = MemoryBudget()
     monkeypatch.setattr(ks, "_free_bytes", lambda d: 1000)
     with pytest.raises(KVSpillError, match="1,000 B free") as e:
@@ -299,7 +300,7 @@ def test_spill_files_keep_to_the_planned_size_and_are_unlinked_while_open(tiny, 
 
 KILLED = """
 import sys
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 eng = Engine.load(sys.argv[1], n_ctx=1024, kv_spill=sys.argv[2])
 eng.eval(list(range(1, 450)))
 print(eng.kv.spilled, flush=True)
@@ -324,12 +325,12 @@ def test_a_killed_process_leaves_no_spill_file(tiny, tmp_path):
 
 
 def _memory_dir() -> str | None:
-    from ramforge.memory.kv_spill import memory_filesystem
+    from ramforge.stream.kv_spill import memory_filesystem
     return "/dev/shm" if os.path.isdir("/dev/shm") and memory_filesystem("/dev/shm") else None
 
 
 def test_a_directory_in_ram_is_refused(tiny, tmp_path, monkeypatch):
-    import ramforge.memory.kv_spill as ks
+    import ramforge.stream.kv_spill as ks
     shm = _memory_dir()
     if shm is not None:                                       # a real tmpfs where the machine has one
         b = MemoryBudget()
@@ -351,7 +352,7 @@ def test_a_directory_in_ram_is_refused(tiny, tmp_path, monkeypatch):
 def test_the_default_directory_falls_back_to_var_tmp_when_tmp_is_in_ram(tiny, tmp_path, monkeypatch):
     import tempfile
 
-    import ramforge.memory.kv_spill as ks
+    import ramforge.stream.kv_spill as ks
     memory = {str(tmp_path)}
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(ks, "memory_filesystem", lambda d: "tmpfs" if d in memory else None)
@@ -370,7 +371,7 @@ def test_mountinfo_is_read_for_the_deepest_mount(tmp_path, monkeypatch):
     import builtins
     import io
 
-    import ramforge.memory.kv_spill as ks
+    import ramforge.stream.kv_spill as ks
     info = ("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
             "30 22 0:5 / /mnt/fast\\040disk rw - tmpfs tmpfs rw\n"
             "31 30 8:2 / /mnt/fast\\040disk/real rw - xfs /dev/sdb rw\n")

@@ -17,8 +17,8 @@ import pytest
 
 from ramforge import Model
 from ramforge.errors import InvalidArgument
-from ramforge.logprobs import (LCPP, SERVER, Recorder, _whole_chars, check_top, log_softmax, step_lcpp,
-                               step_server)
+from ramforge.generation.logprobs import (LCPP, SERVER, Recorder, _whole_chars, check_top, log_softmax,
+                                          step_lcpp, step_server)
 
 RECORDS = sorted((Path(__file__).parent / "fixtures" / "logprobs").glob("*.json"))
 TOL = 1e-5
@@ -80,7 +80,7 @@ def test_model_logprobs_match_llama_cpp_records(path):
 def test_server_probabilities_match_llama_cpp_logits(path):
     """llama-server's order (partial sort) on ramforge's logits, as llama-server gets them (the prompt's
     last row alone), against the exact softmax of llama.cpp's rows."""
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
 
     rec = json.loads(path.read_text())
     bad, n_checked = [], 0

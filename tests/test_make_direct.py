@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 from ramforge.gguf.constants import GGMLType
 from ramforge.gguf.reader import GGUFFile
 from ramforge.kernels.dequant import dequantize
@@ -224,8 +224,8 @@ def test_skew_changes_only_the_routers(skewed):
 def test_skew_file_routes_the_calibration_texts_as_fitted(skewed, tmp_path):
     """The routers in the file are those fitted layer by layer: the engine, run on the calibration
     texts again, routes them with the popularity and reuse each layer's fit reported."""
-    from ramforge.stream import routing_trace
-    from ramforge.stream.routing_trace import Trace
+    from ramforge.models import routing_trace
+    from ramforge.models.routing_trace import Trace
     from tools.skew_router import CALIBRATION_TEXTS, popularity_reuse
     p, skew, plain, fits, prof = skewed
     with Engine.load(str(skew), n_ctx=1024, batch=1024, n_threads=1) as e:

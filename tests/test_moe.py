@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import GGMLType
 from ramforge.kernels import qmatmul as qm
@@ -260,7 +260,7 @@ def _edit_tensor(tmp_path, src, name, fn):
 @pytest.mark.parametrize("io", ["direct", "buffered", "mmap"])
 def test_streamed_experts_give_the_resident_logits_and_the_planned_peak(moe_f16, io):
     from ramforge.gguf.reader import GGUFFile
-    from ramforge.plan import plan_for_budget
+    from ramforge.stream.plan import plan_for_budget
 
     toks = list(range(1, 40))
     with Engine.load(moe_f16, n_ctx=128, batch=64) as eng:
@@ -291,7 +291,7 @@ def test_streamed_experts_give_the_resident_logits_and_the_planned_peak(moe_f16,
 def test_budget_below_the_moe_minimum_is_refused_naming_it(moe_f16):
     from ramforge.errors import BudgetTooSmall
     from ramforge.gguf.reader import GGUFFile
-    from ramforge.plan import plan_for_budget
+    from ramforge.stream.plan import plan_for_budget
 
     with GGUFFile(moe_f16) as f:
         p = plan_for_budget(f, None, 128)
@@ -354,7 +354,7 @@ def test_chunks_shorter_than_a_ubatch_are_said(moe_f16):
 
     from ramforge.errors import InexactWarning
     from ramforge.gguf.reader import GGUFFile
-    from ramforge.plan import UBATCH, plan_for_budget
+    from ramforge.stream.plan import UBATCH, plan_for_budget
 
     with GGUFFile(moe_f16) as f:
         whole = plan_for_budget(f, None, 1024)

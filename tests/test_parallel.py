@@ -1,4 +1,4 @@
-"""Several sequences in one KV cache (ramforge.parallel) against llama.cpp's batched decode, and
+"""Several sequences in one KV cache (ramforge.engine.parallel) against llama.cpp's batched decode, and
 llama-server's context shift, replayed from tests/fixtures/parallel/ (tools/record_parallel.py).
 
 The records of the small synthetic F16 models replay in CI; the others (Q8_0 weights, the 270m model)
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ramforge.batcher import replay as replay_passes
-from ramforge.engine import Engine
+from ramforge.generation.batcher import replay as replay_passes
+from ramforge.engine.engine import Engine
 from ramforge.errors import ContextLengthExceeded, InvalidArgument, NotReproduced
 
 FIX = Path(__file__).parent / "fixtures" / "parallel"
@@ -198,7 +198,7 @@ def test_batcher_joins_and_leaves_between_passes():
     passes through eval_batch on a fresh engine; the fifth waits for a slot; all slots end free."""
     import threading
 
-    from ramforge.batcher import Batcher
+    from ramforge.generation.batcher import Batcher
     from ramforge.errors import ServerBusy
     from tools.make_models import ensure_model
     path = ensure_model("llama", "f16")
@@ -235,7 +235,7 @@ def test_batcher_joins_and_leaves_between_passes():
 def test_batcher_joins_waiting_prompts_in_one_pass():
     """Prompts waiting together join one pass (llama-server's update_slots), in slot order, up to the
     engine's chunk of prompt tokens; the answers equal a replay of the passes through eval_batch."""
-    from ramforge.batcher import Batcher
+    from ramforge.generation.batcher import Batcher
     from tools.make_models import ensure_model
     path = ensure_model("llama", "f16")
     prompts = [[1, 15043, 29892, 920], [1, 450, 4996, 17354], [1, 3532, 29879, 6778], [1, 1724, 338]]
@@ -270,7 +270,7 @@ def test_serve_parallel_through_the_openai_client():
     import openai
     import uvicorn
 
-    from ramforge.resolve import default_model_path
+    from ramforge.store.resolve import default_model_path
     from ramforge.server.app import create_app
     from ramforge.server.common import ServerConfig
     from tests.serving import serving
@@ -334,7 +334,7 @@ def test_plan_leaves_room_for_every_streams_padded_cells():
     the padding's bytes out of the weights' share, so every stream can fill up. At 64M gemma's plan
     left 3.4 MB for a 9.4 MB padding, and the fourth stream failed with KVBudgetExceeded."""
     from ramforge.memory import MemoryBudget
-    from ramforge.resolve import default_model_path
+    from ramforge.store.resolve import default_model_path
     with Engine.load(default_model_path(), n_ctx=512, budget=MemoryBudget("64M"), n_seq=4) as eng:
         kv = eng.kv
         assert kv.n_ctx_seq == 256 and eng.plan.n_ctx == 512

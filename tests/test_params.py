@@ -1,4 +1,4 @@
-"""One table of sampler parameters (ramforge.params) and one builder, used by the CLI, `Model` and
+"""One table of sampler parameters (ramforge.sampling.params) and one builder, used by the CLI, `Model` and
 both servers: each front end's parameters come from the table, and none spells the list again."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import ramforge
 from ramforge.errors import InvalidArgument
-from ramforge.params import NAMES, PARAMS, SamplerError, SamplerParams, sampler_params, stop_strings
+from ramforge.sampling.params import NAMES, PARAMS, SamplerError, SamplerParams, sampler_params, stop_strings
 
 PACKAGE = Path(ramforge.__file__).resolve().parent
 

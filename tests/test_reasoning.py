@@ -1,4 +1,4 @@
-"""The reasoning split (ramforge.reasoning): gpt-oss's harmony channels into thinking and answer, the
+"""The reasoning split (ramforge.generation.reasoning): gpt-oss's harmony channels into thinking and answer, the
 same however the text arrives in pieces, and wired into Model's chat completions."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ramforge.api import Model, Response
-from ramforge.reasoning import Harmony, parser_for, split
+from ramforge.generation.api import Model, Response
+from ramforge.generation.reasoning import Harmony, parser_for, split
 
 ANALYSIS, FINAL = "The user asks 2+2. <b>easy</b> a<|b", "It is **4**. (<|)"
 TWO = f"<|channel|>analysis<|message|>{ANALYSIS}<|end|><|start|>assistant<|channel|>final<|message|>{FINAL}"

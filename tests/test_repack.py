@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 from ramforge.gguf.constants import GGMLType
 from ramforge.gguf.reader import GGUFFile
 from ramforge.kernels import qmatmul as qm
 from ramforge.kernels import repack as rp
 from ramforge.memory import MemoryBudget
-from ramforge.plan import plan_for_budget
+from ramforge.stream.plan import plan_for_budget
 from tests.test_qmatmul import _ids, weight
 
 Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K

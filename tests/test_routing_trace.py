@@ -1,4 +1,4 @@
-"""Routing traces (--trace-routing, ramforge.stream.routing_trace) and their offline replay
+"""Routing traces (--trace-routing, ramforge.models.routing_trace) and their offline replay
 (tools/replay_routing.py): the trace holds exactly the experts the router picked (checked against a
 numpy top-k of the captured router inputs), the CLI writes it, and replay's policies give the known
 hit counts on a hand-made trace, Belady never below
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 from ramforge.errors import InvalidArgument
 from ramforge.models import moe
-from ramforge.stream import routing_trace
-from ramforge.stream.routing_trace import Trace
+from ramforge.models import routing_trace
+from ramforge.models.routing_trace import Trace
 from tools import make_direct as md
 from tools.replay_routing import POLICIES, main as replay_main, replay, simulate
 
@@ -146,7 +146,7 @@ def test_lfu_keeps_the_frequent_expert():
 
 
 def _flat(seq):
-    from ramforge.stream.routing_trace import Step
+    from ramforge.models.routing_trace import Step
     return [Step(i, 0, 1, (e,)) for i, e in enumerate(seq)], [True] * len(seq), [float(i + 1) for i in range(len(seq))]
 
 

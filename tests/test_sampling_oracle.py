@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ramforge.engine import Engine
-from ramforge.params import sampler_params
+from ramforge.engine.engine import Engine
+from ramforge.sampling.params import sampler_params
 from ramforge.sampling import LCPP, LLAMA, Sampler, SamplerParams
 
 F32 = np.float32

@@ -264,7 +264,7 @@ def test_openai_bad_requests_are_400(server, path, body):
 
 
 def test_every_sampler_parameter_is_honoured(server):
-    # the request fields come from ramforge.params' table: typical_p too, on both APIs
+    # the request fields come from ramforge.sampling.params' table: typical_p too, on both APIs
     r = server.http.post("/api/generate", json={"model": "default", "prompt": "Hi", "stream": False,
                                                 "options": {"num_predict": 2, "typical_p": 0.5, "seed": 3}})
     assert r.status_code == 200 and r.json()["eval_count"] in (1, 2), r.text
@@ -353,7 +353,7 @@ def test_keep_alive_loads_and_unloads(server):
 def test_swap_models_under_the_budget(server, tmp_path, monkeypatch):
     """A second store name (a symlink to the same file) and another num_ctx swap the resident model;
     a context the budget cannot hold is a 507, and the server recovers."""
-    from ramforge.resolve import DEFAULT_SHA256, default_model_path
+    from ramforge.store.resolve import DEFAULT_SHA256, default_model_path
     from ramforge.server import common, manager
     from ramforge.store import Store
 
@@ -465,8 +465,8 @@ def test_forced_tool_calls_arrive_as_tool_calls_and_validate(server, template):
     """tool_choice "required" and a named function: a grammar makes the real model's answer a call."""
     import jsonschema
 
-    from ramforge.api import Model
-    from ramforge.chat import ChatTemplate
+    from ramforge.generation.api import Model
+    from ramforge.generation.chat import ChatTemplate
 
     mp = pytest.MonkeyPatch()
     if template is not None:

@@ -312,7 +312,7 @@ def test_a_client_that_stops_reading_is_dropped_and_frees_the_model(loaded, capl
 
 
 def test_disconnect_mid_prefill_stops_between_chunks(loaded, monkeypatch):
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
 
     url, manager = loaded
     port = int(url.rsplit(":", 1)[1])

@@ -19,8 +19,8 @@ ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from ramforge.api import Model, Response  # noqa: E402
-from ramforge.chat import ChatTemplate  # noqa: E402
+from ramforge.generation.api import Model, Response  # noqa: E402
+from ramforge.generation.chat import ChatTemplate  # noqa: E402
 from ramforge.server import ServerConfig, create_app  # noqa: E402
 from tests.serving import serving  # noqa: E402
 

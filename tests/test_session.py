@@ -1,4 +1,4 @@
-"""Saved states (ramforge.session): a restored conversation answers as the uninterrupted one, in the
+"""Saved states (ramforge.generation.session): a restored conversation answers as the uninterrupted one, in the
 same process and after a restart; bad state files are refused and leave the sequence empty; the
 prompt cache resumes alternating conversations."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from ramforge import Model
 from ramforge.errors import InvalidArgument, StateError
-from ramforge.session import MAGIC, PromptCache, State, model_sha256, read_state, write_state
+from ramforge.generation.session import MAGIC, PromptCache, State, model_sha256, read_state, write_state
 
 GREEDY = {"temperature": 0}
 TURN1 = "Q: Name three colours of the rainbow.\nA:"

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 from ramforge.errors import InvalidArgument, OutOfBudget
 from ramforge.memory import MemoryBudget
 from ramforge.sampling import LCPP, Sampler, SamplerParams
-from ramforge.speculative import DraftModel, PromptLookup, check_same_vocab
+from ramforge.engine.speculative import DraftModel, PromptLookup, check_same_vocab
 from tools.oracle_report import model_path
 from tools.record_speculative import SPEC_DIR
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from ramforge.cli import cli, main
 from ramforge.errors import ModelNotFound, RamforgeError
-from ramforge.resolve import resolve_model
+from ramforge.store.resolve import resolve_model
 from ramforge.store import (DigestMismatch, DownloadIncomplete, InvalidModelName, InvalidSource, NotGGUF,
                             NotInStore, Store, StoreBusy, default_name, expand_source, normalize_name)
 from ramforge.store.transfer import _PartLock

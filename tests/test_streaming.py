@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ramforge.engine import Engine
+from ramforge.engine.engine import Engine
 from ramforge.errors import BudgetTooSmall, RamforgeError
 from ramforge.gguf.reader import GGUFFile
 from ramforge.memory import MemoryBudget
-from ramforge.plan import plan_for_budget
+from ramforge.stream.plan import plan_for_budget
 from ramforge.stream import io as sio
 from tools.oracle_report import records
 

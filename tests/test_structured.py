@@ -141,7 +141,7 @@ def model():
 
 def _run(model, case, n, **sampling):
     from ramforge.sampling import Sampler
-    from ramforge.params import sampler_params
+    from ramforge.sampling.params import sampler_params
 
     grammar = model.compile_grammar(case["gbnf"])
     sampler = Sampler(sampler_params(sampling), model.engine.hp.n_vocab, tokenizer=model.tokenizer, grammar=grammar)
@@ -270,7 +270,7 @@ def test_masks_equal_llama_cpps_grammar_sampler(model):
 def test_forced_tool_call_grammars_accept_the_call_and_nothing_else(model):
     """tool_choice "required" / a named function: each format's grammar (tools_call.call_grammar)
     takes a call as the format writes it, and refuses another function or another answer."""
-    from ramforge.tools_call import GENERIC, HERMES, LLAMA3, MISTRAL, call_grammar
+    from ramforge.generation.tools_call import GENERIC, HERMES, LLAMA3, MISTRAL, call_grammar
 
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from ramforge.errors import RamforgeError
-from ramforge.tokenizer import (
-    SUPPORTED_TOKENIZERS, StreamDecoder, TokenizerMetadataError, UnsupportedTokenizer, load_tokenizer,
-)
+from ramforge.tokenizer import (SUPPORTED_TOKENIZERS, StreamDecoder, TokenizerMetadataError,
+                                UnsupportedTokenizer, load_tokenizer)
 
 from .test_tokenizer_data import (
     HAS_GOLDEN, RECORDED_BEHAVIOUR, RECORDED_CASES, RECORDED_PLAIN, RECORDED_PRE_ON_LLAMA_BPE, VOCABS,

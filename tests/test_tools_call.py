@@ -1,4 +1,4 @@
-"""Tool calls (ramforge.tools_call) and `<think>` blocks (ramforge.reasoning.Think): the parsers on
+"""Tool calls (ramforge.generation.tools_call) and `<think>` blocks (ramforge.generation.reasoning.Think): the parsers on
 constructed model outputs of each format, whole and in any pieces; the template detection on the
 recorded chat templates; tool results rendered back through them; and the servers end to end with
 the official `openai` and `ollama` clients on a scripted model output (the tiny default model does
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ramforge.chat import ChatTemplate, render_chat
+from ramforge.generation.chat import ChatTemplate, render_chat
 from ramforge.errors import InvalidArgument
-from ramforge.reasoning import Think, parser_for, split
-from ramforge.tools_call import (GENERIC, HERMES, LLAMA3, MISTRAL, CallStream, ToolSession, call_constraint,
-                                 check_choice, detect, parse, tool_names)
+from ramforge.generation.reasoning import Think, parser_for, split
+from ramforge.generation.tools_call import (GENERIC, HERMES, LLAMA3, MISTRAL, CallStream, ToolSession,
+                                            call_constraint, check_choice, detect, parse, tool_names)
 
 CHAT = Path(__file__).parent / "fixtures" / "chat"
 WEATHER = {"type": "function", "function": {
@@ -177,7 +177,7 @@ def test_think_templates_get_a_think_parser_opened_by_the_prompt():
 
 def _naive_stream(fmt: str, pieces: list[str]):
     """The stream as it was before it became incremental: the whole text parsed again per chunk."""
-    from ramforge.tools_call import new_id
+    from ramforge.generation.tools_call import new_id
 
     text, sent, calls, args_sent, out = "", 0, [], [], []
     for final, piece in [(False, p) for p in pieces] + [(True, "")]:

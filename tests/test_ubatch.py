@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ramforge.ubatch import chunks
+from ramforge.engine.ubatch import chunks
 
 
 @settings(max_examples=200, deadline=None)

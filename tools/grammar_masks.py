@@ -101,7 +101,7 @@ def walk(oracle: LlamaGrammarMasks, grammar, steps: int, seed: int, skip: np.nda
 def main(argv=None) -> int:
     import argparse
 
-    from ramforge.resolve import default_model_path
+    from ramforge.store.resolve import default_model_path
     from ramforge.structured import Grammar, schema_grammar
     from ramforge.tokenizer import load_tokenizer
     from ramforge.gguf.reader import GGUFFile

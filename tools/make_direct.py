@@ -357,7 +357,7 @@ CALIBRATION_TOKENS = 1024       # the calibration texts run as one pass of at mo
 def calibrate_routers(spec: Spec, path: Path, profile, progress: bool = True) -> dict:
     """Fit each layer's router to its hidden states in one prefill of the calibration text (each
     layer's router set just before it routes), then write the routers into the file at path."""
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
     from ramforge.gguf.reader import GGUFFile
     from ramforge.models import moe
     from tools.skew_router import CALIBRATION_TEXTS, skew_router

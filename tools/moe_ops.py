@@ -171,7 +171,7 @@ def check_model(spec: str, qtype: str, prompt: str = PROMPT) -> dict[int, dict[s
     layer -> op -> (equal share, max |d|, build-independent)."""
     import llama_cpp
     from make_models import ensure_model
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
 
     path = ensure_model(spec, qtype, verify=False)
     vocab = llama_cpp.Llama(str(path), n_ctx=64, vocab_only=True, verbose=False)

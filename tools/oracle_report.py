@@ -36,7 +36,7 @@ def model_path(rec: dict) -> Path:
         from tools.make_models import ensure_model
 
         return ensure_model(m.get("spec", m["arch"]), m["type"])     # spec: the make_models key
-    from ramforge.resolve import default_model_path
+    from ramforge.store.resolve import default_model_path
 
     return default_model_path()
 
@@ -127,7 +127,7 @@ def compare(rec: dict, engine) -> ModelResult:
 
 
 def main(argv: list[str]) -> int:
-    from ramforge.engine import Engine
+    from ramforge.engine.engine import Engine
 
     for rec in records():
         if argv and rec["model"]["id"] not in argv:

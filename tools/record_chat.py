@@ -115,7 +115,7 @@ def template_text(src: str, templates: Path) -> tuple[str, str]:
         return json.loads('"' + GEMMA3_JSON + '"'), "google/gemma-3-*-it tokenizer_config.json chat_template"
     if src == "@chatml":
         sys.path.insert(0, str(ROOT))
-        from ramforge.chat import CHATML_TEMPLATE
+        from ramforge.generation.chat import CHATML_TEMPLATE
         return CHATML_TEMPLATE, "llama.cpp common/chat.cpp CHATML_TEMPLATE_SRC (fallback when a GGUF has no template)"
     origin = f"llama-cpp-python 0.3.36 sdist vendor/llama.cpp/models/templates/{src}"
     return (templates / src).read_text(encoding="utf-8"), origin

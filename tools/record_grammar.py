@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     from llama_cpp import LlamaGrammar
 
     import ramforge
-    from ramforge.resolve import default_model_path
+    from ramforge.store.resolve import default_model_path
     from ramforge.structured import schema_grammar
     from tools.schema_oracle import llama_cpp_schema_to_grammar
 

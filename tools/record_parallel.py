@@ -60,7 +60,7 @@ PROMPTS = [[1, 15043, 29892, 920], [1, 450, 4996, 17354, 1701, 29916, 432], [1, 
 def model_file(mid: str) -> Path:
     spec = MODELS[mid]
     if spec is None:
-        from ramforge.resolve import default_model_path
+        from ramforge.store.resolve import default_model_path
         return default_model_path()
     from tools.make_models import ensure_model
     return ensure_model(*spec)

@@ -7,7 +7,7 @@ context) for ramforge's sampler: tests/fixtures/sampling/<model-id>.json.
 Per model, prompt and configuration: the prompt's token ids and the first N_GEN tokens a chain of
 llama_sampler_init_* stages picks with llama_sampler_sample (which accepts each pick), the prompt
 evaluated in one decode and each pick fed back in one decode. A configuration is a surface and
-sampler parameters (ramforge.params' names):
+sampler parameters (ramforge.sampling.params' names):
   "llama-cpp-python": the chain Llama._init_sampler builds (logit bias, penalties, then greedy,
       mirostat or top-k .. temperature, dist), with llama.cpp's other stages where its default order
       puts them; nothing is accepted before the first pick.
@@ -86,7 +86,7 @@ def bias_for(n_vocab: int) -> list[list]:
 
 
 def params_of(cfg: dict, n_vocab: int):
-    from ramforge.params import sampler_params
+    from ramforge.sampling.params import sampler_params
 
     kw = dict(cfg)
     if kw.get("logit_bias") == BIAS:

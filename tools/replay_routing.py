@@ -28,7 +28,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ramforge.stream.experts import HALF_LIFE  # noqa: E402
-from ramforge.stream.routing_trace import Step, Trace  # noqa: E402
+from ramforge.models.routing_trace import Step, Trace  # noqa: E402
 
 POLICIES = ("lru", "lfu", "belady", "static")
 NEVER = 1 << 60

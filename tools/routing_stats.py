@@ -27,7 +27,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.moe_out_of_core import PROMPT, TEXT  # noqa: E402
-from ramforge.stream.routing_trace import Trace  # noqa: E402
+from ramforge.models.routing_trace import Trace  # noqa: E402
 
 MORE = (" In England, William Caxton set up a press at Westminster in 1476 and printed Chaucer, Malory and "
         "a stream of devotional books, choosing a London dialect that helped to fix English spelling. Printers "
@@ -73,8 +73,8 @@ def stats(trace: Trace, lru=(25, 40, 50)) -> dict:
 
 
 def measure(model: str, tokens: int, trace_path: Path, threads: int | None = None) -> Trace:
-    from ramforge.engine import Engine
-    from ramforge.stream import routing_trace
+    from ramforge.engine.engine import Engine
+    from ramforge.models import routing_trace
 
     with Engine.load(model, n_ctx=tokens + 128, n_threads=threads) as e:
         prompt = e.tokenizer.encode(PROMPT, add_special=True)

@@ -1,6 +1,6 @@
 """The `ramforge` command line. click parses, rich renders; errors are one line on stderr.
 
-    console.py    the consoles and the options commands share (sampler options from ramforge.params)
+    console.py    the consoles and the options commands share (sampler options from ramforge.sampling.params)
     describe.py   inspect, support, plan: read a model without running it
     generate.py   run, chat, bench: run the model
     tokens.py     tokenize, detokenize, logits

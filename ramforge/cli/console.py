@@ -1,5 +1,5 @@
 """What the CLI's commands share: the rich consoles, value summaries, and the common options
-(--ctx, --ram, --threads, --io, and the sampler options, made from ramforge.params' table)."""
+(--ctx, --ram, --threads, --io, and the sampler options, made from ramforge.sampling.params' table)."""
 from __future__ import annotations
 
 import re
@@ -10,8 +10,8 @@ from rich.console import Console
 
 from ..gguf.reader import GGUFFile
 from ..memory.size import parse_memory_size
-from ..params import PARAMS
-from ..resolve import resolve_model
+from ..sampling.params import PARAMS
+from ..store.resolve import resolve_model
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -55,9 +55,9 @@ def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, e
     (the target then plans with what is left), and closed with the engine. cluster: cluster.Pipeline's
     keywords (--ray, --stages, --stage-ram): the model as stages on Ray instead. kv: the KV cache
     types (kv_types_of)."""
-    from ..engine import Engine
+    from ..engine.engine import Engine
     from ..memory import MemoryBudget
-    from ..speculative import DraftModel, check_draft_length
+    from ..engine.speculative import DraftModel, check_draft_length
 
     if cluster is not None:
         from ..cluster import Pipeline
@@ -128,7 +128,7 @@ def speculative_options(command):
 
 
 def drafter_of(lookup, lookup_ngram, lookup_fixed, draft, draft_max, draft_min, draft_p_min):
-    from ..speculative import make_drafter
+    from ..engine.speculative import make_drafter
     return make_drafter(lookup, lookup_ngram, lookup_fixed, draft, draft_max, draft_min, draft_p_min)
 
 
@@ -216,7 +216,7 @@ def kv_types_of(kv_type, kv_type_k, kv_type_v, env: dict | None = None, ollama: 
     Ollama's $OLLAMA_KV_CACHE_TYPE (f16, q8_0, q4_0: K and V), else f16."""
     import os
 
-    from ..engine import kv_types
+    from ..engine.engine import kv_types
     env = os.environ if env is None else env
     k, v = kv_type_k or kv_type, kv_type_v or kv_type
     if ollama and not env.get("RAMFORGE_KV_TYPE", "").strip() and env.get("OLLAMA_KV_CACHE_TYPE", "").strip():
@@ -263,7 +263,7 @@ def _breakers(ctx, param, values):
 def sampler_options(command):
     """Add an option per sampler parameter of the table (--temp, --top-k, ..., --seed), with its
     default and help; the command receives them as keywords named as the table (temperature, top_k,
-    ...), for `ramforge.params.sampler_params`."""
+    ...), for `ramforge.sampling.params.sampler_params`."""
     for p in reversed(PARAMS):
         flag = CLI_SPELLING.get(p.name, "--" + p.name.replace("_", "-"))
         if p.kind in (dict, tuple):

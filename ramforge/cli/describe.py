@@ -117,7 +117,7 @@ def support(as_json):
 def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms, kv_type,
          kv_type_k, kv_type_v, kv_spill, as_json):
     """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget."""
-    from ..plan import plan_for_budget
+    from ..stream.plan import plan_for_budget
     from ..stream.io import probe_read_speed
 
     if stages is not None:

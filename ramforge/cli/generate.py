@@ -7,8 +7,8 @@ import sys
 import click
 import numpy as np
 
-from ..params import sampler_params
-from ..stream import routing_trace
+from ..sampling.params import sampler_params
+from ..models import routing_trace
 from .console import (cluster_of, cluster_options, ctx_option, drafter_of, expert_options, io_option, kv_options,
                       kv_types_of, load_engine, spill_of, spill_option,
                       ram_option, sampler_options, speculative_options, threads_option)
@@ -51,7 +51,7 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
     With --ray, the model runs as --stages layer ranges on a Ray cluster (ramforge.cluster); the
     tokens are those of one process."""
     from ..profiling import PROFILE
-    from ..report import compile_notice, compiled, memory_report as mem_report, render_memory, render_profile, spec_line
+    from .report import compile_notice, compiled, memory_report as mem_report, render_memory, render_profile, spec_line
     from ..sampling import LLAMA, Sampler
 
     params = sampler_params(sampling)      # a bad value fails before the model loads
@@ -125,7 +125,7 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
 
     from ..jit import COMPILE, Stopwatch
     from ..profiling import latency_percentiles
-    from ..report import compile_notice
+    from .report import compile_notice
 
     c0 = COMPILE.seconds
     kv = kv_types_of(kv_type, kv_type_k, kv_type_v)
@@ -180,7 +180,7 @@ def bench(model, prompt_tokens, gen, threads, ram, io, expert_cache, expert_pref
 def chat(model, template_file, system, max_tokens, ctx, ram, threads, kv_type, kv_type_k, kv_type_v, kv_spill,
          **sampling):
     """An interactive chat with history and streaming output; /exit (or Ctrl-D) quits."""
-    from ..api import Model
+    from ..generation.api import Model
     from ..sampling import LLAMA
 
     params = sampler_params(sampling).as_dict()

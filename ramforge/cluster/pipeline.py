@@ -22,13 +22,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..engine import Engine, Timings
+from ..engine.engine import Engine, Timings
 from ..errors import (ClusterError, ClusterUnreachable, ContextLengthExceeded, EmptyPrompt, InvalidArgument,
                       MissingExtra, RamforgeError, StageFailed, check_token_ids)
 from ..gguf.reader import GGUFFile
-from ..plan import UBATCH
-from ..resolve import resolve_model
-from ..ubatch import chunks
+from ..stream.plan import UBATCH
+from ..store.resolve import resolve_model
+from ..engine.ubatch import chunks
 from .split import plan_stages
 from .stage import Stage, identity
 

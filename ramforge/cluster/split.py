@@ -14,7 +14,7 @@ from ..errors import InvalidArgument, StageBudgetTooSmall
 from ..gguf.reader import GGUFFile
 from ..memory.size import format_bytes, parse_memory_size
 from ..models.config import HParams
-from ..plan import Plan, make_plan, n_vocab_of, plan_for_budget
+from ..stream.plan import Plan, make_plan, n_vocab_of, plan_for_budget
 
 HIDDEN_BYTES = 4                    # a hidden state crosses between stages as float32
 LOGIT_BYTES = 4                     # the logits row the last stage returns to the driver

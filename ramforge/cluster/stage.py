@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ..errors import BudgetTooSmall, InvalidArgument, StageBudgetTooSmall, StageFailed, StageMismatch
-from ..ubatch import Chunk
+from ..engine.ubatch import Chunk
 
 _HASH_BLOCK = 1 << 22
 
@@ -103,9 +103,9 @@ class Stage:
             self.error = e
 
     def _load(self, model, ram, n_ctx, io, n_threads, expect, batch) -> None:
-        from ..engine import Engine
+        from ..engine.engine import Engine
         from ..memory import MemoryBudget
-        from ..resolve import resolve_model
+        from ..store.resolve import resolve_model
 
         path = resolve_model(model)
         if expect:

@@ -119,9 +119,11 @@ GGML_BLOCK: dict[GGMLType, tuple[int, int]] = {
 }
 
 
-def tensor_nbytes(ggml_type: GGMLType, n_elements: int) -> int:
-    """Bytes of a tensor of n_elements (a whole number of blocks; the caller checks that)."""
+def row_nbytes(ggml_type: GGMLType, n_elements: int) -> int:
+    """Bytes of n_elements of ggml_type (a row, a tensor); ValueError unless they fill whole blocks."""
     block, size = GGML_BLOCK[ggml_type]
+    if n_elements % block:
+        raise ValueError(f"{ggml_type.name} stores blocks of {block} elements; {n_elements} is not a multiple of {block}")
     return n_elements // block * size
 
 

@@ -15,19 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import GGUFError
-from .constants import (
-    GGML_BLOCK,
-    GGML_MAX_DIMS,
-    GGML_MAX_NAME,
-    GGUF_DEFAULT_ALIGNMENT,
-    GGUF_MAGIC,
-    GGUF_MAX_ALIGNMENT,
-    GGUF_SCALAR,
-    GGUF_VERSIONS,
-    GGMLType,
-    GGUFValueType,
-    Keys,
-)
+from .constants import (GGML_BLOCK, GGML_MAX_DIMS, GGML_MAX_NAME, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC,
+                        GGUF_MAX_ALIGNMENT, GGUF_SCALAR, GGUF_VERSIONS, GGMLType, GGUFValueType, Keys)
 
 _READ_AHEAD = 1 << 16           # header bytes fetched per read; header parsing never starts a read in the data section
 _INT64_MAX = (1 << 63) - 1

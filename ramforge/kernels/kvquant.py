@@ -40,14 +40,25 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ..errors import RamforgeError
-from ..memory.kv_types import QK, row_bytes
+from ..errors import KVTypeError, RamforgeError
+from ..gguf.constants import GGML_BLOCK, GGMLType, row_nbytes
 from .fmatmul import _f16_vd
 from .quantize import _quantize_q8_0
 from .scalars import F16_TO_F32, _f32_to_half_bits, _fma, half_bits, half_round
 
 F16, Q8_0, Q4_0 = 0, 1, 2                         # kernel codes
 _CODE = {"f16": F16, "q8_0": Q8_0, "q4_0": Q4_0}
+
+KV_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}   # name -> ggml type
+QK = GGML_BLOCK[GGMLType.Q8_0][0]                 # elements per block of both quantized types (32)
+
+
+def row_bytes(kind: str, head_dim: int) -> int:
+    """Bytes of one cache row (one position, one KV head) of type `kind`."""
+    if kind != "f16" and head_dim % QK:
+        raise KVTypeError(f"a {kind} KV cache stores blocks of {QK} elements; a head size of {head_dim} is not "
+                          f"a multiple of {QK} (use f16 for this model)")
+    return row_nbytes(KV_TYPES[kind], head_dim)
 
 
 # ---------------------------------------------------------------- the Hadamard rotation

@@ -25,7 +25,7 @@ from ..kernels.matmul import matmul
 from ..kernels.moe import Gating, expert_matmul, route, router_token, shared_expert_gate, weighted_sum
 from ..kernels.ops import rms_norm, swiglu, swiglu_oai
 from ..profiling import timed
-from ..stream import routing_trace
+from . import routing_trace
 from .weights import expert_slice, rows_of
 
 # architecture -> whether the k weights are divided by their sum (build_moe_ffn's norm_w)

@@ -37,7 +37,7 @@ import secrets
 
 import numpy as np
 
-from ..params import LLAMA_DEFAULT_SEED, SamplerError, SamplerParams  # noqa: F401  (the table lives in params)
+from .params import LLAMA_DEFAULT_SEED, SamplerError, SamplerParams  # noqa: F401  (the table lives in params)
 from . import stages as S
 from .dry import breaker_table, dry_penalties
 from .rng import MT19937

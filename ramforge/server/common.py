@@ -3,7 +3,7 @@
 Errors map to HTTP statuses by exception type (`error_status`: ramforge.errors.HTTP_STATUS, the one
 table), never by message; bodies are Ollama's `{"error": "..."}`, or OpenAI's
 `{"error": {"message": ..., "type": ...}}` under /v1. Request fields of the sampler parameters come
-from ramforge.params' table (`sampler_fields`) and are built by its one builder (`request_sampling`).
+from ramforge.sampling.params' table (`sampler_fields`) and are built by its one builder (`request_sampling`).
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, StrictBool
 
 from .. import cancel
-from ..chat import ChatTemplateError
+from ..generation.chat import ChatTemplateError
 from ..errors import InvalidArgument, RamforgeError, RequestTooLarge, http_status
-from ..params import PARAMS, sampler_params, stop_strings
-from ..resolve import default_model_path
+from ..sampling.params import PARAMS, sampler_params, stop_strings
+from ..store.resolve import default_model_path
 
 log = logging.getLogger("ramforge.server")
 
@@ -60,7 +60,7 @@ class ServerConfig:
     slot_save_path: str | None = None  # where POST /slots/0?action=save|restore files live (None: refused)
     cache_ram: str | int | None = None  # the prompt cache's own budget (session.PromptCache); None: none
     cluster: dict | None = None       # cluster.Pipeline's keywords (--ray, --stages, --stage-ram); None: one process
-    parallel: int = 1                 # --parallel N: requests share passes in N slots (ramforge.batcher)
+    parallel: int = 1                 # --parallel N: requests share passes in N slots (ramforge.generation.batcher)
     context_shift: bool = False       # --context-shift: llama-server's, when generation fills the context
     type_k: str = "f16"               # KV cache types (--kv-type*, $RAMFORGE_KV_TYPE, $OLLAMA_KV_CACHE_TYPE)
     type_v: str = "f16"
@@ -236,8 +236,8 @@ def read_info(path: str, verbose: bool = False) -> dict:
 def _template_text(md: dict, path: str) -> str | None:
     """The chat template Model.render_chat uses: the GGUF's; for the embedded default model (whose
     GGUF has none) the gemma-3 template ramforge ships; else llama.cpp's ChatML fallback."""
-    from .. import api
-    from ..chat import ChatTemplate
+    from ..generation import api
+    from ..generation.chat import ChatTemplate
 
     override = None
     shipped = getattr(api, "_DEFAULT_MODEL_TEMPLATE", None)
@@ -272,7 +272,7 @@ def stop_list(stop) -> list[str]:
 
 
 def sampler_fields(bounds: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
-    """pydantic fields for a request model, one per sampler parameter of ramforge.params' table:
+    """pydantic fields for a request model, one per sampler parameter of ramforge.sampling.params' table:
     optional (None takes the front end's default), typed as the table says, and bounded by the
     table's range, or by `bounds` (lo, hi) where an API documents its own or caps what one request
     may ask; unbounded where llama-server clamps or defaults instead (`Param.server`). Use: `pydantic.create_model(name, __base__=Strict, **sampler_fields(bounds))`."""

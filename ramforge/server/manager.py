@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 from .. import cancel
 from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, InvalidArgument, RamforgeError,
                       ServerBusy, check_token_ids)
-from ..resolve import DEFAULT_NAMES, DEFAULT_SHA256, default_model_path, resolve_model
+from ..store.resolve import DEFAULT_NAMES, DEFAULT_SHA256, default_model_path, resolve_model
 from ..store import InvalidModelName, Store, is_valid_name, normalize_name
 from .common import FOREVER, MAX_NAME, ServerConfig, clamp_num_ctx, details_of, iso, log
 
@@ -33,7 +33,7 @@ from .common import FOREVER, MAX_NAME, ServerConfig, clamp_num_ctx, details_of, 
 
 @dataclass
 class Loaded:
-    model: Any                 # ramforge.api.Model
+    model: Any                 # ramforge.generation.api.Model
     name: str                  # the name it is served as
     path: str
     ctx_key: int | None        # the n_ctx it was asked for (None: the default)
@@ -122,8 +122,8 @@ class ModelManager:
 
     # ---- lifecycle (callers hold the lock, except preload and shutdown)
     def _load(self, path: str, n_ctx: int | None):
-        from ..api import Model
-        from ..speculative import make_drafter
+        from ..generation.api import Model
+        from ..engine.speculative import make_drafter
 
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
         if n_ctx is None:       # --ctx above the model's trained context: that context, with Ollama's warning
@@ -138,7 +138,7 @@ class ModelManager:
             model.close()
             raise
         if self.cfg.cache_ram:                      # one per loaded model: states fit only their model
-            from ..session import PromptCache
+            from ..generation.session import PromptCache
 
             model.set_cache(PromptCache(self.cfg.cache_ram))
         return model

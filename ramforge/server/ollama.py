@@ -2,7 +2,7 @@
 
 Request models forbid unknown fields. They accept every field the official `ollama` Python client
 sends (it drops None values; `chat` always sends `tools: []`) and every option Ollama knows: the
-sampling ones (ramforge.params' table, under the same names) are honoured, the llama.cpp-runner
+sampling ones (ramforge.sampling.params' table, under the same names) are honoured, the llama.cpp-runner
 knobs (num_gpu, num_thread, use_mmap, ...) are accepted and ignored, and tfs_z (a stage llama.cpp
 dropped) only at its neutral value. Ollama's mirostat, mirostat_tau and mirostat_eta are the table's. Features ramforge lacks (images, suffix,
 Go templates) are a 400; `format` ("json" or a JSON schema) constrains the answer (ramforge.structured).
@@ -28,10 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
 
 from .._version import __version__
 from ..errors import InvalidArgument, Unsupported, UnsupportedField
-from ..logprobs import MAX_TOP, SERVER, ollama_entry
-from ..reasoning import parser_for
+from ..generation.logprobs import MAX_TOP, SERVER, ollama_entry
+from ..generation.reasoning import parser_for
 from ..structured import for_ollama_format
-from ..tools_call import ToolSession, ollama_calls
+from ..generation.tools_call import ToolSession, ollama_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, check_messages, clamp_num_ctx, details_of,
                      fit_messages, iso, now_iso, parse_keep_alive, read_info, request_sampling, sampler_fields,
                      stop_list)
@@ -45,7 +45,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-# The sampler options: ramforge.params' names; Ollama's defaults where they differ from the table's,
+# The sampler options: ramforge.sampling.params' names; Ollama's defaults where they differ from the table's,
 # and the bounds a request may ask where they are narrower (or, for the seed, wider: any negative
 # seed means random, as in Ollama).
 DEFAULTS = {"top_p": 0.9, "min_p": 0.0}
@@ -348,7 +348,7 @@ async def chat(req: ChatRequest, request: Request):
 
 
 def _digest(m: ModelManager, name: str) -> str:
-    from ..resolve import DEFAULT_SHA256
+    from ..store.resolve import DEFAULT_SHA256
     from ..store import Store
 
     if name == "default":

@@ -7,17 +7,17 @@ a reasoning model's thinking comes back as `reasoning_content`, as llama-server 
 (n > 1, audio) are a 400. response_format (json_object, json_schema) and llama-server's `grammar` /
 `json_schema` constrain the answer (ramforge.structured). With `tools`, the model's calls come back
 as `tool_calls` (finish_reason "tool_calls"; streamed as deltas: id, type, name, then argument
-chunks) in the template's format (ramforge.tools_call); tool_choice "required" or a named function
+chunks) in the template's format (ramforge.generation.tools_call); tool_choice "required" or a named function
 is forced by a grammar; a tool without a name or a tool_choice naming no tool is a 400. Messages
 also accept the fields a client echoes back from an earlier response (refusal,
 annotations, audio: null). Extensions, as llama.cpp's server takes them (the client's
 `extra_body`): top_k, min_p, typical_p, repeat_penalty, repeat_last_n, min_keep, top_n_sigma,
-xtc_*, dynatemp_*, mirostat*, dry_* (the rest of ramforge.params' table), chat_template_kwargs;
+xtc_*, dynatemp_*, mirostat*, dry_* (the rest of ramforge.sampling.params' table), chat_template_kwargs;
 logit_bias takes OpenAI's {"token id": bias} or llama-server's [[id, bias], ...], false banning a
 token. Out of range, xtc_* and mirostat are clamped and a dry_base below 1 is its default, as
 llama-server does; the rest is a 400.
 
-logprobs (ramforge.logprobs): chat's `logprobs`/`top_logprobs` in llama-server's shape (`logprobs.content[]`
+logprobs (ramforge.generation.logprobs): chat's `logprobs`/`top_logprobs` in llama-server's shape (`logprobs.content[]`
 with id, token, bytes, logprob and top_logprobs; top_logprobs defaults to 20 as there, and without
 logprobs is a 400), streamed with each chunk's tokens; /v1/completions' `logprobs: N` in OpenAI's
 legacy shape as llama-cpp-python returns it. Above 20 is a 400.
@@ -37,11 +37,11 @@ import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
 
-from ..chat import check_template_kwargs
+from ..generation.chat import check_template_kwargs
 from ..errors import EmptyPrompt, InvalidArgument, ModelNotFound, UnsupportedField
-from ..logprobs import LCPP, MAX_TOP, SERVER, chat_logprobs, legacy
+from ..generation.logprobs import LCPP, MAX_TOP, SERVER, chat_logprobs, legacy
 from ..structured import for_request
-from ..tools_call import ToolSession, openai_calls
+from ..generation.tools_call import ToolSession, openai_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, check_messages, error_body, error_status,
                      request_sampling, sampler_fields, stop_list)
 from .manager import Job, list_models, manager_of, stream_job
@@ -59,7 +59,7 @@ class StreamOptions(Strict):
     include_obfuscation: bool | None = None
 
 
-# The sampler fields: ramforge.params' names; OpenAI's defaults (temperature 1, top_p 1, no min_p)
+# The sampler fields: ramforge.sampling.params' names; OpenAI's defaults (temperature 1, top_p 1, no min_p)
 # and OpenAI's documented ranges, llama.cpp's for the extensions, a cap on top_k; any 64-bit seed.
 DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0}
 BOUNDS = {"temperature": (0, 2), "frequency_penalty": (-2, 2), "presence_penalty": (-2, 2), "top_k": (0, MAX_TOP_K),
@@ -90,7 +90,7 @@ class _Common(_SamplerFields):
         return {**request_sampling(self, DEFAULTS, seed), **self.logprob_args()}
 
     def logprob_args(self) -> dict:
-        """Model.stream's logprobs keywords (ramforge.logprobs); none when not asked."""
+        """Model.stream's logprobs keywords (ramforge.generation.logprobs); none when not asked."""
         return {}
 
     def generation(self) -> dict:

@@ -1,7 +1,7 @@
 """llama-server's slot actions: `POST /slots/{id}?action=save|restore|erase` with `{"filename": ...}`.
 
 The server holds one sequence, slot 0 (the loaded model's KV cache and tokens). save writes it to
-a state file under `--slot-save-path` (ramforge.session: the model's sha256, the context shape and KV
+a state file under `--slot-save-path` (ramforge.generation.session: the model's sha256, the context shape and KV
 types, the tokens, a sha256 of the contents; a new 0600 temporary file, then renamed over a state
 file of that name, never over another file); restore reads one back, refusing a file for another
 model, shape or KV type, a damaged or truncated one, tokens outside the vocabulary, a link, FIFO or
@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import InvalidArgument, Unsupported
-from ..session import load_state_file, write_state_file
+from ..generation.session import load_state_file, write_state_file
 from .manager import manager_of
 
 router = APIRouter()

@@ -21,9 +21,9 @@ sha256 ETag huggingface sends); without one the pull says so and `ramforge list`
 from __future__ import annotations
 
 from .names import (BlobMissing, CHUNK, CorruptManifest, DEFAULT_TAG, DEFAULT_TIMEOUT, DigestMismatch,
-                    DownloadIncomplete, GGUF_MAGIC, InsecureSource, InvalidModelName, InvalidSource, MAX_NAME_LENGTH, NotGGUF,
-                    NotInStore, Progress, PullError, StoreBusy, StoreError, USER_AGENT, default_name, expand_source,
-                    is_valid_name, normalize_name, parse_name)  # noqa: F401
+                    DownloadIncomplete, GGUF_MAGIC, InsecureSource, InvalidModelName, InvalidSource,
+                    MAX_NAME_LENGTH, NotGGUF, NotInStore, Progress, PullError, StoreBusy, StoreError,
+                    USER_AGENT, default_name, expand_source, is_valid_name, normalize_name, parse_name)  # noqa: F401
 from .blobs import Manifest, Store  # noqa: F401
 from .transfer import hash_file  # noqa: F401
 

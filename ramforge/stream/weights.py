@@ -28,7 +28,7 @@ from ..memory import MemoryBudget
 from ..models import ffn_norm
 from ..models.weights import (EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_name, layer_names, layer_tensors,
                               validate_tensors)
-from ..plan import ALIGN, SMALL, Plan, block_row_bytes, is_expert_tensor, span_of
+from .plan import ALIGN, SMALL, Plan, block_row_bytes, is_expert_tensor, span_of
 from ..profiling import ExpertRecord, LayerRecord, PassRecord
 from .experts import DEFAULT_POLICY, ExpertCache, Policy
 from .io import IOMode, ModelFile, aligned_empty
@@ -37,7 +37,7 @@ REPACK_OFF = os.environ.get("RAMFORGE_NO_REPACK", "").strip() not in ("", "0")  
 REPACK_STREAMED = not REPACK_OFF and os.environ.get("RAMFORGE_REPACK_STREAMED", "").strip() not in ("", "0")
 
 
-class _Reader(threading.Thread):
+class Reader(threading.Thread):
     """Reads jobs into free buffers, in order; results come back in the same order. A job is
     (key, segments, post, pool): read into a free buffer of pool, then post(buf) if given. pool None is
     this reader's own buffers, from its file (the weights); another pool (the KV cache's spill,
@@ -170,7 +170,7 @@ class Weights:
             self._charge(f"stream buffer {i}", p.buffer_bytes)
         self._buffers = buffers
         if buffers:
-            self._reader = _Reader(self.file, buffers)
+            self._reader = Reader(self.file, buffers)
 
     def _pinned_layer(self, il: int) -> Layer:
         s = self.spans[il]
@@ -263,7 +263,7 @@ class Weights:
         return out
 
     @property
-    def reader(self) -> "_Reader | None":
+    def reader(self) -> "Reader | None":
         """The reader thread of the streamed layers (None when nothing streams); the KV spill shares it."""
         return self._reader
 

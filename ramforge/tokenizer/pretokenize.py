@@ -15,10 +15,8 @@ from __future__ import annotations
 import re
 import warnings
 
-from .unidata import (
-    COLLAPSED, LETTER, MARK, NUMBER, PUNCTUATION, SYMBOL, WHITESPACE,
-    byte_encode as _byte_encode, collapse, flags_of, whitespace_to_vt,
-)
+from .unidata import (COLLAPSED, LETTER, MARK, NUMBER, PUNCTUATION, SYMBOL, WHITESPACE,
+                      byte_encode as _byte_encode, collapse, flags_of, whitespace_to_vt)
 
 # --- the expressions llama.cpp uses (pattern text exactly as llama.cpp's) ------------------
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"

@@ -5,8 +5,8 @@ import json
 import os
 from pathlib import Path
 
-from .errors import ModelFileError, ModelNotFound
-from .paths import cache_dir
+from ..errors import ModelFileError, ModelNotFound
+from ..paths import cache_dir
 
 DEFAULT_NAMES = (None, "", "default")
 DEFAULT_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
@@ -44,7 +44,7 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
     path = Path(model).expanduser()
     if path.is_file():                      # an existing file wins over a store name
         return path
-    from .store import Store, is_valid_name
+    from . import Store, is_valid_name
 
     if isinstance(model, str) and is_valid_name(model):
         store = Store()

@@ -1,4 +1,4 @@
-"""KV cache types: their names, ggml type ids and row sizes (no kernels: the planner imports this)."""
+"""KV cache types: names and ggml type ids, positions' bytes and the spill layout (row sizes are kernels.kvquant's)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,12 +7,10 @@ import math
 from typing import NamedTuple
 
 from ..errors import KVTypeError
+from ..kernels.kvquant import KV_TYPES, QK, row_bytes  # noqa: F401  (the cache rows' format is the kernels')
 
+KV_TYPE_NAMES = {int(t): k for k, t in KV_TYPES.items()}    # ggml type id -> name
 CHUNK = 256                   # positions the cache is charged for at a time (llama.cpp pads its view to 256 cells)
-QK = 32                                           # elements per block of both quantized types
-# name -> (ggml type id, bytes per block of 32 elements); F16 is 2 bytes an element
-KV_TYPES = {"f16": (1, 64), "q8_0": (8, 34), "q4_0": (2, 18)}
-KV_TYPE_NAMES = {v[0]: k for k, v in KV_TYPES.items()}
 
 
 def kv_type(value) -> str:
@@ -28,17 +26,7 @@ def kv_type(value) -> str:
         if name.isdigit() and int(name) in KV_TYPE_NAMES:
             return KV_TYPE_NAMES[int(name)]
     raise KVTypeError(f"unknown KV cache type {value!r}: one of {', '.join(KV_TYPES)} "
-                          f"(or their ggml type ids {', '.join(str(v[0]) for v in KV_TYPES.values())})")
-
-
-def row_bytes(kind: str, head_dim: int) -> int:
-    """Bytes of one cache row (one position, one KV head) of type `kind`."""
-    if kind == "f16":
-        return 2 * head_dim
-    if head_dim % QK:
-        raise KVTypeError(f"a {kind} KV cache stores blocks of {QK} elements; a head size of {head_dim} is not "
-                              f"a multiple of {QK} (use f16 for this model)")
-    return head_dim // QK * KV_TYPES[kind][1]
+                          f"(or their ggml type ids {', '.join(str(int(t)) for t in KV_TYPES.values())})")
 
 
 def bytes_per_position(n_layer: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str = "f16",

@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .errors import InvalidArgument, RamforgeError
-from .memory import MemoryBudget, parse_memory_size
+from ..errors import InvalidArgument, RamforgeError
+from ..memory import MemoryBudget, parse_memory_size
 from .logprobs import LCPP as LCPP_LOGPROBS, Recorder, check_top
 from .logprobs import chat_from_legacy as chat_logprobs_lcpp
 from .logprobs import legacy as legacy_logprobs
-from .params import sampler_params, stop_strings
+from ..sampling.params import sampler_params, stop_strings
 from .reasoning import parser_for
-from .resolve import resolve_model
+from ..store.resolve import resolve_model
 from .tools_call import ToolSession, openai_calls
-from .sampling import LCPP, Sampler
+from ..sampling import LCPP, Sampler
 
 # Google's gemma-3 chat template, used for the embedded default model, whose GGUF has none (as
 # Ollama ships a template beside a model). Any other model without one gets llama.cpp's ChatML.
@@ -66,7 +66,7 @@ class Model:
     n_ubatch: llama.cpp's physical batch, whose arithmetic a prompt's evaluation reproduces (512, as
     llama.cpp's default; memory use does not depend on it). expert_policy ("lfu" or "lru") and
     expert_prefetch: the expert cache of a mixture of experts whose experts stream (see `ramforge plan`).
-    draft_model: speculative decoding (ramforge.speculative), as llama-cpp-python's `Llama(draft_model=)`:
+    draft_model: speculative decoding (ramforge.engine.speculative), as llama-cpp-python's `Llama(draft_model=)`:
     a `PromptLookup(max_ngram_size, num_pred_tokens)` (llama-cpp-python's LlamaPromptLookupDecoding
     rules), a `DraftModel(path, n_max=16)` (loaded resident under this Model's budget first), or any
     callable input_ids -> draft ids.
@@ -76,7 +76,7 @@ class Model:
     its default graph does; flash_attn, if given, must say the same.
     kv_spill: the KV cache spilled to storage (a file per layer, read back each token, bit-exact): None
     (default) when the budget cannot hold it for the whole context, True always, a directory always (its
-    files there), False never (ramforge.memory.kv_spill).
+    files there), False never (ramforge.stream.kv_spill).
     ray: run the model as a pipeline of `stages` layer ranges on Ray (ramforge.cluster): True (a new
     local cluster, or $RAY_ADDRESS), an address (HOST:PORT, ray://HOST:PORT, "auto"), or a dict of
     cluster.Pipeline's keywords with "address" (connect_timeout, stage_timeout, placement, ...); each
@@ -92,8 +92,8 @@ class Model:
                  expert_prefetch: bool = True, draft_model=None, type_k: int | str | None = None,
                  type_v: int | str | None = None, kv_spill: bool | str | None = None, flash_attn: bool | None = None,
                  ray=None, stages: int = 2, stage_ram=None, context_shift: bool = False, n_seq: int = 1):
-        from .engine import Engine
-        from .speculative import DraftModel, check_draft_length
+        from ..engine.engine import Engine
+        from ..engine.speculative import DraftModel, check_draft_length
 
         self.path = str(resolve_model(path_or_name))
         self.name = str(path_or_name)
@@ -130,7 +130,7 @@ class Model:
             self.engine.close()
             raise InvalidArgument("context_shift is not supported with ray= (the KV caches live in the stages)")
         self.context_shift = bool(context_shift)     # llama-server's --context-shift (Engine.generate)
-        self.batcher = None                          # n_seq > 1: requests share passes (ramforge.batcher)
+        self.batcher = None                          # n_seq > 1: requests share passes (ramforge.generation.batcher)
         if n_seq > 1:
             from .batcher import Batcher
             if draft_model is not None or self.context_shift:
@@ -178,7 +178,7 @@ class Model:
     def n_ctx(self) -> int:
         return self.engine.n_ctx
 
-    # ---- saved states (ramforge.session) -------------------------------------------------------
+    # ---- saved states (ramforge.generation.session) -------------------------------------------------------
     def save_state(self):
         """The sequence so far (tokens and KV cache) as a session.State, as llama-cpp-python's save_state."""
         from .session import save_state
@@ -216,11 +216,11 @@ class Model:
                grammar=None, n_keep: int | None = None, **sampling) -> Iterator[Response]:
         """Yield a Response per piece of text; the last one has done=True and the totals.
 
-        sampling: the sampler parameters by the names of ramforge.params' table (temperature, top_k,
+        sampling: the sampler parameters by the names of ramforge.sampling.params' table (temperature, top_k,
         top_p, ..., mirostat, dry_multiplier, logit_bias, seed); left out or None, the table's
         default (seed: the Model's). logprobs: 0..20 alternatives per token; each Response then
         carries the `logprobs.Step`s of its tokens (every generated token, the end-of-generation one
-        excluded), computed as `logprobs_style` (ramforge.logprobs) does. grammar: GBNF text
+        excluded), computed as `logprobs_style` (ramforge.generation.logprobs) does. grammar: GBNF text
         (llama.cpp's dialect), a compiled ramforge.structured.Grammar or a llama_cpp.LlamaGrammar;
         errors.GrammarError when it is invalid. With a grammar the draft model is not used.
         n_keep: the tokens a context shift keeps (Model(context_shift=True); -1: the prompt; default 0),
@@ -286,7 +286,7 @@ class Model:
         object holding GBNF in `_grammar` (llama_cpp.LlamaGrammar); None stays None."""
         if grammar is None:
             return None
-        from .structured import Grammar, compile_grammar
+        from ..structured import Grammar, compile_grammar
 
         if isinstance(grammar, Grammar):
             return grammar
@@ -336,7 +336,7 @@ class Model:
                                tool_choice=None, response_format: dict | None = None, **kwargs):
         """An OpenAI chat.completion dict, or an iterator of chat.completion.chunk dicts. logprobs:
         each token's, with top_logprobs (0..20) alternatives, in llama-cpp-python's chat shape.
-        tools: the model's calls come back as `tool_calls` (ramforge.tools_call), finish_reason
+        tools: the model's calls come back as `tool_calls` (ramforge.generation.tools_call), finish_reason
         "tool_calls"; streamed as deltas. tool_choice "required" or a named function: a grammar
         makes the answer that call (`tools_call.call_grammar`). response_format: {"type":
         "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}} (the grammar
@@ -398,7 +398,7 @@ class Model:
 
     def split_reasoning(self, responses, prompt: str | None = None):
         """The Responses of a chat with the model's reasoning moved from `text` to `thinking` (gpt-oss's
-        harmony channels, a `<think>` block: ramforge.reasoning); unchanged for a model without a
+        harmony channels, a `<think>` block: ramforge.generation.reasoning); unchanged for a model without a
         reasoning format. prompt: the rendered chat (default: the last render_chat's), which tells
         whether a `<think>` block is already open."""
         parser = parser_for(self.chat_template().text, prompt if prompt is not None else getattr(self, "_rendered", None))
@@ -421,7 +421,7 @@ class Model:
         """The model's chat.ChatTemplate (loaded once)."""
         if self._chat is None:
             from .chat import ChatTemplate
-            from .gguf.reader import GGUFFile
+            from ..gguf.reader import GGUFFile
 
             with GGUFFile(self.path) as f:
                 md = f.metadata
@@ -432,7 +432,7 @@ class Model:
         return self._chat
 
     def _is_default(self) -> bool:
-        from .resolve import DEFAULT_NAMES, default_model_path
+        from ..store.resolve import DEFAULT_NAMES, default_model_path
 
         try:
             return self.name in DEFAULT_NAMES or self.path == str(default_model_path())
@@ -466,7 +466,7 @@ class Model:
 
 def _pipeline(model, ray, stages, stage_ram, n_ctx, io, n_threads):
     """cluster.Pipeline for Model(ray=...)."""
-    from .cluster import Pipeline
+    from ..cluster import Pipeline
 
     opts = dict(ray) if isinstance(ray, dict) else {"address": None if ray is True else ray}
     opts["stages"] = opts.get("stages") or stages
@@ -478,7 +478,7 @@ def _response_grammar(response_format) -> str | None:
     """The GBNF of an OpenAI response_format (None for text or none)."""
     if response_format is None:
         return None
-    from .structured import for_response_format
+    from ..structured import for_response_format
 
     return for_response_format(response_format)
 

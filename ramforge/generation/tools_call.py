@@ -29,9 +29,8 @@ import secrets
 import string
 from collections import deque
 
-from .errors import InvalidArgument
-from .tools_parse import (GENERIC, HERMES, LLAMA3, MISTRAL, ToolCall, _hermes, _hold, parse,  # noqa: F401
-                          value_end)
+from ..errors import InvalidArgument
+from .tools_parse import GENERIC, HERMES, LLAMA3, MISTRAL, ToolCall, _hermes, _hold, parse, value_end
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -127,7 +126,7 @@ def call_grammar(fmt: str, tools, choice: str) -> str | None:
     c = call_constraint(fmt, tools, choice)
     if c is None:
         return None
-    from .structured import json_schema_to_grammar
+    from ..structured import json_schema_to_grammar
 
     body = json_schema_to_grammar(c["schema"])
     name = "call"

@@ -29,7 +29,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 
 @dataclass
@@ -140,9 +140,9 @@ class DraftModel:
     def attach(self, load, budget, n_ctx: int, n_threads: int | None = None) -> "DraftModel":
         """Load the draft fully resident under `budget` with `load` (Engine.load); OutOfBudget names
         what it needs. A DraftModel made from a loaded engine keeps it."""
-        from .errors import OutOfBudget
-        from .gguf.reader import GGUFFile
-        from .plan import plan_for_budget
+        from ..errors import OutOfBudget
+        from ..gguf.reader import GGUFFile
+        from ..stream.plan import plan_for_budget
 
         if self.engine is None:
             if hasattr(self.path, "eval"):                    # a loaded Engine

@@ -15,7 +15,7 @@ import threading
 
 import psutil
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 
 def default_threads() -> int:

@@ -5,7 +5,7 @@ rows go to a file of their own (memory.kv_types.SpillLayout: K rows of positions
 rows, O_DIRECT where the filesystem allows). New rows are written to RAM first, a ring of the `tail`
 most recent positions per layer, and reach the file in whole 4096-byte groups of positions when the
 ring needs room (before a pass). Before a layer's attention its spilled rows are read into one of
-SPILL_BUFFERS budget-charged buffers by the weights' reader thread (stream.weights._Reader; one of its
+SPILL_BUFFERS budget-charged buffers by the weights' reader thread (stream.weights.Reader; one of its
 own where no layer streams), the next layer's while this one computes; the ring's rows and the
 chunk's new rows are copied in beside them, so attention reads the cache's own bytes at their own
 positions: bit-exact with the in-RAM cache. A sliding-window layer reads only the window.
@@ -36,10 +36,10 @@ from ..errors import InternalError, InvalidArgument, KVSpillError
 from ..kernels.kvquant import store_rows
 from ..paths import memory_filesystem
 from ..profiling import LayerRecord
-from ..stream.io import aligned_empty, read_full
-from .budget import MemoryBudget
-from .kv_cache import KVBase
-from .kv_types import SPILL_ALIGN, SPILL_BUFFERS, _up, kv_type, row_bytes, spill_layout
+from .io import aligned_empty, read_full
+from ..memory.budget import MemoryBudget
+from ..kv.cache import KVBase
+from ..kv.types import SPILL_ALIGN, SPILL_BUFFERS, _up, kv_type, row_bytes, spill_layout
 
 
 class SpillFile:
@@ -216,8 +216,8 @@ class SpilledKVCache(KVBase):
                 self.files.append(SpillFile(os.path.join(self.dir, f"{stem}-layer{first_layer + i}.kv"),
                                             lay.buffer_bytes))
             if reader is None:
-                from ..stream.weights import _Reader
-                reader, self._own_reader = _Reader(None, []), True
+                from .weights import Reader
+                reader, self._own_reader = Reader(None, []), True
             self.reader = reader
         except BaseException:
             self.close()
@@ -377,7 +377,7 @@ class SpilledKVCache(KVBase):
             self.free.put(buf)
 
     def read(self, key: int, offset: int, out: np.ndarray) -> int:
-        """The reader thread's read of layer key's file (stream.weights._Reader's pool interface)."""
+        """The reader thread's read of layer key's file (stream.weights.Reader's pool interface)."""
         return self.files[key].read_into(offset, out)
 
     # ---- inside ----------------------------------------------------------------------------

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .models.config import HParams
-from .plan import state_shapes
+from ..models.config import HParams
+from ..stream.plan import state_shapes
 
 
 @dataclass

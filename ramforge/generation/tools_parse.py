@@ -1,4 +1,4 @@
-"""Parsing a model's tool calls out of its output text, by format (see ramforge.tools_call, which
+"""Parsing a model's tool calls out of its output text, by format (see ramforge.generation.tools_call, which
 re-exports these names): value_end's resumable JSON scan, the `{"name": ..., "arguments": ...}` call
 objects, and `parse` for the whole text or the text so far (partial) of each format."""
 from __future__ import annotations

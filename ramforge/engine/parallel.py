@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cancel
-from .errors import EmptyPrompt, InvalidArgument, NotReproduced, check_token_ids
-from .kernels.ops import _rope_params, rope
-from .memory.cells import pad_cells, place
+from .. import cancel
+from ..errors import EmptyPrompt, InvalidArgument, NotReproduced, check_token_ids
+from ..kernels.ops import _rope_params, rope
+from ..kv.cells import pad_cells, place
 from .ubatch import Chunk, chunks
 
 ISWA_ARCHS = frozenset({"gemma2", "gemma3", "gpt-oss"})      # llama.cpp's sliding-window cache (iswa)
@@ -230,13 +230,13 @@ def _shift_rope(eng):
         raise NotReproduced(f"a K-shift (seq_add, context shift) over a {kv.type_k} K cache (dequantize, "
                             f"rotate, requantize) is not reproduced; use an f16 K cache")
     if hp.arch == "gemma3":
-        from .models import gemma3
+        from ..models import gemma3
         base_swa = eng.extra.get("rope_base_swa", gemma3.ROPE_BASE_SWA)
         scale_swa = hp.rope_scale._replace(freq_scale=gemma3.ROPE_FREQ_SCALE_SWA)
         return lambda il: ((base_swa, True, None, scale_swa) if gemma3.is_swa(hp, il)
                            else (hp.rope_base, True, None, hp.rope_scale))
     if hp.arch == "gemma2":
-        from .models import gemma2
+        from ..models import gemma2
         base_swa = eng.extra.get("rope_base_swa", hp.rope_base)
         return lambda il: (base_swa if gemma2.is_swa(hp, il) else hp.rope_base, True, None, hp.rope_scale)
     if eng.module.__name__.rsplit(".", 1)[-1] in LLAMA_ROPE:

@@ -13,29 +13,30 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import (BudgetTooSmall, ContextLengthExceeded, EmptyPrompt, InexactWarning, InvalidArgument,
-                     NotReproduced, UnsupportedArch, check_token_ids)
-from .gguf.constants import Keys
-from .gguf.reader import GGUFFile
-from .jit import Stopwatch, prepare_in_background
-from .kernels.matmul import batch_view
-from .kernels.ops import rms_norm, softcap
-from .memory import MemoryBudget
-from .memory.cells import kv_rows
-from .memory.kv_cache import KVCache
-from .memory.kv_spill import SpilledKVCache, spill_dir, spill_mode
-from . import cancel, parallel
-from .models import ALIASES, ARCHITECTURES
-from .models.config import HParams
-from .models.config import MOE_ARCHS, NO_CAPS, SOFTCAPS
-from .models.weights import ModelError, gguf_name, layer_tensors
-from .plan import UBATCH, Plan, layer_windows, n_vocab_of, plan_for_budget
-from .profiling import KERNELS, PROFILE, PassRecord
+from ..errors import (BudgetTooSmall, ContextLengthExceeded, EmptyPrompt, InexactWarning, InvalidArgument,
+                      NotReproduced, UnsupportedArch, check_token_ids)
+from ..gguf.constants import Keys
+from ..gguf.reader import GGUFFile
+from ..jit import Stopwatch, prepare_in_background
+from ..kernels.matmul import batch_view
+from ..kernels.ops import rms_norm, softcap
+from ..memory import MemoryBudget
+from ..kv.cells import kv_rows
+from ..kv.cache import KVCache
+from ..stream.kv_spill import SpilledKVCache, spill_dir, spill_mode
+from .. import cancel
+from . import parallel
+from ..models import ALIASES, ARCHITECTURES
+from ..models.config import HParams
+from ..models.config import MOE_ARCHS, NO_CAPS, SOFTCAPS
+from ..models.weights import ModelError, gguf_name, layer_tensors
+from ..stream.plan import UBATCH, Plan, layer_windows, n_vocab_of, plan_for_budget
+from ..profiling import KERNELS, PROFILE, PassRecord
 from .runtime import bind
 from .state import State, Timings
 from .ubatch import Chunk, chunks
-from .stream.io import IOMode
-from .stream.weights import Weights
+from ..stream.io import IOMode
+from ..stream.weights import Weights
 
 
 # architectures whose llama.cpp graph reads {arch}.attention.sliding_window (phi3's turns it off again:
@@ -74,7 +75,7 @@ def kv_types(type_k=None, type_v=None, env: dict | None = None) -> tuple[str, st
     $RAMFORGE_KV_TYPE (one type for both, or "K,V"), else f16 (llama.cpp's default)."""
     import os
 
-    from .memory.kv_types import kv_type
+    from ..kv.types import kv_type
     raw = (os.environ if env is None else env).get("RAMFORGE_KV_TYPE", "").strip()
     dk = dv = "f16"
     if raw:
@@ -159,7 +160,7 @@ class Engine:
         n_seq > 1: that many sequences (parallel.py), each a stream of PAD(n_ctx / n_seq, 256) KV cells
         as llama.cpp's non-unified cache (llama-server --parallel N); the cache stays in RAM."""
         from .runtime import set_threads
-        from .tokenizer import load_tokenizer
+        from ..tokenizer import load_tokenizer
 
         clock = Stopwatch().start()
         n_threads = set_threads(n_threads)
@@ -406,7 +407,7 @@ class Engine:
         from the very same logits instead of re-evaluating its last token alone, which rounds
         differently than the batch did (in llama.cpp as here).
 
-        draft: speculative decoding (ramforge.speculative) with this drafter: a PromptLookup, a
+        draft: speculative decoding (ramforge.engine.speculative) with this drafter: a PromptLookup, a
         DraftModel, or any callable input_ids -> draft ids (llama-cpp-python's LlamaDraftModel shape).
         The prompt is then evaluated as llama-cpp-python does with a draft model (every token an output).
         outputs_all: so too without one (llama-cpp-python's `logits_all=True`, which its logprobs need).

@@ -38,7 +38,7 @@ import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF      # llama.h: this seed (like None or -1) means "pick one at random"
 

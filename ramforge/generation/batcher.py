@@ -28,11 +28,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import cancel
-from .errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, InternalError, InvalidArgument,
-                     RamforgeError, ServerBusy, check_token_ids)
+from .. import cancel
+from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, InternalError, InvalidArgument,
+                      RamforgeError, ServerBusy, check_token_ids)
 
-log = logging.getLogger("ramforge.batcher")
+log = logging.getLogger("ramforge.generation.batcher")
 
 
 @dataclass

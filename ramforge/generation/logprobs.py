@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InvalidArgument
-from .kernels import cxxsort
+from ..errors import InvalidArgument
+from ..kernels import cxxsort
 
 LCPP, SERVER = "llama-cpp-python", "llama-server"
 MAX_TOP = 20                    # OpenAI's and llama-server's cap on alternatives

@@ -31,13 +31,13 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
-from .errors import InvalidArgument, ModelFileError
-from .gguf.constants import GGML_BLOCK, Keys
-from .gguf.reader import GGUFFile, TensorInfo
-from .models import ffn_norm, is_executable
-from .models.config import FUSED_PROJECTIONS, HParams
-from .memory.cells import kv_rows
-from .memory.kv_types import CHUNK, bytes_per_position, kv_type, spill_layout
+from ..errors import InvalidArgument, ModelFileError
+from ..gguf.constants import GGML_BLOCK, Keys
+from ..gguf.reader import GGUFFile, TensorInfo
+from ..models import ffn_norm, is_executable
+from ..models.config import FUSED_PROJECTIONS, HParams
+from ..kv.cells import kv_rows
+from ..kv.types import CHUNK, bytes_per_position, kv_type, spill_layout
 
 DEFAULT_CTX = 4096          # as llama-cli: the default context, capped by the model's own
 DEFAULT_BATCH = 64          # prompt tokens per forward chunk
@@ -351,7 +351,7 @@ def layer_windows(hp: HParams, module, layers: tuple[int, int]) -> list[int]:
     if module is None:
         import importlib
 
-        from .models import ALIASES, ARCHITECTURES
+        from ..models import ALIASES, ARCHITECTURES
         name = ARCHITECTURES.get(ALIASES.get(hp.arch, hp.arch))
         module = importlib.import_module(f"ramforge.models.{name}") if name else None
     swa = getattr(module, "is_swa", None)

@@ -14,9 +14,9 @@ import numpy as np
 
 from ..errors import BudgetExceeded, ContextLengthExceeded, InvalidArgument, KVBudgetExceeded
 from ..kernels.kvquant import store_rows
-from .budget import MemoryBudget
+from ..memory.budget import MemoryBudget
 from .cells import Placement
-from .kv_types import CHUNK, kv_type, row_bytes
+from .types import CHUNK, kv_type, row_bytes
 
 
 class KVBase:

@@ -43,10 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ._version import __version__
-from . import cancel
-from .errors import InvalidArgument, StateError, Unsupported
-from .memory.budget import MemoryBudget
+from .._version import __version__
+from .. import cancel
+from ..errors import InvalidArgument, StateError, Unsupported
+from ..memory.budget import MemoryBudget
 
 MAGIC = b"RAMFORGE-STATE\x00\x01"
 MAX_HEADER = 1 << 16
@@ -60,7 +60,7 @@ def model_sha256(path: str) -> str:
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
     with _SHA_LOCK:
         if key not in _SHA:
-            from .store.transfer import hash_file
+            from ..store.transfer import hash_file
 
             _SHA[key] = hash_file(Path(path))[0].hexdigest()
         return _SHA[key]

@@ -8,8 +8,8 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from .memory import format_bytes
-from .stream.io import page_cache_residency
+from ..memory import format_bytes
+from ..stream.io import page_cache_residency
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 COMPILING = "compiling kernels for this CPU — first run only"
@@ -19,7 +19,7 @@ COMPILING = "compiling kernels for this CPU — first run only"
 def compile_notice(console: Console = err):
     """While numba compiles (ramforge.jit.COMPILE), a status line on stderr (a spinner on a terminal,
     one plain line otherwise); after the block, one line with the seconds compiling took."""
-    from .jit import COMPILE
+    from ..jit import COMPILE
 
     status = console.status(COMPILING, spinner="dots") if console.is_terminal else None
     seen = [0.0, False]                             # seconds, announced (plain mode)

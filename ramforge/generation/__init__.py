@@ -1,0 +1,1 @@
+"""Generation: the library API, chat, sessions, batching, logprobs, tools and reasoning."""
