@@ -117,139 +117,9 @@ class Converter:
     def pattern_rule(self, pattern: str, name: str) -> str:
         if len(pattern) < 2 or pattern[0] != "^" or pattern[-1] != "$":
             raise _Unsupported("not anchored with '^' and '$'")
-        p = pattern[1:-1]
-        n, sub_ids = len(p), {}
-        st = {"i": 0, "depth": 0}
-
-        def to_rule(item):
-            s, literal = item
-            return f'"{s}"' if literal else s
-
-        def dot():
-            return self.add_rule("dot", "[\\U00000000-\\U0010FFFF]" if self.dotall else "[^\\x0A\\x0D]")
-
-        def transform():
-            seq: list[list] = []
-
-            def join():
-                ret, lit = [], ""
-                for s, is_lit in seq:
-                    if is_lit:
-                        lit += s
-                    else:
-                        if lit:
-                            ret.append((lit, True))
-                            lit = ""
-                        ret.append((s, False))
-                if lit:
-                    ret.append((lit, True))
-                return " ".join(to_rule(x) for x in ret), False
-
-            while st["i"] < n:
-                i, c = st["i"], p[st["i"]]
-                if c == ".":
-                    seq.append([dot(), False])
-                    st["i"] += 1
-                elif c == "(":
-                    st["i"] += 1
-                    if st["i"] < n and p[st["i"]] == "?":
-                        if st["i"] + 1 < n and p[st["i"] + 1] == ":":
-                            st["i"] += 2
-                        else:
-                            raise _Unsupported("unsupported group syntax")
-                    st["depth"] += 1
-                    if st["depth"] > MAX_PATTERN_DEPTH:
-                        raise _Unsupported("pattern nesting too deep")
-                    seq.append(["(" + to_rule(transform()) + ")", False])
-                elif c == ")":
-                    st["i"] += 1
-                    if st["depth"] == 0:
-                        raise _Invalid("unbalanced parentheses")
-                    st["depth"] -= 1
-                    return join()
-                elif c in "^$":
-                    raise _Unsupported("anchor inside the pattern")
-                elif c == "[":
-                    br, i = "[", i + 1
-                    while i < n and p[i] != "]":
-                        if p[i] == "\\":
-                            k = escape_length(p, i)
-                            if not k:
-                                raise _Unsupported(f"unsupported escape in character class: {p[i:i + 2]}")
-                            br += p[i:i + k]
-                            i += k
-                        else:
-                            br += p[i]
-                            i += 1
-                    if i >= n:
-                        raise _Invalid("unterminated character class")
-                    st["i"] = i + 1
-                    seq.append([br + "]", False])
-                elif c == "|":
-                    seq.append(["|", False])
-                    st["i"] += 1
-                elif c in "*+?":
-                    if not seq:
-                        raise _Invalid("nothing to repeat")
-                    seq[-1] = [to_rule(seq[-1]) + c, False]
-                    st["i"] += 1
-                elif c == "{":
-                    j = p.find("}", i + 1)
-                    if j < 0:
-                        raise _Unsupported("unterminated curly brackets")
-                    st["i"] = j + 1
-                    nums = p[i + 1:j].split(",")
-                    if len(nums) not in (1, 2):
-                        raise _Unsupported("wrong number of values in curly brackets")
-                    try:
-                        if len(nums) == 1:
-                            lo = hi = _stoi(nums[0])
-                        else:
-                            lo = _stoi(nums[0]) if nums[0] else 0
-                            hi = _stoi(nums[1]) if nums[1] else INT_MAX
-                    except ValueError:
-                        raise _Unsupported("invalid number in curly brackets") from None
-                    if not seq:
-                        raise _Invalid("nothing to repeat")
-                    sub, is_lit = seq[-1]
-                    if not is_lit:
-                        if sub not in sub_ids:
-                            sub_ids[sub] = None
-                            sub_ids[sub] = self.add_rule(f"{name}-{len(sub_ids)}", sub)
-                        sub = sub_ids[sub]
-                    seq[-1] = [repetition(f'"{sub}"' if is_lit else sub, lo, hi), False]
-                else:
-                    lit = ""
-                    while st["i"] < n:
-                        i = st["i"]
-                        if p[i] == "\\":
-                            if i == n - 1:
-                                raise _Invalid("trailing backslash")
-                            if p[i + 1] in REGEX_ONLY_ESCAPES:
-                                lit += p[i + 1]
-                                st["i"] += 2
-                            else:
-                                k = escape_length(p, i)
-                                if not k:
-                                    raise _Unsupported(f"unsupported escape: {p[i:i + 2]}")
-                                lit += p[i:i + k]
-                                st["i"] += k
-                        elif p[i] == '"':
-                            lit += '\\"'
-                            st["i"] += 1
-                        elif p[i] not in NON_LITERAL and (i == n - 1 or not lit or p[i + 1] == "."
-                                                          or p[i + 1] not in NON_LITERAL):
-                            lit += p[i]
-                            st["i"] += 1
-                        else:
-                            break
-                    if not lit:
-                        raise _Unsupported(f"unsupported character: {c}")
-                    seq.append([lit, True])
-            return join()
-
-        rule = to_rule(transform())
-        if st["depth"] != 0:
+        parser = _Pattern(self, pattern[1:-1], name)
+        rule = _to_rule(parser.group())
+        if parser.depth != 0:
             raise _Invalid("unbalanced parentheses")
         return self.add_rule(name, f'"\\"" ({rule}) "\\""')
 
@@ -421,3 +291,156 @@ def json_schema_to_grammar(schema, *, ignore_unsupported: bool = False) -> str:
     if conv.errors:
         raise SchemaError("JSON schema conversion failed:\n" + "\n".join(conv.errors))
     return conv.format_grammar()
+
+
+def _to_rule(item: tuple[str, bool]) -> str:
+    s, literal = item
+    return f'"{s}"' if literal else s
+
+
+class _Pattern:
+    """llama.cpp's _visit_pattern: a regex (without its anchors) to GBNF, one group at a time. A
+    sequence item is [text, is_literal]; `group` consumes up to its closing parenthesis."""
+
+    def __init__(self, conv: "Converter", p: str, name: str):
+        self.conv, self.p, self.n, self.name = conv, p, len(p), name
+        self.i, self.depth, self.sub_ids = 0, 0, {}
+
+    def dot(self) -> str:
+        return self.conv.add_rule("dot", "[\\U00000000-\\U0010FFFF]" if self.conv.dotall else "[^\\x0A\\x0D]")
+
+    @staticmethod
+    def join(seq: list[list]) -> tuple[str, bool]:
+        ret, lit = [], ""
+        for s, is_lit in seq:
+            if is_lit:
+                lit += s
+            else:
+                if lit:
+                    ret.append((lit, True))
+                    lit = ""
+                ret.append((s, False))
+        if lit:
+            ret.append((lit, True))
+        return " ".join(_to_rule(x) for x in ret), False
+
+    def group(self) -> tuple[str, bool]:
+        p, n, seq = self.p, self.n, []
+        while self.i < n:
+            c = p[self.i]
+            if c == ".":
+                seq.append([self.dot(), False])
+                self.i += 1
+            elif c == "(":
+                self.open_group()
+                seq.append(["(" + _to_rule(self.group()) + ")", False])
+            elif c == ")":
+                self.i += 1
+                if self.depth == 0:
+                    raise _Invalid("unbalanced parentheses")
+                self.depth -= 1
+                return self.join(seq)
+            elif c in "^$":
+                raise _Unsupported("anchor inside the pattern")
+            elif c == "[":
+                seq.append([self.char_class(), False])
+            elif c == "|":
+                seq.append(["|", False])
+                self.i += 1
+            elif c in "*+?":
+                if not seq:
+                    raise _Invalid("nothing to repeat")
+                seq[-1] = [_to_rule(seq[-1]) + c, False]
+                self.i += 1
+            elif c == "{":
+                self.braces(seq)
+            else:
+                seq.append([self.literal(c), True])
+        return self.join(seq)
+
+    def open_group(self) -> None:
+        p, n = self.p, self.n
+        self.i += 1
+        if self.i < n and p[self.i] == "?":
+            if self.i + 1 < n and p[self.i + 1] == ":":
+                self.i += 2
+            else:
+                raise _Unsupported("unsupported group syntax")
+        self.depth += 1
+        if self.depth > MAX_PATTERN_DEPTH:
+            raise _Unsupported("pattern nesting too deep")
+
+    def char_class(self) -> str:
+        p, n = self.p, self.n
+        br, i = "[", self.i + 1
+        while i < n and p[i] != "]":
+            if p[i] == "\\":
+                k = escape_length(p, i)
+                if not k:
+                    raise _Unsupported(f"unsupported escape in character class: {p[i:i + 2]}")
+                br += p[i:i + k]
+                i += k
+            else:
+                br += p[i]
+                i += 1
+        if i >= n:
+            raise _Invalid("unterminated character class")
+        self.i = i + 1
+        return br + "]"
+
+    def braces(self, seq: list[list]) -> None:
+        """x{n}, x{n,}, x{,m}, x{n,m} on the last item (a non-literal item gets a rule of its own)."""
+        p, i = self.p, self.i
+        j = p.find("}", i + 1)
+        if j < 0:
+            raise _Unsupported("unterminated curly brackets")
+        self.i = j + 1
+        nums = p[i + 1:j].split(",")
+        if len(nums) not in (1, 2):
+            raise _Unsupported("wrong number of values in curly brackets")
+        try:
+            if len(nums) == 1:
+                lo = hi = _stoi(nums[0])
+            else:
+                lo = _stoi(nums[0]) if nums[0] else 0
+                hi = _stoi(nums[1]) if nums[1] else INT_MAX
+        except ValueError:
+            raise _Unsupported("invalid number in curly brackets") from None
+        if not seq:
+            raise _Invalid("nothing to repeat")
+        sub, is_lit = seq[-1]
+        if not is_lit:
+            if sub not in self.sub_ids:
+                self.sub_ids[sub] = None
+                self.sub_ids[sub] = self.conv.add_rule(f"{self.name}-{len(self.sub_ids)}", sub)
+            sub = self.sub_ids[sub]
+        seq[-1] = [repetition(f'"{sub}"' if is_lit else sub, lo, hi), False]
+
+    def literal(self, c: str) -> str:
+        p, n, lit = self.p, self.n, ""
+        while self.i < n:
+            i = self.i
+            if p[i] == "\\":
+                if i == n - 1:
+                    raise _Invalid("trailing backslash")
+                if p[i + 1] in REGEX_ONLY_ESCAPES:
+                    lit += p[i + 1]
+                    self.i += 2
+                else:
+                    k = escape_length(p, i)
+                    if not k:
+                        raise _Unsupported(f"unsupported escape: {p[i:i + 2]}")
+                    lit += p[i:i + k]
+                    self.i += k
+            elif p[i] == '"':
+                lit += '\\"'
+                self.i += 1
+            elif p[i] not in NON_LITERAL and (i == n - 1 or not lit or p[i + 1] == "."
+                                              or p[i + 1] not in NON_LITERAL):
+                lit += p[i]
+                self.i += 1
+            else:
+                break
+        if not lit:
+            raise _Unsupported(f"unsupported character: {c}")
+        return lit
