@@ -1,5 +1,27 @@
 """uvicorn's configuration for `ramforge serve`: deadlines for reading each request and for a client
-to take what is written to it, a bounded send buffer per connection, and a cap on open connections."""
+to take what is written to it, a bounded send buffer per connection, and a cap on open connections.
+
+`_timed_h11` is uvicorn's h11 protocol with the guards uvicorn lacks:
+
+- Read deadline: a client that does not send a whole request (headers and body) within
+  `request_timeout` seconds of connecting or of its first byte after a response is disconnected.
+  uvicorn's timeout_keep_alive only covers the idle time between requests: a client that
+  connects and sends nothing, or part of the headers, or part of a body, is otherwise held open
+  for good (and a partial body keeps its request task waiting in `receive()`).
+- Write deadline: a client that takes nothing of a response for `write_timeout` seconds (the
+  transport's buffer stays above its high-water mark: writing paused) is aborted. uvicorn's
+  `send` otherwise waits for it forever, and with it a streamed generation holding the model
+  lock or a slot; the abort is the client's `http.disconnect`, which stops the generation
+  (ramforge.cancel) and frees the lock or the slot. The kernel's send buffer of each connection is
+  held to `send_buffer` bytes: Linux grows a loopback connection's to 4 MiB, kernel memory outside
+  any budget (x the connections) that a reader who stopped fills before its deadline can start.
+- Connection cap: when a new connection makes more than `max_connections`, the connection that
+  has waited longest for its (next) request is closed to make room: a flood of idle or
+  slow-loris connections cannot lock others out, and stays bounded in descriptors. When every
+  connection is in the middle of a request (uvicorn's limit_concurrency rule, at the cap + 1
+  connections or requests), the new request is answered 503 in the server's JSON error shape
+  (`_over_cap`), and its connection closed.
+"""
 from __future__ import annotations
 
 import functools
@@ -47,30 +69,48 @@ def _over_cap(max_connections: int):
     return over_cap
 
 
+def _hold_send_buffer(transport, send_buffer: int | None) -> None:
+    """The kernel's send buffer of one connection held to send_buffer bytes (Linux grows a loopback one's)."""
+    sock = transport.get_extra_info("socket")
+    if send_buffer and sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        except OSError:                         # not a TCP socket (a Unix socket in a test): left as it is
+            pass
+
+
+def _evict_oldest_waiting(conn, max_connections: int, warned: list[float]) -> None:
+    """Over the cap: abort the other connection that has waited longest for its (next) request."""
+    live = [c for c in conn.connections if not getattr(c, "_evicted", False)]
+    if len(live) <= max_connections:
+        return
+    others = [c for c in live if c is not conn and getattr(c, "waiting", None) and c.waiting()]
+    if others:
+        oldest = min(others, key=lambda c: c._waiting_since)
+        now = time.monotonic()
+        if now - warned[0] >= 1.0:              # a flood logs once a second, not once a connection
+            warned[0] = now
+            log.warning("%d connections open (--max-connections %d): closing the one that waited "
+                        "%.1f s for its request", len(live), max_connections, now - oldest._waiting_since)
+        oldest._evicted = True
+        oldest.transport.abort()                # connection_lost soon: out of `connections`
+
+
+def _reset(transport) -> None:
+    """Abort with a reset: the kernel drops what it still holds for the client (close() would wait for
+    the buffer to drain, for ever)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except (AttributeError, OSError):
+        pass
+    transport.abort()
+
+
 @functools.lru_cache(maxsize=None)
 def _timed_h11(request_timeout: float, write_timeout: float = 30.0, max_connections: int | None = None,
                send_buffer: int | None = None):
-    """uvicorn's h11 protocol with the guards uvicorn lacks:
-
-    - Read deadline: a client that does not send a whole request (headers and body) within
-      `request_timeout` seconds of connecting or of its first byte after a response is disconnected.
-      uvicorn's timeout_keep_alive only covers the idle time between requests: a client that
-      connects and sends nothing, or part of the headers, or part of a body, is otherwise held open
-      for good (and a partial body keeps its request task waiting in `receive()`).
-    - Write deadline: a client that takes nothing of a response for `write_timeout` seconds (the
-      transport's buffer stays above its high-water mark: writing paused) is aborted. uvicorn's
-      `send` otherwise waits for it forever, and with it a streamed generation holding the model
-      lock or a slot; the abort is the client's `http.disconnect`, which stops the generation
-      (ramforge.cancel) and frees the lock or the slot. The kernel's send buffer of each connection is
-      held to `send_buffer` bytes: Linux grows a loopback connection's to 4 MiB, kernel memory outside
-      any budget (x the connections) that a reader who stopped fills before its deadline can start.
-    - Connection cap: when a new connection makes more than `max_connections`, the connection that
-      has waited longest for its (next) request is closed to make room: a flood of idle or
-      slow-loris connections cannot lock others out, and stays bounded in descriptors. When every
-      connection is in the middle of a request (uvicorn's limit_concurrency rule, at the cap + 1
-      connections or requests), the new request is answered 503 in the server's JSON error shape
-      (`_over_cap`), and its connection closed.
-    """
+    """uvicorn's h11 protocol with the guards uvicorn lacks (the module docstring says which and why)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -119,28 +159,11 @@ def _timed_h11(request_timeout: float, write_timeout: float = 30.0, max_connecti
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            sock = transport.get_extra_info("socket")
-            if send_buffer and sock is not None:
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
-                except OSError:                 # not a TCP socket (a Unix socket in a test): left as it is
-                    pass
+            _hold_send_buffer(transport, send_buffer)
             self._waiting_since = time.monotonic()
             self._arm()
-            if max_connections is None or len(self.connections) <= max_connections:
-                return
-            live = [c for c in self.connections if not getattr(c, "_evicted", False)]
-            if len(live) > max_connections:
-                others = [c for c in live if c is not self and getattr(c, "waiting", None) and c.waiting()]
-                if others:
-                    oldest = min(others, key=lambda c: c._waiting_since)
-                    now = time.monotonic()
-                    if now - _warned[0] >= 1.0:         # a flood logs once a second, not once a connection
-                        _warned[0] = now
-                        log.warning("%d connections open (--max-connections %d): closing the one that waited "
-                                    "%.1f s for its request", len(live), max_connections, now - oldest._waiting_since)
-                    oldest._evicted = True
-                    oldest.transport.abort()    # connection_lost soon: out of `connections`
+            if max_connections is not None and len(self.connections) > max_connections:
+                _evict_oldest_waiting(self, max_connections, _warned)
 
         def data_received(self, data: bytes) -> None:
             if self._deadline is None and self.conn.their_state is h11.IDLE:
@@ -171,12 +194,7 @@ def _timed_h11(request_timeout: float, write_timeout: float = 30.0, max_connecti
         def _stalled(self) -> None:
             self._write_deadline = None
             log.warning("%s took nothing of its response for %g s: dropped", self.client, write_timeout)
-            sock = self.transport.get_extra_info("socket")
-            try:                                # a reset: the kernel drops what it still holds for the client
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except (AttributeError, OSError):
-                pass
-            self.transport.abort()              # close() would wait for the buffer to drain, for ever
+            _reset(self.transport)
 
         def connection_lost(self, exc) -> None:
             self._disarm()
