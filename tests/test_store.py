@@ -19,6 +19,8 @@ from ramforge.store.resolve import resolve_model
 from ramforge.store import (DigestMismatch, DownloadIncomplete, InvalidModelName, InvalidSource, NotGGUF,
                             NotInStore, Store, StoreBusy, default_name, expand_source, normalize_name,
                             parse_name)
+from ramforge.store import blobs as blobs_mod
+from ramforge.store import BlobChanged
 from ramforge.store.transfer import _PartLock
 
 SIZE = 3 * (1 << 20) + 12345
@@ -550,3 +552,55 @@ def test_ollama_tags_say_which_pulls_are_unverified(srv, home):
     assert by["plain"]["verified"] is False and by["checked"]["verified"] is True
     assert by["plain"]["digest"] == DIGEST
     assert all("verified" not in m for n, m in by.items() if n not in ("plain", "checked"))   # not pulls
+
+
+# ------------------------------------------------------------------------- verify on load, names
+
+def test_a_changed_file_is_hashed_again_before_it_is_served(srv, home, monkeypatch):
+    _pull(f"{srv.url}/model.gguf", "model")
+    blob = home / "blobs" / f"sha256-{DIGEST}"
+    m = Store().get("model")
+    assert m.mtime_ns == blob.stat().st_mtime_ns
+    hashed = []
+    real = blobs_mod.hash_file
+    monkeypatch.setattr(blobs_mod, "hash_file", lambda p, *a, **k: hashed.append(p) or real(p, *a, **k))
+    assert resolve_model("model") == blob and hashed == []                 # unchanged: no read at all
+    os.utime(blob, ns=(blob.stat().st_atime_ns, m.mtime_ns + 10**9))      # touched, same bytes
+    assert resolve_model("model") == blob and hashed == [blob]
+    assert Store().get("model").mtime_ns == m.mtime_ns + 10**9            # recorded: not hashed next time
+    assert resolve_model("model") == blob and hashed == [blob]
+    raw = bytearray(DATA)
+    raw[-1] ^= 1
+    blob.write_bytes(bytes(raw))                                            # same size, other bytes
+    with pytest.raises(DigestMismatch, match="modified on disk"):
+        resolve_model("model")
+    with open(blob, "r+b") as f:
+        f.truncate(SIZE - 1)
+    with pytest.raises(BlobChanged, match="changed on disk"):
+        Store().path_of("model")
+
+
+def test_an_old_manifest_is_hashed_once(srv, home):
+    _pull(f"{srv.url}/model.gguf", "model")
+    path = Store().manifest_path("model")
+    data = json.loads(path.read_text())
+    del data["mtime_ns"]                                                    # written before mtimes were kept
+    path.write_text(json.dumps(data))
+    assert Store().get("model").mtime_ns is None
+    Store().path_of("model")
+    assert Store().get("model").mtime_ns == (home / "blobs" / f"sha256-{DIGEST}").stat().st_mtime_ns
+
+
+def test_names_with_slashes_live_in_folders(srv, home, capsys):
+    for name in ("user/model:tag", "library/plain", "hf.co/org/repo:Q4_K_M"):
+        _pull(f"{srv.url}/model.gguf", name)
+    assert (home / "manifests" / "user" / "model:tag.json").is_file()
+    assert (home / "manifests" / "plain.json").is_file()                  # Ollama's library/x is x
+    assert (home / "manifests" / "hf.co" / "org" / "repo:q4_k_m.json").is_file()
+    code, out, _ = run(capsys, "list", "--json")
+    assert {r["name"] for r in json.loads(out)} == {"user/model:tag", "plain", "hf.co/org/repo:q4_k_m"}
+    assert resolve_model("User/Model:tag") == home / "blobs" / f"sha256-{DIGEST}"
+    r = Store().remove("hf.co/org/repo:Q4_K_M")
+    assert r["manifest"] and not r["blob_deleted"]                         # two names still use the blob
+    assert not (home / "manifests" / "hf.co").exists()                     # its empty folders are gone
+    assert Store().part_path("user/model:tag").parent == home / "blobs"    # a part stays in blobs/
