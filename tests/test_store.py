@@ -17,7 +17,10 @@ from ramforge.cli import cli, main
 from ramforge.errors import ModelNotFound, RamforgeError
 from ramforge.store.resolve import resolve_model
 from ramforge.store import (DigestMismatch, DownloadIncomplete, InvalidModelName, InvalidSource, NotGGUF,
-                            NotInStore, Store, StoreBusy, default_name, expand_source, normalize_name)
+                            NotInStore, Store, StoreBusy, default_name, expand_source, normalize_name,
+                            parse_name)
+from ramforge.store import blobs as blobs_mod
+from ramforge.store import BlobChanged
 from ramforge.store.transfer import _PartLock
 
 SIZE = 3 * (1 << 20) + 12345
@@ -169,8 +172,11 @@ def test_shorthand_maps_to_resolve_url():
     assert default_name("https://h/a%20b+c.gguf?download=1") == "a-b-c"
 
 
-@pytest.mark.parametrize("bad", ["../x", "a/b", "/abs", "..", "", ".hidden", "a\\b", "a\x00b", "a..b",
-                                 "x:", ":tag", "a:b:c", "a b", "-x", "x" * 129, "C:\\x", "a:../b"])
+@pytest.mark.parametrize("bad", ["../x", "/abs", "..", "", ".hidden", "a\\b", "a\x00b", "a..b",
+                                 "x:", ":tag", "a:b:c", "a b", "-x", "x" * 129, "C:\\x", "a:../b",
+                                 "a/../b", "a/./b", "a//b", "a/", "/", "a/b/c/d", "h:1/ns/m", "a.b/model",
+                                 "hf.co/../x", "user/x" + "y" * 128, "u/" + "m" * 128 + ":" + "t" * 128,
+                                 "ns/m\x00", "ns\\m", "x" * 1000, "./x", "a/.b"])
 def test_name_validation_refuses(bad, home):
     with pytest.raises(InvalidModelName):
         normalize_name(bad)
@@ -181,6 +187,15 @@ def test_name_validation_refuses(bad, home):
 
 def test_name_normalisation():
     assert normalize_name("Qwen3-0.6B") == "qwen3-0.6b"
+    # Ollama's names: [host/][namespace/]model[:tag]; its default host and namespace are dropped
+    assert normalize_name("library/llama3") == "llama3"
+    assert normalize_name("registry.ollama.ai/library/llama3:latest") == "llama3"
+    assert normalize_name("User/Model:Tag") == "user/model:tag"
+    assert normalize_name("hf.co/Org/Repo-GGUF:Q4_K_M") == "hf.co/org/repo-gguf:q4_k_m"
+    n = parse_name("hf.co/org/repo:Q4_K_M")
+    assert (n.host, n.namespace, n.model, n.tag) == ("hf.co", "org", "repo", "q4_k_m")
+    base, tag = parse_name("user/model")                                 # unpacks as (base, tag)
+    assert (base, tag) == ("user/model", "latest")
     assert normalize_name("qwen3:latest") == "qwen3"
     assert normalize_name("qwen3:Q8_0") == "qwen3:q8_0"
     assert issubclass(InvalidModelName, RamforgeError)
@@ -200,7 +215,9 @@ def test_pull_without_range_support(srv, home, capsys):
     assert code == 0, e
     assert "pulled model" in e
     _check_pulled(home)
-    assert [r["range"] for r in srv.state["requests"]] == [None]
+    # the header read for the plan (a bounded range, answered 200 here: refused unread), then the pull
+    assert [r["range"] for r in srv.state["requests"]] == [f"bytes=0-{(1 << 20) - 1}", None]
+    assert "no plan before the download" in e
 
 
 def test_a_part_of_unknown_origin_is_resumed_only_against_a_digest(srv, home):
@@ -220,11 +237,11 @@ def test_a_part_of_unknown_origin_is_resumed_only_against_a_digest(srv, home):
 
 def test_interrupted_pull_resumes_with_range(srv, home, capsys):
     srv.state["cut"] = CUT
-    code, _, e = run(capsys, "pull", "--insecure", f"{srv.url}/model.gguf", "--retries", "0", "-q")
+    code, _, e = run(capsys, "pull", "--insecure", "--force", f"{srv.url}/model.gguf", "--retries", "0", "-q")
     assert code == 1 and "partial file is kept" in e and f"{CUT:,} of {SIZE:,} B" in e
     part = home / "blobs" / "model.part"
     assert part.stat().st_size == CUT and not (home / "manifests" / "model.json").exists()
-    code, _, e = run(capsys, "pull", "--insecure", f"{srv.url}/model.gguf", "-q")
+    code, _, e = run(capsys, "pull", "--insecure", "--force", f"{srv.url}/model.gguf", "-q")
     assert code == 0, e
     assert [(r["range"], r["status"]) for r in srv.state["requests"]] == [(None, 200), (f"bytes={CUT}-", 206)]
     assert srv.state["if_range"] == [MODIFIED[0]]                   # the resume names the version it began
@@ -234,9 +251,9 @@ def test_interrupted_pull_resumes_with_range(srv, home, capsys):
 
 def test_interruption_without_range_support_restarts_cleanly(srv, home, capsys):
     srv.state["range"], srv.state["cut"] = False, CUT
-    code, _, _ = run(capsys, "pull", "--insecure", f"{srv.url}/model.gguf", "--retries", "0", "-q")
+    code, _, _ = run(capsys, "pull", "--insecure", "--force", f"{srv.url}/model.gguf", "--retries", "0", "-q")
     assert code == 1 and (home / "blobs" / "model.part").stat().st_size == CUT
-    code, _, e = run(capsys, "pull", "--insecure", f"{srv.url}/model.gguf", "-q")
+    code, _, e = run(capsys, "pull", "--insecure", "--force", f"{srv.url}/model.gguf", "-q")
     assert code == 0, e
     assert [(r["range"], r["status"]) for r in srv.state["requests"]] == [(None, 200), (f"bytes={CUT}-", 200)]
     _check_pulled(home)
@@ -293,7 +310,7 @@ def test_http_404(srv, home, capsys):
 # ---------------------------------------------------------------------------- list, rm, verify, resolve
 
 def test_list_rm_keeps_shared_blob(srv, home, capsys):
-    assert run(capsys, "pull", "--insecure", f"{srv.url}/model.gguf", "-q")[0] == 0
+    assert run(capsys, "pull", "--insecure", "--force", f"{srv.url}/model.gguf", "-q")[0] == 0
     assert run(capsys, "pull", "--insecure", f"{srv.url}/Other-Model.Q4_K_M.gguf", "-q")[0] == 0   # default name
     assert run(capsys, "pull", "--insecure", f"{srv.url}/model.gguf", "--name", "Tagged:V1", "-q")[0] == 0
     code, o, _ = run(capsys, "list", "--json")
@@ -312,7 +329,7 @@ def test_list_rm_keeps_shared_blob(srv, home, capsys):
 
 
 def test_verify_catches_corruption(srv, home, capsys):
-    assert run(capsys, "pull", "--insecure", f"{srv.url}/model.gguf", "-q")[0] == 0
+    assert run(capsys, "pull", "--insecure", "--force", f"{srv.url}/model.gguf", "-q")[0] == 0
     code, o, e = run(capsys, "verify", "model")
     assert code == 0 and "ok" in o, e
     blob = home / "blobs" / f"sha256-{DIGEST}"
@@ -535,3 +552,55 @@ def test_ollama_tags_say_which_pulls_are_unverified(srv, home):
     assert by["plain"]["verified"] is False and by["checked"]["verified"] is True
     assert by["plain"]["digest"] == DIGEST
     assert all("verified" not in m for n, m in by.items() if n not in ("plain", "checked"))   # not pulls
+
+
+# ------------------------------------------------------------------------- verify on load, names
+
+def test_a_changed_file_is_hashed_again_before_it_is_served(srv, home, monkeypatch):
+    _pull(f"{srv.url}/model.gguf", "model")
+    blob = home / "blobs" / f"sha256-{DIGEST}"
+    m = Store().get("model")
+    assert m.mtime_ns == blob.stat().st_mtime_ns
+    hashed = []
+    real = blobs_mod.hash_file
+    monkeypatch.setattr(blobs_mod, "hash_file", lambda p, *a, **k: hashed.append(p) or real(p, *a, **k))
+    assert resolve_model("model") == blob and hashed == []                 # unchanged: no read at all
+    os.utime(blob, ns=(blob.stat().st_atime_ns, m.mtime_ns + 10**9))      # touched, same bytes
+    assert resolve_model("model") == blob and hashed == [blob]
+    assert Store().get("model").mtime_ns == m.mtime_ns + 10**9            # recorded: not hashed next time
+    assert resolve_model("model") == blob and hashed == [blob]
+    raw = bytearray(DATA)
+    raw[-1] ^= 1
+    blob.write_bytes(bytes(raw))                                            # same size, other bytes
+    with pytest.raises(DigestMismatch, match="modified on disk"):
+        resolve_model("model")
+    with open(blob, "r+b") as f:
+        f.truncate(SIZE - 1)
+    with pytest.raises(BlobChanged, match="changed on disk"):
+        Store().path_of("model")
+
+
+def test_an_old_manifest_is_hashed_once(srv, home):
+    _pull(f"{srv.url}/model.gguf", "model")
+    path = Store().manifest_path("model")
+    data = json.loads(path.read_text())
+    del data["mtime_ns"]                                                    # written before mtimes were kept
+    path.write_text(json.dumps(data))
+    assert Store().get("model").mtime_ns is None
+    Store().path_of("model")
+    assert Store().get("model").mtime_ns == (home / "blobs" / f"sha256-{DIGEST}").stat().st_mtime_ns
+
+
+def test_names_with_slashes_live_in_folders(srv, home, capsys):
+    for name in ("user/model:tag", "library/plain", "hf.co/org/repo:Q4_K_M"):
+        _pull(f"{srv.url}/model.gguf", name)
+    assert (home / "manifests" / "user" / "model:tag.json").is_file()
+    assert (home / "manifests" / "plain.json").is_file()                  # Ollama's library/x is x
+    assert (home / "manifests" / "hf.co" / "org" / "repo:q4_k_m.json").is_file()
+    code, out, _ = run(capsys, "list", "--json")
+    assert {r["name"] for r in json.loads(out)} == {"user/model:tag", "plain", "hf.co/org/repo:q4_k_m"}
+    assert resolve_model("User/Model:tag") == home / "blobs" / f"sha256-{DIGEST}"
+    r = Store().remove("hf.co/org/repo:Q4_K_M")
+    assert r["manifest"] and not r["blob_deleted"]                         # two names still use the blob
+    assert not (home / "manifests" / "hf.co").exists()                     # its empty folders are gone
+    assert Store().part_path("user/model:tag").parent == home / "blobs"    # a part stays in blobs/

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from contextlib import contextmanager
 
 import click
 from rich.table import Table
@@ -11,6 +12,62 @@ from rich.table import Table
 from ..gguf.constants import GGMLType, Keys
 from ..memory.size import format_bytes, parse_memory_size
 from .console import kv_options, kv_types_of, open_gguf, out, short, spill_of, spill_option, summarise
+
+ASSUMED_STORAGE_GB_S = 2.0       # a remote model's expected s/token, where no --storage-gb-s is given
+
+
+class _SplitHeaders:
+    """The headers of a remote split GGUF as one tensor table for the plan: shard k's offsets moved past
+    the shards before it, as if the files were one (a layer's read span stays within its shard)."""
+
+    def __init__(self, files):
+        from dataclasses import replace
+
+        self.files, self.path, self.metadata = files, files[0].path, files[0].metadata
+        self.tensors, base = {}, 0
+        for f in files:
+            self.tensors.update({n: replace(t, offset=t.offset + base) for n, t in f.tensors.items()})
+            base += f.size
+        self.size = base
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(f.bytes_read for f in self.files)
+
+
+@contextmanager
+def open_header(model, hf: bool = False, insecure: bool = False):
+    """(GGUF header, remote) of MODEL: a local file, store name or cached Hugging Face model as
+    open_gguf opens it (remote None); else a Hugging Face source or an http(s) URL read by HTTP range
+    requests, header(s) only (remote: {source, urls, size, bytes_fetched, requests})."""
+    from ..gguf.reader import GGUFFile
+    from ..store import hf as hfs
+    from ..store.ranged import RangeFile
+
+    ref = hfs.parse_source(model, hf=hf) if isinstance(model, str) else None
+    url = model if isinstance(model, str) and model.lower().startswith(("https://", "http://")) else None
+    if ref is None and url is None:
+        with open_gguf(model) as f:
+            yield f, None
+        return
+    if ref is not None and (found := hfs.find_cached(ref)):
+        with open_gguf(str(found[0])) as f:
+            yield f, None
+        return
+    if ref is None:
+        from ..store import InsecureSource
+
+        if url.lower().startswith("http://") and not insecure:
+            raise InsecureSource(f"{url} is plain http; pass --insecure to read its header anyway")
+        urls, headers, source, total = [url], {}, url, None
+    else:
+        m = hfs.resolve(ref, insecure)
+        urls, headers, source, total = m.urls(), hfs.auth_headers(), ref.source, m.size
+    sources = [RangeFile(u, headers) for u in urls]
+    files = [GGUFFile(s) for s in sources]
+    remote = {"source": source, "urls": urls, "size": total or sum(s.size for s in sources),
+              "bytes_fetched": sum(s.bytes_fetched for s in sources), "requests": sum(s.requests for s in sources)}
+    yield (files[0] if len(files) == 1 else _SplitHeaders(files)), remote
 
 
 @click.command()
@@ -104,7 +161,8 @@ def support(as_json):
               help="Plan a pipeline of this many layer ranges (ramforge run --ray); --ram is then one size per "
                    "stage or a list, 4G,8G.")
 @click.option("--storage-gb-s", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="With --stages: each node's storage read speed (default: --probe-io's, else 2).")
+              help="Storage read speed for the expected seconds per token (a remote MODEL: default 2; with "
+                   "--stages: each node's, default --probe-io's, else 2).")
 @click.option("--compute-gb-s", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
               help="With --stages: weight bytes per second decode computes over in RAM (`ramforge bench`).")
 @click.option("--net-gbit", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
@@ -113,26 +171,46 @@ def support(as_json):
               help="With --stages: one-way latency of a hop between stages.")
 @kv_options
 @spill_option
+@click.option("--hf", "hf", is_flag=True, help="MODEL is a Hugging Face ORG/REPO[:QUANT] (as llama.cpp's -hf).")
+@click.option("--insecure", is_flag=True, help="Allow a plain http:// MODEL URL or HF_ENDPOINT.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms, kv_type,
-         kv_type_k, kv_type_v, kv_spill, as_json):
-    """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget."""
+         kv_type_k, kv_type_v, kv_spill, hf, insecure, as_json):
+    """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget.
+
+    MODEL may be remote (hf.co/ORG/REPO[:QUANT], an https URL): only its GGUF header(s) are read, by
+    HTTP range requests, so the plan comes before a byte of weights moves."""
     from ..stream.plan import plan_for_budget
-    from ..stream.io import probe_read_speed
 
     if stages is not None:
         return _plan_stages(model, ram, ctx, probe_io, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms,
-                            as_json)
+                            as_json, hf, insecure)
     budget = parse_memory_size(ram)
     tk, tv = kv_types_of(kv_type, kv_type_k, kv_type_v)
-    with open_gguf(model) as f:
+    with open_header(model, hf, insecure) as (f, remote):
         spill = spill_of(kv_spill)
         p = plan_for_budget(f, budget, ctx, hit_rate=hit_rate, type_k=tk, type_v=tv,
                             kv_spill=None if spill is None else bool(spill))
+    show_plan(p, budget, remote, probe_io, storage_gb_s, as_json)
+
+
+def show_plan(p, budget, remote=None, probe_io=False, storage_gb_s=None, as_json=False) -> None:
+    """Print a plan (rich table or JSON); a remote model's source and the header bytes it cost; the
+    expected seconds per token of I/O from --probe-io or a stated storage speed."""
+    from ..stream.io import probe_read_speed
+
     info = p.to_json()
+    if remote is not None:
+        if probe_io:
+            raise click.UsageError("--probe-io measures a local file; pass --storage-gb-s for a remote model")
+        info["remote"] = remote
+        storage_gb_s = storage_gb_s or ASSUMED_STORAGE_GB_S
     if probe_io:
         bw = probe_read_speed(p.path)
         info["probe_io"] = {"read_gb_s": bw / 1e9, "seconds_per_token_io": p.expected_bytes_per_token / bw}
+    elif storage_gb_s:
+        info["storage"] = {"read_gb_s": storage_gb_s, "assumed": remote is not None and storage_gb_s == ASSUMED_STORAGE_GB_S,
+                           "seconds_per_token_io": p.expected_bytes_per_token / (storage_gb_s * 1e9)}
     if as_json:
         print(json.dumps(info, indent=1))
         return
@@ -174,16 +252,27 @@ def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s
         pi = info["probe_io"]
         out.print(f"storage reads at {pi['read_gb_s']:.2f} GB/s: about {pi['seconds_per_token_io']:.3f} s per token "
                   f"of I/O for {format_bytes(p.expected_bytes_per_token)} streamed")
+    if "storage" in info:
+        st = info["storage"]
+        out.print(f"storage at {st['read_gb_s']:g} GB/s{' (assumed; --storage-gb-s states yours)' if st['assumed'] else ''}: "
+                  f"about {st['seconds_per_token_io']:.3f} s per token of I/O for "
+                  f"{format_bytes(p.expected_bytes_per_token)} streamed")
+    if remote is not None:
+        out.print(f"remote: {remote['source']}, {format_bytes(remote['size'])} to download; this plan read "
+                  f"{format_bytes(remote['bytes_fetched'])} of header(s) in {remote['requests']} range requests")
     for n in p.notes:
         out.print(f"note: {n}")
 
 
-def _plan_stages(model, ram, ctx, probe_io, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms, as_json):
+def _plan_stages(model, ram, ctx, probe_io, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms, as_json,
+                 hf=False, insecure=False):
     """`plan --stages N`: the layer ranges, each stage's verdict, and seconds per token."""
     from ..cluster.split import plan_stages
     from ..stream.io import probe_read_speed
 
-    with open_gguf(model) as f:
+    with open_header(model, hf, insecure) as (f, remote):
+        if remote is not None and probe_io:
+            raise click.UsageError("--probe-io measures a local file; pass --storage-gb-s for a remote model")
         cp = plan_stages(f, stages, ram, ctx)
     if storage_gb_s is None:
         storage_gb_s = probe_read_speed(cp.path) / 1e9 if probe_io else 2.0

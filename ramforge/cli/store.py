@@ -1,8 +1,10 @@
-"""CLI commands of the model store: pull, list, rm, verify."""
+"""CLI commands of the model store: pull (URLs and Hugging Face sources, planned first), list, rm, verify."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
+from pathlib import Path
 
 import click
 from rich.markup import escape
@@ -10,7 +12,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColu
                            TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
 
-from ..memory.size import format_bytes
+from ..memory.size import format_bytes, parse_memory_size
 from ..store import DEFAULT_TIMEOUT, Store, default_name, expand_source, normalize_name
 from .console import err, out
 
@@ -53,27 +55,56 @@ def _date(iso: str) -> str:
 
 @click.command()
 @click.argument("source")
-@click.option("--name", default=None, help="Store name (default: the file's stem, lower-cased).")
-@click.option("--sha256", "sha256", default=None, metavar="HEX", help="Expected sha256 of the file.")
+@click.option("--name", default=None, help="Store name (default: the file's stem, lower-cased; hf.co/ORG/REPO:QUANT "
+                                          "for a Hugging Face source).")
+@click.option("--sha256", "sha256", default=None, metavar="HEX", help="Expected sha256 of the file (a URL SOURCE).")
+@click.option("--hf", "hf", is_flag=True, help="SOURCE is a Hugging Face ORG/REPO[:QUANT] (as llama.cpp's -hf).")
+@click.option("--include", default=None, metavar="GLOB",
+              help="Pick the model of a Hugging Face repository by a glob on its file names, e.g. '*Q4_K_M*'.")
+@click.option("--dry-run", is_flag=True, help="Read only the GGUF header(s) by HTTP range requests, print the plan "
+                                              "at --ram, download nothing.")
+@click.option("--ram", default=None, help="With --dry-run: the budget to plan for (default: this machine's memory).")
+@click.option("--ctx", type=click.IntRange(min=1), default=None, help="Context length the plan is made for.")
+@click.option("--storage-gb-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="With --dry-run: storage read speed for the expected seconds per token (default 2).")
+@click.option("--force", is_flag=True, help="Pull without the plan first, even a model this machine's memory "
+                                            "cannot run.")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT, show_default=True,
               help="Socket timeout in seconds (connect and each read).")
 @click.option("--retries", type=click.IntRange(min=0), default=3, show_default=True,
               help="Resume this many times after a dropped connection before giving up.")
-@click.option("--insecure", is_flag=True, help="Allow a plain http:// SOURCE (the file could be altered on the way).")
+@click.option("--insecure", is_flag=True, help="Allow a plain http:// SOURCE or HF_ENDPOINT (the file could be "
+                                               "altered on the way).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def pull(source, name, sha256, timeout, retries, insecure, quiet):
+def pull(source, name, sha256, hf, include, dry_run, ram, ctx, storage_gb_s, force, timeout, retries, insecure, quiet):
     """Download SOURCE into the model store, resuming an interrupted pull.
 
-    SOURCE is an https URL (http:// only with --insecure) or hf.co/ORG/REPO/FILE.gguf (a Hugging
-    Face file on the main branch). The file is hashed while it streams, checked against --sha256 or
-    the sha256 ETag the server sends (without either it is recorded as unverified), checked for the
-    GGUF magic, and stored as blobs/sha256-<hex> under a manifest NAME. A resume is sent with
-    If-Range, so a file changed upstream is downloaded again from the start.
-    Afterwards NAME works wherever a MODEL is asked for.
+    SOURCE is a Hugging Face model as Ollama and llama.cpp name it, hf.co/ORG/REPO[:QUANT] (or
+    ORG/REPO[:QUANT] with --hf; the QUANT picks the file, or split set, as llama.cpp's -hf does:
+    Q4_K_M by default), hf.co/ORG/REPO/FILE.gguf, or an https URL (http:// only with --insecure).
+    Hugging Face files go to the shared Hugging Face cache (HF_HOME; HF_TOKEN or `hf auth login` for
+    gated repos; HF_ENDPOINT for a mirror), each checked against the sha256 the Hub lists. A URL is
+    hashed while it streams, checked against --sha256 or the sha256 ETag the server sends, and stored
+    as blobs/sha256-<hex>; a resume is sent with If-Range.
+
+    Before a byte of weights moves, the GGUF header(s) are read by HTTP range requests and planned:
+    a model whose minimum budget exceeds this machine's memory is refused (--force pulls it anyway);
+    --dry-run prints the plan and stops. Afterwards NAME works wherever a MODEL is asked for.
     """
+    from ..store import hf as hfs
+
     store = Store()
-    url = expand_source(source)
-    canon = normalize_name(name) if name is not None else default_name(url)
+    ref = hfs.parse_source(source, hf=hf, include=include)
+    canon = normalize_name(name) if name is not None else None      # checked before any request
+    if ref is None:
+        url = expand_source(source)
+        canon = canon or default_name(url)
+        store.manifest_path(canon)
+    if dry_run or not force:
+        if _plan_first(source, hf, include, insecure, ram, ctx, storage_gb_s, dry_run, canon or source):
+            return
+    if ref is not None:
+        return _pull_hf(store, ref, canon, insecure, quiet)
     part = store.part_path(canon)
     try:
         if quiet:
@@ -92,30 +123,95 @@ def pull(source, name, sha256, timeout, retries, insecure, quiet):
                   f"sha256 ETag, so nothing checked the bytes are the intended file; `ramforge list` marks it")
 
 
+def _plan_first(model, hf, include, insecure, ram, ctx, storage_gb_s, dry_run, what) -> bool:
+    """The plan from the header(s) alone: printed with --dry-run (True: stop there); else WontFit when
+    its minimum budget exceeds this machine's memory. A source whose header cannot be read by ranges
+    (no range support, not a GGUF) is pulled without a plan, saying so."""
+    import psutil
+
+    from ..errors import GGUFError
+    from ..store import WontFit
+    from ..store import hf as hfs
+    from ..store.ranged import RangeUnsupported
+    from ..stream.plan import plan_for_budget
+    from .describe import open_header, show_plan
+
+    total = psutil.virtual_memory().total
+    budget = parse_memory_size(ram) if ram else total
+    if include:                                   # a glob: the file it picks, by name
+        ref = hfs.parse_source(model, hf=hf, include=include)
+        model, hf = f"hf.co/{ref.repo_id}/{hfs.resolve(ref, insecure).files[0].path}", False
+    try:
+        with open_header(model, hf, insecure) as (f, remote):
+            p = plan_for_budget(f, budget, ctx)
+    except (RangeUnsupported, GGUFError) as e:
+        if dry_run:
+            raise
+        err.print(f"[yellow]note:[/] no plan before the download ({escape(str(e))}); pulling anyway")
+        return False
+    if dry_run:
+        show_plan(p, budget, remote, storage_gb_s=storage_gb_s)
+        return True
+    if p.min_budget > total:
+        raise WontFit(what, p.min_budget, total)
+    return False
+
+
+def _pull_hf(store, ref, name, insecure, quiet) -> None:
+    from ..store import hf as hfs
+
+    model = hfs.resolve(ref, insecure)
+    label = name or hfs.store_name(ref, [f.path for f in model.files])
+    if quiet:
+        m = hfs.pull(ref, store, name, insecure=insecure, model=model)
+    else:
+        with _Bar(label) as bar:
+            m = hfs.pull(ref, store, name, insecure=insecure, model=model, progress=bar)
+    files = f"{1 + len(m.shards)} files, " if m.shards else ""
+    err.print(f"pulled [bold]{escape(m.name)}[/] {m.digest[:19]} {files}{format_bytes(m.total_size)} "
+              f"({m.total_size:,} B) into {escape(str(Path(m.path).parent))}")
+    if not m.verified:
+        err.print(f"[yellow]warning:[/] {escape(m.name)} is unverified: the Hub listed no sha256 for it")
+
+
 @click.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array.")
 def list_(as_json):
-    """Models in the store: name, digest, size, date pulled, whether it was verified against a digest."""
+    """Models in the store (name, digest, size, date pulled, whether it was verified against a digest),
+    and the GGUF models already in the Hugging Face cache, by the name that runs them."""
+    from ..store import hf as hfs
+
     store = Store()
     entries = store.entries()
     models = [e for e in entries if not isinstance(e, tuple)]
+    named = {os.path.abspath(m.path) for m in models if m.path}
+    cached = [c for c in hfs.cached_models() if os.path.abspath(c.path) not in named]
     if as_json:
-        print(json.dumps([{"name": m.name, "digest": m.digest, "size": m.size, "source": m.source,
-                           "pulled_at": m.pulled_at, "verified": m.verified, "path": str(store.blob_path(m.digest))}
-                          for m in models],
+        print(json.dumps([{"name": m.name, "digest": m.digest, "size": m.total_size, "source": m.source,
+                           "pulled_at": m.pulled_at, "verified": m.verified, "path": str(store.file_of(m))}
+                          for m in models] +
+                         [{"name": c.name, "digest": None, "size": c.size, "source": "huggingface-cache",
+                           "pulled_at": None, "verified": None, "path": str(c.path)} for c in cached],
                          indent=1))
     else:
-        if not models:
-            out.print(f"no models in {escape(str(store.root))}; add one with `ramforge pull URL` or "
-                      f"`ramforge pull hf.co/ORG/REPO/FILE.gguf`")
-        else:
+        if not models and not cached:
+            out.print(f"no models in {escape(str(store.root))} nor in the Hugging Face cache; add one with "
+                      f"`ramforge pull hf.co/ORG/REPO:QUANT` or `ramforge pull URL`")
+        if models:
             t = Table(title=f"models in {escape(str(store.root))}")
             t.add_column("name", no_wrap=True), t.add_column("digest", no_wrap=True)
             t.add_column("size", justify="right", no_wrap=True), t.add_column("pulled", no_wrap=True)
             t.add_column("verified", no_wrap=True), t.add_column("source", overflow="fold")
             for m in models:
-                t.add_row(escape(m.name), m.hex[:12], format_bytes(m.size), _date(m.pulled_at),
+                t.add_row(escape(m.name), m.hex[:12], format_bytes(m.total_size), _date(m.pulled_at),
                           "yes" if m.verified else "[yellow]unverified[/]", escape(m.source))
+            out.print(t)
+        if cached:
+            t = Table(title=f"in the Hugging Face cache {escape(str(hfs.hub_cache()))} (run by these names)")
+            t.add_column("name", no_wrap=True), t.add_column("size", justify="right", no_wrap=True)
+            t.add_column("file", overflow="fold")
+            for c in cached:
+                t.add_row(escape(c.name), format_bytes(c.size), escape(str(c.path)))
             out.print(t)
     for path, problem in (e for e in entries if isinstance(e, tuple)):
         err.print(f"[yellow]warning:[/] skipped {escape(str(path))}: {escape(problem)}")

@@ -184,18 +184,25 @@ class GGUFFile:
     ('gemma3', 236)
     """
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-        self._fd = os.open(self.path, os.O_RDONLY)
+    def __init__(self, path):
+        """path: a file, or a source with `name`, `size` and `pread(offset, n)` (store.ranged.RangeFile:
+        a header read over HTTP ranges; the payload is then read through it too)."""
+        self._src = path if hasattr(path, "pread") else None
+        self.path = self._src.name if self._src else os.fspath(path)
+        self._fd = -1 if self._src else os.open(self.path, os.O_RDONLY)
         try:
-            st = os.fstat(self._fd)
-            self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
+            if self._src:
+                self.size, self.mtime_ns = self._src.size, 0
+            else:
+                st = os.fstat(self._fd)
+                self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
+                os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)   # no kernel read-ahead into the payload
             self.bytes_read = 0          # every byte this object has read, header and payload
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)   # no kernel read-ahead into the payload
             self.fields: dict[str, Field] = {}
             self.tensors: dict[str, TensorInfo] = {}
             self._parse()
-            os.posix_fadvise(self._fd, 0, self.data_offset, os.POSIX_FADV_DONTNEED)   # keep the page cache clean
+            if not self._src:
+                os.posix_fadvise(self._fd, 0, self.data_offset, os.POSIX_FADV_DONTNEED)   # keep the page cache clean
         except BaseException:
             self.close()
             raise
@@ -224,7 +231,12 @@ class GGUFFile:
         view = memoryview(out).cast("B")
         done = 0
         while done < len(view):
-            n = os.preadv(self._fd, [view[done:]], offset + done)
+            if self._src:
+                data = self._src.pread(offset + done, len(view) - done)
+                view[done:done + len(data)] = data
+                n = len(data)
+            else:
+                n = os.preadv(self._fd, [view[done:]], offset + done)
             if n <= 0:
                 raise GGUFError("tensor data", offset + done, offset + done,
                                 f"{len(view) - done} more bytes (file truncated or changed while in use)", self.path)
@@ -250,7 +262,7 @@ class GGUFFile:
 
     # ---- parsing ------------------------------------------------------------------------
     def _pread(self, offset: int, n: int) -> bytes:
-        data = os.pread(self._fd, n, offset)
+        data = self._src.pread(offset, n) if self._src else os.pread(self._fd, n, offset)
         self.bytes_read += len(data)
         return data
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import time
 import urllib.parse
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..paths import cache_dir
-from .names import (CHUNK, DEFAULT_TIMEOUT, GGUF_MAGIC, _HEX64, BlobMissing, CorruptManifest, DigestMismatch,
+from .names import (CHUNK, DEFAULT_TIMEOUT, GGUF_MAGIC, _HEX64, BlobChanged, BlobMissing, CorruptManifest, DigestMismatch,
                     InsecureSource, InvalidModelName, NotGGUF, NotInStore, Progress, PullError, default_name,
                     expand_source, is_valid_name, normalize_name)
 from .transfer import hash_file, _PartLock, _download, _drop_if_empty, drop_part_meta
@@ -21,33 +22,61 @@ from .transfer import hash_file, _PartLock, _download, _drop_if_empty, drop_part
 # ------------------------------------------------------------------------------------------ store
 
 @dataclass(frozen=True)
+class Shard:
+    """Another file of a split GGUF (`*-0000K-of-0000N.gguf`) a manifest serves, as recorded at pull."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Manifest:
     name: str
-    digest: str          # "sha256:<hex>"
-    size: int
+    digest: str          # "sha256:<hex>" of the (first) file
+    size: int            # bytes of the (first) file
     source: str
     pulled_at: str       # ISO 8601, UTC
     verified: bool = False   # checked against --sha256 or the server's sha256 ETag (absent in older manifests)
+    mtime_ns: int | None = None   # the file's mtime when its sha256 was last computed (None: older manifests)
+    path: str = ""       # the file, when it lives outside blobs/ (the Hugging Face cache); "" for blobs/sha256-<hex>
+    shards: tuple[Shard, ...] = ()    # shards 2..N of a split GGUF, beside `path`
 
     @property
     def hex(self) -> str:
         return self.digest.split(":", 1)[1]
 
+    @property
+    def total_size(self) -> int:
+        return self.size + sum(s.size for s in self.shards)
+
     @classmethod
     def from_json(cls, data, where: str) -> "Manifest":
         try:
+            mt = data.get("mtime_ns")
             m = cls(name=str(data["name"]), digest=str(data["digest"]), size=int(data["size"]),
                     source=str(data.get("source", "")), pulled_at=str(data.get("pulled_at", "")),
-                    verified=data.get("verified") is True)
-        except (KeyError, TypeError, ValueError) as e:
+                    verified=data.get("verified") is True, mtime_ns=None if mt is None else int(mt),
+                    path=str(data.get("path") or ""),
+                    shards=tuple(Shard(str(s["path"]), int(s["size"]), int(s["mtime_ns"]), str(s["sha256"]))
+                                 for s in data.get("shards") or ()))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CorruptManifest(f"manifest {where} is missing or mangles {e}; delete it and pull again") from None
         algo, _, hx = m.digest.partition(":")
         if algo != "sha256" or not _HEX64.fullmatch(hx):   # the digest becomes a path: check it first
             raise CorruptManifest(f"manifest {where} has digest {m.digest!r}, expected 'sha256:' and 64 hex "
                                   f"digits; delete it and pull again")
-        if m.size < 0:
-            raise CorruptManifest(f"manifest {where} has size {m.size}; delete it and pull again")
+        if m.size < 0 or any(s.size < 0 or not _HEX64.fullmatch(s.sha256) for s in m.shards):
+            raise CorruptManifest(f"manifest {where} has a negative size or a bad shard digest; delete it and "
+                                  f"pull again")
+        if (m.path or m.shards) and not all(os.path.isabs(p) for p in [m.path, *(s.path for s in m.shards)]):
+            raise CorruptManifest(f"manifest {where} names a file by a relative path; delete it and pull again")
         return m
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -104,10 +133,12 @@ class Store:
         return path
 
     def manifest_path(self, name: str) -> Path:
+        """manifests/[host/][namespace/]model[:tag].json (a name's '/' are folders, as in Ollama's store)."""
         return self._inside(self.manifests / f"{normalize_name(name)}.json")
 
     def part_path(self, name: str) -> Path:
-        return self._inside(self.blobs / f"{normalize_name(name)}.part")
+        """blobs/<name>.part, the name's '/' written as '%2f' (no name holds a '%')."""
+        return self._inside(self.blobs / f"{normalize_name(name).replace('/', '%2f')}.part")
 
     def blob_path(self, digest: str) -> Path:
         hx = digest.split(":", 1)[-1]
@@ -151,7 +182,7 @@ class Store:
         out: list = []
         if not self.manifests.is_dir():
             return out
-        for p in sorted(self.manifests.glob("*.json")):
+        for p in sorted(self.manifests.rglob("*.json")):
             try:
                 out.append(Manifest.from_json(json.loads(p.read_text()), str(p)))
             except (OSError, ValueError, CorruptManifest) as e:
@@ -160,13 +191,15 @@ class Store:
 
     def _write_manifest(self, m: Manifest) -> None:
         self._ensure()
-        _atomic_write(self.manifest_path(m.name), (json.dumps(asdict(m), indent=1) + "\n").encode())
+        path = self.manifest_path(m.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, (json.dumps(asdict(m), indent=1) + "\n").encode())
 
     def _referenced(self, hx: str, ignore: Path | None = None) -> bool:
         """Whether any manifest (other than `ignore`) refers to blob `hx`; unreadable ones count if they mention it."""
         if not self.manifests.is_dir():
             return False
-        for p in self.manifests.glob("*.json"):
+        for p in self.manifests.rglob("*.json"):
             if ignore is not None and p == ignore:
                 continue
             try:
@@ -174,7 +207,8 @@ class Store:
             except OSError:
                 continue
             try:
-                if Manifest.from_json(json.loads(text), str(p)).hex == hx:
+                m = Manifest.from_json(json.loads(text), str(p))
+                if m.hex == hx and not m.path:          # a file outside blobs/ keeps no blob
                     return True
             except (ValueError, CorruptManifest):
                 if hx in text:            # unsure: keep the blob
@@ -192,14 +226,43 @@ class Store:
             return False
 
     # commands ------------------------------------------------------------------------------
-    def path_of(self, name: str) -> Path:
-        """The blob file of a pulled name."""
-        m = self.get(name)
-        blob = self.blob_path(m.digest)
-        if not blob.is_file():
-            raise BlobMissing(f"model {m.name!r} refers to {blob}, which is missing; run `ramforge rm {m.name}` "
-                              f"and `ramforge pull {m.source or 'SOURCE'} --name {m.name}` again")
-        return blob
+    def file_of(self, m: Manifest) -> Path:
+        """The (first) file of a manifest: blobs/sha256-<hex>, or the file it names outside the store."""
+        return Path(m.path) if m.path else self.blob_path(m.digest)
+
+    def path_of(self, name: str, progress: Progress | None = None) -> Path:
+        """The (first) file of a pulled name, checked before it is served (`checked`)."""
+        return self.checked(self.get(name), progress)
+
+    def checked(self, m: Manifest, progress: Progress | None = None) -> Path:
+        """Verify on load, cheaply: each file's size and mtime against the manifest's record. A file whose
+        mtime moved is hashed again (same sha256: the new mtime is recorded; another: DigestMismatch); a
+        file of another size is refused (BlobChanged) without reading it; a missing one is BlobMissing."""
+        first = self.file_of(m)
+        again = f"`ramforge rm {m.name}` and `ramforge pull {m.source or 'SOURCE'} --name {m.name}` again"
+        moved: dict[str, int] = {}
+        for path, size, mtime, hx in [(first, m.size, m.mtime_ns, m.hex),
+                                      *((Path(s.path), s.size, s.mtime_ns, s.sha256) for s in m.shards)]:
+            try:
+                st = path.stat()
+            except OSError:
+                st = None
+            if st is None or not stat.S_ISREG(st.st_mode):
+                raise BlobMissing(f"model {m.name!r} refers to {path}, which is missing; run {again}")
+            if st.st_size != size:
+                raise BlobChanged(f"model {m.name!r}: {path} is {st.st_size:,} B, but {size:,} B were pulled: the "
+                                  f"file changed on disk; run {again}")
+            if st.st_mtime_ns == mtime:
+                continue
+            h, _ = hash_file(path, progress, "verify")
+            if h.hexdigest() != hx:
+                raise DigestMismatch(f"model {m.name!r} ({path}, modified on disk since it was pulled)", hx,
+                                     h.hexdigest(), f"the file changed: run {again}")
+            moved[str(path)] = st.st_mtime_ns
+        if moved:                       # the same bytes under a new mtime: no re-hash next time
+            shards = tuple(replace(s, mtime_ns=moved.get(s.path, s.mtime_ns)) for s in m.shards)
+            self._write_manifest(replace(m, mtime_ns=moved.get(str(first), m.mtime_ns), shards=shards))
+        return first
 
     def remove(self, name: str) -> dict:
         """Delete a name's manifest (and its .part), and its blob when no other name refers to it."""
@@ -220,8 +283,17 @@ class Store:
             m = None
         mpath.unlink()
         _fsync_dir(mpath.parent)
+        for d in mpath.parents:                 # the folders of a name with '/', once empty
+            if d == self.manifests or self.manifests not in d.parents:
+                break
+            try:
+                d.rmdir()
+            except OSError:
+                break
         result["manifest"] = True
-        if m is not None:
+        if m is not None and m.path:
+            result["external"] = m.path         # a file in the Hugging Face cache stays: other tools share it
+        elif m is not None:
             result["blob"] = m.digest
             result["blob_deleted"] = self._collect(m.hex)
         return result
@@ -229,13 +301,38 @@ class Store:
     def verify(self, name: str, progress: Progress | None = None) -> Manifest:
         """Re-hash a name's blob; DigestMismatch when it is not the manifest's digest."""
         m = self.get(name)
-        blob = self.path_of(m.name)
-        h, size = hash_file(blob, progress, "verify")
-        if h.hexdigest() != m.hex or size != m.size:
-            raise DigestMismatch(f"model {m.name!r} ({blob}, {size:,} B, manifest says {m.size:,} B)",
-                                 m.hex, h.hexdigest(),
-                                 f"the file is corrupt: `ramforge rm {m.name}` and "
-                                 f"`ramforge pull {m.source or 'SOURCE'} --name {m.name}` again")
+        for path, want, want_size in [(self.file_of(m), m.hex, m.size),
+                                      *((Path(s.path), s.sha256, s.size) for s in m.shards)]:
+            if not path.is_file():
+                raise BlobMissing(f"model {m.name!r} refers to {path}, which is missing; run `ramforge rm {m.name}` "
+                                  f"and `ramforge pull {m.source or 'SOURCE'} --name {m.name}` again")
+            h, size = hash_file(path, progress, "verify")
+            if h.hexdigest() != want or size != want_size:
+                raise DigestMismatch(f"model {m.name!r} ({path}, {size:,} B, manifest says {want_size:,} B)",
+                                     want, h.hexdigest(),
+                                     f"the file is corrupt: `ramforge rm {m.name}` and "
+                                     f"`ramforge pull {m.source or 'SOURCE'} --name {m.name}` again")
+        return m
+
+    def register(self, name: str, files: list[tuple[Path, str]], source: str, verified: bool) -> Manifest:
+        """Name files that live outside blobs/ (a Hugging Face cache snapshot): `files` is [(path, sha256)],
+        the first file first, each hashed by the caller; their sizes and mtimes are recorded now."""
+        canon = normalize_name(name)
+        self.manifest_path(canon)
+        recs = []
+        for path, hx in files:
+            st = Path(path).stat()
+            recs.append(Shard(os.path.abspath(path), st.st_size, st.st_mtime_ns, hx))
+        first, rest = recs[0], tuple(recs[1:])
+        m = Manifest(name=canon, digest=f"sha256:{first.sha256}", size=first.size, source=source,
+                     pulled_at=_now(), verified=verified, mtime_ns=first.mtime_ns, path=first.path, shards=rest)
+        try:
+            old = self.find(canon)
+        except CorruptManifest:
+            old = None
+        self._write_manifest(m)
+        if old is not None and not old.path:
+            self._collect(old.hex)
         return m
 
     def pull(self, source: str, name: str | None = None, sha256: str | None = None, *,
@@ -302,9 +399,9 @@ class Store:
             old = self.find(canon)
         except CorruptManifest:
             old = None                                 # overwritten below
-        m = Manifest(name=canon, digest=f"sha256:{hx}", size=size, source=url,
-                     pulled_at=datetime.now(timezone.utc).replace(microsecond=0).isoformat(), verified=verified)
+        m = Manifest(name=canon, digest=f"sha256:{hx}", size=size, source=url, pulled_at=_now(), verified=verified,
+                     mtime_ns=blob.stat().st_mtime_ns)
         self._write_manifest(m)
-        if old is not None and old.hex != hx:
+        if old is not None and old.hex != hx and not old.path:
             self._collect(old.hex)
         return m

@@ -6,9 +6,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
-from ..errors import InvalidArgument, ModelFileError, ModelNotFound, RamforgeError
+from ..errors import InvalidArgument, ModelFileError, ModelNotFound, OutOfBudget, RamforgeError
 
 
 GGUF_MAGIC = b"GGUF"
@@ -18,8 +18,7 @@ CHUNK = 1 << 20
 DEFAULT_TIMEOUT = 30.0
 USER_AGENT = "ramforge-pull/0.1 (+https://github.com/ramforge)"
 
-_PART_RE = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-_NAME_RE = re.compile(rf"({_PART_RE})(?::({_PART_RE}))?")
+_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.I)
 
@@ -34,13 +33,14 @@ class StoreError(RamforgeError):
 
 
 class InvalidModelName(StoreError, InvalidArgument):
-    """A store name that is not `[a-zA-Z0-9][a-zA-Z0-9._-]*[:tag]`; refused before any file is touched."""
+    """A store name that is not Ollama's `[host/][namespace/]model[:tag]`; refused before any file is touched."""
 
     def __init__(self, name, why: str):
         self.name, self.why = name, why
-        super().__init__(f"invalid model name {name!r}: {why}; names are letters, digits, '.', '_', '-' "
-                         f"(starting with a letter or digit, at most {MAX_NAME_LENGTH} characters) with an "
-                         f"optional ':tag', e.g. --name qwen3-0.6b:q8_0")
+        super().__init__(f"invalid model name {name!r}: {why}; names are [host/][namespace/]model[:tag], each part "
+                         f"letters, digits, '.', '_', '-' (starting with a letter or digit, at most "
+                         f"{MAX_NAME_LENGTH} characters), e.g. --name qwen3-0.6b:q8_0, user/model:tag or "
+                         f"hf.co/org/repo:Q4_K_M")
 
 
 class NotInStore(StoreError, ModelNotFound):
@@ -54,6 +54,10 @@ class NotInStore(StoreError, ModelNotFound):
 
 class BlobMissing(StoreError, ModelNotFound):
     """A manifest whose blob file is gone."""
+
+
+class BlobChanged(StoreError, ModelFileError):
+    """A pulled file whose size is no longer the one recorded: changed on disk, refused before it is served."""
 
 
 class CorruptManifest(StoreError, ModelFileError):
@@ -92,37 +96,101 @@ class DownloadIncomplete(PullError):
     retryable = True
 
 
+class WontFit(PullError, OutOfBudget):
+    """A pull refused before the download: the model's minimum budget exceeds this machine's memory."""
+
+    def __init__(self, what: str, minimum: int, total: int):
+        self.minimum, self.total = minimum, total
+        super().__init__(f"{what} needs at least {minimum:,} B of RAM to run (its plan's minimum budget, "
+                         f"`ramforge plan` shows it), but this machine has {total:,} B in all; nothing was "
+                         f"downloaded; pass --force to pull it anyway")
+
+
 class StoreBusy(PullError):
     """Another process is pulling the same name."""
 
 
 # ------------------------------------------------------------------------------------------ names
 
-def parse_name(name) -> tuple[str, str]:
-    """(base, tag), case-folded, for a store name; InvalidModelName for anything else. Pure: no I/O."""
+REGISTRY_HOST = "registry.ollama.ai"     # Ollama's default host and namespace: `library/x` is `x`
+LIBRARY = "library"
+_MAX_FILE_NAME = 255                     # the manifest's file name `<model>:<tag>.json` (NAME_MAX)
+
+
+class ModelName(NamedTuple):
+    """A store name as Ollama parses one, `[host/][namespace/]model[:tag]`, case-folded, with Ollama's
+    defaults dropped (`registry.ollama.ai/library/x:latest` is `x`). Unpacks as (base, tag)."""
+
+    base: str          # `[host/][namespace/]model`
+    tag: str
+
+    @property
+    def parts(self) -> list[str]:
+        return self.base.split("/")
+
+    @property
+    def host(self) -> str | None:
+        return self.parts[0] if len(self.parts) == 3 else None
+
+    @property
+    def namespace(self) -> str | None:
+        return self.parts[-2] if len(self.parts) > 1 else None
+
+    @property
+    def model(self) -> str:
+        return self.parts[-1]
+
+    def __str__(self) -> str:
+        return self.base if self.tag == DEFAULT_TAG else f"{self.base}:{self.tag}"
+
+
+def parse_name(name) -> ModelName:
+    """The ModelName of a store name; InvalidModelName for anything else. Pure: no I/O.
+
+    Ollama's rules (types/model/name.go): up to three '/'-separated parts, host, namespace and model,
+    then an optional ':tag'; each part letters, digits, '.', '_', '-' (a namespace without '.'),
+    starting with a letter or digit, at most MAX_NAME_LENGTH characters; no '..' anywhere. Nothing
+    that could leave a folder gets through: no NUL, backslash, absolute path, empty or dot part."""
     if not isinstance(name, str):
         raise InvalidModelName(name, "not a string")
     if name == "":
         raise InvalidModelName(name, "empty")
-    for bad, why in (("\x00", "contains NUL"), ("/", "contains '/'"), ("\\", "contains a backslash"),
-                     ("..", "contains '..'")):
+    if len(name) > 3 * MAX_NAME_LENGTH + 3:
+        raise InvalidModelName(name[:40] + "...", f"{len(name)} characters long, over {3 * MAX_NAME_LENGTH + 3}")
+    for bad, why in (("\x00", "contains NUL"), ("\\", "contains a backslash"), ("..", "contains '..'")):
         if bad in name:
             raise InvalidModelName(name, why)
-    m = _NAME_RE.fullmatch(name)
-    if not m:
-        raise InvalidModelName(name, "contains a character outside [a-zA-Z0-9._-] or does not start with a "
-                                     "letter or digit")
-    base, tag = m.group(1), m.group(2) or DEFAULT_TAG
-    for part in (base, tag):
+    if name.startswith("/"):
+        raise InvalidModelName(name, "an absolute path")
+    base, colon, tag = name.rpartition(":") if ":" in name.rpartition("/")[2] else (name, "", "")
+    if colon and not tag:
+        raise InvalidModelName(name, "an empty tag after ':'")
+    parts = base.split("/")
+    if len(parts) > 3:
+        raise InvalidModelName(name, f"{len(parts)} parts separated by '/', at most 3 (host/namespace/model)")
+    for i, part in enumerate([*parts, *([tag] if colon else [])]):
+        kind = "tag" if i == len(parts) else ("host", "namespace", "model")[i + 3 - len(parts)]
+        if not _PART.fullmatch(part):
+            raise InvalidModelName(name, f"its {kind} {part!r} is empty, contains a character outside "
+                                         f"[a-zA-Z0-9._-] or does not start with a letter or digit")
+        if kind == "namespace" and "." in part:
+            raise InvalidModelName(name, f"its namespace {part!r} contains '.'")
         if len(part) > MAX_NAME_LENGTH:
             raise InvalidModelName(name, f"a part is {len(part)} characters long, over {MAX_NAME_LENGTH}")
-    return base.lower(), tag.lower()
+    parts = [p.lower() for p in parts]
+    if len(parts) == 3 and parts[0] == REGISTRY_HOST:
+        parts = parts[1:]
+    if len(parts) == 2 and parts[0] == LIBRARY:
+        parts = parts[1:]
+    tag = tag.lower() or DEFAULT_TAG
+    if len(f"{parts[-1]}:{tag}.json".encode()) > _MAX_FILE_NAME:
+        raise InvalidModelName(name, f"model and tag together are over {_MAX_FILE_NAME - 6} characters")
+    return ModelName("/".join(parts), tag)
 
 
 def normalize_name(name) -> str:
-    """The canonical form of a store name: lower case, without ':latest'."""
-    base, tag = parse_name(name)
-    return base if tag == DEFAULT_TAG else f"{base}:{tag}"
+    """The canonical form of a store name: lower case, without ':latest' or Ollama's `library/`."""
+    return str(parse_name(name))
 
 
 def is_valid_name(name) -> bool:

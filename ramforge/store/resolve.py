@@ -38,21 +38,37 @@ def default_model_path() -> Path:
 
 
 def resolve_model(model: str | os.PathLike | None) -> Path:
-    """A MODEL argument to a readable file path, or ModelNotFound saying what was tried."""
+    """A MODEL argument to a readable file path (shard 1 of a split GGUF), or ModelNotFound saying what
+    was tried: a path; a name pulled into the store (its files checked before they are served:
+    `Store.checked`); a Hugging Face source (`hf.co/ORG/REPO[:QUANT]`) already in the Hugging Face cache."""
     if model in DEFAULT_NAMES:
         return default_model_path()
     path = Path(model).expanduser()
     if path.is_file():                      # an existing file wins over a store name
         return path
     from . import Store, is_valid_name
+    from .hf import find_cached, parse_source
+    from .names import InvalidSource
 
     if isinstance(model, str) and is_valid_name(model):
         store = Store()
         if store.find(model) is not None:
             return store.path_of(model)     # BlobMissing (a ModelNotFound) when the blob is gone
+    ref = None
+    if isinstance(model, str):
+        try:
+            ref = parse_source(model)
+        except InvalidSource:
+            ref = None
+    if ref is not None:
+        found = find_cached(ref)
+        if found:
+            return found[0]
+        raise ModelNotFound(f"{model} is not downloaded (not in the store, nor in the Hugging Face cache); "
+                            f"`ramforge plan {model} --ram SIZE` tells whether it fits before a download, "
+                            f"`ramforge pull {model}` fetches it")
     if path.exists():
         raise ModelNotFound(f"{path} is not a regular file; pass a .gguf file")
     raise ModelNotFound(f"model {str(model)!r} is neither a file nor a known name; pass a path to a .gguf "
-                        f"file, a name from `ramforge list` (`ramforge pull URL|hf.co/ORG/REPO/FILE.gguf` "
+                        f"file, a name from `ramforge list` (`ramforge pull URL|hf.co/ORG/REPO[:QUANT]` "
                         f"adds one), or 'default' for the embedded gemma-3-270m")
-
