@@ -27,7 +27,7 @@ from ..sampling import LCPP, Sampler
 
 # Google's gemma-3 chat template, used for the embedded default model, whose GGUF has none (as
 # Ollama ships a template beside a model). Any other model without one gets llama.cpp's ChatML.
-_DEFAULT_MODEL_TEMPLATE = Path(__file__).parent / "templates" / "gemma3.jinja"
+_DEFAULT_MODEL_TEMPLATE = Path(__file__).parent.parent / "templates" / "gemma3.jinja"
 
 
 @dataclass
@@ -439,19 +439,11 @@ class Model:
 
             with GGUFFile(self.path) as f:
                 md = f.metadata
-            override = self._chat_override
-            if override is None and "tokenizer.chat_template" not in md and self._is_default():
-                override = _DEFAULT_MODEL_TEMPLATE.read_text()   # the embedded gemma-3 GGUF ships none
-            self._chat = ChatTemplate.from_metadata(md, override)
+            self._chat = model_chat_template(md, self._is_default(), self._chat_override)
         return self._chat
 
     def _is_default(self) -> bool:
-        from ..store.resolve import DEFAULT_NAMES, default_model_path
-
-        try:
-            return self.name in DEFAULT_NAMES or self.path == str(default_model_path())
-        except RamforgeError:
-            return False
+        return is_default_model(self.name, self.path)
 
     @staticmethod
     def _collect(chunks) -> Response:
@@ -476,6 +468,26 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def model_chat_template(md: dict, is_default: bool, override: str | None = None):
+    """A model's chat.ChatTemplate from its GGUF metadata: override (a template's text) wins, then the GGUF's,
+    then for the embedded default model its gemma-3 template (its GGUF ships none), else llama.cpp's ChatML."""
+    from .chat import ChatTemplate
+
+    if override is None and "tokenizer.chat_template" not in md and is_default:
+        override = _DEFAULT_MODEL_TEMPLATE.read_text()
+    return ChatTemplate.from_metadata(md, override)
+
+
+def is_default_model(name, path) -> bool:
+    """Whether name / path is the embedded default model."""
+    from ..store.resolve import DEFAULT_NAMES, default_model_path
+
+    try:
+        return name in DEFAULT_NAMES or str(path) == str(default_model_path())
+    except RamforgeError:
+        return False
 
 
 def _pipeline(model, ray, stages, stage_ram, n_ctx, io, n_threads):
