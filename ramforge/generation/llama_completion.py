@@ -23,9 +23,12 @@ from ..sampling.params import stop_strings
 # llama-cpp-python's format_chatml (a system block always, user/assistant turns only), as a Jinja template.
 LCPP_CHATML = (
     "{%- set sys = messages | selectattr('role', 'equalto', 'system') | map(attribute='content') | first -%}"
-    "<|im_start|>system\n{{ sys or '' }}<|im_end|>\n"
-    "{%- for m in messages if m.role in ('user', 'assistant') %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-    "{%- endfor %}<|im_start|>assistant\n")
+    "{{- '<|im_start|>system\\n' + (sys or '') + '<|im_end|>\\n' -}}"
+    "{%- for m in messages if m.role in ('user', 'assistant') -%}"
+    "{%- if m.content -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{{- '<|im_start|>assistant\\n' -}}")
 
 
 def _stop_list(stop) -> list[str]:
