@@ -28,6 +28,10 @@ def __getattr__(name):
         from .generation import api
 
         return getattr(api, name)
+    if name in ("Llama", "LlamaState"):
+        from .generation import llama
+
+        return getattr(llama, name)
     if name in ("PromptLookup", "DraftModel"):
         from .engine import speculative
 
@@ -43,4 +47,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'ramforge' has no attribute {name!r}")
 
 
-__all__ = ["Model", "Response", "PromptLookup", "DraftModel", "MemoryBudget", "parse_memory_size", "__version__"]
+__all__ = ["Model", "Response", "Llama", "LlamaState", "PromptLookup", "DraftModel", "MemoryBudget", "parse_memory_size", "__version__"]

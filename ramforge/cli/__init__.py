@@ -1,10 +1,11 @@
 """The `ramforge` command line. click parses, rich renders; errors are one line on stderr.
 
     console.py    the consoles and the options commands share (sampler options from ramforge.sampling.params)
-    describe.py   inspect, support, plan: read a model without running it
+    describe.py   inspect, support, plan, show: read a model without running it
     generate.py   run, chat, bench: run the model
     tokens.py     tokenize, detokenize, logits
-    store.py      pull, list, rm, verify: the model store
+    store.py      pull, list, rm, cp, verify: the model store
+    running.py    ps, stop: a running serve's models (HTTP)
     serve.py      serve: the Ollama and OpenAI HTTP APIs (FastAPI is imported when it runs)
 
 This module is the top: it imports the command modules, none of them imports it.
@@ -18,8 +19,10 @@ import click
 from rich.markup import escape
 
 from ..errors import RamforgeError
-from . import describe, generate, serve, store, tokens
+from . import describe, generate, running, serve, store, tokens
 from .console import err
+
+EXIT_USER, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 3     # a RamforgeError, a usage error (click's), a bug
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,13 +35,15 @@ def cli():
     """
 
 
-for _module in (describe, generate, tokens, store, serve):
+for _module in (describe, generate, tokens, store, running, serve):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: typed errors become one line on stderr and a non-zero exit.
+    """Console entry point: typed errors become one line on stderr and a non-zero exit: 1 for a
+    RamforgeError or an OS error (the user can fix it), 2 for a usage error (click's), 3 for an
+    internal error (a bug), 130 when interrupted.
 
     Called without argv (the `ramforge` script, `python -m ramforge`), the process ends right after
     the command with os._exit, streams flushed: the interpreter's teardown of numba and LLVM (0.3 s
@@ -87,7 +92,7 @@ def _main(argv: list[str]) -> None:
         if debug:
             err.print_exception()
         err.print(f"[red]internal error:[/] {type(e).__name__}: {escape(str(e))} (run with --debug for the traceback)")
-        sys.exit(2)
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

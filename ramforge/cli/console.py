@@ -2,7 +2,9 @@
 (--ctx, --ram, --threads, --io, and the sampler options, made from ramforge.sampling.params' table)."""
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 import click
 import numpy as np
@@ -274,3 +276,111 @@ def sampler_options(command):
         command = click.option(flag, p.name, type=p.kind, default=p.default, show_default=p.default is not None,
                                help=p.doc)(command)
     return command
+
+
+# ---- run's prompt, chat template and the GGUF's sampler defaults ------------------------------------
+
+def prompt_text(positional: str | None, option: str | None) -> str:
+    """run's prompt: PROMPT or -p (not both); stdin for `-`, or when neither is given and stdin is no terminal."""
+    if positional is not None and option is not None:
+        raise click.UsageError("give the prompt once: as PROMPT or as -p/--prompt")
+    text = positional if positional is not None else option
+    if text == "-" or (text is None and not sys.stdin.isatty()):
+        text = sys.stdin.read()
+    if text is None:
+        raise click.UsageError("no prompt: give PROMPT (or -p TEXT), or pipe it on stdin")
+    return text
+
+
+def model_metadata(model) -> tuple[dict, str]:
+    """The GGUF metadata and path of MODEL (a path, a store name or default)."""
+    from ..gguf.reader import GGUFFile
+    from ..store.resolve import resolve_model
+
+    path = str(resolve_model(model or "default"))
+    with GGUFFile(path) as f:
+        return f.metadata, path
+
+
+def chat_template_of(md: dict, model, path: str):
+    """The chat.ChatTemplate run applies: the GGUF's own (a chat model, as llama-cli decides); None for a
+    model whose GGUF has none (the embedded gemma-3-270m base model included)."""
+    from ..generation.api import model_chat_template
+
+    if not isinstance(md.get("tokenizer.chat_template"), str):
+        return None
+    return model_chat_template(md, False)
+
+
+def with_gguf_defaults(sampling: dict, md: dict) -> dict:
+    """The sampler options with the GGUF's general.sampling.* values where no flag (or variable) set one."""
+    from click.core import ParameterSource
+
+    from ..sampling.gguf_defaults import gguf_sampling_defaults
+
+    ctx = click.get_current_context(silent=True)
+    out = dict(sampling)
+    for name, value in gguf_sampling_defaults(md).items():
+        if name in out and (ctx is None or ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, None)):
+            out[name] = value
+    return out
+
+
+# ---- the server's address: flags, then RAMFORGE_HOST / RAMFORGE_PORT, then OLLAMA_HOST ---------------
+
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 11434
+
+
+def parse_ollama_host(value: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an OLLAMA_HOST value as Ollama's envconfig.Host reads it: "HOST", "HOST:PORT",
+    ":PORT", "http(s)://HOST[:PORT]" (a port-less URL takes its scheme's port); "" host means every address."""
+    s = value.strip().strip("\"'")
+    scheme, sep, hostport = s.partition("://")
+    port = DEFAULT_PORT
+    if not sep:
+        scheme, hostport = "http", s
+    elif scheme in ("http", "https"):
+        port = 80 if scheme == "http" else 443
+    else:
+        raise click.UsageError(f"OLLAMA_HOST={value!r}: the scheme must be http or https")
+    hostport = hostport.split("/", 1)[0]
+    host, p = hostport, None
+    if hostport.startswith("["):                       # [v6]:port
+        host, _, rest = hostport[1:].partition("]")
+        p = rest[1:] if rest.startswith(":") else None
+    elif hostport.count(":") == 1:
+        host, p = hostport.split(":")
+    if p is not None:
+        if not p.isdigit() or int(p) > 65535:
+            raise click.UsageError(f"OLLAMA_HOST={value!r}: the port must be a number from 0 to 65535")
+        port = int(p)
+    elif not hostport:
+        host = DEFAULT_HOST
+    return scheme, host, port
+
+
+def server_address(host: str | None = None, port: int | None = None) -> tuple[str, int]:
+    """Where serve listens: --host / --port, else $RAMFORGE_HOST / $RAMFORGE_PORT, else $OLLAMA_HOST, else
+    127.0.0.1:11434 (OLLAMA_HOST's empty host, ":PORT", is every address, as in Ollama)."""
+    env_host, env_port = os.environ.get("RAMFORGE_HOST") or None, os.environ.get("RAMFORGE_PORT") or None
+    o_host = o_port = None
+    if os.environ.get("OLLAMA_HOST", "").strip():
+        _, o_host, o_port = parse_ollama_host(os.environ["OLLAMA_HOST"])
+        o_host = o_host or "0.0.0.0"
+    if env_port is not None and port is None:
+        if not env_port.isdigit() or int(env_port) > 65535:
+            raise click.UsageError(f"RAMFORGE_PORT={env_port!r}: expected a port number from 0 to 65535")
+        port = int(env_port)
+    host = host or env_host or o_host or DEFAULT_HOST
+    port = port if port is not None else (o_port if o_port is not None else DEFAULT_PORT)
+    return host, port
+
+
+def client_url() -> str:
+    """The base URL of a running `ramforge serve` for ps and stop (server_address, 0.0.0.0 as loopback)."""
+    scheme = "http"
+    if os.environ.get("OLLAMA_HOST", "").strip() and not os.environ.get("RAMFORGE_HOST"):
+        scheme = parse_ollama_host(os.environ["OLLAMA_HOST"])[0]
+    host, port = server_address()
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"

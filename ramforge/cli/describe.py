@@ -1,4 +1,4 @@
-"""CLI commands that read a model without running it: inspect, support, plan."""
+"""CLI commands that read a model without running it: inspect, support, plan, show."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..gguf.constants import GGMLType, Keys
 from ..memory.size import format_bytes, parse_memory_size
+from ..sampling.gguf_defaults import gguf_sampling_defaults
 from .console import kv_options, kv_types_of, open_gguf, out, short, spill_of, spill_option, summarise
 
 ASSUMED_STORAGE_GB_S = 2.0       # a remote model's expected s/token, where no --storage-gb-s is given
@@ -90,6 +91,7 @@ def inspect(model, as_json):
             "tensor_count": len(f.tensors),
             "types": dict(types.most_common()),
             "type_bytes": {k: tbytes[k] for k, _ in types.most_common()},
+            "sampling_defaults": gguf_sampling_defaults(md),
             "metadata": {k: summarise(v) for k, v in md.items()},
             "tensors": [{"name": t.name, "type": t.ggml_type.name, "dims": list(t.dims),
                          "offset": t.offset, "nbytes": t.nbytes} for t in f.tensors.values()],
@@ -104,6 +106,9 @@ def inspect(model, as_json):
     for k, v in md.items():
         meta.add_row(k, short(v))
     out.print(meta)
+    if info["sampling_defaults"]:
+        out.print("recommended sampling (general.sampling.*, applied by run and chat where no flag sets them): "
+                  + ", ".join(f"{k} {v}" for k, v in info["sampling_defaults"].items()))
     q = Table(title="quantization")
     for c in ("type", "tensors", "bytes", "share"):
         q.add_column(c, justify="right" if c != "type" else "left")
@@ -301,4 +306,118 @@ def _plan_stages(model, ram, ctx, probe_io, stages, storage_gb_s, compute_gb_s, 
               f"{compute_gb_s:g} GB/s of weights; a streaming stage counts max(compute, I/O): it reads ahead")
 
 
-COMMANDS = [inspect, support, plan]
+
+
+def _count(n: int) -> str:
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def model_facts(model) -> dict:
+    """What `show` prints of MODEL: its model facts, capabilities, parameters, template and license."""
+    from ..generation.api import is_default_model, model_chat_template
+    from ..store.resolve import resolve_model
+
+    path = str(resolve_model(model or "default"))
+    with open_gguf(path) as f:
+        md = f.metadata
+        n_params = sum(int(t.n_elements) for t in f.tensors.values())
+        types = Counter(t.ggml_type.name for t in f.tensors.values())
+    arch = md.get(Keys.ARCHITECTURE) or ""
+    template = model_chat_template(md, is_default_model(model, path))
+    tokens = md.get("tokenizer.ggml.tokens") or []
+    fim = all(isinstance(md.get(f"tokenizer.ggml.fim_{k}_token_id"), int) for k in ("pre", "suf", "mid")) or all(
+        t in tokens for t in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"))
+    caps = ["completion"]
+    if "tools" in template.text or isinstance(md.get("tokenizer.chat_template.tool_use"), str):
+        caps.append("tools")
+    if fim:
+        caps.append("insert")
+    if any(s in template.text for s in ("<think>", "enable_thinking", "reasoning_content", "<|channel|>")):
+        caps.append("thinking")
+    stops = []
+    for key in ("eos", "eot", "eom"):
+        i = md.get(f"tokenizer.ggml.{key}_token_id")
+        if isinstance(i, int) and 0 <= i < len(tokens) and str(tokens[i]) not in stops:
+            stops.append(str(tokens[i]))
+    ftype = md.get("general.file_type")
+    quant = types.most_common(1)[0][0] if types else ""
+    if isinstance(ftype, int):
+        quant = _FILE_TYPES.get(int(ftype), quant)
+    return {"path": path, "model": {"architecture": arch, "parameters": _count(n_params),
+                                    "context length": md.get(Keys.of(Keys.CONTEXT_LENGTH, arch)) if arch else None,
+                                    "embedding length": md.get(Keys.of(Keys.EMBEDDING_LENGTH, arch)) if arch else None,
+                                    "quantization": quant},
+            "capabilities": caps, "parameters": {"stop": stops, **gguf_sampling_defaults(md)},
+            "template": template.text, "template_source": template.source,
+            "license": md.get("general.license"), "system": None,
+            "metadata": {k: summarise(v) for k, v in md.items()}}
+
+
+# llama_ftype (general.file_type) -> its name, as Ollama shows it
+_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+               12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+               19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+               26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
+               36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE"}
+
+
+@click.command()
+@click.argument("model", required=False)
+@click.option("--license", "part", flag_value="license", help="Only the license.")
+@click.option("--parameters", "part", flag_value="parameters", help="Only the parameters.")
+@click.option("--template", "part", flag_value="template", help="Only the chat template.")
+@click.option("--system", "part", flag_value="system", help="Only the system message.")
+@click.option("--modelfile", "part", flag_value="modelfile", help="An Ollama Modelfile of the model.")
+@click.option("-v", "--verbose", is_flag=True, help="The GGUF metadata too.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def show(model, part, verbose, as_json):
+    """Facts, capabilities, parameters and license of MODEL, as ollama show (reads the file; no server)."""
+    d = model_facts(model)
+    if not verbose:
+        d.pop("metadata")
+    if as_json:
+        print(json.dumps(d, indent=1, default=str))
+        return
+    params = [(k, json.dumps(s) if k == "stop" else str(s)) for k, v in d["parameters"].items()
+              for s in (v if isinstance(v, list) else [v])]
+    if part == "license":
+        click.echo(d["license"] or "")
+    elif part == "template":
+        click.echo(d["template"])
+    elif part == "system":
+        click.echo(d["system"] or "")
+    elif part == "parameters":
+        for k, v in params:
+            click.echo(f"{k:<20}{v}")
+    elif part == "modelfile":
+        click.echo(f"# Modelfile generated by \"ramforge show\"\nFROM {d['path']}\nTEMPLATE \"\"\"{d['template']}\"\"\"")
+        for k, v in params:
+            click.echo(f"PARAMETER {k} {v}")
+        if d["license"]:
+            click.echo(f"LICENSE \"\"\"{d['license']}\"\"\"")
+    else:
+        click.echo("  Model")
+        for k, v in d["model"].items():
+            if v is not None:
+                click.echo(f"    {k:<20}{v}")
+        click.echo("\n  Capabilities")
+        for c in d["capabilities"]:
+            click.echo(f"    {c}")
+        if params:
+            click.echo("\n  Parameters")
+            for k, v in params:
+                click.echo(f"    {k:<20}{v}")
+        if d["license"]:
+            click.echo("\n  License")
+            click.echo(f"    {str(d['license']).splitlines()[0]}")
+        if verbose:
+            click.echo("\n  Metadata")
+            for k, v in d["metadata"].items():
+                click.echo(f"    {k:<40}{short(v) if not isinstance(v, str) else v[:100]}")
+        click.echo()
+
+
+COMMANDS = [inspect, support, plan, show]

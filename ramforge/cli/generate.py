@@ -9,8 +9,9 @@ import numpy as np
 
 from ..sampling.params import sampler_params
 from ..models import routing_trace
-from .console import (cluster_of, cluster_options, ctx_option, drafter_of, expert_options, io_option, kv_options,
-                      kv_types_of, load_engine, spill_of, spill_option,
+from .console import (chat_template_of, cluster_of, cluster_options, ctx_option, drafter_of, expert_options,
+                      io_option, kv_options, kv_types_of, load_engine, model_metadata, prompt_text, spill_of,
+                      spill_option, with_gguf_defaults,
                       ram_option, sampler_options, speculative_options, threads_option)
 
 trace_option = click.option(
@@ -21,7 +22,10 @@ trace_option = click.option(
 
 @click.command()
 @click.argument("model", required=False)
-@click.option("-p", "--prompt", required=True, help="Prompt text (special tokens like <bos> are parsed).")
+@click.argument("prompt_arg", metavar="[PROMPT]", required=False)
+@click.option("-p", "--prompt", default=None, help="Prompt text, instead of PROMPT (special tokens like <bos> are "
+                                                   "parsed).")
+@click.option("--raw", is_flag=True, help="A plain completion of PROMPT, without the model's chat template.")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=128, show_default=True)
 @sampler_options
 @ctx_option
@@ -42,19 +46,25 @@ trace_option = click.option(
 @click.option("--memory-report", is_flag=True, help="Managed, RSS and page-cache memory on stderr (and in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of streaming.")
 @trace_option
-def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, kv_type, kv_type_k, kv_type_v,
+def run(model, prompt_arg, prompt, raw, max_tokens, ctx, ram, io, threads, expert_cache, expert_prefetch, kv_type, kv_type_k, kv_type_v,
         kv_spill, lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address,
         stages, stage_ram, ray_timeout, stage_timeout, placement, context_shift, n_keep, profile, memory_report,
         as_json, trace_routing, **sampling):
-    """Generate a continuation of PROMPT; text streams to stdout, stats to stderr.
+    """Answer PROMPT (as ollama run and llama-cli do: through the model's chat template, if it has one;
+    --raw for a plain completion); text streams to stdout, stats to stderr.
 
-    With --ray, the model runs as --stages layer ranges on a Ray cluster (ramforge.cluster); the
-    tokens are those of one process."""
+    PROMPT is read from stdin when it is `-`, or when it is left out and stdin is not a terminal. The
+    GGUF's recommended sampler settings (general.sampling.*) apply where no flag sets them, as in
+    llama.cpp. With --ray, the model runs as --stages layer ranges on a Ray cluster (ramforge.cluster);
+    the tokens are those of one process."""
     from ..profiling import PROFILE
     from .report import compile_notice, compiled, memory_report as mem_report, render_memory, render_profile, spec_line
     from ..sampling import LLAMA, Sampler
 
-    params = sampler_params(sampling)      # a bad value fails before the model loads
+    text = prompt_text(prompt_arg, prompt)
+    md, path = model_metadata(model)
+    params = sampler_params(with_gguf_defaults(sampling, md))      # a bad value fails before the model loads
+    template = None if raw else chat_template_of(md, model, path)
     drafter = drafter_of(lookup, lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min)
     cluster = cluster_of(ray_address, stages, stage_ram, ray_timeout, stage_timeout, placement)
     if cluster is not None and (profile or memory_report):
@@ -72,7 +82,9 @@ def run(model, prompt, max_tokens, ctx, ram, io, threads, expert_cache, expert_p
         if trace_routing:
             routing_trace.attach(eng, trace_routing)
         sampler = Sampler(params, eng.hp.n_vocab, chain=LLAMA, tokenizer=eng.tokenizer)
-        ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        if template is not None:
+            text = template.strip_special(template.render([{"role": "user", "content": text}]))
+        ids = eng.tokenizer.encode(text, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
         for tok in eng.generate(ids, max_tokens, sampler, draft=drafter, **shift):
             out.append(tok)
@@ -183,7 +195,8 @@ def chat(model, template_file, system, max_tokens, ctx, ram, threads, kv_type, k
     from ..generation.api import Model
     from ..sampling import LLAMA
 
-    params = sampler_params(sampling).as_dict()
+    md, _ = model_metadata(model)
+    params = sampler_params(with_gguf_defaults(sampling, md)).as_dict()
     template = template_file.read() if template_file else None
     history = [{"role": "system", "content": system}] if system else []
     type_k, type_v = kv_types_of(kv_type, kv_type_k, kv_type_v)

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 
 import click
 
 from ..errors import InvalidArgument, MissingExtra
 from ..memory.size import parse_memory_size
-from .console import (cluster_of, cluster_options, drafter_of, kv_options, kv_types_of, speculative_options, spill_of,
-                      spill_option)
+from .console import (cluster_of, cluster_options, drafter_of, kv_options, kv_types_of, server_address,
+                      speculative_options, spill_of, spill_option)
 
 
 def _loopback(host: str) -> bool:
@@ -22,22 +23,27 @@ def _loopback(host: str) -> bool:
 
 @click.command()
 @click.argument("model", required=False)
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; anything but loopback exposes the server (use --api-key).")
-@click.option("--port", type=click.IntRange(0, 65535), default=11434, show_default=True)
+@click.option("--host", default=None,
+              help="Address to bind (default: $RAMFORGE_HOST, else $OLLAMA_HOST's, else 127.0.0.1); anything but "
+                   "loopback exposes the server (use --api-key).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port (default: $RAMFORGE_PORT, else $OLLAMA_HOST's, else 11434).")
 @click.option("--api-key", envvar="RAMFORGE_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on every route but /health (or $RAMFORGE_API_KEY).")
-@click.option("--ram", default=None, help="Memory budget of the resident model, e.g. 4G (default: unlimited).")
-@click.option("--ctx", type=click.IntRange(min=1), default=None,
-              help="Context length when a request sets no num_ctx (default: 4096, or the model's if smaller).")
+@click.option("--ram", envvar="RAMFORGE_RAM", default=None,
+              help="Memory budget of the resident model, e.g. 4G (or $RAMFORGE_RAM; default: unlimited).")
+@click.option("--ctx", envvar="OLLAMA_CONTEXT_LENGTH", type=click.IntRange(min=1), default=None,
+              help="Context length when a request sets no num_ctx (or $OLLAMA_CONTEXT_LENGTH; default: 4096, or the "
+                   "model's if smaller).")
 @click.option("--max-ctx", type=click.IntRange(min=1), default=None,
               help="The most a request's num_ctx gets (default: the model's trained context, as Ollama clamps it).")
 @click.option("-t", "--threads", type=int, default=None,
               help="Kernel threads (default: $RAMFORGE_THREADS or the physical cores).")
 @click.option("--io", type=click.Choice(["direct", "buffered", "mmap"]), default="direct", show_default=True,
               help="How streamed weights are read.")
-@click.option("--keep-alive", default="5m", show_default=True,
-              help="How long a model stays loaded after a request when it sets no keep_alive (-1: forever).")
+@click.option("--keep-alive", envvar="OLLAMA_KEEP_ALIVE", default="5m", show_default=True,
+              help="How long a model stays loaded after a request when it sets no keep_alive (-1: forever; or "
+                   "$OLLAMA_KEEP_ALIVE).")
 @click.option("--max-body", default="1M", show_default=True, help="Request body size limit (413 above it).")
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Seconds a client has to send a whole request (headers and body) before it is disconnected.")
@@ -55,9 +61,10 @@ def _loopback(host: str) -> bool:
 @click.option("--slot-save-path", type=click.Path(file_okay=False, writable=True), default=None,
               help="Directory of POST /slots/0?action=save|restore state files (llama-server's option).")
 @click.option("--cache-ram", default=None,
-              help="A prompt cache of this size (its own budget, e.g. 2G): conversations resume instead of "
-                   "recomputing their prompt.")
-@click.option("-np", "--parallel", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="A prompt cache of this size: MiB as llama-server's --cache-ram (8192), or a size with a unit "
+                   "(2G); 0: none. Conversations resume instead of recomputing their prompt.")
+@click.option("-np", "--parallel", envvar="OLLAMA_NUM_PARALLEL", type=click.IntRange(1, 64), default=1,
+              show_default=True,
               help="Slots: up to N requests decode together, one pass over the weights for all (continuous "
                    "batching); each slot holds PAD(ctx / N, 256) tokens, as llama-server's --parallel N.")
 @click.option("--context-shift", is_flag=True,
@@ -89,12 +96,14 @@ def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive
     from ..server.browser import parse_origins
     from ..server.common import ServerConfig, parse_keep_alive
 
-    for size in (ram, cache_ram):
-        if size is not None:
-            parse_memory_size(size)                 # a bad size fails here, as one line
+    host, port = server_address(host, port)
+    cache_ram = cache_ram_bytes(cache_ram)
+    if ram is not None:
+        parse_memory_size(ram)                      # a bad size fails here, as one line
+    models_dir = os.environ.get("OLLAMA_MODELS")
+    if models_dir and not os.environ.get("RAMFORGE_HOME"):
+        os.environ["RAMFORGE_HOME"] = models_dir    # the store's root (ramforge's layout), for this process
     if slot_save_path is not None:
-        import os
-
         os.makedirs(slot_save_path, exist_ok=True)
     try:
         keep = parse_keep_alive(keep_alive)
@@ -142,6 +151,21 @@ def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive
     finally:
         if ray is not None:
             ray.shutdown()
+
+
+def cache_ram_bytes(value: str | None) -> int | None:
+    """--cache-ram in bytes: a bare number is MiB (llama-server's unit), a size with a unit is that size;
+    0 (or none given) is no prompt cache. llama-server's -1 (no limit) is refused: the cache needs a budget."""
+    if value is None:
+        return None
+    v = str(value).strip()
+    if v.lstrip("-").isdigit():
+        n = int(v)
+        if n < 0:
+            raise click.BadParameter(f"{value!r}: give a size (MiB, or with a unit such as 8G); the prompt cache "
+                                     f"needs a budget", param_hint="--cache-ram")
+        return n * 1024 * 1024 or None
+    return parse_memory_size(v) or None
 
 
 def _serve(cfg, model, host, port, api_key, log_level, **limits):

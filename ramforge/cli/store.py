@@ -1,6 +1,7 @@
-"""CLI commands of the model store: pull (URLs and Hugging Face sources, planned first), list, rm, verify."""
+"""CLI commands of the model store: pull (URLs and Hugging Face sources, planned first), list, rm, cp, verify."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from datetime import datetime
@@ -12,8 +13,9 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColu
                            TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
 
+from ..errors import RamforgeError
 from ..memory.size import format_bytes, parse_memory_size
-from ..store import DEFAULT_TIMEOUT, Store, default_name, expand_source, normalize_name
+from ..store import DEFAULT_TIMEOUT, Store, StoreError, default_name, expand_source, normalize_name
 from .console import err, out
 
 
@@ -218,10 +220,24 @@ def list_(as_json):
 
 
 @click.command()
-@click.argument("name")
-def rm(name):
-    """Remove NAME from the store (its blob too, unless another name refers to it)."""
-    r = Store().remove(name)
+@click.argument("names", metavar="NAME...", nargs=-1, required=True)
+def rm(names):
+    """Remove each NAME from the store (its blob too, unless another name refers to it), as ollama rm."""
+    store, failed = Store(), []
+    for name in names:
+        try:
+            _remove_one(store, name)
+        except RamforgeError as e:
+            if len(names) == 1:
+                raise
+            err.print(f"[red]error:[/] {escape(str(e))}")
+            failed.append(name)
+    if failed:
+        raise StoreError(f"{len(failed)} of {len(names)} names not removed: {', '.join(failed)}")
+
+
+def _remove_one(store: Store, name: str) -> None:
+    r = store.remove(name)
     parts = []
     if r["manifest"]:
         parts.append(f"removed {r['name']}")
@@ -247,4 +263,17 @@ def verify(name, quiet):
     out.print(f"{escape(m.name)}: ok, {m.digest} ({m.size:,} B)")
 
 
-COMMANDS = [pull, list_, rm, verify]
+@click.command()
+@click.argument("source")
+@click.argument("destination")
+def cp(source, destination):
+    """Copy the store name SOURCE to DESTINATION (a second name for the same blob), as ollama cp."""
+    store = Store()
+    m = store.get(source)
+    store.path_of(source)                        # its blob is there
+    copy = dataclasses.replace(m, name=normalize_name(destination))
+    store._write_manifest(copy)                  # noqa: SLF001 - the store's one manifest writer
+    err.print(f"copied '{escape(m.name)}' to '{escape(copy.name)}'")
+
+
+COMMANDS = [pull, list_, rm, cp, verify]

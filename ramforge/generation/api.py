@@ -160,6 +160,7 @@ class Model:
         self.tokenizer = self.engine.tokenizer
         self.seed, self.verbose, self._chat_override = seed, verbose, chat_template
         self._chat = None
+        self._chat_tool = None               # the GGUF's tool_use template (False: it has none)
         self._rendered = None                # the last render_chat's prompt (split_reasoning reads it)
         self.cache = None                    # a session.PromptCache (set_cache)
 
@@ -342,7 +343,7 @@ class Model:
         "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}} (the grammar
         llama.cpp's json_schema_to_grammar writes; ramforge.structured)."""
         calls_in = ToolSession(tools, tool_choice)
-        msgs, tools_for = calls_in.prepare(self.chat_template().text, messages)
+        msgs, tools_for = calls_in.prepare(self.chat_template(bool(tools)).text, messages)
         forced = [(what, g) for what, g in (("grammar", kwargs.get("grammar")),
                                             ("response_format", _response_grammar(response_format)),
                                             ("tool_choice", calls_in.grammar())) if g is not None]
@@ -411,33 +412,38 @@ class Model:
             yield r
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
-        """The prompt text the model's chat template makes of messages."""
-        chat = self.chat_template()
+        """The prompt text the model's chat template makes of messages (with tools, the GGUF's tool_use
+        template where it has one)."""
+        chat = self.chat_template(bool(kwargs.get("tools")))
         text = chat.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
         self._rendered = text
         return chat.strip_special(text)      # llama.cpp's rule: the tokenizer adds BOS itself
 
-    def chat_template(self):
-        """The model's chat.ChatTemplate (loaded once)."""
+    def chat_template(self, tools: bool = False):
+        """The model's chat.ChatTemplate (loaded once). tools: a request with tools gets the GGUF's
+        `tokenizer.chat_template.tool_use` where it has one (and no template was given), as llama.cpp."""
+        if tools and self._chat_override is None:
+            if self._chat_tool is None:
+                from .chat import ChatTemplate
+                from ..gguf.reader import GGUFFile
+
+                with GGUFFile(self.path) as f:
+                    md = f.metadata
+                self._chat_tool = (ChatTemplate.from_metadata(md, md["tokenizer.chat_template.tool_use"])
+                                   if isinstance(md.get("tokenizer.chat_template.tool_use"), str) else False)
+            if self._chat_tool:
+                return self._chat_tool
         if self._chat is None:
             from .chat import ChatTemplate
             from ..gguf.reader import GGUFFile
 
             with GGUFFile(self.path) as f:
                 md = f.metadata
-            override = self._chat_override
-            if override is None and "tokenizer.chat_template" not in md and self._is_default():
-                override = _DEFAULT_MODEL_TEMPLATE.read_text()   # the embedded gemma-3 GGUF ships none
-            self._chat = ChatTemplate.from_metadata(md, override)
+            self._chat = model_chat_template(md, self._is_default(), self._chat_override)
         return self._chat
 
     def _is_default(self) -> bool:
-        from ..store.resolve import DEFAULT_NAMES, default_model_path
-
-        try:
-            return self.name in DEFAULT_NAMES or self.path == str(default_model_path())
-        except RamforgeError:
-            return False
+        return is_default_model(self.name, self.path)
 
     @staticmethod
     def _collect(chunks) -> Response:
@@ -462,6 +468,26 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def model_chat_template(md: dict, is_default: bool, override: str | None = None):
+    """A model's chat.ChatTemplate from its GGUF metadata: override (a template's text) wins, then the GGUF's,
+    then for the embedded default model its gemma-3 template (its GGUF ships none), else llama.cpp's ChatML."""
+    from .chat import ChatTemplate
+
+    if override is None and "tokenizer.chat_template" not in md and is_default:
+        override = _DEFAULT_MODEL_TEMPLATE.read_text()
+    return ChatTemplate.from_metadata(md, override)
+
+
+def is_default_model(name, path) -> bool:
+    """Whether name / path is the embedded default model."""
+    from ..store.resolve import DEFAULT_NAMES, default_model_path
+
+    try:
+        return name in DEFAULT_NAMES or str(path) == str(default_model_path())
+    except RamforgeError:
+        return False
 
 
 def _pipeline(model, ray, stages, stage_ram, n_ctx, io, n_threads):

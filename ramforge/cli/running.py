@@ -1,0 +1,91 @@
+"""CLI commands that talk to a running `ramforge serve`, as the Ollama CLI does: ps (GET /api/ps) and stop
+(a keep_alive 0 request). The server is found as serve binds: $RAMFORGE_HOST / $RAMFORGE_PORT, else
+$OLLAMA_HOST, else 127.0.0.1:11434; $RAMFORGE_API_KEY is sent as the bearer token."""
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import RamforgeError
+from ..memory.size import format_bytes
+from .console import client_url, err, out
+
+
+class ServerUnreachable(RamforgeError):
+    """No `ramforge serve` answers at the address."""
+
+
+def _request(method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> dict:
+    import httpx
+
+    url = client_url() + path
+    headers = {}
+    if os.environ.get("RAMFORGE_API_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['RAMFORGE_API_KEY']}"
+    try:
+        r = httpx.request(method, url, json=body, headers=headers, timeout=timeout)
+    except httpx.HTTPError as e:
+        raise ServerUnreachable(f"no ramforge serve answers at {client_url()} ({type(e).__name__}); start one with "
+                                f"`ramforge serve`, or set RAMFORGE_HOST / RAMFORGE_PORT or OLLAMA_HOST to "
+                                f"where it runs") from None
+    try:
+        data = r.json()
+    except ValueError:
+        data = {}
+    if r.status_code >= 400:
+        reason = data.get("error") if isinstance(data, dict) else None
+        raise RamforgeError(f"{method} {url}: HTTP {r.status_code}: {reason or r.text[:200]}")
+    return data
+
+
+def _until(expires: str | None) -> str:
+    """Ollama's UNTIL column: "Forever", "Stopping...", or how long from now."""
+    if not expires:
+        return "Forever"
+    try:
+        t = datetime.fromisoformat(expires.replace("Z", "+00:00"))
+    except ValueError:
+        return expires
+    if t.year > 2200:
+        return "Forever"
+    s = (t - datetime.now(timezone.utc)).total_seconds()
+    if s <= 0:
+        return "Stopping..."
+    return f"{int(s // 60)} minutes from now" if s >= 120 else f"{int(s)} seconds from now"
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the server's /api/ps answer.")
+def ps(as_json):
+    """The models a running `ramforge serve` holds loaded, as ollama ps."""
+    data = _request("GET", "/api/ps")
+    if as_json:
+        print(json.dumps(data, indent=1))
+        return
+    t = Table(box=None, pad_edge=False)
+    for c in ("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"):
+        t.add_column(c, no_wrap=True)
+    for m in data.get("models", []):
+        t.add_row(escape(m.get("name", "")), (m.get("digest") or "")[:12], format_bytes(int(m.get("size") or 0)),
+                  "100% CPU", str(m.get("context_length", "")), _until(m.get("expires_at")))
+    out.print(t)
+
+
+@click.command()
+@click.argument("model")
+def stop(model):
+    """Unload MODEL from a running `ramforge serve` now (a keep_alive 0 request), as ollama stop."""
+    loaded = [m.get("name") for m in _request("GET", "/api/ps").get("models", [])]
+    if model not in loaded and not any(n and n.split(":")[0] == model for n in loaded):
+        raise RamforgeError(f"couldn't find model {model!r} to stop: the server holds "
+                            f"{', '.join(map(repr, loaded)) if loaded else 'no model'}")
+    _request("POST", "/api/generate", {"model": model, "keep_alive": 0})
+    err.print(f"stopped {escape(model)}")
+
+
+COMMANDS = [ps, stop]
