@@ -1,5 +1,6 @@
 """The CLI habits of Ollama and llama.cpp users: run's positional prompt and stdin, the GGUF's sampling
 defaults, show / cp / rm of several names / ps / stop, serve's variables and llama-server's units, exit codes."""
+import hashlib
 import json
 
 import click
@@ -116,8 +117,9 @@ def test_cp_and_rm_several(tmp_path, monkeypatch, default_model):
     monkeypatch.setenv("RAMFORGE_HOME", str(tmp_path))
     store = Store()
     store._ensure()
-    digest = "sha256:" + "ab" * 32
-    store.blob_path(digest).write_bytes(b"GGUF" + b"\0" * 60)
+    data = b"GGUF" + b"\0" * 60
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()          # checked on load (Store.checked)
+    store.blob_path(digest).write_bytes(data)
     store._write_manifest(Manifest("one", digest, 64, "test", "2025-01-01T00:00:00", True))
     r = CliRunner().invoke(cli, ["cp", "one", "two"])
     assert r.exit_code == 0, r.output
