@@ -27,7 +27,7 @@ from ..sampling import LCPP, Sampler
 
 # Google's gemma-3 chat template, used for the embedded default model, whose GGUF has none (as
 # Ollama ships a template beside a model). Any other model without one gets llama.cpp's ChatML.
-_DEFAULT_MODEL_TEMPLATE = Path(__file__).parent / "templates" / "gemma3.jinja"
+_DEFAULT_MODEL_TEMPLATE = Path(__file__).parents[1] / "templates" / "gemma3.jinja"
 
 
 @dataclass
