@@ -1,16 +1,21 @@
 """Ollama's API: /api/generate, /api/chat (NDJSON streams), /api/tags, /api/show, /api/ps, /api/version.
 
-Request models forbid unknown fields. They accept every field the official `ollama` Python client
-sends (it drops None values; `chat` always sends `tools: []`) and every option Ollama knows: the
-sampling ones (ramforge.sampling.params' table, under the same names) are honoured, the llama.cpp-runner
-knobs (num_gpu, num_thread, use_mmap, ...) are accepted and ignored, and tfs_z (a stage llama.cpp
-dropped) only at its neutral value. Ollama's mirostat, mirostat_tau and mirostat_eta are the table's. Features ramforge lacks (images, suffix,
-Go templates) are a 400; `format` ("json" or a JSON schema) constrains the answer (ramforge.structured).
-num_ctx above the model's trained context (or `serve --max-ctx`) is clamped to it, as Ollama
-does. A chat longer than num_ctx loses its oldest messages first, as Ollama's chatPrompt drops them (system
-messages and the last message kept, a tool result with the call it answers; `truncate: false` keeps
-them all, and an overflow is a 400). logprobs / top_logprobs (0..20): Ollama's `logprobs` list (token, logprob, bytes, top_logprobs) beside
-each chunk's text, and the whole list in a non-streamed answer.
+Request models accept every field Ollama's Go types define (api.GenerateRequest, ChatRequest,
+ShowRequest, Message, Options, Runner: the Go client sends several of them empty or null always)
+and refuse an unknown top-level field. In `options`, the sampler table's names (ramforge.sampling.params)
+are honoured; num_ctx, num_predict, stop, num_keep too; num_thread, num_batch and use_mmap are load-time
+knobs (a model loaded with others is reloaded, as Ollama reloads its runner); num_gpu, main_gpu and
+draft_num_predict are accepted and change nothing; any other key is logged and ignored, as Ollama's
+Options.FromMap does. think takes true, false, "low", "medium", "high" and "max". `suffix` is
+fill-in-the-middle with the model's FIM tokens (server.fim; a 400 naming them where the model has
+none); images and Go templates are a 400; `format` ("json" or a JSON schema) constrains the answer
+(ramforge.structured). num_ctx above the model's trained context (or `serve --max-ctx`) is clamped
+to it, as Ollama does. A chat longer than num_ctx loses its oldest messages first, as Ollama's
+chatPrompt drops them (system messages and the last message kept, a tool result with the call it
+answers; `truncate: false` keeps them all, and an overflow is a 400); a generate prompt is cut as
+Ollama's runner cuts it where the server shifts the context (`shift: false`: no shift). logprobs /
+top_logprobs (0..20): Ollama's `logprobs` list beside each chunk's text. `_debug_render_only`
+answers the rendered prompt. /api/show's capabilities and parameters: server.showinfo.
 
 Defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0, num_predict -1 = until an
 end-of-generation token or the context is full), except repeat_penalty 1.0 (Ollama's is 1.1): no
@@ -19,13 +24,10 @@ penalty, so that temperature 0 is plain greedy decoding here as on /v1 and in `r
 from __future__ import annotations
 
 import json
-import math
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-import numpy as np
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator, model_validator
 
@@ -38,7 +40,8 @@ from ..generation.tools_call import ToolSession, ollama_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, Runner, check_messages, clamp_num_ctx, details_of,
                      fit_messages, iso, log, now_iso, parse_keep_alive, read_info, request_sampling, sampler_fields,
                      stop_list)
-from .fim import has_fim, infill_ids
+from .fim import infill_ids
+from .showinfo import parameters_text, show_extras
 from .manager import Job, ModelManager, list_models, manager_of, stream_job
 
 router = APIRouter()
@@ -458,45 +461,6 @@ async def tags(request: Request):
                        for x in models]}
 
 
-@lru_cache(maxsize=8)
-def _show_extras(path: str, size: int, mtime_ns: int) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...]]:
-    """A GGUF's Ollama capabilities and parameters (sampling defaults, then its end-of-generation
-    tokens as stop strings), read from its header once per file version."""
-    from ..gguf.reader import GGUFFile
-    from ..sampling.gguf_defaults import gguf_sampling_defaults
-    from ..tokenizer import load_tokenizer
-
-    with GGUFFile(path) as f:
-        md = f.metadata
-    tok = load_tokenizer(md)
-    template = read_info(path)["template"] or ""
-    arch = md.get("general.architecture") or ""
-    caps = ["embedding"] if f"{arch}.pooling_type" in md else ["completion"]      # as Ollama's ggufCapabilities
-    if "tools" in template or "tool_call" in template:                            # chatTemplateHasToolSupport
-        caps.append("tools")
-    if has_fim(tok):
-        caps.append("insert")                                                     # fill-in-the-middle: suffix
-    if parser_for(template):
-        caps.append("thinking")
-    params = list(gguf_sampling_defaults(md).items())
-    params += [("stop", tok.token_text(t)) for t in sorted(tok.eog_ids)]
-    return tuple(caps), tuple(params)
-
-
-def _parameters(params) -> str:
-    """Ollama's `parameters` text: one `%-30s %#v` line per value, as its show handler writes them."""
-    def go(v):
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, float):       # Go's shortest form, of the float32 llama.cpp reads
-            return np.format_float_positional(np.float32(v), trim="-") if math.isfinite(v) else \
-                ("+Inf" if v > 0 else "-Inf" if v < 0 else "NaN")
-        return json.dumps(v)
-    return "\n".join(f"{k:<30} {go(v)}" for k, v in params)
-
-
 @router.post("/api/show")
 async def show(req: ShowRequest, request: Request):
     m = manager_of(request)
@@ -506,12 +470,12 @@ async def show(req: ShowRequest, request: Request):
     served, path = await anyio.to_thread.run_sync(m.locate, name)
     info = await anyio.to_thread.run_sync(read_info, path, bool(req.verbose))
     st = Path(path).stat()
-    caps, params = await anyio.to_thread.run_sync(_show_extras, path, st.st_size, st.st_mtime_ns)
+    caps, params = await anyio.to_thread.run_sync(show_extras, path, st.st_size, st.st_mtime_ns)
     params = list(params) + [(k, v) for k, v in (req.options or {}).items()
                              if isinstance(v, (str, int, float)) and len(params) < 256]
     template = req.template or info["template"] or ""
     out = {"license": info["license"] or "", "modelfile": f"# Modelfile generated by ramforge\nFROM {path}\n",
-           "parameters": _parameters(params), "template": template, "details": info["details"],
+           "parameters": parameters_text(params), "template": template, "details": info["details"],
            "model_info": info["model_info"], "capabilities": list(caps), "modified_at": iso(st.st_mtime)}
     if req.system:
         out["system"] = req.system

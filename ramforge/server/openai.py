@@ -23,8 +23,12 @@ logprobs is a 400), streamed with each chunk's tokens; /v1/completions' `logprob
 legacy shape as llama-cpp-python returns it. Above 20 is a 400.
 
 Defaults are OpenAI's (temperature 1, top_p 1, no penalties) with Ollama's top_k 40; max_tokens
-defaults to 16 for /v1/completions (as OpenAI) and to the room left in the context for chat.
-A prompt plus max_tokens over the context is a 400 (ContextLengthExceeded), as OpenAI does.
+defaults to 16 for /v1/completions (as OpenAI) and to the room left in the context for chat; a
+max_tokens beyond the room left is cut to it (the answer then ends with finish_reason "length"), as
+llama-server does. A model name that reaches no model means the loaded one (else the startup one), as
+llama-server serves any name (ModelManager.locate_lenient). reasoning_effort "none" turns thinking off,
+"xhigh" is harmony's "high"; parallel_tool_calls false keeps the first call only. /v1/completions'
+`suffix` is fill-in-the-middle (server.fim).
 """
 from __future__ import annotations
 
