@@ -256,3 +256,63 @@ def test_native_completion_matches_v1_and_streams(srv):
     assert "".join(e["content"] for e in events) == d["content"] and events[-1]["stop"] is True
     assert srv.http.post("/completion", json={"prompt": "x", "samplers": ["top_k"]}).status_code == 400
     assert srv.http.post("/completion", json={"prompt": "x", "id_slot": 3}).status_code == 400
+
+
+# ------------------------------------------------------------------------- the official clients
+
+def test_python_ollama_client(srv):
+    ollama = pytest.importorskip("ollama")
+    c = ollama.Client(host=srv.url)
+    shown = c.show("default")
+    assert "completion" in shown.capabilities and "stop" in shown.parameters
+    r = c.generate(model="default", prompt="Hi", options={"num_predict": 2, "temperature": 0, "tfs_z": 1.0,
+                                                          "num_thread": 1})
+    assert r.done and r.eval_count <= 2
+    r = c.chat(model="default", messages=[{"role": "user", "content": "Hi"}], think="low",
+               options={"num_predict": 2, "temperature": 0})
+    assert r.message.role == "assistant"
+    assert any(m.model == "default" for m in c.list().models)
+
+
+_NODE = r"""
+import { Ollama } from 'ollama';
+const c = new Ollama({ host: process.argv[2] });
+const out = {};
+out.version = await c.version();
+out.show = await c.show({ model: 'default' });
+out.generate = await c.generate({ model: 'default', prompt: 'Hi', options: { num_predict: 2, temperature: 0 } });
+out.chat = await c.chat({ model: 'default', messages: [{ role: 'user', content: 'Hi' }], think: 'low',
+                          options: { num_predict: 2, temperature: 0 } });
+let n = 0;
+for await (const part of await c.generate({ model: 'default', prompt: 'Hi', stream: true,
+                                           options: { num_predict: 3, temperature: 0 } })) { n += 1; }
+out.chunks = n;
+out.list = await c.list();
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.slow
+def test_npm_ollama_client(srv):
+    """The npm `ollama` client (installed once into the git-ignored fixture cache) against the server."""
+    from tools._fixtures import cache_dir
+
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node or npm is not installed")
+    where = cache_dir() / "npm-ollama"
+    if not (where / "node_modules" / "ollama").is_dir():
+        where.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([npm, "install", "--prefix", str(where), "--no-audit", "--no-fund", "--prefer-offline",
+                               "ollama"], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            pytest.skip(f"the npm package ollama cannot be installed here (offline?): {done.stderr[-300:]}")
+    script = where / "check.mjs"
+    script.write_text(_NODE)
+    run = subprocess.run([node, str(script), srv.url], capture_output=True, text=True, timeout=600, cwd=where)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout)
+    assert out["version"]["version"] == "0.12.11"
+    assert "completion" in out["show"]["capabilities"]
+    assert out["generate"]["done"] and out["chat"]["message"]["role"] == "assistant" and out["chunks"] >= 2
+    assert any(m["name"] == "default" for m in out["list"]["models"])
