@@ -70,13 +70,18 @@ def _loopback(host: str) -> bool:
 @click.option("--context-shift", is_flag=True,
               help="When generation fills the context, keep n_keep / num_keep tokens (+ BOS) and drop half of the "
                    "rest, as llama-server's --context-shift.")
+@click.option("-a", "--alias", default=None,
+              help="Serve the startup model under this name too, the one /v1/models lists (llama-server's --alias).")
+@click.option("--chat-template", "chat_template", default=None,
+              help="The startup model's chat template: a Jinja FILE, or a name (chatml, gemma3), over the GGUF's.")
 @kv_options
 @spill_option
 @speculative_options
 @cluster_options
 def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive, max_body, request_timeout,
           write_timeout, max_connections, origins, log_level,
-          slot_save_path, cache_ram, parallel, context_shift, kv_type, kv_type_k, kv_type_v, kv_spill, lookup,
+          slot_save_path, cache_ram, parallel, context_shift, alias, chat_template, kv_type, kv_type_k, kv_type_v,
+          kv_spill, lookup,
           lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram,
           ray_timeout, stage_timeout, placement):
     """Serve MODEL over the Ollama (/api) and OpenAI (/v1) HTTP APIs, one request at a time (or --parallel N
@@ -132,7 +137,16 @@ def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive
         raise click.UsageError("--kv-type is not supported with --ray (the stages keep f16 caches)")
     if cluster is not None and spill_of(kv_spill):
         raise click.UsageError("--kv-spill is not supported with --ray")
-    cfg = ServerConfig(model=model, ram=ram, n_ctx=ctx, n_threads=threads, io=io, api_key=api_key or None,
+    if alias is not None:
+        from ..store import InvalidModelName, normalize_name
+
+        try:
+            normalize_name(alias)
+        except InvalidModelName as e:
+            raise click.BadParameter(str(e), param_hint="--alias") from None
+    template = _chat_template(chat_template)
+    cfg = ServerConfig(model=model, ram=ram, alias=alias, chat_template=template, n_ctx=ctx, n_threads=threads, io=io,
+                       api_key=api_key or None,
                        origins=parse_origins(origins),
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,
                        preload=model is not None, slot_save_path=slot_save_path, cache_ram=cache_ram,
@@ -166,6 +180,31 @@ def cache_ram_bytes(value: str | None) -> int | None:
                                      f"needs a budget", param_hint="--cache-ram")
         return n * 1024 * 1024 or None
     return parse_memory_size(v) or None
+
+
+def _chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, or a named template ramforge has (llama.cpp's names)."""
+    from pathlib import Path
+
+    if value is None:
+        return None
+    from ..generation.chat import CHATML_TEMPLATE, ChatTemplateError, ChatTemplate
+
+    named = {"chatml": lambda: CHATML_TEMPLATE,
+             "gemma3": lambda: (Path(__file__).parents[1] / "templates" / "gemma3.jinja").read_text()}
+    named["gemma"] = named["gemma3"]
+    if value in named:
+        text = named[value]()
+    elif Path(value).is_file():
+        text = Path(value).read_text(encoding="utf-8", errors="replace")
+    else:
+        raise click.BadParameter(f"{value!r} is neither a file nor a template name ({', '.join(sorted(named))})",
+                                 param_hint="--chat-template")
+    try:
+        ChatTemplate.from_metadata({}, text)            # a syntax error fails here, with its line
+    except ChatTemplateError as e:
+        raise click.BadParameter(str(e), param_hint="--chat-template") from None
+    return text
 
 
 def _serve(cfg, model, host, port, api_key, log_level, **limits):

@@ -152,7 +152,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
 
     `app.state.manager` is the ModelManager; call `manager.preload()` before serving to load the
     startup model eagerly (what `ramforge serve MODEL` does)."""
-    from . import ollama, openai, slots
+    from . import llamaserver, ollama, openai, slots
 
     cfg = cfg or ServerConfig(**kwargs)
     manager = ModelManager(cfg)
@@ -205,6 +205,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
     app.include_router(ollama.router)
     app.include_router(openai.router)
     app.include_router(slots.router)
+    app.include_router(llamaserver.router)      # llama-server's endpoints (/tokenize, /props, /completion, ...)
     # outermost last: BrowserGate, then CORSMiddleware (preflights answered before the API key), then Guard
     app.add_middleware(Guard, api_key=cfg.api_key, max_body=cfg.max_body)
     app.add_middleware(CORSMiddleware, allow_origin_regex=origin_regex(DEFAULT_ORIGINS + tuple(cfg.origins)),

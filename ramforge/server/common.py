@@ -67,6 +67,21 @@ class ServerConfig:
     kv_spill: bool | str | None = None  # the KV cache to storage (--kv-spill; memory.kv_spill): None when needed
     max_ctx: int | None = None        # --max-ctx: the most a request's num_ctx gets (None: the model's trained context);
     #                                   an n_ctx above it is refused when the server starts
+    alias: str | None = None          # --alias: the startup model's name on every API (llama-server's)
+    chat_template: str | None = None  # --chat-template: template text (a file's, or a named one) over the GGUF's
+
+
+@dataclass(frozen=True)
+class Runner:
+    """Load-time knobs a request may set (Ollama's options num_thread, use_mmap, num_batch): None takes
+    the server's. A model loaded with other knobs is reloaded, as Ollama reloads its runner."""
+
+    n_threads: int | None = None
+    io: str | None = None
+    n_ubatch: int | None = None
+
+    def resolved(self, cfg: "ServerConfig") -> tuple:
+        return (self.n_threads or cfg.n_threads, self.io or cfg.io, self.n_ubatch or 512)
 
 
 # ------------------------------------------------------------------------------------ errors

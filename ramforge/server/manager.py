@@ -22,11 +22,11 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .. import cancel
-from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, InvalidArgument, RamforgeError,
-                      ServerBusy, check_token_ids)
+from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, InvalidArgument, ModelNotFound,
+                      RamforgeError, ServerBusy, check_token_ids)
 from ..store.resolve import DEFAULT_NAMES, DEFAULT_SHA256, default_model_path, resolve_model
 from ..store import InvalidModelName, Store, is_valid_name, normalize_name
-from .common import FOREVER, MAX_NAME, ServerConfig, clamp_num_ctx, details_of, iso, log
+from .common import FOREVER, MAX_NAME, Runner, ServerConfig, clamp_num_ctx, details_of, iso, log
 
 
 # ------------------------------------------------------------------------------ model manager
@@ -37,6 +37,7 @@ class Loaded:
     name: str                  # the name it is served as
     path: str
     ctx_key: int | None        # the n_ctx it was asked for (None: the default)
+    runner: tuple = ()         # Runner.resolved: the threads, I/O mode and ubatch it was loaded with
     loaded_at: float = field(default_factory=time.time)
     expires: float = FOREVER   # time.monotonic() deadline
     expires_wall: float = FOREVER
@@ -46,8 +47,10 @@ class Loaded:
         self.expires_wall = time.time() + seconds
 
 
-def _served_name(model: str | None) -> tuple[str, set[str]]:
-    """The name the startup model is served as, and the names that reach it."""
+def _served_name(model: str | None, alias: str | None = None) -> tuple[str, set[str]]:
+    """The name the startup model is served as, and the names that reach it (--alias: that name first)."""
+    if alias:
+        return alias, {alias} | _served_name(model)[1]
     if model in DEFAULT_NAMES:
         return "default", {"default"}
     path = Path(model).expanduser()
@@ -76,6 +79,24 @@ def _warm(model) -> None:
         log.debug("%d matmul kernels ready", n)
 
 
+@dataclass
+class Stats:
+    """What the server has done, for llama-server's /metrics (counted when a generation ends)."""
+
+    prompt_tokens: int = 0          # prompt tokens evaluated
+    prompt_s: float = 0.0
+    predicted_tokens: int = 0       # tokens generated
+    predicted_s: float = 0.0
+    requests: int = 0               # generations finished
+
+    def add(self, r) -> None:
+        self.requests += 1
+        self.prompt_tokens += int(r.prompt_eval_tokens or 0)
+        self.prompt_s += float(r.prompt_s or 0.0)
+        self.predicted_tokens += int(r.completion_tokens or 0)
+        self.predicted_s += float(r.gen_s or 0.0)
+
+
 class ModelManager:
     """The one resident model, the lock that serialises requests, and the worker thread."""
 
@@ -88,10 +109,11 @@ class ModelManager:
         self.lock = asyncio.Lock()
         self.waiting = 0
         self.current: Loaded | None = None
-        self.startup_name, self.aliases = _served_name(cfg.model)
+        self.startup_name, self.aliases = _served_name(cfg.model, cfg.alias)
         self._locate_lock = threading.Lock()
         self.reap_interval = 1.0
         self.busy = 0                               # --parallel: jobs generating without the lock (Job.shared)
+        self.stats = Stats()
 
     # ---- the worker thread
     async def call(self, fn: Callable, *args, **kwargs):
@@ -120,16 +142,31 @@ class ModelManager:
                 return "default", str(default_model_path())
             return canon, str(Store().path_of(canon))   # NotInStore / BlobMissing: ModelNotFound
 
+    def locate_lenient(self, name: str | None) -> tuple[str | None, str]:
+        """llama-server's single-model rule for /v1: a name that reaches no model (unknown, or not a
+        store name, e.g. a client echoing a file path) means the loaded model, else the startup one.
+        Returns (the name to load, or None for the startup model; its path)."""
+        try:
+            return name, self.locate(name)[1]
+        except (ModelNotFound, InvalidModelName):
+            cur = self.current
+            if cur is not None:
+                log.debug("model %r not found: answering with the loaded %s", name, cur.name)
+                return cur.name, cur.path
+            return None, self.locate(None)[1]
+
     # ---- lifecycle (callers hold the lock, except preload and shutdown)
-    def _load(self, path: str, n_ctx: int | None):
+    def _load(self, path: str, n_ctx: int | None, runner: tuple | None = None):
         from ..generation.api import Model
         from ..engine.speculative import make_drafter
 
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
         if n_ctx is None:       # --ctx above the model's trained context: that context, with Ollama's warning
             n_ctx = clamp_num_ctx(self.cfg.n_ctx, path, self.cfg.max_ctx)
-        model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx,
-                      n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter,
+        n_threads, io, n_ubatch = runner or Runner().resolved(self.cfg)
+        template = self.cfg.chat_template if path == str(resolve_model(self.cfg.model)) else None
+        model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx, chat_template=template, n_ubatch=n_ubatch,
+                      n_threads=n_threads, io=io, draft_model=drafter,
                       ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
                       **self._kv_types())
         try:
@@ -148,11 +185,15 @@ class ModelManager:
         return {} if self.cfg.cluster else {"type_k": self.cfg.type_k, "type_v": self.cfg.type_v,
                                             "kv_spill": self.cfg.kv_spill}
 
-    async def ensure(self, name: str | None, num_ctx: int | None = None) -> tuple[Loaded, float]:
-        """The loaded model for `name` (loading or swapping as needed) and the seconds spent loading."""
+    async def ensure(self, name: str | None, num_ctx: int | None = None,
+                     runner: Runner | None = None) -> tuple[Loaded, float]:
+        """The loaded model for `name` (loading or swapping as needed) and the seconds spent loading.
+        runner: a request's load-time knobs; a model loaded with others is reloaded (None: any)."""
         served, path = await self.call(self.locate, name)
         cur = self.current
-        if cur is not None and cur.path == path and num_ctx in (None, cur.ctx_key, cur.model.n_ctx):
+        want = runner.resolved(self.cfg) if runner is not None else None
+        if cur is not None and cur.path == path and num_ctx in (None, cur.ctx_key, cur.model.n_ctx) \
+                and (want is None or want == cur.runner):
             cur.name = served
             return cur, 0.0
         if self.busy:
@@ -160,8 +201,9 @@ class ModelManager:
                              f"context loads when they are done, retry later")
         await self.unload()                         # first, so that one model at a time fits the budget
         t0 = time.perf_counter()
-        model = await self.call(self._load, path, num_ctx)
-        self.current = Loaded(model, served, path, num_ctx)
+        want = want or Runner().resolved(self.cfg)
+        model = await self.call(self._load, path, num_ctx, want)
+        self.current = Loaded(model, served, path, num_ctx, want)
         self.current.keep(self.cfg.keep_alive)
         log.info("loaded %s (%s) in %.2f s", served, path, time.perf_counter() - t0)
         return self.current, time.perf_counter() - t0
@@ -169,8 +211,9 @@ class ModelManager:
     def preload(self) -> None:
         """Load the startup model now (from the CLI, before serving): errors surface as they are."""
         served, path = self.run_sync(self.locate, None)
-        model = self.run_sync(self._load, path, None)
-        self.current = Loaded(model, served, path, None)
+        runner = Runner().resolved(self.cfg)
+        model = self.run_sync(self._load, path, None, runner)
+        self.current = Loaded(model, served, path, None, runner)
         self.current.keep(self.cfg.keep_alive)
 
     async def unload(self) -> None:
@@ -339,12 +382,15 @@ class Job:
     @classmethod
     async def start(cls, manager: ModelManager, *, model: str | None, num_ctx: int | None,
                     keep_alive: float | None, build: Callable, max_tokens: int | None, clamp: bool,
-                    sampling: dict, stop: list[str], chat: bool = False) -> "Job":
+                    sampling: dict, stop: list[str], chat: bool = False, runner: Runner | None = None,
+                    length_finish: bool = False, shift: bool = True) -> "Job":
         """Take the lock, load, build the prompt ids (`build(model)` on the worker), and evaluate the
         prompt. max_tokens None or < 0: until the context is full or an end-of-generation token;
         clamp: cut max_tokens to the room left (Ollama), else a prompt + max_tokens over the
-        context is a ContextLengthExceeded (OpenAI). chat: the model's reasoning goes to each Response's
-        `thinking` (Model.split_reasoning)."""
+        context is a ContextLengthExceeded (OpenAI), or with length_finish cut to the room left (llama-server:
+        the answer then ends with finish_reason "length"). chat: the model's reasoning goes to each
+        Response's `thinking` (Model.split_reasoning). runner: the request's load-time knobs. shift False
+        (Ollama's): cut to the room left even where the server shifts the context."""
         job = cls(manager, keep_alive)
         # A bad or unknown name is refused (400 / 404) before the request queues for the model: it must
         # not wait behind generations, take a queue place, or be answered 503 when the queue is full.
@@ -352,7 +398,7 @@ class Job:
         await manager.acquire()
         try:
             cancel.check()                          # gone while it queued: nothing to load or evaluate
-            job.loaded, job.load_s = await manager.ensure(model, num_ctx)
+            job.loaded, job.load_s = await manager.ensure(model, num_ctx, runner)
             mdl = job.loaded.model
             job.ids = ids = list(await manager.call(build, mdl))
             if not ids:
@@ -364,7 +410,7 @@ class Job:
                                             f"{mdl.n_ctx}; shorten it or raise num_ctx / --ctx")
             if max_tokens is None or max_tokens < 0:
                 max_tokens = room
-            elif clamp and not mdl.context_shift:
+            elif (clamp or length_finish) and (not mdl.context_shift or not shift):
                 max_tokens = min(max_tokens, room)
             job.it = mdl.stream(ids, max_tokens, stop=stop or None, **sampling)
             if chat:
@@ -392,6 +438,8 @@ class Job:
         by the engine within a step), else, with `request`, polled every quarter second."""
         r, polled = self.first, time.monotonic()
         while r is not None:
+            if r.done:
+                self.m.stats.add(r)
             yield r
             if r.done:
                 return

@@ -1,16 +1,21 @@
 """Ollama's API: /api/generate, /api/chat (NDJSON streams), /api/tags, /api/show, /api/ps, /api/version.
 
-Request models forbid unknown fields. They accept every field the official `ollama` Python client
-sends (it drops None values; `chat` always sends `tools: []`) and every option Ollama knows: the
-sampling ones (ramforge.sampling.params' table, under the same names) are honoured, the llama.cpp-runner
-knobs (num_gpu, num_thread, use_mmap, ...) are accepted and ignored, and tfs_z (a stage llama.cpp
-dropped) only at its neutral value. Ollama's mirostat, mirostat_tau and mirostat_eta are the table's. Features ramforge lacks (images, suffix,
-Go templates) are a 400; `format` ("json" or a JSON schema) constrains the answer (ramforge.structured).
-num_ctx above the model's trained context (or `serve --max-ctx`) is clamped to it, as Ollama
-does. A chat longer than num_ctx loses its oldest messages first, as Ollama's chatPrompt drops them (system
-messages and the last message kept, a tool result with the call it answers; `truncate: false` keeps
-them all, and an overflow is a 400). logprobs / top_logprobs (0..20): Ollama's `logprobs` list (token, logprob, bytes, top_logprobs) beside
-each chunk's text, and the whole list in a non-streamed answer.
+Request models accept every field Ollama's Go types define (api.GenerateRequest, ChatRequest,
+ShowRequest, Message, Options, Runner: the Go client sends several of them empty or null always)
+and refuse an unknown top-level field. In `options`, the sampler table's names (ramforge.sampling.params)
+are honoured; num_ctx, num_predict, stop, num_keep too; num_thread, num_batch and use_mmap are load-time
+knobs (a model loaded with others is reloaded, as Ollama reloads its runner); num_gpu, main_gpu and
+draft_num_predict are accepted and change nothing; any other key is logged and ignored, as Ollama's
+Options.FromMap does. think takes true, false, "low", "medium", "high" and "max". `suffix` is
+fill-in-the-middle with the model's FIM tokens (server.fim; a 400 naming them where the model has
+none); images and Go templates are a 400; `format` ("json" or a JSON schema) constrains the answer
+(ramforge.structured). num_ctx above the model's trained context (or `serve --max-ctx`) is clamped
+to it, as Ollama does. A chat longer than num_ctx loses its oldest messages first, as Ollama's
+chatPrompt drops them (system messages and the last message kept, a tool result with the call it
+answers; `truncate: false` keeps them all, and an overflow is a 400); a generate prompt is cut as
+Ollama's runner cuts it where the server shifts the context (`shift: false`: no shift). logprobs /
+top_logprobs (0..20): Ollama's `logprobs` list beside each chunk's text. `_debug_render_only`
+answers the rendered prompt. /api/show's capabilities and parameters: server.showinfo.
 
 Defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0, num_predict -1 = until an
 end-of-generation token or the context is full), except repeat_penalty 1.0 (Ollama's is 1.1): no
@@ -24,7 +29,7 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator, model_validator
 
 from .._version import __version__
 from ..errors import InvalidArgument, Unsupported, UnsupportedField
@@ -32,9 +37,11 @@ from ..generation.logprobs import MAX_TOP, SERVER, ollama_entry
 from ..generation.reasoning import parser_for
 from ..structured import for_ollama_format
 from ..generation.tools_call import ToolSession, ollama_calls
-from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, check_messages, clamp_num_ctx, details_of,
-                     fit_messages, iso, now_iso, parse_keep_alive, read_info, request_sampling, sampler_fields,
+from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, Runner, check_messages, clamp_num_ctx, details_of,
+                     fit_messages, iso, log, now_iso, parse_keep_alive, read_info, request_sampling, sampler_fields,
                      stop_list)
+from .fim import infill_ids
+from .showinfo import parameters_text, show_extras
 from .manager import Job, ModelManager, list_models, manager_of, stream_job
 
 router = APIRouter()
@@ -42,7 +49,7 @@ NDJSON = "application/x-ndjson"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
 
 # The sampler options: ramforge.sampling.params' names; Ollama's defaults where they differ from the table's,
@@ -54,44 +61,67 @@ BOUNDS = {"temperature": (0, 100), "top_k": (0, MAX_TOP_K), "repeat_penalty": (0
 _SamplerOptions = create_model("_SamplerOptions", __base__=Strict, **sampler_fields(BOUNDS))
 
 
+# Options Ollama's Go types define (api.Options, api.Runner) beside the sampler table's; any other key is
+# logged and ignored, as Ollama's Options.FromMap does ("invalid option provided").
+MAX_UBATCH = 8192
+
+
 class Options(_SamplerOptions):
     # honoured, besides the sampler options
     num_ctx: int | None = Field(None, ge=1, le=MAX_CTX)
     num_predict: int | None = Field(None, ge=-2, le=MAX_PREDICT)
     stop: str | list[str] | None = None
     num_keep: int | None = Field(None, ge=-1, le=MAX_CTX)   # a context shift's kept tokens (serve --context-shift)
-    # llama.cpp-runner knobs with no meaning here: accepted, ignored
-    num_batch: int | None = None
+    # load-time knobs (a model loaded with others is reloaded, as Ollama reloads its runner); 0: the server's
+    num_batch: int | None = Field(None, ge=0, le=MAX_UBATCH)  # the prompt's batch (Model's n_ubatch)
+    num_thread: int | None = Field(None, ge=0)                # kernel threads, at most NUMBA_NUM_THREADS
+    use_mmap: bool | None = None                              # true: mmap I/O; false: the server's (else direct)
+    # accepted, no effect here: no GPU, and speculative decoding is the server's --draft
     num_gpu: int | None = None
     main_gpu: int | None = None
-    num_thread: int | None = None
-    numa: bool | None = None
-    low_vram: bool | None = None
-    f16_kv: bool | None = None
-    logits_all: bool | None = None
-    vocab_only: bool | None = None
-    use_mmap: bool | None = None
-    use_mlock: bool | None = None
-    embedding_only: bool | None = None
-    penalize_newline: bool | None = None
-    # a sampling stage llama.cpp no longer has: its neutral value only
-    tfs_z: float | None = None
+    draft_num_predict: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown(cls, data):
+        if isinstance(data, dict):
+            unknown = [k for k in data if k not in cls.model_fields]
+            for k in unknown:
+                log.warning("invalid option provided: %s (ignored, as Ollama ignores it)", str(k)[:100])
+            if unknown:
+                data = {k: v for k, v in data.items() if k in cls.model_fields}
+        return data
 
     def check(self) -> "Options":
-        for name, neutral in (("tfs_z", 1.0),):
-            v = getattr(self, name)
-            if v is not None and v != neutral:
-                raise UnsupportedField(f"option {name} = {v} is not supported (only {neutral})")
         stop_list(self.stop)
+        top = _max_threads()
+        if self.num_thread and self.num_thread > top:
+            raise InvalidArgument(f"options.num_thread = {self.num_thread} is more than the {top} kernel threads this "
+                                  f"server can run (NUMBA_NUM_THREADS); use 0 for the server's")
         self.sampling()                  # a bad combination fails here, before the request queues
         return self
+
+    def runner(self, cfg) -> Runner:
+        """The load-time knobs asked for (None: the server's)."""
+        io = None
+        if self.use_mmap is True:
+            io = "mmap"
+        elif self.use_mmap is False and cfg.io == "mmap":
+            io = "direct"
+        return Runner(n_threads=self.num_thread or None, io=io, n_ubatch=self.num_batch or None)
 
     def sampling(self) -> dict:
         seed = None if self.seed is None or self.seed < 0 else self.seed
         return request_sampling(self, DEFAULTS, seed)
 
 
-THINK_LEVELS = ("low", "medium", "high")     # Ollama's think levels (gpt-oss's reasoning effort)
+def _max_threads() -> int:
+    import numba
+
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
+THINK_LEVELS = ("low", "medium", "high", "max")     # Ollama's think levels (gpt-oss's reasoning effort)
 
 
 class _Generating(Strict):
@@ -103,12 +133,16 @@ class _Generating(Strict):
     think: bool | str | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP)
+    truncate: bool | None = None     # Ollama's: fit the prompt to num_ctx (default true)
+    shift: bool | None = None        # Ollama's: shift the context when it fills (default true; serve --context-shift)
+    debug_render_only: bool | None = Field(None, alias="_debug_render_only")   # the prompt, not generated
     _gbnf: str | None = PrivateAttr(None)
 
     def check(self) -> Options:
         self._gbnf = for_ollama_format(self.format)      # "json" or a JSON schema: ramforge.structured
         if isinstance(self.think, str) and self.think not in THINK_LEVELS:
-            raise UnsupportedField(f"think = {self.think!r}: use true, false or one of {', '.join(THINK_LEVELS)}")
+            raise UnsupportedField(f"invalid think value: {self.think!r} (must be true, false or one of "
+                                   f"{', '.join(THINK_LEVELS)})")
         return (self.options or Options()).check()
 
     def logprob_args(self) -> dict:
@@ -116,11 +150,12 @@ class _Generating(Strict):
         return {"logprobs": self.top_logprobs or 0, "logprobs_style": SERVER} if self.logprobs else {}
 
     def template_kwargs(self) -> dict:
-        """think: true/false as enable_thinking (qwen3's templates), a level as reasoning_effort (gpt-oss's)."""
+        """think: true/false as enable_thinking (qwen3's templates); a level as reasoning_effort (gpt-oss's;
+        "max" is "high" there, as Ollama maps it for harmony) with thinking on."""
         if self.think is None:
             return {}
         if isinstance(self.think, str):
-            return {"reasoning_effort": self.think}
+            return {"reasoning_effort": "high" if self.think == "max" else self.think, "enable_thinking": True}
         return {"enable_thinking": bool(self.think)}
 
     def sampling(self, opts: Options) -> dict:
@@ -142,8 +177,6 @@ class GenerateRequest(_Generating):
     steps: int | None = None
 
     def check(self) -> Options:
-        if self.suffix:
-            raise UnsupportedField("suffix (fill-in-the-middle) is not supported")
         if self.template:
             raise UnsupportedField("template (a Go template) is not supported: the model's chat template is used, "
                                 "or pass raw: true with the prompt already formatted")
@@ -161,6 +194,12 @@ class Message(Strict):
     thinking: str | None = None
     tool_calls: list[dict] | None = None
     tool_name: str | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _lower(cls, v: str) -> str:
+        return v.lower()                 # as Ollama's Message.UnmarshalJSON
 
     def for_template(self) -> dict:
         if self.images:
@@ -170,13 +209,14 @@ class Message(Strict):
             m["tool_calls"] = self.tool_calls
         if self.tool_name:
             m["name"] = self.tool_name
+        if self.tool_call_id:
+            m["tool_call_id"] = self.tool_call_id
         return m
 
 
 class ChatRequest(_Generating):
     messages: list[Message] | None = None
     tools: list[dict] | None = None
-    truncate: bool | None = None     # Ollama's: drop the oldest messages to fit num_ctx (default true)
 
     def check(self) -> Options:
         check_messages(len(self.messages or ()))        # over MAX_MESSAGES: 400
@@ -185,9 +225,13 @@ class ChatRequest(_Generating):
 
 
 class ShowRequest(Strict):
+    """Ollama's api.ShowRequest: the Go client always sends every field (no omitempty)."""
     model: str | None = Field(None, max_length=MAX_NAME)
     name: str | None = Field(None, max_length=MAX_NAME)      # the older spelling
     verbose: bool | None = None
+    system: str | None = None        # shown as the model's system message, as Ollama does
+    template: str | None = None      # shown as its template
+    options: dict | None = None      # shown among its parameters
 
 
 def _logprobs(req: _Generating, job: Job):
@@ -213,7 +257,7 @@ def _line(obj: dict) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
 
 
-async def _load_or_unload(m: ModelManager, name: str, num_ctx, keep_alive) -> tuple[str, str]:
+async def _load_or_unload(m: ModelManager, name: str, num_ctx, keep_alive, runner=None) -> tuple[str, str]:
     """An empty prompt: load the model (keep_alive as given), or with keep_alive 0 unload it."""
     await m.acquire()
     try:
@@ -222,11 +266,38 @@ async def _load_or_unload(m: ModelManager, name: str, num_ctx, keep_alive) -> tu
             if m.current is not None and m.current.path == path:
                 await m.unload()
             return served, "unload"
-        loaded, _ = await m.ensure(name, num_ctx)
+        loaded, _ = await m.ensure(name, num_ctx, runner)
         loaded.keep(m.cfg.keep_alive if keep_alive is None else keep_alive)
         return loaded.name, "load"
     finally:
         m.lock.release()
+
+
+def _ollama_truncate(ids: list[int], n_ctx: int, num_keep: int | None, add_bos: bool) -> list[int]:
+    """A prompt longer than the context, cut as Ollama's runner does with context shift on
+    (llm/llama_server.go completionPromptForRequest): keep num_keep (default 4, -1: all; + BOS) tokens,
+    drop the oldest after them down to n_ctx - max((n_ctx - keep) / 2, 1)."""
+    if n_ctx <= 1 or len(ids) <= n_ctx - 1:
+        return ids
+    keep = 4 if num_keep is None else num_keep
+    keep = len(ids) if keep < 0 else keep
+    keep = min(keep + (1 if add_bos else 0), n_ctx - 1)
+    limit = n_ctx - max((n_ctx - keep) // 2, 1)
+    discard = len(ids) - limit
+    log.warning("truncating input prompt: limit=%d prompt=%d keep=%d new=%d", limit, len(ids), keep, limit)
+    return ids[:keep] + ids[keep + discard:]
+
+
+async def _render_only(m: ModelManager, req: _Generating, opts: Options, num_ctx, render) -> dict:
+    """Ollama's _debug_render_only: the prompt the request would evaluate, nothing generated."""
+    await m.acquire()
+    try:
+        loaded, _ = await m.ensure(req.model, num_ctx, opts.runner(m.cfg))
+        text = await m.call(render, loaded.model)
+        return {"model": req.model, "created_at": now_iso(),
+                "debug_info": {"rendered_template": text, "image_count": 0}}
+    finally:
+        await m.release(None)
 
 
 @router.post("/api/generate")
@@ -234,23 +305,36 @@ async def generate(req: GenerateRequest, request: Request):
     m = manager_of(request)
     opts, num_ctx = await _checked(req, m)
     keep_alive = parse_keep_alive(req.keep_alive)
-    if not req.prompt and not req.system and not req.context:
-        served, reason = await _load_or_unload(m, req.model, num_ctx, keep_alive)
+    if not req.prompt and not req.system and not req.context and not req.suffix:
+        served, reason = await _load_or_unload(m, req.model, num_ctx, keep_alive, opts.runner(m.cfg))
         return {"model": req.model or served, "created_at": now_iso(), "response": "", "done": True,
                 "done_reason": reason}
     kwargs, context = req.template_kwargs(), list(req.context or [])
     messages = ([{"role": "system", "content": req.system}] if req.system else []) + \
         [{"role": "user", "content": req.prompt or ""}]
 
-    def build(model):
-        text = (req.prompt or "") if req.raw else model.render_chat(messages, **kwargs)
-        if context:
-            return context + model.tokenize(text, add_bos=False, special=True)
-        return model.tokenize(text, add_bos=True, special=True)
+    def text_of(model) -> str:
+        if req.suffix:                                  # fill-in-the-middle: the model's FIM tokens (server.fim)
+            return model.detokenize(build(model), special=True).decode("utf-8", "replace")
+        return (req.prompt or "") if req.raw else model.render_chat(messages, **kwargs)
 
+    def build(model):
+        if req.suffix:
+            ids = context + infill_ids(model.tokenizer, req.prompt or "", req.suffix, n_ctx=model.n_ctx)
+        elif context:
+            ids = context + model.tokenize(text_of(model), add_bos=False, special=True)
+        else:
+            ids = model.tokenize(text_of(model), add_bos=True, special=True)
+        if req.truncate is not False and model.context_shift and req.shift is not False:
+            ids = _ollama_truncate(ids, model.n_ctx, opts.num_keep, model.tokenizer.add_bos)
+        return ids
+
+    if req.debug_render_only:
+        return await _render_only(m, req, opts, num_ctx, text_of)
     job = await Job.start(m, model=req.model, num_ctx=num_ctx, keep_alive=keep_alive, build=build,
                           max_tokens=opts.num_predict, clamp=True, sampling=req.sampling(opts),
-                          stop=stop_list(opts.stop), chat=not req.raw)
+                          stop=stop_list(opts.stop), chat=not req.raw and not req.suffix,
+                          runner=opts.runner(m.cfg), shift=req.shift is not False)
     name = req.model or job.loaded.name
     show_thinking = req.think is not False
     lp = _logprobs(req, job)
@@ -288,22 +372,30 @@ async def chat(req: ChatRequest, request: Request):
     keep_alive = parse_keep_alive(req.keep_alive)
     messages = [msg.for_template() for msg in req.messages or []]
     if not messages:
-        served, reason = await _load_or_unload(m, req.model, num_ctx, keep_alive)
+        served, reason = await _load_or_unload(m, req.model, num_ctx, keep_alive, opts.runner(m.cfg))
         return {"model": req.model or served, "created_at": now_iso(),
                 "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": reason}
     kwargs, tools = req.template_kwargs(), ToolSession(req.tools)
 
+    def text(model, msgs):
+        msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, msgs)
+        return model.render_chat(msgs, **kwargs)
+
     def build(model):
         def ids(msgs):
-            msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, msgs)
-            return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
+            return model.tokenize(text(model, msgs), add_bos=True, special=True)
         if req.truncate is False:
             return ids(messages)
         return ids(fit_messages(messages, model.n_ctx, lambda msgs: len(ids(msgs))))  # oldest first, as Ollama
 
+    if req.debug_render_only:
+        d = await _render_only(m, req, opts, num_ctx, lambda model: text(model, messages))
+        return {**d, "message": {"role": "", "content": ""}, "done": False}
+
     job = await Job.start(m, model=req.model, num_ctx=num_ctx, keep_alive=keep_alive, build=build,
                           max_tokens=opts.num_predict, clamp=True, sampling=req.sampling(opts),
-                          stop=stop_list(opts.stop), chat=True)
+                          stop=stop_list(opts.stop), chat=True, runner=opts.runner(m.cfg),
+                          shift=req.shift is not False)
     name = req.model or job.loaded.name
     lp = _logprobs(req, job)
 
@@ -357,7 +449,7 @@ def _digest(m: ModelManager, name: str) -> str:
     return found.hex if found is not None else ""
 
 
-@router.get("/api/tags")
+@router.api_route("/api/tags", methods=["GET", "HEAD"])
 async def tags(request: Request):
     from ..store import Store
 
@@ -372,16 +464,22 @@ async def tags(request: Request):
 @router.post("/api/show")
 async def show(req: ShowRequest, request: Request):
     m = manager_of(request)
-    name = req.model if req.model is not None else req.name
+    name = req.model if req.model else req.name       # the Go client sends both, one of them empty
     if not name:
         raise InvalidArgument("model is required")
     served, path = await anyio.to_thread.run_sync(m.locate, name)
     info = await anyio.to_thread.run_sync(read_info, path, bool(req.verbose))
-    return {"license": info["license"] or "", "modelfile": f"# Modelfile generated by ramforge\nFROM {path}\n",
-            "parameters": "", "template": info["template"] or "", "details": info["details"],
-            "model_info": info["model_info"],
-            "capabilities": ["completion"] + (["thinking"] if parser_for(info["template"]) else []),
-            "modified_at": iso(Path(path).stat().st_mtime)}
+    st = Path(path).stat()
+    caps, params = await anyio.to_thread.run_sync(show_extras, path, st.st_size, st.st_mtime_ns)
+    params = list(params) + [(k, v) for k, v in (req.options or {}).items()
+                             if isinstance(v, (str, int, float)) and len(params) < 256]
+    template = req.template or info["template"] or ""
+    out = {"license": info["license"] or "", "modelfile": f"# Modelfile generated by ramforge\nFROM {path}\n",
+           "parameters": parameters_text(params), "template": template, "details": info["details"],
+           "model_info": info["model_info"], "capabilities": list(caps), "modified_at": iso(st.st_mtime)}
+    if req.system:
+        out["system"] = req.system
+    return out
 
 
 @router.get("/api/ps")
@@ -402,9 +500,12 @@ async def ps(request: Request):
                                    "charges": len(b.charges())}}]}
 
 
-@router.get("/api/version")
+OLLAMA_VERSION = "0.12.11"    # the Ollama release whose API this one matches (logprobs, tool_call_id, truncate, shift)
+
+
+@router.api_route("/api/version", methods=["GET", "HEAD"])
 async def version():
-    return {"version": __version__}
+    return {"version": OLLAMA_VERSION, "ramforge_version": __version__}
 
 
 @router.api_route("/api/{verb}", methods=["POST", "DELETE", "HEAD"])

@@ -23,8 +23,12 @@ logprobs is a 400), streamed with each chunk's tokens; /v1/completions' `logprob
 legacy shape as llama-cpp-python returns it. Above 20 is a 400.
 
 Defaults are OpenAI's (temperature 1, top_p 1, no penalties) with Ollama's top_k 40; max_tokens
-defaults to 16 for /v1/completions (as OpenAI) and to the room left in the context for chat.
-A prompt plus max_tokens over the context is a 400 (ContextLengthExceeded), as OpenAI does.
+defaults to 16 for /v1/completions (as OpenAI) and to the room left in the context for chat; a
+max_tokens beyond the room left is cut to it (the answer then ends with finish_reason "length"), as
+llama-server does. A model name that reaches no model means the loaded one (else the startup one), as
+llama-server serves any name (ModelManager.locate_lenient). reasoning_effort "none" turns thinking off,
+"xhigh" is harmony's "high"; parallel_tool_calls false keeps the first call only. /v1/completions'
+`suffix` is fill-in-the-middle (server.fim).
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ from ..structured import for_request
 from ..generation.tools_call import ToolSession, openai_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, check_messages, error_body, error_status,
                      request_sampling, sampler_fields, stop_list)
+from .fim import infill_ids
 from .manager import Job, list_models, manager_of, stream_job
 
 router = APIRouter()
@@ -146,7 +151,7 @@ class ChatRequest(_Common):
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict | None = None
     safety_identifier: str | None = None
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     verbosity: str | None = None
     modalities: list[str] | None = None
     # asking for what ramforge cannot do: only null
@@ -198,8 +203,6 @@ class CompletionRequest(_Common):
         super().check()
         if self.logprobs is not None and self.echo:
             raise UnsupportedField("logprobs with echo (the prompt's logprobs) are not supported")
-        if self.suffix:
-            raise UnsupportedField("suffix (fill-in-the-middle) is not supported")
 
     def one_prompt(self) -> str | list[int]:
         p = self.prompt
@@ -212,6 +215,16 @@ class CompletionRequest(_Common):
         if len(p) > 1:
             raise UnsupportedField(f"{len(p)} prompts in one request: batched prompts are not supported (n = 1)")
         return p[0] if isinstance(p[0], str) else list(p[0])
+
+
+def _effort_kwargs(effort: str | None) -> dict:
+    """reasoning_effort as chat template keywords: the level as gpt-oss's harmony reads it (low, medium,
+    high; "xhigh" is its "high"), and thinking on, or off for "none" (qwen3's enable_thinking)."""
+    if effort is None:
+        return {}
+    if effort == "none":
+        return {"enable_thinking": False, "reasoning_effort": "low"}
+    return {"enable_thinking": True, "reasoning_effort": "high" if effort == "xhigh" else effort}
 
 
 def _sse(obj) -> str:
@@ -244,11 +257,12 @@ def _usage(r) -> dict:
 async def chat_completions(req: ChatRequest, request: Request):
     await anyio.to_thread.run_sync(req.check)       # a grammar or schema is CPU work: off the event loop
     messages = [m.for_template() for m in req.messages]
-    kwargs = dict(req.chat_template_kwargs or {})
-    if req.reasoning_effort is not None:
-        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    kwargs = {**_effort_kwargs(req.reasoning_effort), **(req.chat_template_kwargs or {})}
     tools = ToolSession(req.tools, req.tool_choice)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    one_call = req.parallel_tool_calls is False              # at most one call, as llama-server
+    m = manager_of(request)
+    model_name, _ = await anyio.to_thread.run_sync(m.locate_lenient, req.model)
 
     generation = req.generation()
 
@@ -259,9 +273,9 @@ async def chat_completions(req: ChatRequest, request: Request):
             generation["grammar"] = forced
         return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
 
-    job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
+    job = await Job.start(m, model=model_name, num_ctx=None, keep_alive=None, build=build,
                           max_tokens=max_tokens, clamp=False, sampling=generation, stop=stop_list(req.stop),
-                          chat=True)
+                          chat=True, length_finish=True)
     cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
 
     def lp(steps):
@@ -270,6 +284,7 @@ async def chat_completions(req: ChatRequest, request: Request):
     if not req.stream:
         r = await job.collect(request)
         content, calls = tools.parse(r.text)
+        calls = calls[:1] if one_call else calls
         message = {"role": "assistant", "content": content if content or not calls else None}
         if r.thinking:
             message["reasoning_content"] = r.thinking          # as llama-server reports it
@@ -300,6 +315,8 @@ async def chat_completions(req: ChatRequest, request: Request):
             if r.done:
                 more, rest = tools.stream.finish()
                 text, calls = text + more, calls + rest
+            if one_call:
+                calls = [c for c in calls if c.get("index", 0) == 0]
         if text or r.logprobs:
             out.append(chunk({"content": text}, None, r.logprobs or None))
         if calls:
@@ -318,12 +335,18 @@ async def chat_completions(req: ChatRequest, request: Request):
 async def completions(req: CompletionRequest, request: Request):
     req.check()
     prompt = req.one_prompt()
+    m = manager_of(request)
+    model_name, _ = await anyio.to_thread.run_sync(m.locate_lenient, req.model)
 
     def build(model):
+        if req.suffix:                          # fill-in-the-middle with the model's FIM tokens (server.fim)
+            prefix = prompt if isinstance(prompt, str) else model.detokenize(prompt).decode("utf-8", "replace")
+            return infill_ids(model.tokenizer, prefix, req.suffix, n_ctx=model.n_ctx)
         return model.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else prompt
 
-    job = await Job.start(manager_of(request), model=req.model, num_ctx=None, keep_alive=None, build=build,
-                          max_tokens=req.max_tokens, clamp=False, sampling=req.generation(), stop=stop_list(req.stop))
+    job = await Job.start(m, model=model_name, num_ctx=None, keep_alive=None, build=build,
+                          max_tokens=req.max_tokens, clamp=False, sampling=req.generation(), stop=stop_list(req.stop),
+                          length_finish=True)
     cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
     echo = ""
     if req.echo:
