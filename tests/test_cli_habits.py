@@ -3,6 +3,8 @@ defaults, show / cp / rm of several names / ps / stop, serve's variables and lla
 import hashlib
 import json
 
+import numpy as np
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -47,7 +49,7 @@ def test_cache_ram_is_mib_as_llama_server():
 def test_gguf_sampling_defaults_and_flags_win():
     md = {"general.sampling.temp": 0.6, "general.sampling.top_k": 20, "general.sampling.penalty_last_n": -1,
           "general.sampling.sequence": "kt", "general.sampling.top_p": "bad"}
-    assert gguf_sampling_defaults(md) == {"temperature": 0.6, "top_k": 20, "repeat_last_n": -1}
+    assert gguf_sampling_defaults(md) == {"temperature": float(np.float32(0.6)), "top_k": 20, "repeat_last_n": -1}   # strtof: a float32, as llama.cpp reads it
     seen = {}
 
     @click.command()
