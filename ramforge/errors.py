@@ -289,3 +289,7 @@ class UploadRejected(InvalidArgument):
     def __init__(self, message: str, status: int = 400):
         self.status = status
         super().__init__(message)
+
+
+class StoreFull(OutOfBudget):
+    """A pull or an upload would not fit the free space of the store's disk (507)."""

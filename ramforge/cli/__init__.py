@@ -4,7 +4,7 @@
     describe.py   inspect, support, plan: read a model without running it
     generate.py   run, chat, bench: run the model
     tokens.py     tokenize, detokenize, logits
-    store.py      pull, list, rm, verify: the model store
+    store.py      pull, list, rm, verify, create: the model store
     serve.py      serve: the Ollama and OpenAI HTTP APIs (FastAPI is imported when it runs)
 
 This module is the top: it imports the command modules, none of them imports it.

@@ -26,7 +26,13 @@ from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, In
                       ServerBusy, check_token_ids)
 from ..store.resolve import DEFAULT_NAMES, DEFAULT_SHA256, default_model_path, resolve_model
 from ..store import InvalidModelName, Store, is_valid_name, normalize_name
+from ..store.modelfile import ModelConfig, config_of
 from .common import FOREVER, MAX_NAME, ServerConfig, clamp_num_ctx, details_of, iso, log
+
+
+def modelfile_of(name: str | None) -> ModelConfig:
+    """The TEMPLATE / SYSTEM / PARAMETERs of a created store model (empty for any other name)."""
+    return config_of(Store(), name) if name else ModelConfig()
 
 
 # ------------------------------------------------------------------------------ model manager
@@ -37,6 +43,7 @@ class Loaded:
     name: str                  # the name it is served as
     path: str
     ctx_key: int | None        # the n_ctx it was asked for (None: the default)
+    config: Any = None         # a created model's store.modelfile.ModelConfig (its TEMPLATE loaded with it)
     loaded_at: float = field(default_factory=time.time)
     expires: float = FOREVER   # time.monotonic() deadline
     expires_wall: float = FOREVER
@@ -121,14 +128,14 @@ class ModelManager:
             return canon, str(Store().path_of(canon))   # NotInStore / BlobMissing: ModelNotFound
 
     # ---- lifecycle (callers hold the lock, except preload and shutdown)
-    def _load(self, path: str, n_ctx: int | None):
+    def _load(self, path: str, n_ctx: int | None, config=None):
         from ..generation.api import Model
         from ..engine.speculative import make_drafter
 
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
         if n_ctx is None:       # --ctx above the model's trained context: that context, with Ollama's warning
             n_ctx = clamp_num_ctx(self.cfg.n_ctx, path, self.cfg.max_ctx)
-        model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx,
+        model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx, chat_template=config.template if config else None,
                       n_threads=self.cfg.n_threads, io=self.cfg.io, draft_model=drafter,
                       ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
                       **self._kv_types())
@@ -151,8 +158,9 @@ class ModelManager:
     async def ensure(self, name: str | None, num_ctx: int | None = None) -> tuple[Loaded, float]:
         """The loaded model for `name` (loading or swapping as needed) and the seconds spent loading."""
         served, path = await self.call(self.locate, name)
+        config = await self.call(modelfile_of, served)      # a created model: its TEMPLATE, a reload if it changed
         cur = self.current
-        if cur is not None and cur.path == path and num_ctx in (None, cur.ctx_key, cur.model.n_ctx):
+        if cur is not None and cur.path == path and cur.config == config and num_ctx in (None, cur.ctx_key, cur.model.n_ctx):
             cur.name = served
             return cur, 0.0
         if self.busy:
@@ -160,8 +168,8 @@ class ModelManager:
                              f"context loads when they are done, retry later")
         await self.unload()                         # first, so that one model at a time fits the budget
         t0 = time.perf_counter()
-        model = await self.call(self._load, path, num_ctx)
-        self.current = Loaded(model, served, path, num_ctx)
+        model = await self.call(self._load, path, num_ctx, config)
+        self.current = Loaded(model, served, path, num_ctx, config)
         self.current.keep(self.cfg.keep_alive)
         log.info("loaded %s (%s) in %.2f s", served, path, time.perf_counter() - t0)
         return self.current, time.perf_counter() - t0
@@ -169,8 +177,9 @@ class ModelManager:
     def preload(self) -> None:
         """Load the startup model now (from the CLI, before serving): errors surface as they are."""
         served, path = self.run_sync(self.locate, None)
-        model = self.run_sync(self._load, path, None)
-        self.current = Loaded(model, served, path, None)
+        config = modelfile_of(served)
+        model = self.run_sync(self._load, path, None, config)
+        self.current = Loaded(model, served, path, None, config)
         self.current.keep(self.cfg.keep_alive)
 
     async def unload(self) -> None:

@@ -28,6 +28,7 @@ class Manifest:
     source: str
     pulled_at: str       # ISO 8601, UTC
     verified: bool = False   # checked against --sha256 or the server's sha256 ETag (absent in older manifests)
+    config: dict | None = None   # a created model's TEMPLATE / SYSTEM / PARAMETERs (store.modelfile.ModelConfig)
 
     @property
     def hex(self) -> str:
@@ -38,7 +39,8 @@ class Manifest:
         try:
             m = cls(name=str(data["name"]), digest=str(data["digest"]), size=int(data["size"]),
                     source=str(data.get("source", "")), pulled_at=str(data.get("pulled_at", "")),
-                    verified=data.get("verified") is True)
+                    verified=data.get("verified") is True,
+                    config=data["config"] if isinstance(data.get("config"), dict) else None)
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptManifest(f"manifest {where} is missing or mangles {e}; delete it and pull again") from None
         algo, _, hx = m.digest.partition(":")
