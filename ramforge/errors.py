@@ -250,3 +250,46 @@ def http_status(exc: BaseException) -> int:
 class RequestTooLarge(InvalidArgument):
     """A request value over a server limit (a grammar's size or nesting, a JSON schema's depth,
     the number of chat messages): the message names the limit and the size asked."""
+
+
+# ------------------------------------------------------------------------ split models (gguf-split)
+
+class SplitShardMissing(ModelNotFound):
+    """A shard of a split GGUF (NAME-0000k-of-0000N.gguf) is not there: names the shard and its path."""
+
+    def __init__(self, path: str, no: int, count: int, first: str):
+        self.path, self.no, self.count = path, no, count
+        super().__init__(f"{path}: shard {no} of {count} of the split model {first} is missing; every "
+                         f"shard NAME-0000k-of-{count:05d}.gguf must lie beside the first one "
+                         f"(`gguf-split --merge` makes one file of them)")
+
+
+class SplitMismatch(ModelFileError):
+    """A shard that does not belong to its split GGUF (another split count, shard number, architecture
+    or tensor count, a tensor in two shards), or a split file whose shards cannot be found by name."""
+
+    def __init__(self, path: str, why: str):
+        self.path, self.why = path, why
+        super().__init__(f"{path}: {why}")
+
+
+# ------------------------------------------------------------ model management (Ollama's /api/create)
+
+class ModelfileError(InvalidArgument):
+    """A Modelfile (or /api/create's JSON form) ramforge does not take: names the line and the command."""
+
+
+class PathNotAllowed(InvalidArgument):
+    """A path a request named that lies outside the directories the server may read."""
+
+
+class UploadRejected(InvalidArgument):
+    """A blob upload whose bytes are not its digest, or over the size limit; nothing of it is kept."""
+
+    def __init__(self, message: str, status: int = 400):
+        self.status = status
+        super().__init__(message)
+
+
+class StoreFull(OutOfBudget):
+    """A pull or an upload would not fit the free space of the store's disk (507)."""

@@ -275,8 +275,9 @@ def test_malformed_json_and_unknown_routes(server):
     r = server.http.post("/api/chat", content=b"{not json", headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]
     assert server.http.get("/api/nothing-here").status_code in (404, 405)
-    r = server.http.post("/api/pull", json={"model": "x"})
-    assert r.status_code == 501 and "ramforge pull" in r.json()["error"]
+    r = server.http.post("/api/pull", json={"model": "x"})                      # models_api: not a SOURCE
+    assert r.status_code == 400 and "SOURCE" in r.json()["error"]
+    assert server.http.post("/api/push", json={"model": "x"}).status_code == 501
     r = server.http.post("/api/show", content=b'{"model": "default"}',                  # as `curl -d` sends it
                          headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert r.status_code == 200 and r.json()["details"]["family"] == "gemma3"

@@ -4,7 +4,7 @@
     describe.py   inspect, support, plan, show: read a model without running it
     generate.py   run, chat, bench: run the model
     tokens.py     tokenize, detokenize, logits
-    store.py      pull, list, rm, cp, verify: the model store
+    store.py      pull, list, rm, cp, verify, create: the model store
     running.py    ps, stop: a running serve's models (HTTP)
     serve.py      serve: the Ollama and OpenAI HTTP APIs (FastAPI is imported when it runs)
 

@@ -1,4 +1,4 @@
-"""CLI commands of the model store: pull (URLs and Hugging Face sources, planned first), list, rm, cp, verify."""
+"""CLI commands of the model store: pull (URLs and Hugging Face sources, planned first), list, rm, cp, verify, create."""
 from __future__ import annotations
 
 import dataclasses
@@ -276,4 +276,36 @@ def cp(source, destination):
     err.print(f"copied '{escape(m.name)}' to '{escape(copy.name)}'")
 
 
-COMMANDS = [pull, list_, rm, cp, verify]
+
+
+@click.command()
+@click.argument("name")
+@click.option("--file", "-f", "modelfile", type=click.Path(exists=True, dir_okay=False), default="Modelfile",
+              show_default=True, help="The Modelfile: FROM, PARAMETER, TEMPLATE, SYSTEM.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def create(name, modelfile, quiet):
+    """Create NAME in the store from a Modelfile, as `ollama create NAME -f Modelfile`.
+
+    FROM is a .gguf file (relative to the Modelfile's folder; copied into the store), a store
+    name, or sha256:<hex> of a blob in the store. TEMPLATE (a Jinja chat template), SYSTEM and
+    PARAMETERs apply where NAME is served."""
+    from pathlib import Path
+
+    from ..store.modelfile import create as create_model, parse_modelfile
+
+    text = Path(modelfile).read_text(encoding="utf-8")
+    mf = parse_modelfile(text)
+    source = mf.source
+    local = Path(modelfile).parent / Path(source).expanduser()
+    if not source.lower().startswith("sha256:") and local.is_file():     # Ollama: FROM relative to the Modelfile
+        source = str(local)
+    store = Store()
+    if quiet:
+        m = create_model(store, name, source, mf.config)
+    else:
+        with _Bar(normalize_name(name)) as bar:
+            m = create_model(store, name, source, mf.config, progress=bar)
+    out.print(f"created {escape(m.name)}: {m.digest} ({m.size:,} B)")
+
+
+COMMANDS = [pull, list_, rm, cp, verify, create]

@@ -3,18 +3,28 @@
 Every size is computed with Python ints and checked against the file size before anything is
 allocated, and every malformed field raises GGUFError naming the field, value, offset and what
 was expected.
+
+Split models (llama.cpp's gguf-split: NAME-00001-of-0000N.gguf, each shard with `split.no`,
+`split.count`, `split.tensors.count`; the metadata in the first) open as one GGUFFile from any
+shard: its shards are found by name, checked to belong together (SplitShardMissing, SplitMismatch)
+and their tensors joined. Each tensor knows its shard (`TensorInfo.file`); its `offset` is an
+address in one space where shard k's bytes start at `bases[k]` (0 for the first, so a single file's
+addresses are its file offsets), far enough apart that no read span crosses from one shard into
+the next. `stream.io.ModelFile` maps an address back to (shard, file offset).
 """
 from __future__ import annotations
 
 import os
+import re
 import struct
+from bisect import bisect_right
 from array import array
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import GGUFError
+from ..errors import GGUFError, SplitMismatch, SplitShardMissing
 from .constants import (GGML_BLOCK, GGML_MAX_DIMS, GGML_MAX_NAME, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC,
                         GGUF_MAX_ALIGNMENT, GGUF_SCALAR, GGUF_VERSIONS, GGMLType, GGUFValueType, Keys)
 
@@ -37,6 +47,33 @@ _TYPED_KEYS = {
 }
 _PARALLEL_ARRAYS = (Keys.SCORES, Keys.TOKEN_TYPE)  # must have as many entries as TOKENS
 
+# llama.cpp's split keys (LLM_KV_SPLIT_*) and shard names (llama_split_path: "%s-%05d-of-%05d.gguf")
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+_SPLIT_NAME = re.compile(r"(.+)-(\d{5,})-of-(\d{5,})\.gguf", re.S)
+_INT_TYPES = (GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16, GGUFValueType.UINT32,
+              GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64)
+SHARD_GAP = 1 << 30             # shard k's addresses start at least this far past shard k-1's last byte
+
+
+def split_path(prefix: str, no: int, count: int) -> str:
+    """llama_split_path: shard `no` (1-based) of `count` of the model named by prefix."""
+    return f"{prefix}-{no:05d}-of-{count:05d}.gguf"
+
+
+def split_prefix(path: str) -> tuple[str, int, int] | None:
+    """(prefix, shard no, count) of a shard's path (llama_split_prefix), None for another name."""
+    m = _SPLIT_NAME.fullmatch(os.fspath(path))
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+
+
+@dataclass(frozen=True)
+class Split:
+    """A shard's split keys: no is 0-based as in the file (split.no)."""
+
+    no: int
+    count: int
+    tensors: int | None
+
 
 @dataclass(frozen=True)
 class Field:
@@ -56,8 +93,9 @@ class TensorInfo:
     name: str
     ggml_type: GGMLType
     dims: tuple[int, ...]
-    offset: int                     # absolute byte offset in the file
+    offset: int                     # its address: the byte offset in the file (+ its shard's base, GGUFFile.bases)
     nbytes: int
+    file: int = 0                   # the shard that holds it (0: the first, or the only file)
 
     @property
     def n_elements(self) -> int:
@@ -184,9 +222,22 @@ class GGUFFile:
     ('gemma3', 236)
     """
 
-    def __init__(self, path):
-        """path: a file, or a source with `name`, `size` and `pread(offset, n)` (store.ranged.RangeFile:
-        a header read over HTTP ranges; the payload is then read through it too)."""
+    def __init__(self, path, join_split: bool = True):
+        """path: a file (any shard of a split model opens them all), or a source with `name`, `size` and
+        `pread(offset, n)` (store.ranged.RangeFile: a header read over HTTP ranges; the payload is then read
+        through it too; a remote split model's shards are not joined here)."""
+        self._fd = -1
+        self.shards: list[GGUFFile] = [self]     # a split model's shards, in order (GGUFFile each)
+        self.bases: list[int] = [0]              # the address of each shard's byte 0
+        self._open(path)
+        if join_split and self._src is None and self.split is not None:
+            try:
+                self._join_split()
+            except BaseException:
+                self.close()
+                raise
+
+    def _open(self, path) -> None:
         self._src = path if hasattr(path, "pread") else None
         self.path = self._src.name if self._src else os.fspath(path)
         self._fd = -1 if self._src else os.open(self.path, os.O_RDONLY)
@@ -216,6 +267,33 @@ class GGUFFile:
     def architecture(self) -> str | None:
         return self.metadata.get(Keys.ARCHITECTURE)
 
+    @property
+    def split(self) -> Split | None:
+        """This file's split keys where split.count > 1 (a shard of a split model), else None."""
+        count = self.fields.get(SPLIT_COUNT)
+        for f in (count, self.fields.get(SPLIT_NO), self.fields.get(SPLIT_TENSORS)):
+            if f is not None and (f.type not in _INT_TYPES or f.value < 0):
+                raise self._err(f.key, f.value, f.offset, "a non-negative integer (llama.cpp writes u16, u16, i32)")
+        if count is None or count.value <= 1:
+            return None
+        no, n_t = self.fields.get(SPLIT_NO), self.fields.get(SPLIT_TENSORS)
+        if no is None:
+            raise SplitMismatch(self.path, f"{SPLIT_COUNT} = {count.value} but no {SPLIT_NO}: not a gguf-split shard")
+        return Split(no.value, count.value, None if n_t is None else n_t.value)
+
+    @property
+    def paths(self) -> list[str]:
+        """The files of the model: the shards of a split one, in order."""
+        return [s.path for s in self.shards]
+
+    @property
+    def total_size(self) -> int:
+        return sum(s.size for s in self.shards)
+
+    def file_offset(self, t: TensorInfo) -> tuple[str, int]:
+        """(path, byte offset in that file) of a tensor."""
+        return self.shards[t.file].path, t.offset - self.bases[t.file]
+
     def read_tensor(self, t: TensorInfo | str, start: int = 0, nbytes: int | None = None) -> np.ndarray:
         """The raw bytes [start, start+nbytes) of a tensor as a new uint8 array."""
         t = self.tensors[t] if isinstance(t, str) else t
@@ -227,23 +305,28 @@ class GGUFFile:
         return out
 
     def read_into(self, offset: int, out: np.ndarray) -> None:
-        """Fill a contiguous uint8 buffer from absolute file offset; a short read is an error."""
+        """Fill a contiguous uint8 buffer from an address (a file offset, in a split model's shard at
+        bases[k] + its offset); a short read is an error."""
+        k = bisect_right(self.bases, offset) - 1
+        shard, offset = self.shards[k], offset - self.bases[k]
         view = memoryview(out).cast("B")
         done = 0
         while done < len(view):
-            if self._src:
-                data = self._src.pread(offset + done, len(view) - done)
+            if shard._src:
+                data = shard._src.pread(offset + done, len(view) - done)
                 view[done:done + len(data)] = data
                 n = len(data)
             else:
-                n = os.preadv(self._fd, [view[done:]], offset + done)
+                n = os.preadv(shard._fd, [view[done:]], offset + done)
             if n <= 0:
                 raise GGUFError("tensor data", offset + done, offset + done,
-                                f"{len(view) - done} more bytes (file truncated or changed while in use)", self.path)
+                                f"{len(view) - done} more bytes (file truncated or changed while in use)", shard.path)
             done += n
         self.bytes_read += done
 
     def close(self) -> None:
+        for shard in getattr(self, "shards", ())[1:]:
+            shard.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -259,6 +342,55 @@ class GGUFFile:
             self.close()
         except Exception:
             pass
+
+    # ---- split models ---------------------------------------------------------------------
+    def _join_split(self) -> None:
+        """Open every shard of the split model this file belongs to (from its first, whichever was
+        given), check they belong together, and join their tensors (llama_model_loader's rules)."""
+        sp = self.split
+        named = split_prefix(self.path)
+        if named is None or named[1:] != (sp.no + 1, sp.count):
+            raise SplitMismatch(self.path, f"{SPLIT_NO} = {sp.no}, {SPLIT_COUNT} = {sp.count}, but the name does not end "
+                                           f"in -{sp.no + 1:05d}-of-{sp.count:05d}.gguf, so its other shards cannot be "
+                                           f"found; rename the shards as gguf-split names them")
+        paths = [split_path(named[0], k + 1, sp.count) for k in range(sp.count)]
+        if sp.no != 0:                                   # a later shard given: read the set from its first
+            self.close()
+            self._open(self._shard_file(paths, 0))
+        first = self._check_shard(self, 0, sp.count, None)
+        arch = self.architecture
+        for k in range(1, sp.count):
+            shard = GGUFFile(self._shard_file(paths, k), join_split=False)
+            self.shards.append(shard)
+            self._check_shard(shard, k, sp.count, arch)
+            self.bases.append(-(-(self.bases[-1] + self.shards[-2].size + SHARD_GAP) // SHARD_GAP) * SHARD_GAP)
+            for name, t in shard.tensors.items():
+                if name in self.tensors:
+                    raise SplitMismatch(shard.path, f"tensor {name} is in shard {self.tensors[name].file + 1} too")
+                self.tensors[name] = TensorInfo(t.name, t.ggml_type, t.dims, self.bases[k] + t.offset, t.nbytes, k)
+        if first.tensors is not None and first.tensors != len(self.tensors):
+            raise SplitMismatch(self.path, f"{SPLIT_TENSORS} = {first.tensors}, but the {sp.count} shards hold "
+                                           f"{len(self.tensors)} tensors")
+
+    def _shard_file(self, paths: list[str], k: int) -> str:
+        if not os.path.isfile(paths[k]):
+            raise SplitShardMissing(paths[k], k + 1, len(paths), paths[0])
+        return paths[k]
+
+    def _check_shard(self, shard: "GGUFFile", k: int, count: int, arch: str | None) -> Split:
+        sp = shard.split
+        if sp is None or sp.count != count or sp.no != k:
+            got = "no split keys" if sp is None else f"{SPLIT_NO} = {sp.no}, {SPLIT_COUNT} = {sp.count}"
+            raise SplitMismatch(shard.path, f"shard {k + 1} of {count} has {got} (expected {SPLIT_NO} = {k}, "
+                                            f"{SPLIT_COUNT} = {count}): it belongs to another model")
+        first = self.fields.get(SPLIT_TENSORS)
+        if k and sp.tensors is not None and first is not None and sp.tensors != first.value:
+            raise SplitMismatch(shard.path, f"{SPLIT_TENSORS} = {sp.tensors}, but the first shard says {first.value}: "
+                                            f"it belongs to another model")
+        if k and shard.architecture is not None and shard.architecture != arch:
+            raise SplitMismatch(shard.path, f"architecture {shard.architecture!r}, but the first shard's is {arch!r}: "
+                                            f"it belongs to another model")
+        return sp
 
     # ---- parsing ------------------------------------------------------------------------
     def _pread(self, offset: int, n: int) -> bytes:
@@ -426,4 +558,5 @@ class GGUFFile:
             end, prev = t.offset + t.nbytes, t.name
 
     def describe(self) -> str:
-        return f"{self.path}: GGUF v{self.version}, {len(self.fields)} keys, {len(self.tensors)} tensors"
+        shards = f" in {len(self.shards)} shards" if len(self.shards) > 1 else ""
+        return f"{self.path}: GGUF v{self.version}, {len(self.fields)} keys, {len(self.tensors)} tensors{shards}"

@@ -74,6 +74,8 @@ class Guard:
         if self.api_key and path not in OPEN_PATHS and not self._authorized(headers.get(b"authorization")):
             return await _send_error(send, path, 401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                      [(b"www-authenticate", b"Bearer")])
+        if path.startswith("/api/blobs/"):       # a model's bytes: streamed to the route, which bounds them
+            return await self.app(scope, receive, send)
         declared = headers.get(b"content-length")
         if declared is not None:
             try:
@@ -152,7 +154,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
 
     `app.state.manager` is the ModelManager; call `manager.preload()` before serving to load the
     startup model eagerly (what `ramforge serve MODEL` does)."""
-    from . import llamaserver, ollama, openai, slots
+    from . import llamaserver, models_api, ollama, openai, slots
 
     cfg = cfg or ServerConfig(**kwargs)
     manager = ModelManager(cfg)
@@ -202,6 +204,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
     async def root():
         return PlainTextResponse("ramforge is running (Ollama API under /api, OpenAI API under /v1)")
 
+    app.include_router(models_api.router)      # before ollama's: its /api/{verb} answers the verbs it lacks
     app.include_router(ollama.router)
     app.include_router(openai.router)
     app.include_router(slots.router)

@@ -26,7 +26,13 @@ from ..errors import (ClientDisconnected, ContextLengthExceeded, EmptyPrompt, In
                       RamforgeError, ServerBusy, check_token_ids)
 from ..store.resolve import DEFAULT_NAMES, DEFAULT_SHA256, default_model_path, resolve_model
 from ..store import InvalidModelName, Store, is_valid_name, normalize_name
+from ..store.modelfile import ModelConfig, config_of
 from .common import FOREVER, MAX_NAME, Runner, ServerConfig, clamp_num_ctx, details_of, iso, log
+
+
+def modelfile_of(name: str | None) -> ModelConfig:
+    """The TEMPLATE / SYSTEM / PARAMETERs of a created store model (empty for any other name)."""
+    return config_of(Store(), name) if name else ModelConfig()
 
 
 # ------------------------------------------------------------------------------ model manager
@@ -38,6 +44,7 @@ class Loaded:
     path: str
     ctx_key: int | None        # the n_ctx it was asked for (None: the default)
     runner: tuple = ()         # Runner.resolved: the threads, I/O mode and ubatch it was loaded with
+    config: Any = None         # a created model's store.modelfile.ModelConfig (its TEMPLATE loaded with it)
     loaded_at: float = field(default_factory=time.time)
     expires: float = FOREVER   # time.monotonic() deadline
     expires_wall: float = FOREVER
@@ -156,7 +163,7 @@ class ModelManager:
             return None, self.locate(None)[1]
 
     # ---- lifecycle (callers hold the lock, except preload and shutdown)
-    def _load(self, path: str, n_ctx: int | None, runner: tuple | None = None):
+    def _load(self, path: str, n_ctx: int | None, runner: tuple | None = None, config=None):
         from ..generation.api import Model
         from ..engine.speculative import make_drafter
 
@@ -164,7 +171,8 @@ class ModelManager:
         if n_ctx is None:       # --ctx above the model's trained context: that context, with Ollama's warning
             n_ctx = clamp_num_ctx(self.cfg.n_ctx, path, self.cfg.max_ctx)
         n_threads, io, n_ubatch = runner or Runner().resolved(self.cfg)
-        template = self.cfg.chat_template if path == str(resolve_model(self.cfg.model)) else None
+        template = config.template if config is not None and config.template else (
+            self.cfg.chat_template if path == str(resolve_model(self.cfg.model)) else None)
         model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx, chat_template=template, n_ubatch=n_ubatch,
                       n_threads=n_threads, io=io, draft_model=drafter,
                       ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
@@ -190,10 +198,11 @@ class ModelManager:
         """The loaded model for `name` (loading or swapping as needed) and the seconds spent loading.
         runner: a request's load-time knobs; a model loaded with others is reloaded (None: any)."""
         served, path = await self.call(self.locate, name)
+        config = await self.call(modelfile_of, served)      # a created model: its TEMPLATE, a reload if it changed
         cur = self.current
         want = runner.resolved(self.cfg) if runner is not None else None
-        if cur is not None and cur.path == path and num_ctx in (None, cur.ctx_key, cur.model.n_ctx) \
-                and (want is None or want == cur.runner):
+        if cur is not None and cur.path == path and cur.config == config \
+                and num_ctx in (None, cur.ctx_key, cur.model.n_ctx) and (want is None or want == cur.runner):
             cur.name = served
             return cur, 0.0
         if self.busy:
@@ -202,8 +211,8 @@ class ModelManager:
         await self.unload()                         # first, so that one model at a time fits the budget
         t0 = time.perf_counter()
         want = want or Runner().resolved(self.cfg)
-        model = await self.call(self._load, path, num_ctx, want)
-        self.current = Loaded(model, served, path, num_ctx, want)
+        model = await self.call(self._load, path, num_ctx, want, config)
+        self.current = Loaded(model, served, path, num_ctx, runner=want, config=config)
         self.current.keep(self.cfg.keep_alive)
         log.info("loaded %s (%s) in %.2f s", served, path, time.perf_counter() - t0)
         return self.current, time.perf_counter() - t0
@@ -212,8 +221,9 @@ class ModelManager:
         """Load the startup model now (from the CLI, before serving): errors surface as they are."""
         served, path = self.run_sync(self.locate, None)
         runner = Runner().resolved(self.cfg)
-        model = self.run_sync(self._load, path, None, runner)
-        self.current = Loaded(model, served, path, None, runner)
+        config = modelfile_of(served)
+        model = self.run_sync(self._load, path, None, runner, config)
+        self.current = Loaded(model, served, path, None, runner=runner, config=config)
         self.current.keep(self.cfg.keep_alive)
 
     async def unload(self) -> None:

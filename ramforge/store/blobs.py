@@ -42,6 +42,7 @@ class Manifest:
     mtime_ns: int | None = None   # the file's mtime when its sha256 was last computed (None: older manifests)
     path: str = ""       # the file, when it lives outside blobs/ (the Hugging Face cache); "" for blobs/sha256-<hex>
     shards: tuple[Shard, ...] = ()    # shards 2..N of a split GGUF, beside `path`
+    config: dict | None = None   # a created model's TEMPLATE / SYSTEM / PARAMETERs (store.modelfile.ModelConfig)
 
     @property
     def hex(self) -> str:
@@ -60,7 +61,8 @@ class Manifest:
                     verified=data.get("verified") is True, mtime_ns=None if mt is None else int(mt),
                     path=str(data.get("path") or ""),
                     shards=tuple(Shard(str(s["path"]), int(s["size"]), int(s["mtime_ns"]), str(s["sha256"]))
-                                 for s in data.get("shards") or ()))
+                                 for s in data.get("shards") or ()),
+                    config=data["config"] if isinstance(data.get("config"), dict) else None)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CorruptManifest(f"manifest {where} is missing or mangles {e}; delete it and pull again") from None
         algo, _, hx = m.digest.partition(":")

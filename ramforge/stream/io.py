@@ -1,4 +1,5 @@
 """File I/O for streaming weights: O_DIRECT, buffered with posix_fadvise, or mmap; page-cache residency.
+A model is one file or the shards of a split GGUF (`ModelFile.of(gguf)`), read by address.
 
 Reads release the GIL (os.preadv), so a reader thread overlaps them with the kernels.
 """
@@ -10,6 +11,7 @@ import errno
 import mmap
 import os
 import time
+from bisect import bisect_right
 from enum import Enum
 
 import numpy as np
@@ -55,68 +57,28 @@ def aligned_empty(nbytes: int, align: int = DIRECT_ALIGN) -> np.ndarray:
     return raw[skip:skip + nbytes]
 
 
-class ModelFile:
-    """An open model file in one I/O mode; `read_into` fills a buffer from [offset, offset+len)."""
+class _Part:
+    """One open file of a model (a shard of a split one), in the set's I/O mode."""
 
-    def __init__(self, path: str, mode: IOMode | str = IOMode.DIRECT):
-        self.path = path
-        self.mode = IOMode(mode)
+    def __init__(self, path: str, mode: IOMode):
+        self.path, self.mode = path, mode
         st = os.stat(path)
         self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
         self.direct = False
-        flags = os.O_RDONLY
-        if self.mode == IOMode.DIRECT:
+        if mode == IOMode.DIRECT:
             try:
-                self.fd = os.open(path, flags | os.O_DIRECT)
+                self.fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
                 self.direct = True
             except OSError as e:            # tmpfs and some filesystems refuse O_DIRECT
                 if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                     raise
-                self.fd = os.open(path, flags)
+                self.fd = os.open(path, os.O_RDONLY)
                 self.mode = IOMode.BUFFERED
         else:
-            self.fd = os.open(path, flags)
+            self.fd = os.open(path, os.O_RDONLY)
         if self.mode == IOMode.BUFFERED:       # reads are explicit and large: no kernel read-ahead
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         self.map = mmap.mmap(self.fd, 0, prot=mmap.PROT_READ) if self.mode == IOMode.MMAP else None
-        self.bytes_read = 0
-
-    def check_unchanged(self) -> None:
-        try:
-            st = os.stat(self.path)
-        except OSError as e:
-            raise ModelChanged(f"{self.path} is no longer readable: {e}") from None
-        if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
-            raise ModelChanged(f"{self.path} changed on disk while in use (size {self.size} -> {st.st_size}, "
-                               f"mtime changed: {st.st_mtime_ns != self.mtime_ns}); reload the model")
-
-    def span(self, offset: int, nbytes: int) -> tuple[int, int]:
-        """The file range actually read for [offset, offset+nbytes): aligned out under O_DIRECT."""
-        if not self.direct:
-            return offset, nbytes
-        lo = offset - offset % DIRECT_ALIGN
-        hi = -(-(offset + nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
-        return lo, hi - lo
-
-    def view(self, offset: int, nbytes: int) -> np.ndarray:
-        """mmap mode: a read-only view of the file bytes, no copy."""
-        return np.frombuffer(self.map, dtype=np.uint8, count=nbytes, offset=offset)
-
-    def read_into(self, offset: int, out: np.ndarray) -> int:
-        """Fill out (uint8, contiguous) from offset; a short read or an error is IOError_.
-
-        Under O_DIRECT an aligned span may run past EOF: only the bytes the file has are required.
-        """
-        want = min(out.nbytes, self.size - offset) if self.direct else out.nbytes
-        done = read_full(self.fd, out, offset, want,
-                         lambda m: IOError_(f"{self.path}: {m}"), "file truncated or changed while in use?")
-        self.bytes_read += done
-        return done
-
-    def drop_cache(self, offset: int, nbytes: int) -> None:
-        """Tell the kernel the range is no longer needed (buffered mode keeps the page cache clean)."""
-        if self.mode == IOMode.BUFFERED:
-            os.posix_fadvise(self.fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
         if self.map is not None:
@@ -128,6 +90,90 @@ class ModelFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class ModelFile:
+    """A model's open files in one I/O mode: one file, or the shards of a split GGUF (`paths` with their
+    `bases`, gguf.reader's addresses: shard k's byte i is address bases[k] + i). `read_into` fills a
+    buffer from the addresses [offset, offset+len), which lie in one file (reader.SHARD_GAP apart)."""
+
+    def __init__(self, path: str | list[str], mode: IOMode | str = IOMode.DIRECT, bases: list[int] | None = None):
+        paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+        self.paths, self.bases = [os.fspath(p) for p in paths], list(bases or [0])
+        if len(self.bases) != len(self.paths) or self.bases[0] != 0 or any(b % DIRECT_ALIGN for b in self.bases):
+            raise ValueError(f"bases {self.bases} for {len(self.paths)} files: 0 first, each a multiple of {DIRECT_ALIGN}")
+        self.path = self.paths[0]
+        self.parts: list[_Part] = []
+        try:
+            for p in self.paths:
+                self.parts.append(_Part(p, IOMode(mode)))
+        except BaseException:
+            self.close()
+            raise
+        self.mode = self.parts[0].mode
+        if any(p.mode != self.mode for p in self.parts):     # one shard on a filesystem without O_DIRECT
+            self.close()
+            self.parts = [_Part(p, IOMode.BUFFERED) for p in self.paths]
+            self.mode = IOMode.BUFFERED
+        self.direct = self.mode == IOMode.DIRECT
+        self.size, self.mtime_ns = self.parts[0].size, self.parts[0].mtime_ns
+        self.bytes_read = 0
+
+    @classmethod
+    def of(cls, f, mode: IOMode | str = IOMode.DIRECT) -> "ModelFile":
+        """The files of an open gguf.reader.GGUFFile (all the shards of a split model)."""
+        return cls(f.paths, mode, f.bases)
+
+    def _at(self, offset: int) -> tuple[_Part, int]:
+        """(the file, its byte offset) of an address."""
+        k = bisect_right(self.bases, offset) - 1
+        return self.parts[k], offset - self.bases[k]
+
+    def check_unchanged(self) -> None:
+        for part in self.parts:
+            try:
+                st = os.stat(part.path)
+            except OSError as e:
+                raise ModelChanged(f"{part.path} is no longer readable: {e}") from None
+            if (st.st_size, st.st_mtime_ns) != (part.size, part.mtime_ns):
+                raise ModelChanged(f"{part.path} changed on disk while in use (size {part.size} -> {st.st_size}, "
+                                   f"mtime changed: {st.st_mtime_ns != part.mtime_ns}); reload the model")
+
+    def span(self, offset: int, nbytes: int) -> tuple[int, int]:
+        """The range actually read for [offset, offset+nbytes): aligned out under O_DIRECT."""
+        if not self.direct:
+            return offset, nbytes
+        lo = offset - offset % DIRECT_ALIGN
+        hi = -(-(offset + nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
+        return lo, hi - lo
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        """mmap mode: a read-only view of the file bytes, no copy."""
+        part, at = self._at(offset)
+        return np.frombuffer(part.map, dtype=np.uint8, count=nbytes, offset=at)
+
+    def read_into(self, offset: int, out: np.ndarray) -> int:
+        """Fill out (uint8, contiguous) from offset; a short read or an error is IOError_.
+
+        An aligned span may run past the end of its file (the last tensors of a shard, O_DIRECT's blocks):
+        only the bytes the file had when opened are required.
+        """
+        part, at = self._at(offset)
+        want = min(out.nbytes, part.size - at)
+        done = read_full(part.fd, out, at, want,
+                         lambda m: IOError_(f"{part.path}: {m}"), "file truncated or changed while in use?")
+        self.bytes_read += done
+        return done
+
+    def drop_cache(self, offset: int, nbytes: int) -> None:
+        """Tell the kernel the range is no longer needed (buffered mode keeps the page cache clean)."""
+        if self.mode == IOMode.BUFFERED:
+            part, at = self._at(offset)
+            os.posix_fadvise(part.fd, at, nbytes, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
 
 
 _libc = None

@@ -91,7 +91,7 @@ class Weights:
         self.tensors = layer_tensors(module, hp)
         self.layer_names = layer_names(module, hp)
         validate_tensors(f, hp, module, plan.layers)
-        self.file = ModelFile(f.path, io)
+        self.file = ModelFile.of(f, io)          # every shard of a split model
         self.mmap = self.file.mode == IOMode.MMAP
         self.apart = plan.experts_apart and not self.mmap  # experts in the expert cache, not their layers
         self.expert_cache: ExpertCache | None = None
