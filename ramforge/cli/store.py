@@ -1,7 +1,6 @@
 """CLI commands of the model store: pull (URLs and Hugging Face sources, planned first), list, rm, cp, verify, create."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from datetime import datetime
@@ -268,15 +267,12 @@ def verify(name, quiet):
 @click.argument("destination")
 def cp(source, destination):
     """Copy the store name SOURCE to DESTINATION (a second name for the same blob), as ollama cp."""
+    from ..store.modelfile import copy as copy_model
+
     store = Store()
-    m = store.get(source)
-    store.path_of(source)                        # its blob is there
-    copy = dataclasses.replace(m, name=normalize_name(destination))
-    store._write_manifest(copy)                  # noqa: SLF001 - the store's one manifest writer
-    err.print(f"copied '{escape(m.name)}' to '{escape(copy.name)}'")
-
-
-
+    store.path_of(source)                        # its blob is there (and unchanged)
+    copy = copy_model(store, source, destination)
+    err.print(f"copied '{escape(normalize_name(source))}' to '{escape(copy.name)}'")
 
 @click.command()
 @click.argument("name")
