@@ -147,3 +147,101 @@ def test_embeddings_equal_llama_cpp(rec, run):
         bound = BOUND_ULPS * 2.0 ** -23 * float(np.abs(ref).max())
         d = float(np.abs(got - ref).max())
         assert d <= bound, f"{item['text']!r}: max |d| {d:.3g} > {bound:.3g}"
+
+
+# ------------------------------------------------------------------------ surfaces
+@pytest.fixture(scope="module")
+def bert_client():
+    import numba
+    from fastapi.testclient import TestClient
+
+    from ramforge.server.app import create_app
+    from ramforge.server.common import ServerConfig
+    from tools.record_embeddings import model_file
+    app = create_app(ServerConfig(model=str(model_file("bert-tiny-f16")), n_ctx=512,
+                                  n_threads=min(2, numba.config.NUMBA_NUM_THREADS)))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+def _record(mid: str, pooling: int) -> dict:
+    rec = next(r for r in RECORDS if r["model"]["id"] == mid)
+    return next(run for run in rec["runs"] if run["pooling_type"] == pooling)
+
+
+def test_server_embeddings_shapes(bert_client):
+    c = bert_client
+    run = _record("bert-tiny-f16", 1)                      # the file's pooling: mean
+    ref = np.asarray(run["items"][0]["embedding"], np.float32)
+    r = c.post("/api/embed", json={"input": [run["items"][0]["text"], run["items"][1]["text"]]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["embeddings"]) == 2 and body["prompt_eval_count"] > 0
+    e0 = np.asarray(body["embeddings"][0], np.float32)
+    assert abs(float(np.linalg.norm(e0)) - 1.0) < 1e-5
+    assert np.allclose(e0, ref / np.linalg.norm(ref), atol=1e-4)
+    r = c.post("/api/embed", json={"input": "Hello world", "dimensions": 16})
+    assert len(r.json()["embeddings"][0]) == 16
+    r = c.post("/api/embeddings", json={"prompt": "Hello world"})
+    assert np.allclose(r.json()["embedding"], ref, atol=1e-3)          # Ollama's legacy: not normalized
+    r = c.post("/v1/embeddings", json={"input": ["Hello world"], "encoding_format": "base64"})
+    assert r.status_code == 200, r.text
+    import base64
+    v = np.frombuffer(base64.b64decode(r.json()["data"][0]["embedding"]), "<f4")
+    assert np.allclose(v, ref / np.linalg.norm(ref), atol=1e-4) and r.json()["usage"]["prompt_tokens"] == 4
+    r = c.post("/embedding", json={"content": "Hello world", "embd_normalize": -1})
+    assert np.allclose(np.asarray(r.json()[0]["embedding"][0], np.float32), ref, atol=1e-3)
+
+
+@pytest.mark.parametrize("path,body,status,words", [
+    ("/v1/embeddings", {"input": ""}, 400, "empty"),
+    ("/v1/embeddings", {"input": ["a", ""]}, 400, "input[1]"),
+    ("/api/embed", {"input": "Hello", "dimensions": 4096}, 400, "dimensions"),
+    ("/api/embed", {"input": "word " * 600, "truncate": False}, 400, "tokens"),
+    ("/v1/embeddings", {"input": "a", "encoding_format": "hex"}, 400, "encoding_format"),
+    ("/embedding", {"content": "a", "embd_normalize": -3}, 400, "embd_normalize"),
+    ("/rerank", {"query": "q", "documents": ["a"]}, 501, "rank pooling"),
+])
+def test_server_embeddings_refusals(bert_client, path, body, status, words):
+    r = bert_client.post(path, json=body)
+    assert r.status_code == status, r.text
+    assert words in r.text
+
+
+def test_api_embed_shapes():
+    from ramforge.generation.api import Model
+    from tools.record_embeddings import model_file
+    import numba
+    run = _record("bert-tiny-f16", 2)
+    with Model(str(model_file("bert-tiny-f16")), n_ctx=512, n_threads=min(2, numba.config.NUMBA_NUM_THREADS)) as m:
+        one = m.embed("Hello world", pooling_type="cls")
+        assert np.allclose(one, run["items"][0]["embedding"], atol=1e-3) and isinstance(one[0], float)
+        many, n = m.embed(["Hello world", "The quick brown fox jumps over the lazy dog."], normalize=True,
+                          return_count=True, pooling_type="cls")
+        assert len(many) == 2 and n == 4 + len(run["items"][1]["tokens"])
+        assert abs(sum(x * x for x in many[1]) - 1.0) < 1e-9
+        resp = m.create_embedding("Hello world")
+        assert resp["object"] == "list" and resp["data"][0]["index"] == 0 and resp["usage"]["total_tokens"] == 4
+
+
+def test_rerank_orders_by_score():
+    import numba
+    from fastapi.testclient import TestClient
+
+    from ramforge.server.app import create_app
+    from ramforge.server.common import ServerConfig
+    from tools.record_embeddings import model_file
+    run = _record("bert-rank-f16", 4)
+    app = create_app(ServerConfig(model=str(model_file("bert-rank-f16")), n_ctx=512,
+                                  n_threads=min(2, numba.config.NUMBA_NUM_THREADS)))
+    docs = [it["text"] for it in run["items"]]
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/v1/rerank", json={"query": "what is a fox?", "documents": docs, "top_n": 3,
+                                       "return_documents": True})
+        assert r.status_code == 200, r.text
+    res = r.json()["results"]
+    ref = [it["scores"][0] for it in run["items"]]
+    assert [x["index"] for x in res] == sorted(range(len(docs)), key=lambda i: -ref[i])[:3]
+    for x in res:
+        assert abs(x["relevance_score"] - ref[x["index"]]) <= 1e-4 * max(1.0, abs(ref[x["index"]]))
+        assert x["document"]["text"] == docs[x["index"]]

@@ -202,6 +202,8 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
     async def root():
         return PlainTextResponse("ramforge is running (Ollama API under /api, OpenAI API under /v1)")
 
+    from . import embeddings                    # /api/embed, /v1/embeddings, /embedding, /rerank (before ollama's /api/{verb})
+    app.include_router(embeddings.router)
     app.include_router(ollama.router)
     app.include_router(openai.router)
     app.include_router(slots.router)
