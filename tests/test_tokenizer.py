@@ -34,9 +34,9 @@ def test_vocab_table_matches_fetched_files(vocab_dir):
 
 
 def test_every_claimed_golden_family_is_tested():
-    assert set(GOLDEN) == {"command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe",
+    assert set(GOLDEN) == {"bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe",
                            "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder"}
-    assert REFUSED == ["bert-bge", "nomic-bert-moe"]
+    assert REFUSED == ["nomic-bert-moe"]
 
 
 @pytest.mark.parametrize("name", GOLDEN)
@@ -287,7 +287,7 @@ def test_tiny_synthetic_bpe():
     assert tok.encode("a b", add_special=False) == [0, 3, 1]   # "Ġb" is no token: bytes, then merges none
 
 
-@pytest.mark.parametrize("model", ["bert", "t5", "rwkv", "plamo2", "whitespace", "something-new"])
+@pytest.mark.parametrize("model", ["t5", "rwkv", "plamo2", "whitespace", "something-new"])
 def test_refuse_unsupported_models(model):
     with pytest.raises(UnsupportedTokenizer, match=repr(model)) as ei:
         load_tokenizer(_bpe_md(**{"tokenizer.ggml.model": model}))
@@ -338,7 +338,7 @@ def test_metadata_validation(over, match):
 
 
 def test_supported_tokenizers_shape():
-    assert set(SUPPORTED_TOKENIZERS) == {"llama", "gpt2", "gemma4"}
+    assert set(SUPPORTED_TOKENIZERS) == {"llama", "gpt2", "gemma4", "bert"}
     for must in ("default", "gpt-2", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-coder", "falcon", "mpt",
                  "starcoder", "refact", "command-r", "qwen35"):
         assert must in SUPPORTED_TOKENIZERS["gpt2"]

@@ -171,6 +171,9 @@ class Engine:
             module = arch_module(md.get(Keys.ARCHITECTURE))
             hp = HParams.from_metadata(md, n_vocab_of(f))
             extra = _refuse_unsupported_keys(md, hp.arch)
+            extra.update(getattr(module, "read_metadata", lambda md: {})(md))    # a module's own keys
+            if batch is None and not getattr(module, "CAUSAL", True):
+                batch = UBATCH          # an encoder's sequence is one pass (llama.cpp: n_ubatch >= n_tokens)
             _refuse_unknown_tensors(f, hp, module)
             if not (isinstance(n_seq, int) and 1 <= n_seq <= 64):
                 raise InvalidArgument(f"n_seq = {n_seq!r}: between 1 and 64 sequences")
@@ -241,7 +244,7 @@ class Engine:
             self._prompt = []
 
     def eval(self, tokens, all_logits: bool = False, aligned: bool = False, as_batch: bool = False,
-             outputs_all: bool = False) -> np.ndarray:
+             outputs_all: bool = False, embd: bool = False) -> np.ndarray:
         """Append tokens to the context; return logits f32[n, n_vocab] (all_logits) or f32[1, n_vocab].
 
         aligned: the tokens continue a sequence from position 0 (a prompt, perhaps after a reused
@@ -252,7 +255,9 @@ class Engine:
         of self.ubatch from their first token. Otherwise chunks of plan.batch are batches of their own.
         outputs_all: computed as llama.cpp computes a batch whose every token is an output (logits_all),
         though only the rows all_logits asks for are returned: the last layer runs on every row and the
-        output rows round as rows of the whole batch."""
+        output rows round as rows of the whole batch.
+        embd: return the final hidden states f32[n, n_embd] of those rows instead of their logits
+        (llama.cpp's t_embd: after the output norm, before the output matrix; see `hidden`)."""
         toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if self.layers != (0, self.hp.n_layer):
             raise InvalidArgument(f"this engine runs layers {self.layers}; use eval_hidden")
@@ -270,7 +275,7 @@ class Engine:
                 if c.view and self.hp.n_expert and c.view[0] > B:
                     self._warn_chunked_experts(c.view[0])
                 cancel.check()                      # a client gone stops a long prefill between chunks
-                out.append(self.run_chunk(toks[c.start:c.stop], c))
+                out.append(self.run_chunk(toks[c.start:c.stop], c, embd))
                 self.tokens.extend(int(t) for t in toks[c.start:c.stop])
         return np.concatenate([o for o in out if o is not None])
 
@@ -286,7 +291,7 @@ class Engine:
             self.kv.shrink(cap)
             raise
 
-    def run_chunk(self, inp: np.ndarray, c: Chunk) -> np.ndarray | None:
+    def run_chunk(self, inp: np.ndarray, c: Chunk, embd: bool = False) -> np.ndarray | None:
         """One pass of ubatch.chunks through this engine's layer range: inp is token ids (a range
         from layer 0) or hidden states f32[n, n_embd]. Returns the logits c.rows asks for where the
         range ends the model (None if it asks none), else the hidden states after the range (a copy)."""
@@ -297,7 +302,7 @@ class Engine:
         else:
             def fill(x):
                 x[:] = inp
-        res = self._pass(c.size, fill, c.rows if ends else None, c.view, c.only, c.kind)
+        res = self._pass(c.size, fill, c.rows if ends else None, c.view, c.only, c.kind, embd)
         return res if ends else self.state.x[:c.size].copy()
 
     def _warn_chunked_experts(self, n: int) -> None:
@@ -332,7 +337,7 @@ class Engine:
         return np.concatenate(out)
 
     def _pass(self, n: int, fill, rows: slice | None, view: tuple[int, int] | None = None,
-              only: slice | None = None, kind: str | None = None) -> np.ndarray | None:
+              only: slice | None = None, kind: str | None = None, embd: bool = False) -> np.ndarray | None:
         """One forward pass over n tokens: fill s.x, run the layers (their matmuls in batch `view`,
         see kernels.matmul.batch_view; the last layer past attention `only` for those rows), logits
         for `rows` if asked (with only=None: as rows of the whole batch)."""
@@ -343,7 +348,7 @@ class Engine:
         k0 = (KERNELS.seconds, KERNELS.calls)
         sw = Stopwatch().start()
         try:
-            self.weights.begin_pass(logits=rows is not None)
+            self.weights.begin_pass(logits=rows is not None and not embd)
             if spill:                                # its older positions' reads start beside the weights'
                 spill.record = rec
                 spill.begin_pass(self.kv.n_past, n)
@@ -357,7 +362,7 @@ class Engine:
             if rows is not None:             # the output matmul: rows of the whole batch, or one row alone
                 v = (view or (n, 0)) if only is None else None
                 with batch_view(v[0], v[1] + rows.start) if v else contextlib.nullcontext():
-                    res = self._logits(rows)
+                    res = self._embd(rows) if embd else self._logits(rows)
             else:
                 res = None
         except BaseException:
@@ -378,6 +383,39 @@ class Engine:
         rms_norm(s.hn[:n], s.x[rows], self.weights.output_norm.data, self.hp.rms_eps)
         logits = self.weights.output_rows(np.empty((n, self.hp.n_vocab), np.float32), s.hn[:n])
         return softcap(logits, self.hp.final_softcap) if self.hp.final_softcap else logits
+
+    def _embd(self, rows: slice) -> np.ndarray:
+        """llama.cpp's t_embd of the rows, a new f32[n, n_embd]: the output norm of the final hidden
+        states, or the architecture's own (`hidden_out`: an encoder's last layer ends in its norm)."""
+        x = self.state.x[rows]
+        own = getattr(self.module, "hidden_out", None)
+        if own is not None:
+            return own(self, x)
+        return rms_norm(np.empty_like(x), x, self.weights.output_norm.data, self.hp.rms_eps)
+
+    @property
+    def causal(self) -> bool:
+        return getattr(self.module, "CAUSAL", True)
+
+    def hidden(self, tokens) -> np.ndarray:
+        """One sequence's final hidden states f32[n, n_embd] (t_embd, every token an output), from
+        position 0 (the cache reset first), as one llama_decode of it computes them. An encoder
+        (non-causal attention) takes the sequence in one pass, as llama.cpp's encoder takes one ubatch."""
+        toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if toks.size == 0:
+            raise EmptyPrompt("an embedding needs at least one token")
+        check_token_ids(toks, self.hp.n_vocab)
+        self.reset()
+        if self.causal:
+            return self.eval(toks, all_logits=True, aligned=True, outputs_all=True, embd=True)
+        if toks.size > min(self.plan.batch, self.n_ctx):
+            raise ContextLengthExceeded(f"{toks.size} tokens do not fit one encoder pass of "
+                                        f"{min(self.plan.batch, self.n_ctx)} (llama.cpp's n_ubatch, the context)")
+        n = int(toks.size)
+        try:
+            return self._pass(n, lambda x: self.module.embed(self, x, toks), slice(0, n), (n, 0), embd=True)
+        finally:
+            self.reset()
 
     # llama.cpp's memory API over KV cells (parallel.py): several sequences, positions moved and removed
     def eval_batch(self, batch) -> dict:

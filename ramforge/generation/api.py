@@ -164,6 +164,43 @@ class Model:
         self._rendered = None                # the last render_chat's prompt (split_reasoning reads it)
         self.cache = None                    # a session.PromptCache (set_cache)
 
+    # ---- embeddings (generation/embed.py) ------------------------------------------------------
+    def embedder(self, pooling_type=None):
+        """An embed.Embedder of this model: pooling from the file ({arch}.pooling_type), or pooling_type."""
+        from .embed import Embedder, pooling_of
+        from ..gguf.reader import GGUFFile
+        if getattr(self, "_pooling_md", None) is None:
+            with GGUFFile(self.path) as f:
+                self._pooling_md = {k: v for k, v in f.metadata.items() if k.endswith(".pooling_type")}
+        return Embedder(self.engine, pooling_of(self._pooling_md, self.engine.hp.arch, pooling_type))
+
+    def embed(self, input, normalize: bool = False, truncate: bool = True, return_count: bool = False,
+              pooling_type=None):
+        """llama-cpp-python's Llama.embed: a list of floats for a string, a list of them for a list
+        (pooling none: a list per token); normalize: each vector scaled to unit length as
+        llama-cpp-python does (float64); truncate: inputs cut to the batch (512 tokens)."""
+        import numpy as np
+        emb = self.embedder(pooling_type)
+        inputs = [input] if isinstance(input, (str, bytes)) else list(input)
+        out, total = [], 0
+        for item in inputs:
+            toks = emb.tokens(item, truncate)
+            total += len(toks)
+            v = emb.embed_tokens(toks)
+            rows = v.reshape(-1, v.shape[-1]).tolist()
+            if normalize:
+                rows = [r if (n := float(np.linalg.norm(r))) == 0.0 else [x / n for x in r] for r in rows]
+            out.append(rows if v.ndim == 2 else rows[0])
+        out = out[0] if isinstance(input, (str, bytes)) else out
+        return (out, total) if return_count else out
+
+    def create_embedding(self, input, model: str | None = None) -> dict:
+        """llama-cpp-python's create_embedding: OpenAI's list of embedding objects, with usage."""
+        data, total = self.embed(input if isinstance(input, list) else [input], return_count=True)
+        return {"object": "list", "model": model if model is not None else self.path,
+                "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
+                "usage": {"prompt_tokens": total, "total_tokens": total}}
+
     # ---- tokens ------------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of text, as llama_tokenize(vocab, text, add_special=add_bos, parse_special=special)."""

@@ -16,6 +16,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3moe": "qwen3moe",
     "qwen2moe": "qwen2moe",
     "gpt-oss": "gpt_oss",
+    "bert": "bert",
 }
 
 # The norm before a layer's FFN, where it is not `ffn_norm` (the expert guess norms with it).

@@ -241,7 +241,7 @@ def validate_tensors(f: GGUFFile, hp: HParams, module, layers: tuple[int, int]) 
     """Every tensor the forward pass needs is present, of the expected shape and of an executable type."""
     shapes = layer_shapes(hp) | getattr(module, "layer_shapes", lambda hp: {})(hp)   # a module's own (fused)
     need = [("token_embd", None, (hp.n_embd, hp.n_vocab))]
-    if layers[1] == hp.n_layer:
+    if layers[1] == hp.n_layer and getattr(module, "HAS_OUTPUT", True):     # (an encoder has neither)
         need.append(("output_norm", None, (hp.n_embd,)))
         if "output.weight" in f.tensors:
             need.append(("output", None, (hp.n_embd, hp.n_vocab)))

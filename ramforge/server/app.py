@@ -154,7 +154,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
 
     `app.state.manager` is the ModelManager; call `manager.preload()` before serving to load the
     startup model eagerly (what `ramforge serve MODEL` does)."""
-    from . import llamaserver, models_api, ollama, openai, slots
+    from . import embeddings, llamaserver, models_api, ollama, openai, slots
 
     cfg = cfg or ServerConfig(**kwargs)
     manager = ModelManager(cfg)
@@ -205,6 +205,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
         return PlainTextResponse("ramforge is running (Ollama API under /api, OpenAI API under /v1)")
 
     app.include_router(models_api.router)      # before ollama's: its /api/{verb} answers the verbs it lacks
+    app.include_router(embeddings.router)       # /api/embed, /v1/embeddings, /embedding, /rerank (before ollama's /api/{verb})
     app.include_router(ollama.router)
     app.include_router(openai.router)
     app.include_router(slots.router)

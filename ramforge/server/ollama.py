@@ -522,7 +522,7 @@ async def version():
 
 @router.api_route("/api/{verb}", methods=["POST", "DELETE", "HEAD"])
 async def unsupported(verb: str):
-    if verb in ("pull", "push", "create", "copy", "delete", "embed", "embeddings", "blobs"):
+    if verb in ("pull", "push", "create", "copy", "delete", "blobs"):
         hint = "; use `ramforge pull SOURCE --name NAME` and `ramforge rm NAME`" if verb in ("pull", "delete") else ""
         raise Unsupported(f"/api/{verb} is not supported by ramforge serve{hint}")
     raise HTTPException(404, f"no route /api/{verb}")

@@ -87,22 +87,24 @@ _BPE_PRE: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 SPM_MODEL = "llama"
+WPM_MODEL = "bert"
 SUPPORTED_TOKENIZERS: dict[str, list[str]] = {
     # SPM ignores tokenizer.ggml.pre (llama.cpp does too); any value is accepted
     "llama": ["*"],
     "gpt2": sorted(_BPE_PRE),
     "gemma4": ["gemma4"],
+    "bert": ["*"],
 }
 
 _REFUSED_MODELS = {
-    "bert": "WordPiece (WPM)", "t5": "Unigram (UGM)", "rwkv": "RWKV", "plamo2": "PLaMo-2",
+    "t5": "Unigram (UGM)", "rwkv": "RWKV", "plamo2": "PLaMo-2",
     "hybriddna": "hybrid DNA BPE", "whitespace": "whitespace BPE", "no_vocab": "no vocabulary",
     "none": "no vocabulary", "test": "test",
 }
 
 
 def _supported_text() -> str:
-    return ("supported: tokenizer.ggml.model 'llama' (SPM, any pre), 'gemma4', or 'gpt2' with "
+    return ("supported: tokenizer.ggml.model 'llama' (SPM, any pre), 'bert' (WordPiece), 'gemma4', or 'gpt2' with "
             "tokenizer.ggml.pre in {" + ", ".join(sorted(_BPE_PRE)) + "}")
 
 
@@ -163,6 +165,14 @@ class Tokenizer:
             self._bpe = BPESegmenter(self.vocab, ranks, exprs, byte_encode, gemma4_newlines=quirks)
             return
 
+        if model == WPM_MODEL:                         # WordPiece: tokenizer/wpm.py
+            from .wpm import SPECIAL_DEFAULTS, WPMSegmenter
+            self.kind, self.pre = "wpm", pre or "default"
+            self.vocab = Vocab(md, "wpm", {"add_bos": True, "add_sep": True, "clean_spaces": True,
+                                           "escape_whitespaces": True, "special_defaults": SPECIAL_DEFAULTS})
+            self._wpm = WPMSegmenter(self.vocab)
+            return
+
         what = _REFUSED_MODELS.get(model)
         kind = f"{what} tokenizer" if what else "tokenizer"
         raise UnsupportedTokenizer(
@@ -176,6 +186,17 @@ class Tokenizer:
         v = self.vocab
         out: list[int] = []
         frags = v.partition(text, parse_special)
+        if self.kind == "wpm":                          # [CLS] words [SEP], whatever add_bos says
+            if add_special:
+                out.append(v.special["bos"])
+            for frag in frags:
+                if type(frag) is int:
+                    out.append(frag)
+                else:
+                    self._wpm.segment(frag, out)
+            if add_special:
+                out.append(v.special["sep"])
+            return [t for t in out if t is not None]
         if self.kind == "spm":
             bos = v.special["bos"]
             if add_special and v.add_bos:

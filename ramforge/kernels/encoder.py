@@ -1,0 +1,128 @@
+"""An encoder's (BERT's) ops in llama.cpp's float steps: LayerNorm with bias, GELU, tanh, and attention
+without a KV cache over float32 keys and values, each token seeing every token of its own sequence.
+
+Attention is build_attn_mha's graph on the CPU backend: KQ = mul_mat(k, q) (q permuted, not
+contiguous: ggml_vec_dot_f32 per key), soft_max_ext with the mask (-inf outside the sequence: its
+lanes add exact zeros to the sum, kernels.ops._softmax_exp), KQV = mul_mat(v^T, kq) over every key of
+the batch (tinyBLAS where n_kv is a multiple of 16 and the batch has 2+ tokens, else ggml_vec_dot_f32).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .fmatmul import _row_dot
+from .glu import _GELU
+from .ops import _softmax_exp
+from .scalars import F16_TO_F32, _f32_to_half_bits
+
+
+@njit(cache=True, parallel=True)
+def _layer_norm(out, x, w, b, eps):
+    # ggml_norm (the mean summed in float64, the variance as ggml_vec_cvar_f32), then * w, + b: separate float32 ops
+    n = x.shape[1]
+    for t in prange(x.shape[0]):
+        s = 0.0
+        for i in range(n):
+            s += np.float64(x[t, i])
+        mean = np.float32(s / n)
+        s2 = 0.0                             # ggml_vec_cvar_f32: 16 lanes summed pairwise, then the rest
+        lanes = np.empty(16, np.float32)
+        i = 0
+        while i + 15 < n:
+            for j in range(16):
+                v = x[t, i + j] - mean
+                out[t, i + j] = v
+                lanes[j] = v * v
+            h = 8
+            while h >= 1:
+                for j in range(h):
+                    lanes[j] = lanes[j] + lanes[j + h]
+                h //= 2
+            s2 += np.float64(lanes[0])
+            i += 16
+        for i in range(i, n):
+            v = x[t, i] - mean
+            out[t, i] = v
+            s2 += np.float64(v * v)
+        var = np.float32(s2 / n)
+        scale = np.float32(1.0) / np.float32(math.sqrt(var + eps))
+        for i in range(n):
+            out[t, i] = (out[t, i] * scale) * w[i] + b[i]
+
+
+def layer_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """out f32[n, d] = LayerNorm(x) * w + b (llama.cpp's LLM_NORM with a bias)."""
+    _layer_norm(out, np.ascontiguousarray(x), w, b, np.float32(eps))
+    return out
+
+
+@njit(cache=True, parallel=True)
+def _gelu(x, table):
+    for t in prange(x.shape[0]):
+        for i in range(x.shape[1]):
+            g = x[t, i]
+            if g <= -10.0:
+                x[t, i] = 0.0
+            elif g < 10.0:
+                x[t, i] = table[_f32_to_half_bits(g)]
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """In place: ggml_gelu through its f16 table (ggml_vec_gelu_f32)."""
+    _gelu(x, _GELU)
+    return x
+
+
+@functools.cache
+def _attention_kernel(tb: bool):
+    @njit(cache=True, parallel=True)
+    def _attend(out, qf, kf, vt, seq_of, bounds, n, H, D, kq_scale, f16):
+        # out f32[n, H, D]; qf, kf: q, k f32[n, H, D] flat; vt: v as f32[H, D, n] flat; seq_of i64[n]
+        e16 = np.empty(0, np.uint16)
+        for job in prange(H * n):
+            h, i = job // n, job % n
+            a, b = bounds[seq_of[i], 0], bounds[seq_of[i], 1]
+            p = np.zeros(n, np.float32)
+            mx = -np.inf
+            for j in range(a, b):
+                s = _row_dot(0, False, kf, e16, (j * H + h) * D, qf, (i * H + h) * D, D, f16) * kq_scale
+                p[j] = s
+                mx = max(mx, s)
+            total = _softmax_exp(p, a, b - 1, np.float32(mx))
+            inv = np.float32(1.0 / total)
+            for j in range(a, b):
+                p[j] = p[j] * inv
+            for d in range(D):
+                out[i, h, d] = _row_dot(0, tb, vt, e16, (h * D + d) * n, p, 0, n, f16)
+    return _attend
+
+
+def encoder_attention(out: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, bounds: np.ndarray,
+                      kq_scale: float) -> np.ndarray:
+    """out f32[n, H, D] = softmax(q k^T * kq_scale, masked to each token's sequence) v, for q, k, v
+    f32[n, H, D] (as many key heads as query heads) and bounds i64[n_seq, 2]: the sequences' rows [a, b)."""
+    n, H, D = q.shape
+    seq_of = np.empty(n, np.int64)
+    for s, (a, b) in enumerate(bounds):
+        seq_of[a:b] = s
+    vt = np.ascontiguousarray(v.transpose(1, 2, 0)).reshape(-1)
+    tb = n >= 2 and n % 16 == 0 and D % 4 == 0
+    _attention_kernel(tb)(out, np.ascontiguousarray(q).reshape(-1), np.ascontiguousarray(k).reshape(-1), vt,
+                          seq_of, np.asarray(bounds, np.int64), n, H, D, np.float32(kq_scale), F16_TO_F32)
+    return out
+
+
+@njit(cache=True)
+def _tanh(x):
+    for i in range(x.size):
+        x.flat[i] = np.float32(math.tanh(np.float64(x.flat[i])))
+
+
+def tanh(x: np.ndarray) -> np.ndarray:
+    """In place: tanhf (glibc's, correctly rounded from float64)."""
+    _tanh(x)
+    return x

@@ -1,0 +1,140 @@
+"""bert (BERT, BGE, MiniLM, BGE rerankers), as llama.cpp's llm_build_bert.
+
+An encoder: every token attends to every token of its sequence (no KV cache: keys and values are the
+batch's own, float32). Input: token embeddings + token type 0's row + absolute position embeddings,
+then LayerNorm (with bias). Per layer: Q, K, V (+ biases) -> attention -> output projection (+ bias)
+-> residual -> LayerNorm -> up (+ bias) -> GELU -> down (+ bias) -> residual -> LayerNorm. No output
+norm and no output matrix: the last layer's output is the embedding (t_embd). Rank pooling (a
+reranker) takes the first token through the classifier head: cls (+ bias), tanh, cls.output (+ bias).
+
+All of bert's facts are here (the tensors, the metadata it reads, its head); engine/engine.py asks a
+module for CAUSAL, read_metadata, hidden_out and rank_head.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ModelFileError
+from ..kernels.encoder import encoder_attention, gelu, layer_norm, tanh
+from ..kernels.matmul import batch_view
+
+CAUSAL = False                  # {arch}.attention.causal: false for every bert file
+HAS_OUTPUT = False              # no output_norm, no output matrix
+LAYER_TENSORS = ["attn_q", "attn_q_bias", "attn_k", "attn_k_bias", "attn_v", "attn_v_bias",
+                 "attn_output", "attn_output_bias", "attn_output_norm", "attn_output_norm_bias",
+                 "ffn_up", "ffn_up_bias", "ffn_down", "ffn_down_bias", "layer_output_norm", "layer_output_norm_bias"]
+OPTIONAL: set[str] = set()
+ALSO_READ: set[str] = set()
+# beside token_embd: token types, absolute positions, the embedding norm, the classifier head (rerankers)
+GLOBAL_TENSORS = ("token_types", "position_embd", "token_embd_norm", "token_embd_norm_bias",
+                  "cls", "cls_bias", "cls.output", "cls.output_bias")
+EPS_KEY = "{arch}.attention.layer_norm_epsilon"
+CAUSAL_KEY = "{arch}.attention.causal"
+
+
+def layer_shapes(hp) -> dict[str, tuple[int, ...]]:
+    d, f = hp.n_embd, hp.n_ff
+    return {"attn_output_bias": (d,), "attn_output_norm": (d,), "attn_output_norm_bias": (d,),
+            "ffn_up_bias": (f,), "ffn_down_bias": (d,), "layer_output_norm": (d,), "layer_output_norm_bias": (d,)}
+
+
+def read_metadata(md: dict) -> dict:
+    """The LayerNorm epsilon ({arch}.attention.layer_norm_epsilon, required as in llama.cpp)."""
+    arch = md.get("general.architecture")
+    key = EPS_KEY.format(arch=arch)
+    if key not in md:
+        raise ModelFileError(f"metadata key {key} is missing; it is required for architecture {arch}")
+    causal = md.get(CAUSAL_KEY.format(arch=arch))
+    if causal:
+        raise ModelFileError(f"{CAUSAL_KEY.format(arch=arch)} = true: ramforge's {arch} is an encoder only")
+    return {"ln_eps": float(md[key])}
+
+
+def _globals(m) -> dict:
+    """The tensors beside the layers, read at first use (charged to the budget as the weights are)."""
+    g = m.extra.get("bert")
+    if g is None:
+        w = m.weights
+        g = {}
+        for name in ("token_types.weight", "position_embd.weight", "token_embd_norm.weight", "token_embd_norm.bias",
+                     "cls.bias", "cls.output.bias"):
+            g[name] = w._vector(name)
+        for name in ("cls.weight", "cls.output.weight"):
+            g[name] = w._matrix(name) if name in w.f.tensors else None
+        for name in ("position_embd.weight", "token_embd_norm.weight", "token_embd_norm.bias"):
+            if g[name] is None:
+                raise ModelFileError(f"{m.path}: tensor {name} is missing; architecture {m.hp.arch} needs it")
+        m.extra["bert"] = g
+    return g
+
+
+def embed(m, x: np.ndarray, tokens) -> None:
+    """x f32[n, n_embd] = LayerNorm(token embeddings + token type 0 + position embeddings); positions from 0."""
+    g = _globals(m)
+    n, d = x.shape
+    if n > m.hp.n_ctx_train:
+        raise ModelFileError(f"{n} tokens exceed the {m.hp.n_ctx_train} position embeddings")
+    m.weights.embed(tokens, x)
+    if g["token_types.weight"] is not None:
+        x += g["token_types.weight"].data[:d]
+    x[:] = g["position_embd.weight"].data.reshape(-1, d)[:n] + x
+    layer_norm(x, x, g["token_embd_norm.weight"].data, g["token_embd_norm.bias"].data, m.extra["ln_eps"])
+
+
+def _linear(W, b, y, x) -> None:
+    W.rows(y, x)
+    y += b.data
+
+
+def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+    """The n tokens in s.x (one sequence, from position 0) through the layers, in place."""
+    hp, w = m.hp, m.weights
+    eps = m.extra["ln_eps"]
+    x, xb = s.x[:n], s.xb[:n]
+    q, k, v, att, up = s.q[:n], s.k[:n], s.v[:n], s.att[:n], s.up[:n]
+    bounds = np.array([[0, n]], np.int64)
+    kq_scale = 1.0 / math.sqrt(float(hp.head_dim_k))
+    for il in range(*m.layers):
+        with w.layer(il) as L:
+            _linear(L.attn_q, L.attn_q_bias, q.reshape(n, -1), x)
+            _linear(L.attn_k, L.attn_k_bias, k.reshape(n, -1), x)
+            _linear(L.attn_v, L.attn_v_bias, v.reshape(n, -1), x)
+            encoder_attention(att, q, k, v, bounds, np.float32(kq_scale))
+            _linear(L.attn_output, L.attn_output_bias, xb, att.reshape(n, -1))
+            xb += x                                                 # re-add the layer input
+            layer_norm(x, xb, L.attn_output_norm.data, L.attn_output_norm_bias.data, eps)
+            _linear(L.ffn_up, L.ffn_up_bias, up, x)
+            gelu(up)
+            _linear(L.ffn_down, L.ffn_down_bias, xb, up)
+            xb += x                                                 # the attention block bypasses the FFN
+            layer_norm(x, xb, L.layer_output_norm.data, L.layer_output_norm_bias.data, eps)
+
+
+def hidden_out(m, x: np.ndarray) -> np.ndarray:
+    """t_embd: the last layer's output as it is (its LayerNorm ends it)."""
+    return x.copy()
+
+
+def rank_head(m, h: np.ndarray) -> np.ndarray:
+    """llama.cpp's rank pooling head on the first tokens' states h f32[k, n_embd]: cls (+ bias), tanh,
+    cls.output (+ bias); f32[k, n_cls_out]."""
+    g = _globals(m)
+    cur = h
+    with batch_view(h.shape[0], 0):
+        if g["cls.weight"] is not None:
+            W = g["cls.weight"]
+            y = np.empty((h.shape[0], W.dims[1]), np.float32)
+            W.rows(y, cur)
+            if g["cls.bias"] is not None:
+                y += g["cls.bias"].data
+            cur = tanh(y)
+        if g["cls.output.weight"] is not None:
+            W = g["cls.output.weight"]
+            y = np.empty((h.shape[0], W.dims[1]), np.float32)
+            W.rows(y, cur)
+            if g["cls.output.bias"] is not None:
+                y += g["cls.output.bias"].data
+            cur = y
+    return cur

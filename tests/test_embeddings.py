@@ -1,0 +1,247 @@
+"""Embeddings: llama.cpp's normalizations and pooling, WordPiece's words, and the recorded embeddings of
+llama-cpp-python (tests/fixtures/embeddings, tools/record_embeddings.py) reproduced by the engine.
+
+The bound: each value within BOUND_ULPS float32 ulps of the vector's largest magnitude (1024 x 2^-23,
+about 1.2e-4 relative), far below what separates two texts' vectors. Measured when recorded: the causal
+qwen3 model is bit for bit for pooling none and last (the hidden states are the logits path's) and
+within 1 ulp for mean (llama.cpp's F32 mul_mat with 1/n: ggml_vec_dot_f32's float leftovers, summed in
+another order here, kernels/fmatmul.py's one inexact case); bert with F16 weights is bit for bit for
+most inputs and up to ~800 ulps of the maximum on the longest (F32 dots over the keys: the same
+inexact case, amplified by the LayerNorms); with F32 weights up to ~130.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ramforge.errors import InvalidArgument
+from ramforge.generation.embed import Pooling, parse_pooling, pooling_of
+from ramforge.kernels.pool import embd_normalize, mean_rows, ollama_normalize
+from ramforge.tokenizer.wpm import words
+
+EMBED_DIR = Path(__file__).parent / "fixtures" / "embeddings"
+RECORDS = [json.loads(p.read_text()) for p in sorted(EMBED_DIR.glob("*.json"))]
+BOUND_ULPS = 1024
+FLOAT_TYPES = {"F32", "F16"}          # written by gguf alone: no llama.cpp needed to make them
+
+
+def _reference_normalize(x: np.ndarray, mode: int) -> np.ndarray:
+    """common_embd_normalize written out in Python floats (float64), products of float32."""
+    s = 0.0
+    if mode == -1:
+        s = 1.0
+    elif mode == 0:
+        for v in x:
+            s = max(s, abs(float(v)))
+        s /= 32760.0
+    elif mode == 2:
+        for v in x:
+            s += float(np.float32(v * v))
+        s = math.sqrt(s)
+    else:
+        for v in x:
+            s += math.pow(abs(float(v)), mode)
+        s = math.pow(s, 1.0 / mode)
+    norm = np.float32(1.0 / s) if s > 0 else np.float32(0.0)
+    return (x * norm).astype(np.float32)
+
+
+@pytest.mark.parametrize("mode", [-1, 0, 1, 2, 3, 5])
+def test_embd_normalize_as_llama_cpp(mode):
+    rng = np.random.default_rng(mode + 7)
+    x = (rng.standard_normal((3, 77)) * 3).astype(np.float32)
+    got = embd_normalize(x, mode)
+    for r in range(3):
+        assert np.array_equal(got[r], _reference_normalize(x[r], mode)), mode
+    if mode == 2:
+        assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+    if mode == 0:
+        assert np.isclose(np.abs(got).max(axis=1), 32760.0, rtol=1e-6).all()
+    if mode == 1:
+        assert np.allclose(np.abs(got).sum(axis=1), 1.0, atol=1e-6)
+
+
+def test_embd_normalize_zero_and_bad_modes():
+    assert np.array_equal(embd_normalize(np.zeros(8, np.float32), 2), np.zeros(8, np.float32))
+    for bad in (-2, 1.5, True, "2"):
+        with pytest.raises(InvalidArgument, match="embd_normalize"):
+            embd_normalize(np.ones(4, np.float32), bad)
+
+
+def test_ollama_normalize_float32_sum():
+    x = np.array([3.0, 4.0], np.float32)
+    assert np.array_equal(ollama_normalize(x), np.array([0.6, 0.8], np.float32))
+    assert np.array_equal(ollama_normalize(np.zeros(3, np.float32)), np.zeros(3, np.float32))
+
+
+def test_mean_rows_is_a_mean():
+    rng = np.random.default_rng(3)
+    h = rng.standard_normal((37, 64)).astype(np.float32)
+    got = mean_rows(h, [(0, 37), (5, 20)])
+    assert np.allclose(got[0], h.mean(0), atol=1e-6) and np.allclose(got[1], h[5:20].mean(0), atol=1e-6)
+
+
+def test_pooling_from_file_and_override():
+    md = {"bert.pooling_type": 2}
+    assert pooling_of(md, "bert") == Pooling.CLS
+    assert pooling_of({}, "qwen3") == Pooling.NONE                   # llama.cpp's default: none
+    assert pooling_of(md, "bert", "mean") == Pooling.MEAN
+    assert pooling_of(md, "bert", -1) == Pooling.CLS                 # unspecified: the file's
+    assert pooling_of(md, "bert", 3) == Pooling.LAST
+    with pytest.raises(InvalidArgument, match="pooling"):
+        parse_pooling("max")
+    with pytest.raises(InvalidArgument):
+        parse_pooling(9)
+
+
+def test_wordpiece_words():
+    assert words("Hello, World!") == ["hello", ",", "world", "!"]
+    assert words("Äpfel  über\tdas") == ["apfel", "uber", "das"]          # NFD's first code point: no accents
+    assert words("a\x00b\u200bc") == ["ab\u200bc"] or words("a\x00b\u200bc") == ["abc"]
+    assert words("数学x") == ["数", "学", "x"]                                # CJK ideographs stand alone
+    assert words("") == [] and words("   ") == []
+
+
+# ------------------------------------------------------------------------ llama.cpp's embeddings
+def _params():
+    for rec in RECORDS:
+        m = rec["model"]
+        marks = [] if m["type"] in FLOAT_TYPES else [pytest.mark.oracle]
+        for run in rec["runs"]:
+            yield pytest.param(rec, run, id=f"{m['id']}-{Pooling(run['pooling_type']).name.lower()}", marks=marks)
+
+
+_ENGINES: dict = {}
+
+
+def _engine(rec):
+    from ramforge.engine.engine import Engine
+    from tools._fixtures import sha256_file
+    from tools.record_embeddings import model_file
+    mid = rec["model"]["id"]
+    if mid not in _ENGINES:
+        path = model_file(mid)
+        if sha256_file(path) != rec["model"]["sha256"]:
+            pytest.skip(f"{path} differs from the recorded file")
+        _ENGINES.clear()                          # one loaded at a time
+        import numba
+        _ENGINES[mid] = Engine.load(path, n_ctx=rec["oracle"]["n_ctx"], n_threads=min(2, numba.config.NUMBA_NUM_THREADS))
+    return _ENGINES[mid]
+
+
+@pytest.mark.parametrize("rec,run", list(_params()))
+def test_embeddings_equal_llama_cpp(rec, run):
+    from ramforge.generation.embed import Embedder
+    eng = _engine(rec)
+    emb = Embedder(eng, Pooling(run["pooling_type"]))
+    for item in run["items"]:
+        if rec["model"]["kind"] == "bert" and run["pooling_type"] != Pooling.RANK:
+            assert eng.tokenizer.encode(item["text"]) == item["tokens"], item["text"]
+        got = emb.embed_tokens(item["tokens"])
+        ref = np.asarray(item.get("embedding", item.get("scores")), np.float32)
+        assert got.shape == ref.shape
+        bound = BOUND_ULPS * 2.0 ** -23 * float(np.abs(ref).max())
+        d = float(np.abs(got - ref).max())
+        assert d <= bound, f"{item['text']!r}: max |d| {d:.3g} > {bound:.3g}"
+
+
+# ------------------------------------------------------------------------ surfaces
+@pytest.fixture(scope="module")
+def bert_client():
+    import numba
+    from fastapi.testclient import TestClient
+
+    from ramforge.server.app import create_app
+    from ramforge.server.common import ServerConfig
+    from tools.record_embeddings import model_file
+    app = create_app(ServerConfig(model=str(model_file("bert-tiny-f16")), n_ctx=512,
+                                  n_threads=min(2, numba.config.NUMBA_NUM_THREADS)))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+def _record(mid: str, pooling: int) -> dict:
+    rec = next(r for r in RECORDS if r["model"]["id"] == mid)
+    return next(run for run in rec["runs"] if run["pooling_type"] == pooling)
+
+
+def test_server_embeddings_shapes(bert_client):
+    c = bert_client
+    run = _record("bert-tiny-f16", 1)                      # the file's pooling: mean
+    ref = np.asarray(run["items"][0]["embedding"], np.float32)
+    r = c.post("/api/embed", json={"input": [run["items"][0]["text"], run["items"][1]["text"]]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["embeddings"]) == 2 and body["prompt_eval_count"] > 0
+    e0 = np.asarray(body["embeddings"][0], np.float32)
+    assert abs(float(np.linalg.norm(e0)) - 1.0) < 1e-5
+    assert np.allclose(e0, ref / np.linalg.norm(ref), atol=1e-4)
+    r = c.post("/api/embed", json={"input": "Hello world", "dimensions": 16})
+    assert len(r.json()["embeddings"][0]) == 16
+    r = c.post("/api/embeddings", json={"prompt": "Hello world"})
+    assert np.allclose(r.json()["embedding"], ref, atol=1e-3)          # Ollama's legacy: not normalized
+    r = c.post("/v1/embeddings", json={"input": ["Hello world"], "encoding_format": "base64"})
+    assert r.status_code == 200, r.text
+    import base64
+    v = np.frombuffer(base64.b64decode(r.json()["data"][0]["embedding"]), "<f4")
+    assert np.allclose(v, ref / np.linalg.norm(ref), atol=1e-4) and r.json()["usage"]["prompt_tokens"] == 4
+    r = c.post("/embedding", json={"content": "Hello world", "embd_normalize": -1})
+    assert np.allclose(np.asarray(r.json()[0]["embedding"][0], np.float32), ref, atol=1e-3)
+
+
+@pytest.mark.parametrize("path,body,status,words", [
+    ("/v1/embeddings", {"input": ""}, 400, "empty"),
+    ("/v1/embeddings", {"input": ["a", ""]}, 400, "input[1]"),
+    ("/api/embed", {"input": "Hello", "dimensions": 4096}, 400, "dimensions"),
+    ("/api/embed", {"input": "word " * 600, "truncate": False}, 400, "tokens"),
+    ("/v1/embeddings", {"input": "a", "encoding_format": "hex"}, 400, "encoding_format"),
+    ("/embedding", {"content": "a", "embd_normalize": -3}, 400, "embd_normalize"),
+    ("/rerank", {"query": "q", "documents": ["a"]}, 501, "rank pooling"),
+])
+def test_server_embeddings_refusals(bert_client, path, body, status, words):
+    r = bert_client.post(path, json=body)
+    assert r.status_code == status, r.text
+    assert words in r.text
+
+
+def test_api_embed_shapes():
+    from ramforge.generation.api import Model
+    from tools.record_embeddings import model_file
+    import numba
+    run = _record("bert-tiny-f16", 2)
+    with Model(str(model_file("bert-tiny-f16")), n_ctx=512, n_threads=min(2, numba.config.NUMBA_NUM_THREADS)) as m:
+        one = m.embed("Hello world", pooling_type="cls")
+        assert np.allclose(one, run["items"][0]["embedding"], atol=1e-3) and isinstance(one[0], float)
+        many, n = m.embed(["Hello world", "The quick brown fox jumps over the lazy dog."], normalize=True,
+                          return_count=True, pooling_type="cls")
+        assert len(many) == 2 and n == 4 + len(run["items"][1]["tokens"])
+        assert abs(sum(x * x for x in many[1]) - 1.0) < 1e-9
+        resp = m.create_embedding("Hello world")
+        assert resp["object"] == "list" and resp["data"][0]["index"] == 0 and resp["usage"]["total_tokens"] == 4
+
+
+def test_rerank_orders_by_score():
+    import numba
+    from fastapi.testclient import TestClient
+
+    from ramforge.server.app import create_app
+    from ramforge.server.common import ServerConfig
+    from tools.record_embeddings import model_file
+    run = _record("bert-rank-f16", 4)
+    app = create_app(ServerConfig(model=str(model_file("bert-rank-f16")), n_ctx=512,
+                                  n_threads=min(2, numba.config.NUMBA_NUM_THREADS)))
+    docs = [it["text"] for it in run["items"]]
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/v1/rerank", json={"query": "what is a fox?", "documents": docs, "top_n": 3,
+                                       "return_documents": True})
+        assert r.status_code == 200, r.text
+    res = r.json()["results"]
+    ref = [it["scores"][0] for it in run["items"]]
+    assert [x["index"] for x in res] == sorted(range(len(docs)), key=lambda i: -ref[i])[:3]
+    for x in res:
+        assert abs(x["relevance_score"] - ref[x["index"]]) <= 1e-4 * max(1.0, abs(ref[x["index"]]))
+        assert x["document"]["text"] == docs[x["index"]]

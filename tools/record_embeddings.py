@@ -1,0 +1,186 @@
+"""Record llama.cpp's (llama-cpp-python 0.3.36) embeddings as small JSON files under
+tests/fixtures/embeddings/<model-id>.json, and write the synthetic BERT models they are made on.
+
+    python tools/record_embeddings.py                      # every model in MODELS
+    python tools/record_embeddings.py bert-tiny-f16
+
+Models: synthetic `bert` files (random weights, llama.cpp's BGE WordPiece vocabulary, written with
+gguf's writer; a Q8_0 one by llama.cpp's quantizer; a reranker with a classifier head) and a causal
+one (qwen3-tiny-f16, tools/make_models.py). Per pooling type, per text: llama-cpp-python's tokens and
+`Llama(embedding=True, pooling_type=p, n_ctx=512).embed(text)` (normalize=False, one text per call,
+so each is a llama_decode of its own) as float32 values (shortest decimals); for rank pooling the
+classifier's output. Pooling none: every token's vector, for the first two texts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before llama_cpp is first imported
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools._fixtures import ORACLE_DIR, models_dir, sha256_file, stable_seed, vocab_dir  # noqa: E402
+from tools.make_models import _copy_vocab, _publish, ensure_model, quantize  # noqa: E402
+from tools.record_oracle import _cpu_name, dumps  # noqa: E402
+
+FORMAT = 1
+EMBED_DIR = ORACLE_DIR.parent / "embeddings"
+N_CTX = 512
+N_THREADS = 2
+TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.",
+         "Embeddings map documents to vectors; similar meaning, nearby vectors. " * 3,
+         "Äpfel und Birnen, 42 Stück!"]
+QUERY = "what is a fox?"
+# model id -> (how it is made, pooling types recorded)
+MODELS = {
+    "bert-tiny-f32": ("bert", "F32", 1, (0, 1, 2, 3)),
+    "bert-tiny-f16": ("bert", "F16", 1, (0, 1, 2, 3)),
+    "bert-tiny-q8_0": ("bert", "Q8_0", 1, (1, 2)),
+    "bert-rank-f16": ("bert", "F16", 4, (4,)),
+    "qwen3-tiny-f16": ("qwen3", "F16", None, (0, 1, 3)),
+}
+BERT_VOCAB = "ggml-vocab-bert-bge.gguf"          # llama.cpp's BGE WordPiece vocabulary (with goldens)
+BERT = dict(n_embd=128, n_head=2, n_layer=2, n_ff=512, n_ctx=512, eps=1e-12)
+
+
+def f32(v) -> float:
+    return float(np.format_float_positional(np.float32(v), unique=True, trim="-"))
+
+
+def write_bert(out: Path, ftype: str, pooling: int) -> Path:
+    """A random-weight bert model (BGE's vocabulary) with `pooling` as bert.pooling_type; pooling 4
+    (rank) adds a classifier head (cls, cls.output) as BGE rerankers have."""
+    import gguf
+    d, f, L, ctx = BERT["n_embd"], BERT["n_ff"], BERT["n_layer"], BERT["n_ctx"]
+    rng = np.random.default_rng(stable_seed("bert", pooling))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    w = gguf.GGUFWriter(tmp, "bert")
+    w.add_name(out.stem)
+    for key, v in (("context_length", ctx), ("embedding_length", d), ("block_count", L), ("feed_forward_length", f),
+                   ("attention.head_count", BERT["n_head"]), ("pooling_type", pooling)):
+        w.add_uint32(f"bert.{key}", v)
+    w.add_float32("bert.attention.layer_norm_epsilon", BERT["eps"])
+    w.add_bool("bert.attention.causal", False)
+    w.add_file_type(1 if ftype == "F16" else 0)
+    vocab = vocab_dir() / BERT_VOCAB
+    if not vocab.is_file():
+        from tools.fetch_vocab import fetch_vocab          # llama.cpp's vocab files, once
+        fetch_vocab(vocab_dir())
+    n_vocab = _copy_vocab(w, vocab)
+
+    def mat(rows, cols, std=None):
+        return (rng.standard_normal((rows, cols)) * (std or 1.0 / np.sqrt(cols))).astype(np.float32)
+
+    def vec(n, base=0.0, std=0.1):
+        return (base + rng.standard_normal(n) * std).astype(np.float32)
+
+    t = {"token_embd.weight": mat(n_vocab, d, 0.5), "token_types.weight": mat(2, d, 0.1),
+         "position_embd.weight": mat(ctx, d, 0.1), "token_embd_norm.weight": vec(d, 1.0),
+         "token_embd_norm.bias": vec(d)}
+    for il in range(L):
+        p = f"blk.{il}."
+        for name, (r, c) in (("attn_q", (d, d)), ("attn_k", (d, d)), ("attn_v", (d, d)), ("attn_output", (d, d)),
+                             ("ffn_up", (f, d)), ("ffn_down", (d, f))):
+            t[p + name + ".weight"], t[p + name + ".bias"] = mat(r, c), vec(r)
+        for name in ("attn_output_norm", "layer_output_norm"):
+            t[p + name + ".weight"], t[p + name + ".bias"] = vec(d, 1.0), vec(d)
+    if pooling == 4:
+        t |= {"cls.weight": mat(d, d), "cls.bias": vec(d), "cls.output.weight": mat(1, d), "cls.output.bias": vec(1)}
+    for name, a in t.items():
+        half = ftype == "F16" and a.ndim == 2 and name != "token_types.weight"   # (ggml adds only an f32 row)
+        w.add_tensor(name, a.astype(np.float16) if half else a)
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        _publish(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def model_file(mid: str) -> Path:
+    kind, ftype, pooling, _ = MODELS[mid]
+    if kind != "bert":
+        return ensure_model(kind, ftype)
+    path = models_dir() / f"{mid}.gguf"
+    if path.is_file():
+        return path
+    if ftype in ("F32", "F16"):
+        return write_bert(path, ftype, pooling)
+    src = model_file(mid.rsplit("-", 1)[0] + "-f16")
+    return quantize(src, path, ftype)
+
+
+def record_model(mid: str) -> dict:
+    import llama_cpp
+    path = model_file(mid)
+    runs = []
+    for pt in MODELS[mid][3]:
+        llm = llama_cpp.Llama(str(path), embedding=True, pooling_type=pt, n_ctx=N_CTX, n_batch=N_CTX,
+                              n_threads=N_THREADS, verbose=False)
+        items = []
+        if pt == 4:
+            for text in TEXTS:
+                toks = llm.tokenize(QUERY.encode(), add_bos=False), llm.tokenize(text.encode(), add_bos=False)
+                pair = _rerank_tokens(llm, *toks)
+                llm._batch.reset()                      # as Llama.embed decodes one sequence
+                llm._batch.add_sequence(pair, 0, True)
+                llm._ctx.kv_cache_clear()
+                llm._ctx.decode(llm._batch)
+                ptr = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)
+                items.append({"text": text, "tokens": pair, "scores": [f32(ptr[0])]})
+        else:
+            for text in TEXTS[:2] if pt == 0 else TEXTS:      # pooling none: a vector per token, two texts
+                v = np.asarray(llm.embed(text), np.float32)
+                items.append({"text": text, "tokens": llm.tokenize(text.encode()),
+                              "embedding": [[f32(x) for x in r] for r in v] if v.ndim == 2 else [f32(x) for x in v]})
+        runs.append({"pooling_type": pt, "items": items})
+        llm.close()
+    return {"format": FORMAT, "model": {"id": mid, "sha256": sha256_file(path), "kind": MODELS[mid][0],
+                                        "type": MODELS[mid][1]},
+            "oracle": {"llama_cpp_python": llama_cpp.__version__, "n_ctx": N_CTX, "n_threads": N_THREADS,
+                       "system_info": llama_cpp.llama_print_system_info().decode(), "cpu": _cpu_name()},
+            "runs": runs}
+
+
+def _rerank_tokens(llm, q: list[int], d: list[int]) -> list[int]:
+    """llama.cpp's format_rerank for a vocabulary that adds BOS and SEP (a WordPiece one): [CLS] q [SEP] d."""
+    import llama_cpp
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    out = [llama_cpp.llama_vocab_bos(vocab)] if llama_cpp.llama_vocab_get_add_bos(vocab) else []
+    eos = llama_cpp.llama_vocab_eos(vocab)
+    eos = eos if eos >= 0 else llama_cpp.llama_vocab_sep(vocab)
+    out += q
+    if llama_cpp.llama_vocab_get_add_eos(vocab):
+        out.append(eos)
+    if llama_cpp.llama_vocab_get_add_sep(vocab):
+        out.append(llama_cpp.llama_vocab_sep(vocab))
+    out += d
+    if llama_cpp.llama_vocab_get_add_eos(vocab):
+        out.append(eos)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("ids", nargs="*", help=f"model ids (default: all of {', '.join(MODELS)})")
+    args = ap.parse_args(argv)
+    EMBED_DIR.mkdir(parents=True, exist_ok=True)
+    for mid in args.ids or MODELS:
+        rec = record_model(mid)
+        (EMBED_DIR / f"{mid}.json").write_text(dumps(rec) + "\n")
+        print(f"{mid}: {len(rec['runs'])} pooling types")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
