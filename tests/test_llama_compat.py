@@ -10,7 +10,6 @@ import pytest
 from ramforge import Llama
 from ramforge.errors import ContextLengthExceeded, InvalidArgument, Unsupported
 from ramforge.generation.fim import NoFIMTokens
-from ramforge.generation.llama import EmbeddingsUnsupported
 
 N_CTX = 256
 PLANETS = "Q: Name the planets in the solar system? A: "
@@ -121,12 +120,31 @@ def test_generate_eval_sample_reset(llm):
 def test_refusals(llm):
     with pytest.raises(NoFIMTokens, match="fill-in-the-middle"):
         llm("def f(", suffix="\n    return x", max_tokens=4)
-    with pytest.raises(EmbeddingsUnsupported):
+    with pytest.raises(InvalidArgument, match="embedding=True"):     # as llama-cpp-python asks
         llm.embed("hello")
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(InvalidArgument, match="embedding=True"):
         llm.create_embedding("hello")
-    with pytest.raises(Unsupported, match="from_pretrained|ramforge pull"):
-        Llama.from_pretrained("ggml-org/gemma-3-270m-GGUF", "*Q8_0.gguf")
+
+
+def test_from_pretrained_loads_what_the_hub_download_gives(monkeypatch, default_model):
+    from ramforge.store import hf
+
+    asked = []
+    monkeypatch.setattr(hf, "download", lambda repo, filename: asked.append((repo, filename)) or default_model)
+    with Llama.from_pretrained("ggml-org/gemma-3-270m-GGUF", "*Q4_K_M.gguf", n_ctx=64, verbose=False) as m:
+        assert m.n_ctx() == 64 and m.n_vocab() == 262144
+    assert asked == [("ggml-org/gemma-3-270m-GGUF", "*Q4_K_M.gguf")]
+
+
+def test_embed_on_a_bert_model_matches_model_embed():
+    from ramforge.generation.api import Model
+    from tools.record_embeddings import model_file
+
+    path = str(model_file("bert-tiny-f32"))
+    with Llama(path, embedding=True, n_threads=1, verbose=False) as llm, Model(path, n_threads=1) as m:
+        assert llm.embed("hello world") == m.embed("hello world")
+        out = llm.create_embedding(["a", "b c"])
+        assert [d["index"] for d in out["data"]] == [0, 1] and out["usage"]["prompt_tokens"] > 0
 
 
 def test_chat_defaults_are_llama_cpp_pythons():

@@ -194,9 +194,10 @@ class Model:
         out = out[0] if isinstance(input, (str, bytes)) else out
         return (out, total) if return_count else out
 
-    def create_embedding(self, input, model: str | None = None) -> dict:
+    def create_embedding(self, input, model: str | None = None, pooling_type=None) -> dict:
         """llama-cpp-python's create_embedding: OpenAI's list of embedding objects, with usage."""
-        data, total = self.embed(input if isinstance(input, list) else [input], return_count=True)
+        data, total = self.embed(input if isinstance(input, list) else [input], return_count=True,
+                                 pooling_type=pooling_type)
         return {"object": "list", "model": model if model is not None else self.path,
                 "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
                 "usage": {"prompt_tokens": total, "total_tokens": total}}

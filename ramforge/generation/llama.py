@@ -35,7 +35,7 @@ NO_OP_KEYWORDS = {"n_gpu_layers": 0, "split_mode": 1, "main_gpu": 0, "tensor_spl
                   "offload_kqv": True, "op_offload": None, "swa_full": None, "no_perf": False, "numa": False,
                   "rpc_servers": None, "penalize_nl": True}
 # Keyword: default. A value other than the default changes the model's output: refused.
-REFUSED_KEYWORDS = {"vocab_only": False, "kv_overrides": None, "rope_scaling_type": -1, "pooling_type": -1,
+REFUSED_KEYWORDS = {"vocab_only": False, "kv_overrides": None, "rope_scaling_type": -1,
                     "attention_type": -1, "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0,
                     "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
                     "lora_base": None, "lora_path": None, "lora_scale": 1.0, "tokenizer": None, "spm_infill": False}
@@ -102,7 +102,7 @@ class Llama:
                  last_n_tokens_size: int = 64, chat_format: str | None = None, chat_handler=None, draft_model=None,
                  type_k: int | None = None, type_v: int | None = None, verbose: bool = True,
                  ram: str | int | None = None, io: str | None = None, kv_spill=None, expert_policy: str | None = None,
-                 expert_prefetch: bool = True, chat_template: str | None = None, **kwargs):
+                 expert_prefetch: bool = True, chat_template: str | None = None, pooling_type: int = -1, **kwargs):
         from ..gguf.reader import GGUFFile
         from .api import Model
 
@@ -146,6 +146,7 @@ class Llama:
                             type_k=type_k, type_v=type_v, flash_attn=True if flash_attn else None, kv_spill=kv_spill,
                             expert_policy=expert_policy, expert_prefetch=expert_prefetch)
         self.n_batch, self.n_ubatch = n_batch, min(n_batch, n_ubatch)
+        self._pooling_type = pooling_type          # llama.cpp's id (-1: the file's {arch}.pooling_type)
         self.n_threads = self._model.engine.n_threads
         self.n_threads_batch = n_threads_batch or self.n_threads
         self._seed = seed or LLAMA_DEFAULT_SEED            # llama-cpp-python: `seed or LLAMA_DEFAULT_SEED`
@@ -434,18 +435,11 @@ class Llama:
         return self._embeddings("embed", input, normalize=normalize, truncate=truncate, return_count=return_count)
 
     def _embeddings(self, method: str, input, **kwargs):
-        """The one call site of ramforge's embeddings (ramforge.generation.embed, where built)."""
-        try:
-            from . import embed as embed_module
-        except ImportError:
-            embed_module = None
-        fn = getattr(embed_module, f"llama_{method}", None)
-        if fn is None:
-            raise EmbeddingsUnsupported(f"Llama.{method}: this ramforge build computes no embeddings yet "
-                                        f"(ramforge.generation.embed); use llama-cpp-python for embeddings")
+        """Model.embed / create_embedding (generation/embed.py), once Llama(embedding=True) asked for them."""
         if not self.embedding:
             raise InvalidArgument(f"Llama.{method} needs Llama(..., embedding=True), as llama-cpp-python does")
-        return fn(self, input, **kwargs)
+        fn = self._model.embed if method == "embed" else self._model.create_embedding
+        return fn(input, pooling_type=self._pooling_type, **kwargs)
 
     # ---- states and caches ---------------------------------------------------------------------------
     def save_state(self) -> LlamaState:
@@ -475,12 +469,10 @@ class Llama:
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None, additional_files=None, local_dir=None,
                         local_dir_use_symlinks="auto", cache_dir=None, **kwargs) -> "Llama":
-        """Download filename (a name or glob) of the Hugging Face repo repo_id into ramforge's store and load it."""
-        try:
-            from ..store.hf import download
-        except ImportError:
-            raise Unsupported("Llama.from_pretrained needs ramforge.store.hf, not in this build; download the file "
-                              "with `ramforge pull hf.co/ORG/REPO/FILE.gguf` and pass its name as model_path") from None
+        """Download filename (a name or glob) of the Hugging Face repo repo_id into the shared Hugging Face cache
+        (store.hf.download: HF_ENDPOINT, HF_TOKEN) and load it; a split set's shards come with its first."""
+        from ..store.hf import download
+
         if additional_files:
             raise Unsupported("from_pretrained(additional_files=...) (split GGUFs) is not supported")
         return cls(model_path=str(download(repo_id, filename)), **kwargs)
