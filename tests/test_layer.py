@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
 from types import SimpleNamespace
 
@@ -10,20 +9,15 @@ import numpy as np
 import pytest
 
 from ramforge.gguf.constants import GGMLType
-from ramforge.models import ARCHITECTURES
-from ramforge.models import moe
-from ramforge.models.weights import Layer, QTensor, layer_names, layer_tensors
+from ramforge.models import ARCHS, llama, moe
+from ramforge.models.weights import Layer, QTensor
 
 DENSE = SimpleNamespace(n_expert=0)          # the hyperparameters a layer's names depend on
 
 
-def _module(arch):
-    return importlib.import_module(f"ramforge.models.{ARCHITECTURES[arch]}")
-
-
 def _layer(arch, present=(), hp=DENSE):
     vec = np.zeros(4, np.float32)
-    return Layer(3, layer_names(_module(arch), hp), {n: QTensor(n, GGMLType.F32, (4,), vec) for n in present})
+    return Layer(3, ARCHS[arch].layer_names(hp), {n: QTensor(n, GGMLType.F32, (4,), vec) for n in present})
 
 
 def test_absent_optional_tensors_are_none_and_unknown_names_fail():
@@ -51,13 +45,13 @@ def _attributes_of_L(fn) -> set[str]:
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "L"}
 
 
-@pytest.mark.parametrize("arch,n_expert", [(a, 0) for a in sorted(ARCHITECTURES)] + [("llama", 8)])
+@pytest.mark.parametrize("arch,n_expert", [(a, 0) for a in sorted(ARCHS)] + [("llama", 8)])
 def test_every_name_a_forward_pass_reads_is_allowed(arch, n_expert):
-    m, hp = _module(arch), SimpleNamespace(n_expert=n_expert)
-    read = _attributes_of_L(m.forward)
-    if "llama" in m.forward.__code__.co_names:                           # qwen2, qwen3, the MoE models
-        read |= _attributes_of_L(_module("llama").forward)
-    if "ffn_gate_inp" in layer_tensors(m, hp):                           # a router: the experts' FFN too
+    a, hp = ARCHS[arch], SimpleNamespace(n_expert=n_expert)
+    read = _attributes_of_L(a.forward)                                  # the whole module of its forward pass
+    if "llama" in a.forward.__code__.co_names:                           # a forward pass delegating to llama's
+        read |= _attributes_of_L(llama.forward)
+    if "ffn_gate_inp" in a.layer_tensors(hp):                            # a router: the experts' FFN too
         read |= _attributes_of_L(moe.ffn)
-    names = layer_names(m, hp)
+    names = a.layer_names(hp)
     assert read and read <= names, sorted(read - names)

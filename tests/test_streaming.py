@@ -76,7 +76,7 @@ def test_layer_ranges_chain_to_the_full_model(tiny, reference):
     b = Engine.load(tiny, n_ctx=64, layers=(1, 3), budget=MemoryBudget("64M"))
     with a, b:
         x = np.zeros((len(PROMPT), a.hp.n_embd), np.float32)
-        a.module.embed(a, x, PROMPT)
+        a.arch.embed(a, x, PROMPT)
         h = a.eval_hidden(x)
         logits = b.eval_hidden(h, logits=True)
         assert a.kv.k.shape[0] == 1 and b.kv.k.shape[0] == 2

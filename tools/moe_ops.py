@@ -108,7 +108,6 @@ def check_layer(eng, il: int, g: dict[str, np.ndarray]) -> dict[str, tuple[float
     from ramforge.kernels.matmul import batch_view, matmul
     from ramforge.kernels.moe import _softmax, expert_matmul, route, shared_expert_gate, weighted_sum
     from ramforge.kernels.ops import swiglu
-    from ramforge.models.moe import NORM_W
 
     hp = eng.hp
     x = g[f"ffn_norm-{il}"]                                        # f32[n, n_embd]
@@ -116,7 +115,7 @@ def check_layer(eng, il: int, g: dict[str, np.ndarray]) -> dict[str, tuple[float
     logits = g[f"ffn_moe_logits-{il}"].astype(np.float32)
     probs_l = g[f"ffn_moe_probs-{il}"].astype(np.float32)
     topk = g[f"ffn_moe_topk-{il}"].reshape(n, k)
-    wname = f"ffn_moe_weights_norm-{il}" if NORM_W[hp.arch] else f"ffn_moe_weights-{il}"
+    wname = f"ffn_moe_weights_norm-{il}" if eng.arch.moe.norm_w else f"ffn_moe_weights-{il}"
     w_l = g[wname].reshape(n, k).astype(np.float32)
     out: dict[str, tuple[float, float]] = {}
     with eng.weights.layer(il) as L, batch_view(n, 0):
@@ -131,7 +130,7 @@ def check_layer(eng, il: int, g: dict[str, np.ndarray]) -> dict[str, tuple[float
         route(sel, wts, probs_l, False)        # top-k of llama.cpp's probabilities (softmax keeps the order)
         out["top-k"] = (float(np.mean(sel == topk)), float(np.abs(sel - topk).max()))
         w = np.take_along_axis(probs_l, topk, 1)
-        if NORM_W[hp.arch]:
+        if eng.arch.moe.norm_w:
             total = np.array([np.float32(np.sum(r, dtype=np.float64)) for r in w], np.float32)
             w = w / np.maximum(total, np.float32(6.103515625e-5))[:, None]
         out["weights"] = _cmp(w, w_l)

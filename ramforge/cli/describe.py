@@ -129,11 +129,12 @@ def inspect(model, as_json):
 def support(as_json):
     """What ramforge executes, inspects only, or refuses."""
     from ..kernels.registry import is_executable as type_ok
-    from ..models import ALIASES, ARCHITECTURES
+    from ..models import ARCHS
     from ..tokenizer import SUPPORTED_TOKENIZERS
 
     info = {
-        "architectures": {"executable": sorted(ARCHITECTURES), "aliases": dict(ALIASES),
+        "architectures": {"executable": sorted({a.name for a in ARCHS.values()}),
+                          "aliases": {n: a.name for n, a in sorted(ARCHS.items()) if n != a.name},
                           "inspect_only": "every other GGUF architecture"},
         "quant_types": {
             "executable": [t.name for t in GGMLType if type_ok(t)],

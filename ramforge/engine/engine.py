@@ -5,7 +5,6 @@ Python orchestrates (chunks of tokens, layers, sampling); the @njit kernels comp
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -26,11 +25,11 @@ from ..kv.cache import KVCache
 from ..stream.kv_spill import SpilledKVCache, spill_dir, spill_mode
 from .. import cancel
 from . import parallel
-from ..models import ALIASES, ARCHITECTURES
+from ..models import arch_of
+from ..models.arch import Arch
 from ..models.config import HParams
-from ..models.config import MOE_ARCHS, NO_CAPS, SOFTCAPS
-from ..models.weights import ModelError, gguf_name, layer_tensors
-from ..stream.plan import UBATCH, Plan, layer_windows, n_vocab_of, plan_for_budget
+from ..models.weights import ModelError, gguf_name
+from ..stream.plan import UBATCH, Plan, n_vocab_of, plan_for_budget
 from ..profiling import KERNELS, PROFILE, PassRecord
 from .runtime import bind
 from .state import State, Timings
@@ -39,13 +38,9 @@ from ..stream.io import IOMode
 from ..stream.weights import Weights
 
 
-# architectures whose llama.cpp graph reads {arch}.attention.sliding_window (phi3's turns it off again:
-# models/phi3.py attends to the whole context, as llama.cpp does)
-SLIDING_WINDOW_ARCHS = frozenset({"gemma3", "gemma2", "phi3", "gpt-oss"})
-
-
-def _refuse_unsupported_keys(md: dict, arch: str) -> dict:
-    """Metadata that would change the math but that ramforge does not implement, refused by name."""
+def _refuse_unsupported_keys(md: dict, arch: str, spec: Arch) -> None:
+    """Metadata that would change the math but that ramforge's forward pass for `spec` does not
+    implement, refused by name."""
     def get(t):
         return md.get(Keys.of(t, arch))
 
@@ -53,21 +48,16 @@ def _refuse_unsupported_keys(md: dict, arch: str) -> dict:
     if group is not None and np.isscalar(group) and group > 1:
         raise UnsupportedArch(f"{Keys.of(Keys.EXPERT_GROUP_COUNT, arch)} = {group}: grouped expert routing is "
                               f"not supported")
-    moe = () if arch in MOE_ARCHS else (Keys.EXPERT_COUNT,)     # experts run only where the forward pass has them
-    caps = SOFTCAPS.get(arch, NO_CAPS)             # soft-caps only where the graph applies them
+    moe = () if spec.moe else (Keys.EXPERT_COUNT,)   # experts run only where the forward pass has them
+    caps = spec.softcaps                           # soft-caps only where the graph applies them
     uncapped = [t for t, d in ((Keys.ATTN_LOGIT_SOFTCAPPING, caps.attn), (Keys.FINAL_LOGIT_SOFTCAPPING, caps.final))
                 if d is None]
     for t in (*moe, *uncapped, "{arch}.rope.dimension_sections", "{arch}.attention.sliding_window_pattern"):
         v = md.get(Keys.of(t, arch))
         if v is not None and not (np.isscalar(v) and v == 0):
             raise UnsupportedArch(f"{Keys.of(t, arch)} = {v!r} is not supported by ramforge's {arch} forward pass")
-    if arch not in SLIDING_WINDOW_ARCHS and get(Keys.SLIDING_WINDOW):
+    if not spec.reads_sliding_window and get(Keys.SLIDING_WINDOW):
         raise UnsupportedArch(f"{Keys.of(Keys.SLIDING_WINDOW, arch)} is not supported for {arch}")
-    extra = {}
-    base_swa = md.get(f"{arch}.rope.freq_base_swa")
-    if base_swa is not None:
-        extra["rope_base_swa"] = float(base_swa)
-    return extra
 
 
 def kv_types(type_k=None, type_v=None, env: dict | None = None) -> tuple[str, str]:
@@ -84,14 +74,6 @@ def kv_types(type_k=None, type_v=None, env: dict | None = None) -> tuple[str, st
             raise InvalidArgument(f"RAMFORGE_KV_TYPE={raw!r}: one KV type, or two as K,V")
         dk, dv = kv_type(parts[0]), kv_type(parts[-1])
     return kv_type(dk if type_k is None else type_k), kv_type(dv if type_v is None else type_v)
-
-
-def arch_module(arch: str):
-    name = ARCHITECTURES.get(ALIASES.get(arch, arch))
-    if name is None:
-        raise UnsupportedArch(f"architecture {arch!r} cannot be executed; executable: "
-                              f"{', '.join(sorted(ARCHITECTURES))} (any architecture can be inspected)")
-    return importlib.import_module(f"ramforge.models.{name}")
 
 
 class _InThread(threading.Thread):
@@ -125,14 +107,13 @@ class Engine:
 
     path: str
     hp: HParams
-    module: object
+    arch: Arch                                      # the architecture's record: its forward pass and facts
     plan: Plan
     weights: Weights
     kv: KVCache | SpilledKVCache
     state: State
     tokenizer: object
     budget: MemoryBudget
-    extra: dict = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)
     tokens: list = field(default_factory=list)      # the token ids whose keys and values are cached
     _charges: list = field(default_factory=list)
@@ -168,13 +149,14 @@ class Engine:
         type_k, type_v = kv_types(type_k, type_v)
         with GGUFFile(path) as f:
             md = f.metadata
-            module = arch_module(md.get(Keys.ARCHITECTURE))
+            arch = arch_of(md.get(Keys.ARCHITECTURE))
             hp = HParams.from_metadata(md, n_vocab_of(f))
-            extra = _refuse_unsupported_keys(md, hp.arch)
-            extra.update(getattr(module, "read_metadata", lambda md: {})(md))    # a module's own keys
-            if batch is None and not getattr(module, "CAUSAL", True):
+            _refuse_unsupported_keys(md, hp.arch, arch)
+            if arch.check_metadata is not None:
+                arch.check_metadata(md)                 # keys of its own it cannot run
+            if batch is None and not arch.causal:
                 batch = UBATCH          # an encoder's sequence is one pass (llama.cpp: n_ubatch >= n_tokens)
-            _refuse_unknown_tensors(f, hp, module)
+            _refuse_unknown_tensors(f, hp, arch)
             if not (isinstance(n_seq, int) and 1 <= n_seq <= 64):
                 raise InvalidArgument(f"n_seq = {n_seq!r}: between 1 and 64 sequences")
             plan = plan_for_budget(f, budget.available, n_ctx, layers, batch, type_k=type_k, type_v=type_v,
@@ -185,7 +167,7 @@ class Engine:
             # vocabulary) and set numba up (~0.2 s) in threads
             tok = _InThread(load_tokenizer, md)
             prepare_in_background()
-            weights = Weights(f, plan, hp, module, budget, io, expert_policy, expert_prefetch)
+            weights = Weights(f, plan, hp, arch, budget, io, expert_policy, expert_prefetch)
             try:
                 tokenizer = tok.result()
             except BaseException:
@@ -200,7 +182,7 @@ class Engine:
             if plan.kv_spill:
                 kv = SpilledKVCache(budget, b - a, plan.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, a, type_k,
                                     type_v, plan.batch, spill_dir(kv_spill), weights.reader,
-                                    layer_windows(hp, module, (a, b)), plan.kv_tail, plan.kv_spill_file_bytes)
+                                    arch.windows(hp, (a, b)), plan.kv_tail, plan.kv_spill_file_bytes)
                 charges.append(kv)        # closed (files removed, reader stopped) with the engine
             else:
                 kv = KVCache(budget, b - a, kv_rows(plan.n_ctx, n_seq), hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
@@ -213,7 +195,7 @@ class Engine:
                 (c.close if isinstance(c, SpilledKVCache) else c.release)()
             weights.close()
             raise
-        eng = cls(str(path), hp, module, plan, weights, kv, state, tokenizer, budget, extra, _charges=charges,
+        eng = cls(str(path), hp, arch, plan, weights, kv, state, tokenizer, budget, _charges=charges,
                   n_threads=n_threads)
         clock.stop()
         eng.timings.load_s = clock.seconds
@@ -298,7 +280,7 @@ class Engine:
         ends = self.layers[1] == self.hp.n_layer
         if self.layers[0] == 0:
             def fill(x):
-                self.module.embed(self, x, inp)
+                self.arch.embed(self, x, inp)
         else:
             def fill(x):
                 x[:] = inp
@@ -354,7 +336,7 @@ class Engine:
                 spill.begin_pass(self.kv.n_past, n)
             fill(self.state.x[:n])
             with batch_view(*view) if view else contextlib.nullcontext():
-                self.module.forward(self, self.state, n, self.kv.n_past, out=only)
+                self.arch.forward(self, self.state, n, self.kv.n_past, out=only)
             if spill:
                 spill.end_pass()
             if self.kv.ub is None:                  # a cells pass (parallel.eval_batch) keeps its own books
@@ -388,14 +370,14 @@ class Engine:
         """llama.cpp's t_embd of the rows, a new f32[n, n_embd]: the output norm of the final hidden
         states, or the architecture's own (`hidden_out`: an encoder's last layer ends in its norm)."""
         x = self.state.x[rows]
-        own = getattr(self.module, "hidden_out", None)
+        own = self.arch.hidden_out
         if own is not None:
             return own(self, x)
         return rms_norm(np.empty_like(x), x, self.weights.output_norm.data, self.hp.rms_eps)
 
     @property
     def causal(self) -> bool:
-        return getattr(self.module, "CAUSAL", True)
+        return self.arch.causal
 
     def hidden(self, tokens) -> np.ndarray:
         """One sequence's final hidden states f32[n, n_embd] (t_embd, every token an output), from
@@ -413,7 +395,7 @@ class Engine:
                                         f"{min(self.plan.batch, self.n_ctx)} (llama.cpp's n_ubatch, the context)")
         n = int(toks.size)
         try:
-            return self._pass(n, lambda x: self.module.embed(self, x, toks), slice(0, n), (n, 0), embd=True)
+            return self._pass(n, lambda x: self.arch.embed(self, x, toks), slice(0, n), (n, 0), embd=True)
         finally:
             self.reset()
 
@@ -530,12 +512,12 @@ class Engine:
         self.close()
 
 
-def _refuse_unknown_tensors(f: GGUFFile, hp: HParams, module) -> None:
+def _refuse_unknown_tensors(f: GGUFFile, hp: HParams, arch: Arch) -> None:
     """A tensor the forward pass would ignore changes the answer: refuse it by name."""
-    known = {gguf_name(s) for s in ("token_embd", "output_norm", "output", "rope_freqs",
-                                    *getattr(module, "GLOBAL_TENSORS", ()))}
+    known = {gguf_name(s) for s in ("token_embd", "output_norm", "output", "rope_freqs")}
+    known.update(arch.global_vectors, arch.global_matrices)
     for il in range(hp.n_layer):
-        known.update(gguf_name(s, il) for s in layer_tensors(module, hp))
+        known.update(gguf_name(s, il) for s in arch.layer_tensors(hp))
     for name in f.tensors:
         if name not in known:
             raise ModelError(f"{f.path}: tensor {name} is not used by ramforge's {hp.arch} forward pass; "

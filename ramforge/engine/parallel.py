@@ -19,10 +19,6 @@ from ..kernels.ops import _rope_params, rope
 from ..kv.cells import pad_cells, place
 from .ubatch import Chunk, chunks
 
-ISWA_ARCHS = frozenset({"gemma2", "gemma3", "gpt-oss"})      # llama.cpp's sliding-window cache (iswa)
-LLAMA_ROPE = frozenset({"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe"})
-
-
 def seq_tokens(eng, s: int) -> list:
     """The token ids of sequence s, by position (sequence 0's list is eng.tokens)."""
     return eng.tokens if s == 0 else eng.seq_tokens.setdefault(s, [])
@@ -54,7 +50,7 @@ def _check_seq(eng, s: int) -> int:
 def _window(eng) -> tuple[int, int]:
     """(the sliding window of llama.cpp's iswa cache, its size per stream) or (0, 0)."""
     hp, kv = eng.hp, eng.kv
-    if hp.arch not in ISWA_ARCHS or hp.sliding_window <= 0:
+    if not eng.arch.iswa or hp.sliding_window <= 0:
         return 0, 0
     return hp.sliding_window, pad_cells(min(kv.n_ctx_seq, hp.sliding_window + eng.ubatch))
 
@@ -224,26 +220,21 @@ def seq_cp(eng, src: int, dst: int) -> None:
 
 def _shift_rope(eng):
     """il -> (base, neox, freq_factors, RopeScale) of layer il's keys, as llama.cpp's build_rope_shift
-    rotates them; NotReproduced where ramforge does not rotate cached keys as llama.cpp would."""
-    hp, kv = eng.hp, eng.kv
+    rotates them (the record's RoPE kind, each layer's base and scale: Arch.layer_rope, and rope_freqs'
+    factors where its RoPE takes them); NotReproduced where ramforge does not rotate cached keys as
+    llama.cpp would (Arch.k_shift)."""
+    hp, kv, arch = eng.hp, eng.kv, eng.arch
     if kv.type_k != "f16":
         raise NotReproduced(f"a K-shift (seq_add, context shift) over a {kv.type_k} K cache (dequantize, "
                             f"rotate, requantize) is not reproduced; use an f16 K cache")
-    if hp.arch == "gemma3":
-        from ..models import gemma3
-        base_swa = eng.extra.get("rope_base_swa", gemma3.ROPE_BASE_SWA)
-        scale_swa = hp.rope_scale._replace(freq_scale=gemma3.ROPE_FREQ_SCALE_SWA)
-        return lambda il: ((base_swa, True, None, scale_swa) if gemma3.is_swa(hp, il)
-                           else (hp.rope_base, True, None, hp.rope_scale))
-    if hp.arch == "gemma2":
-        from ..models import gemma2
-        base_swa = eng.extra.get("rope_base_swa", hp.rope_base)
-        return lambda il: (base_swa if gemma2.is_swa(hp, il) else hp.rope_base, True, None, hp.rope_scale)
-    if eng.module.__name__.rsplit(".", 1)[-1] in LLAMA_ROPE:
-        ff = eng.weights.rope_freqs.data if eng.weights.rope_freqs is not None else None
-        neox = bool(getattr(eng.module, "ROPE_NEOX", False))
-        return lambda il: (hp.rope_base, neox, ff, hp.rope_scale)
-    raise NotReproduced(f"a K-shift (seq_add, context shift) for {hp.arch} is not reproduced")
+    if not arch.k_shift:
+        raise NotReproduced(f"a K-shift (seq_add, context shift) for {hp.arch} is not reproduced")
+    ff = eng.weights.rope_freqs.data if arch.rope_freqs and eng.weights.rope_freqs is not None else None
+
+    def args(il: int):
+        base, scale = arch.layer_rope(hp, il)
+        return base, arch.rope_neox, ff, scale
+    return args
 
 
 def apply_k_shift(eng) -> None:

@@ -78,7 +78,7 @@ def pool(engine, hidden: np.ndarray, pooling: Pooling) -> np.ndarray:
         return hidden[0].copy()
     if pooling == Pooling.LAST:
         return hidden[-1].copy()
-    head = getattr(engine.module, "rank_head", None)
+    head = engine.arch.rank_head
     if head is None:
         raise NoEmbeddings(f"rank pooling needs a classifier head, and ramforge's {engine.hp.arch} has none")
     return head(engine, hidden[:1])[0]

@@ -7,8 +7,7 @@ then LayerNorm (with bias). Per layer: Q, K, V (+ biases) -> attention -> output
 norm and no output matrix: the last layer's output is the embedding (t_embd). Rank pooling (a
 reranker) takes the first token through the classifier head: cls (+ bias), tanh, cls.output (+ bias).
 
-All of bert's facts are here (the tensors, the metadata it reads, its head); engine/engine.py asks a
-module for CAUSAL, read_metadata, hidden_out and rank_head.
+All of bert's facts are in its record, `ARCH` (the tensors, the metadata it checks, its head).
 """
 from __future__ import annotations
 
@@ -19,29 +18,16 @@ import numpy as np
 from ..errors import ModelFileError
 from ..kernels.encoder import encoder_attention, gelu, layer_norm, tanh
 from ..kernels.matmul import batch_view
+from .arch import Arch
 
-CAUSAL = False                  # {arch}.attention.causal: false for every bert file
-HAS_OUTPUT = False              # no output_norm, no output matrix
-LAYER_TENSORS = ["attn_q", "attn_q_bias", "attn_k", "attn_k_bias", "attn_v", "attn_v_bias",
-                 "attn_output", "attn_output_bias", "attn_output_norm", "attn_output_norm_bias",
-                 "ffn_up", "ffn_up_bias", "ffn_down", "ffn_down_bias", "layer_output_norm", "layer_output_norm_bias"]
-OPTIONAL: set[str] = set()
-ALSO_READ: set[str] = set()
-# beside token_embd: token types, absolute positions, the embedding norm, the classifier head (rerankers)
-GLOBAL_TENSORS = ("token_types", "position_embd", "token_embd_norm", "token_embd_norm_bias",
-                  "cls", "cls_bias", "cls.output", "cls.output_bias")
 EPS_KEY = "{arch}.attention.layer_norm_epsilon"
 CAUSAL_KEY = "{arch}.attention.causal"
+REQUIRED = ("position_embd.weight", "token_embd_norm.weight", "token_embd_norm.bias")
 
 
-def layer_shapes(hp) -> dict[str, tuple[int, ...]]:
-    d, f = hp.n_embd, hp.n_ff
-    return {"attn_output_bias": (d,), "attn_output_norm": (d,), "attn_output_norm_bias": (d,),
-            "ffn_up_bias": (f,), "ffn_down_bias": (d,), "layer_output_norm": (d,), "layer_output_norm_bias": (d,)}
-
-
-def read_metadata(md: dict) -> dict:
-    """The LayerNorm epsilon ({arch}.attention.layer_norm_epsilon, required as in llama.cpp)."""
+def check_metadata(md: dict) -> None:
+    """The LayerNorm epsilon ({arch}.attention.layer_norm_epsilon, HParams.norm_eps) is required, as in
+    llama.cpp; a causal bert is not this graph."""
     arch = md.get("general.architecture")
     key = EPS_KEY.format(arch=arch)
     if key not in md:
@@ -49,24 +35,14 @@ def read_metadata(md: dict) -> dict:
     causal = md.get(CAUSAL_KEY.format(arch=arch))
     if causal:
         raise ModelFileError(f"{CAUSAL_KEY.format(arch=arch)} = true: ramforge's {arch} is an encoder only")
-    return {"ln_eps": float(md[key])}
 
 
 def _globals(m) -> dict:
-    """The tensors beside the layers, read at first use (charged to the budget as the weights are)."""
-    g = m.extra.get("bert")
-    if g is None:
-        w = m.weights
-        g = {}
-        for name in ("token_types.weight", "position_embd.weight", "token_embd_norm.weight", "token_embd_norm.bias",
-                     "cls.bias", "cls.output.bias"):
-            g[name] = w._vector(name)
-        for name in ("cls.weight", "cls.output.weight"):
-            g[name] = w._matrix(name) if name in w.f.tensors else None
-        for name in ("position_embd.weight", "token_embd_norm.weight", "token_embd_norm.bias"):
-            if g[name] is None:
-                raise ModelFileError(f"{m.path}: tensor {name} is missing; architecture {m.hp.arch} needs it")
-        m.extra["bert"] = g
+    """The tensors beside the layers (Arch.global_vectors and global_matrices, read at load)."""
+    g = {**m.weights.vectors, **m.weights.matrices}
+    for name in REQUIRED:
+        if g[name] is None:
+            raise ModelFileError(f"{m.path}: tensor {name} is missing; architecture {m.hp.arch} needs it")
     return g
 
 
@@ -80,7 +56,7 @@ def embed(m, x: np.ndarray, tokens) -> None:
     if g["token_types.weight"] is not None:
         x += g["token_types.weight"].data[:d]
     x[:] = g["position_embd.weight"].data.reshape(-1, d)[:n] + x
-    layer_norm(x, x, g["token_embd_norm.weight"].data, g["token_embd_norm.bias"].data, m.extra["ln_eps"])
+    layer_norm(x, x, g["token_embd_norm.weight"].data, g["token_embd_norm.bias"].data, m.hp.norm_eps)
 
 
 def _linear(W, b, y, x) -> None:
@@ -91,7 +67,7 @@ def _linear(W, b, y, x) -> None:
 def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     """The n tokens in s.x (one sequence, from position 0) through the layers, in place."""
     hp, w = m.hp, m.weights
-    eps = m.extra["ln_eps"]
+    eps = m.hp.norm_eps
     x, xb = s.x[:n], s.xb[:n]
     q, k, v, att, up = s.q[:n], s.k[:n], s.v[:n], s.att[:n], s.up[:n]
     bounds = np.array([[0, n]], np.int64)
@@ -138,3 +114,16 @@ def rank_head(m, h: np.ndarray) -> np.ndarray:
                 y += g["cls.output.bias"].data
             cur = y
     return cur
+
+
+ARCH = Arch(
+    name="bert", forward=forward, embed=embed,
+    tensors=("attn_q", "attn_q_bias", "attn_k", "attn_k_bias", "attn_v", "attn_v_bias",
+             "attn_output", "attn_output_bias", "attn_output_norm", "attn_output_norm_bias",
+             "ffn_up", "ffn_up_bias", "ffn_down", "ffn_down_bias", "layer_output_norm", "layer_output_norm_bias"),
+    # beside token_embd: token types, absolute positions, the embedding norm; the classifier head (rerankers)
+    global_vectors=("token_types.weight", "position_embd.weight", "token_embd_norm.weight", "token_embd_norm.bias",
+                    "cls.bias", "cls.output.bias"),
+    global_matrices=("cls.weight", "cls.output.weight"),
+    causal=False, has_output=False, check_metadata=check_metadata, hidden_out=hidden_out, rank_head=rank_head,
+)

@@ -11,6 +11,8 @@ import numpy as np
 from ..errors import ModelFileError, Unsupported
 from ..gguf.constants import Keys
 from ..kernels.ops import UNSCALED, RopeScale, logf
+from . import ARCHS
+from .arch import NO_CAPS, Arch
 
 
 class ConfigError(ModelFileError):
@@ -39,29 +41,12 @@ def _positive_int(md, template, arch, default=None, required=True) -> int:
     return int(v)
 
 
-@dataclass(frozen=True)
-class MoEArch:
-    """How an architecture's experts are described (llama.cpp's load_arch_hparams / load_arch_tensors)."""
-
-    required: bool          # experts are the FFN (qwen*moe), else optional (llama: Mixtral)
-    ff_key: bool            # expert width from {arch}.expert_feed_forward_length (else feed_forward_length)
-    shared: bool            # a shared expert, {arch}.expert_shared_feed_forward_length wide (default n_ff)
-
-
-# The architectures whose experts ramforge runs; any other architecture's expert keys are only inspected.
-MOE_ARCHS: dict[str, MoEArch] = {
-    "qwen3moe": MoEArch(required=True, ff_key=True, shared=False),
-    "qwen2moe": MoEArch(required=True, ff_key=True, shared=True),
-    "llama": MoEArch(required=False, ff_key=False, shared=False),
-    "gpt-oss": MoEArch(required=True, ff_key=True, shared=False),
-}
-
-
-def _experts(md: dict[str, Any], arch: str, n_ff: int) -> tuple[int, int, int, int]:
-    """(n_expert, n_expert_used, n_ff_exp, n_ff_shexp), validated for the architectures in MOE_ARCHS."""
+def _experts(md: dict[str, Any], arch: str, spec: Arch | None, n_ff: int) -> tuple[int, int, int, int]:
+    """(n_expert, n_expert_used, n_ff_exp, n_ff_shexp), validated where the record runs experts (Arch.moe);
+    any other architecture's expert keys are only inspected."""
     n_expert = _positive_int(md, Keys.EXPERT_COUNT, arch, required=False)
     n_used = _positive_int(md, Keys.EXPERT_USED_COUNT, arch, required=False)
-    moe = MOE_ARCHS.get(arch)
+    moe = spec.moe if spec is not None else None
     if moe is None or (n_expert == 0 and not moe.required):
         return n_expert, n_used, 0, 0
     ec, uc = Keys.of(Keys.EXPERT_COUNT, arch), Keys.of(Keys.EXPERT_USED_COUNT, arch)
@@ -110,9 +95,8 @@ class UnsupportedRopeScaling(Unsupported):
 
 
 # what each scaling type needs from the forward pass: LongRoPE's factor tensors are chosen per
-# architecture (models/phi3.py), so only the architectures listed in LONGROPE_ARCHS run it
+# architecture (models/phi3.py), so only the architectures whose record says `longrope` run it
 REPRODUCED = (RopeScaling.NONE, RopeScaling.LINEAR, RopeScaling.YARN, RopeScaling.LONGROPE)
-LONGROPE_ARCHS = frozenset({"phi3"})
 
 BETA_FAST, BETA_SLOW = 32.0, 1.0       # llama_hparams' defaults (and what llama-cpp-python passes)
 _YARN_TUNING = (Keys.ROPE_SCALING_YARN_EXT_FACTOR, Keys.ROPE_SCALING_YARN_ATTN_FACTOR,
@@ -151,9 +135,9 @@ def rope_scaling(md: dict[str, Any], arch: str, n_ctx_train: int) -> tuple[RopeS
     except ValueError:
         raise UnsupportedRopeScaling(f"{type_key} = {name!r} is not a RoPE scaling ramforge reproduces; "
                                      f"reproduced: {', '.join(k.value for k in REPRODUCED)}") from None
-    if kind == RopeScaling.LONGROPE and arch not in LONGROPE_ARCHS:
+    if kind == RopeScaling.LONGROPE and not (arch in ARCHS and ARCHS[arch].longrope):
         raise UnsupportedRopeScaling(f"{type_key} = 'longrope' is reproduced only for "
-                                     f"{', '.join(sorted(LONGROPE_ARCHS))}, not {arch}")
+                                     f"{', '.join(sorted(n for n, a in ARCHS.items() if a.longrope))}, not {arch}")
     old_name = Keys.of(Keys.ROPE_SCALING_FACTOR, arch) not in md and Keys.of(Keys.ROPE_SCALE_LINEAR, arch) in md
     factor_key = Keys.ROPE_SCALE_LINEAR if old_name else Keys.ROPE_SCALING_FACTOR
     factor = _number(md, factor_key, arch) or 0.0
@@ -193,36 +177,11 @@ def _check_yarn_tuning(md: dict[str, Any], arch: str) -> None:
                           f"{Keys.of(Keys.ROPE_SCALING_YARN_BETA_SLOW, arch)} = {slow}: beta_fast must be >= beta_slow")
 
 
-# ---------------------------------------------------------------- soft-capping, sliding window defaults
+# ---------------------------------------------------------------- soft-capping
 
-@dataclass(frozen=True)
-class SoftCaps:
-    """Which logit soft-caps an architecture's llama.cpp graph applies, and their defaults when the key is
-    absent (None: the key is not read, no cap). A cap of 0 in the file means none where the default is 0
-    (gemma3's final cap: llama.cpp tests it for nonzero); where the graph always caps (gemma2), 0 or a
-    negative value is refused."""
-
-    attn: float | None
-    final: float | None
-
-
-SOFTCAPS: dict[str, SoftCaps] = {
-    "gemma2": SoftCaps(attn=50.0, final=30.0),
-    "gemma3": SoftCaps(attn=None, final=0.0),
-}
-NO_CAPS = SoftCaps(None, None)          # every other architecture: neither key is read
-
-# architectures whose QKV and gate-up projections are single fused matmuls (plan.state_shapes gives
-# their outputs a buffer)
-FUSED_PROJECTIONS = frozenset({"phi3"})
-
-# {arch}.attention.sliding_window when absent, for the architectures whose llama.cpp graph always slides
-SLIDING_WINDOW_DEFAULT: dict[str, int] = {"gemma2": 4096}
-
-
-def _softcaps(md: dict[str, Any], arch: str) -> tuple[float, float]:
-    """(attention, final) logit soft-caps, 0: none."""
-    caps = SOFTCAPS.get(arch, NO_CAPS)
+def _softcaps(md: dict[str, Any], arch: str, spec: Arch | None) -> tuple[float, float]:
+    """(attention, final) logit soft-caps as the record's graph applies them (Arch.softcaps), 0: none."""
+    caps = spec.softcaps if spec is not None else NO_CAPS
     out = []
     for template, default in ((Keys.ATTN_LOGIT_SOFTCAPPING, caps.attn), (Keys.FINAL_LOGIT_SOFTCAPPING, caps.final)):
         if default is None:
@@ -248,18 +207,21 @@ class HParams:
     head_dim_v: int         # {arch}.attention.value_length
     n_ctx_train: int        # {arch}.context_length
     n_vocab: int
-    rms_eps: float
+    rms_eps: float          # {arch}.attention.layer_norm_rms_epsilon
     rope_base: float
     rope_dim: int
-    sliding_window: int     # 0: none
+    sliding_window: int     # {arch}.attention.sliding_window (default Arch.sliding_window_default), 0: none
     n_expert: int = 0       # {arch}.expert_count (0: a dense FFN)
     n_expert_used: int = 0  # {arch}.expert_used_count: experts per token
     n_ff_exp: int = 0       # one expert's FFN width
     n_ff_shexp: int = 0     # the shared expert's FFN width (qwen2moe), 0: none
     rope_scaling: RopeScaling = RopeScaling.LINEAR   # {arch}.rope.scaling.type
     rope_scale: RopeScale = UNSCALED                 # ggml_rope_ext's scaling arguments (rope_scaling())
-    attn_softcap: float = 0.0   # {arch}.attn_logit_softcapping where the graph caps (SOFTCAPS), 0: none
+    attn_softcap: float = 0.0   # {arch}.attn_logit_softcapping where the graph caps (Arch.softcaps), 0: none
     final_softcap: float = 0.0  # {arch}.final_logit_softcapping, likewise
+    rope_base_swa: float = 10000.0  # {arch}.rope.freq_base_swa: the sliding layers' RoPE base (default
+                                    # Arch.rope_base_swa, else rope_base)
+    norm_eps: float = 0.0   # {arch}.attention.layer_norm_epsilon: LayerNorm's (bert), 0: not in the file
 
     @property
     def n_ff_dense(self) -> int:
@@ -271,6 +233,7 @@ class HParams:
         arch = md.get(Keys.ARCHITECTURE)
         if not isinstance(arch, str) or not arch:
             raise ConfigError(f"metadata key {Keys.ARCHITECTURE} is missing or not a string: {arch!r}")
+        spec = ARCHS.get(arch)              # None: inspect-only, read with no architecture's defaults
         n_embd = _positive_int(md, Keys.EMBEDDING_LENGTH, arch)
         n_head = _positive_int(md, Keys.HEAD_COUNT, arch)
         if n_head == 0:
@@ -286,6 +249,10 @@ class HParams:
         n_ff = _positive_int(md, Keys.FEED_FORWARD_LENGTH, arch)
         n_ctx_train = _positive_int(md, Keys.CONTEXT_LENGTH, arch, default=2048)
         scaling, scale = rope_scaling(md, arch, n_ctx_train)
+        rope_base = float(_get(md, Keys.ROPE_FREQ_BASE, arch, default=10000.0))
+        base_swa = _number(md, "{arch}.rope.freq_base_swa", arch)
+        if base_swa is None:
+            base_swa = spec.rope_base_swa if spec is not None and spec.rope_base_swa is not None else rope_base
         return cls(
             arch=arch,
             n_layer=_positive_int(md, Keys.BLOCK_COUNT, arch),
@@ -298,12 +265,14 @@ class HParams:
             n_ctx_train=n_ctx_train,
             n_vocab=n_vocab,
             rms_eps=float(_get(md, Keys.LAYERNORM_RMS_EPS, arch, default=1e-5)),
-            rope_base=float(_get(md, Keys.ROPE_FREQ_BASE, arch, default=10000.0)),
+            rope_base=rope_base,
             rope_dim=_positive_int(md, Keys.ROPE_DIMENSION_COUNT, arch, default=head_dim_k),
-            sliding_window=_positive_int(md, Keys.SLIDING_WINDOW, arch, default=SLIDING_WINDOW_DEFAULT.get(arch, 0),
-                                         required=False),
-            **dict(zip(("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp"), _experts(md, arch, n_ff))),
+            sliding_window=_positive_int(md, Keys.SLIDING_WINDOW, arch, required=False,
+                                         default=spec.sliding_window_default if spec is not None else 0),
+            **dict(zip(("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp"), _experts(md, arch, spec, n_ff))),
             rope_scaling=scaling,
             rope_scale=scale,
-            **dict(zip(("attn_softcap", "final_softcap"), _softcaps(md, arch))),
+            **dict(zip(("attn_softcap", "final_softcap"), _softcaps(md, arch, spec))),
+            rope_base_swa=float(base_swa),
+            norm_eps=float(_number(md, "{arch}.attention.layer_norm_epsilon", arch) or 0.0),
         )

@@ -14,21 +14,12 @@ from __future__ import annotations
 from ..kernels.attention import attention
 from ..kernels.ops import rope
 from . import gemma3
+from .arch import Arch, SoftCaps
 from .weights import output_rows, rows_of
 
-ROPE_NEOX = True
-SWA_PATTERN = 2                 # layers with il % 2 < 1 use the sliding window
 GEMMA2_27B_LAYERS = 46          # llama.cpp's LLM_TYPE_27B, whose q scale is by n_embd / n_head
-LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "post_attention_norm",
-                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"]
-OPTIONAL: set[str] = set()
-ALSO_READ: set[str] = set()
-
-embed = gemma3.embed
-
-
-def is_swa(hp, il: int) -> bool:
-    return hp.sliding_window > 0 and il % SWA_PATTERN < SWA_PATTERN - 1
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "post_attention_norm",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
 
 
 def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
@@ -40,15 +31,14 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
     att, gate, up = s.att[:n], s.gate[:n], s.up[:n]
     q_scale = gemma3.attention_scale(hp, GEMMA2_27B_LAYERS)
-    base_swa = m.extra.get("rope_base_swa", hp.rope_base)      # rope_freq_base_train_swa: the base unless given
     for il in range(*m.layers):
-        swa = is_swa(hp, il)
+        swa = ARCH.is_swa(hp, il)
+        base, scale = ARCH.layer_rope(hp, il)          # rope_freq_base_train_swa: the base unless given
         with w.layer(il) as L:
             rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)),
                     norm=(x, L.attn_norm.data, hp.rms_eps))         # of xb = RMSNorm(x)
-            base = base_swa if swa else hp.rope_base
-            rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
-            rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
+            rope(q, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
+            rope(k, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
             q *= q_scale
             kv.store(il, pos0, k, v)
             win = hp.sliding_window if swa else 0
@@ -57,3 +47,9 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
             with rows:
                 gemma3.ffn(L, hp, x, xb, gate, up)                 # as Gemma 3 (sandwich norms, GeGLU)
+
+
+ARCH = Arch("gemma2", forward, gemma3.embed, LAYER_TENSORS, rope_neox=True, k_shift=True,
+            swa_pattern=2,                      # layers with il % 2 < 1 use the sliding window
+            reads_sliding_window=True, sliding_window_default=4096,
+            softcaps=SoftCaps(attn=50.0, final=30.0))

@@ -15,18 +15,12 @@ import numpy as np
 
 from ..kernels.attention import attention
 from ..kernels.ops import geglu, rms_norm, rope
+from .arch import Arch, SoftCaps
 from .weights import output_rows, rows_of
 
-ROPE_NEOX = True
-SWA_PATTERN = 6                 # layers with il % 6 < 5 use the sliding window
-ROPE_BASE_SWA = 10000.0         # llama.cpp's default for rope_freq_base_train_swa
-ROPE_FREQ_SCALE_SWA = 1.0       # rope_freq_scale_train_swa: sliding layers are never scaled (Gemma 3 4B+'s
-                                # linear scaling applies to its global layers alone)
-LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
-                 "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"]
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+                 "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
 GEMMA3_27B_LAYERS = 62          # llama.cpp's LLM_TYPE_27B, whose q scale is by n_embd / n_head
-OPTIONAL: set[str] = set()
-ALSO_READ: set[str] = set()
 
 
 def attention_scale(hp, layers_27b: int = GEMMA3_27B_LAYERS) -> np.float32:
@@ -35,10 +29,6 @@ def attention_scale(hp, layers_27b: int = GEMMA3_27B_LAYERS) -> np.float32:
     n_head 168)."""
     d = hp.n_embd // hp.n_head if hp.n_layer == layers_27b else hp.head_dim_k
     return np.float32(1.0) / np.sqrt(np.float32(d))
-
-
-def is_swa(hp, il: int) -> bool:
-    return hp.sliding_window > 0 and il % SWA_PATTERN < SWA_PATTERN - 1
 
 
 def embed(m, x: np.ndarray, tokens) -> None:
@@ -68,18 +58,16 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
     att, gate, up = s.att[:n], s.gate[:n], s.up[:n]
     q_scale = attention_scale(hp)
-    base_swa = m.extra.get("rope_base_swa", ROPE_BASE_SWA)
-    scale_swa = hp.rope_scale._replace(freq_scale=ROPE_FREQ_SCALE_SWA)
     for il in range(*m.layers):
-        swa = is_swa(hp, il)
+        swa = ARCH.is_swa(hp, il)
+        base, scale = ARCH.layer_rope(hp, il)                  # sliding layers: their own base, unscaled
         with w.layer(il) as L:
             rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)),
                     norm=(x, L.attn_norm.data, hp.rms_eps))         # of xb = RMSNorm(x)
             rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
             rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
-            base, scale = (base_swa, scale_swa) if swa else (hp.rope_base, hp.rope_scale)
-            rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, scale)
-            rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, scale)
+            rope(q, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
+            rope(k, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
             q *= q_scale
             kv.store(il, pos0, k, v)
             win = hp.sliding_window if swa else 0
@@ -88,3 +76,12 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
             with rows:
                 ffn(L, hp, x, xb, gate, up)
+
+
+ARCH = Arch("gemma3", forward, embed, LAYER_TENSORS, rope_neox=True, k_shift=True,
+            swa_pattern=6,                      # layers with il % 6 < 5 use the sliding window
+            reads_sliding_window=True,
+            rope_base_swa=10000.0,              # llama.cpp's default for rope_freq_base_train_swa
+            rope_freq_scale_swa=1.0,            # rope_freq_scale_train_swa: sliding layers are never scaled
+                                                # (Gemma 3 4B+'s linear scaling is its global layers' alone)
+            softcaps=SoftCaps(attn=None, final=0.0))

@@ -13,20 +13,14 @@ import numpy as np
 
 from ..kernels.attention import attention
 from ..kernels.ops import rms_norm, rope
+from ..kernels.moe import Gating
 from . import llama, moe
+from .arch import Arch, MoEArch
 from .weights import EXPERT_TENSORS, output_rows, project_qkv
 
-ROPE_NEOX = True
-SWA_PATTERN = 2                 # llama.cpp's load_swa_pattern(ml, 2): layers with il % 2 < 1 slide
-LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
                  "attn_output", "attn_output_bias", "attn_sinks", "post_attention_norm", "ffn_gate_inp", *EXPERT_TENSORS,
-                 *moe.BIASES]
-OPTIONAL = {"attn_q_bias", "attn_k_bias", "attn_v_bias"}
-ALSO_READ = set(llama.SHARED_EXPERT)          # models.moe looks for qwen2moe's shared expert: None here
-
-
-def is_swa(hp, il: int) -> bool:
-    return hp.sliding_window > 0 and il % SWA_PATTERN < SWA_PATTERN - 1
+                 *moe.BIASES)
 
 
 def embed(m, x: np.ndarray, tokens) -> None:
@@ -44,13 +38,13 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     att = s.att[:n]                                             # f32[n, n_head, hd_v]
     kq_scale = np.float32(1.0) / np.sqrt(np.float32(hp.rope_dim))     # 1.0f/sqrtf(n_rot)
     for il in range(*m.layers):
-        swa = is_swa(hp, il)
-        base = m.extra.get("rope_base_swa", hp.rope_base) if swa else hp.rope_base
+        swa = ARCH.is_swa(hp, il)
+        base, scale = ARCH.layer_rope(hp, il)          # both kinds of layer scaled
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
             project_qkv(L, xb, q, k, v)
-            rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)    # both kinds of layer scaled
-            rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
+            rope(q, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
+            rope(k, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
             kv.store(il, pos0, k, v)
             win = hp.sliding_window if swa else 0
             attention(att, q, *kv.layer(il), pos0, kq_scale, win, sinks=L.attn_sinks.data, cells=kv.visible(win))
@@ -62,3 +56,12 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
                 rms_norm(xb, x, L.post_attention_norm.data, hp.rms_eps)
                 moe.ffn(m, s, il, L, xb, x)
                 x += xb                                         # residual
+
+
+ARCH = Arch("gpt-oss", forward, embed, LAYER_TENSORS, optional=llama.BIASES,
+            also_read=frozenset(llama.SHARED_EXPERT),    # models.moe looks for qwen2moe's shared expert: None here
+            rope_neox=True,
+            swa_pattern=2,                      # llama.cpp's load_swa_pattern(ml, 2): layers with il % 2 < 1 slide
+            reads_sliding_window=True,
+            moe=MoEArch(required=True, ff_key=True, shared=False, norm_w=False, gating=Gating.SOFTMAX_WEIGHT),
+            ffn_norm="post_attention_norm")     # the norm before its FFN

@@ -14,23 +14,23 @@ import numpy as np
 from ..kernels.attention import attention
 from ..kernels.ops import rms_norm, rope
 from . import moe
+from .arch import Arch, MoEArch
 from .weights import EXPERT_TENSORS, add_rows, output_rows, project_qkv, rows_of
 
-ROPE_NEOX = False
-LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
-                 "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
-OPTIONAL = {"attn_q_bias", "attn_k_bias", "attn_v_bias"}
-DENSE_FFN = ["ffn_gate", "ffn_up", "ffn_down"]
-MOE_FFN = ["ffn_gate_inp", *EXPERT_TENSORS]
-SHARED_EXPERT = ["ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"]   # qwen2moe's
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_bias", "attn_k_bias", "attn_v_bias",
+                 "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+BIASES = frozenset({"attn_q_bias", "attn_k_bias", "attn_v_bias"})        # optional in llama and qwen2
+DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down")
+MOE_FFN = ("ffn_gate_inp", *EXPERT_TENSORS)
+SHARED_EXPERT = ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")   # qwen2moe's
 # forward() serves qwen2/qwen3 and the MoE models too: what one has and another lacks reads as None
 # (a router and a shared expert for llama; the dense FFN, unreached, for a model with experts)
-ALSO_READ = {"attn_q_norm", "attn_k_norm", "ffn_gate_inp", *DENSE_FFN, *SHARED_EXPERT, *moe.BIASES}
+ALSO_READ = frozenset({"attn_q_norm", "attn_k_norm", "ffn_gate_inp", *DENSE_FFN, *SHARED_EXPERT, *moe.BIASES})
 
 
-def layer_tensors(hp) -> list[str]:
-    """Mixtral (llama.expert_count > 0) has a router and experts where llama has its FFN."""
-    return [t for t in LAYER_TENSORS if t not in DENSE_FFN] + MOE_FFN if hp.n_expert else LAYER_TENSORS
+def with_experts(tensors) -> tuple[str, ...]:
+    """A layer's tensors with a router and experts where the dense FFN was."""
+    return (*(t for t in tensors if t not in DENSE_FFN), *MOE_FFN)
 
 
 def embed(m, x: np.ndarray, tokens) -> None:
@@ -38,11 +38,11 @@ def embed(m, x: np.ndarray, tokens) -> None:
     m.weights.embed(tokens, x)
 
 
-def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None = None) -> None:
+def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place.
     out: the rows wanted from the model's last layer; after its attention only they go on (llama.cpp's
-    inp_out_ids), computed as a batch of their own."""
-    hp, w, kv = m.hp, m.weights, m.kv
+    inp_out_ids), computed as a batch of their own. RoPE normal or NEOX as m.arch says (qwen*: NEOX)."""
+    hp, w, kv, neox = m.hp, m.weights, m.kv, m.arch.rope_neox
     pos = kv.positions(pos0, n)                                 # i32[n]
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
     q, k, v = s.q[:n], s.k[:n], s.v[:n]                         # f32[n, heads, head_dim]
@@ -69,3 +69,9 @@ def forward(m, s, n: int, pos0: int, neox: bool = ROPE_NEOX, out: slice | None =
                 else:                                           # gate <- silu(gate) * up, of xb = RMSNorm(x)
                     rows_of(xb, (L.ffn_gate, gate), (L.ffn_up, up), norm=(x, L.ffn_norm.data, hp.rms_eps), glu=True)
                     add_rows(x, L.ffn_down, gate, xb)           # residual: x += the FFN's output (xb)
+
+
+# Mixtral (llama.expert_count > 0) has a router and experts where llama has its FFN
+ARCH = Arch("llama", forward, embed, LAYER_TENSORS, optional=BIASES, also_read=ALSO_READ,
+            tensors_with_experts=with_experts(LAYER_TENSORS), rope_freqs=True, k_shift=True,
+            moe=MoEArch(required=False, ff_key=False, shared=False, norm_w=True))

@@ -22,16 +22,12 @@ from ..gguf.constants import GGMLType
 from ..kernels import fused_moe
 from ..kernels.batch import current_view
 from ..kernels.matmul import matmul
-from ..kernels.moe import Gating, expert_matmul, route, router_token, shared_expert_gate, weighted_sum
+from ..kernels.moe import expert_matmul, route, router_token, shared_expert_gate, weighted_sum
 from ..kernels.ops import rms_norm, swiglu, swiglu_oai
 from ..profiling import timed
 from . import routing_trace
 from .weights import expert_slice, rows_of
 
-# architecture -> whether the k weights are divided by their sum (build_moe_ffn's norm_w)
-NORM_W = {"qwen3moe": True, "qwen2moe": False, "llama": True, "gpt-oss": False}
-# architecture -> gating (build_moe_ffn's gating_op), where not softmax
-GATING = {"gpt-oss": Gating.SOFTMAX_WEIGHT}
 BIASES = ("ffn_gate_inp_bias", "ffn_gate_exps_bias", "ffn_up_exps_bias", "ffn_down_exps_bias")   # gpt-oss's
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0        # gpt-oss's clamped SwiGLU (LLM_FFN_SWIGLU_OAI_MOE)
 
@@ -44,14 +40,14 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
     n = xb.shape[0]
     logits, sel, wts = s.router[:n], s.sel[:n], s.wts[:n]      # f32[n, n_expert], i32[n, k], f32[n, k]
     ex = s.ex[:n]                                              # f32[n, k, n_embd]
-    router, gating = L.ffn_gate_inp, GATING.get(hp.arch, Gating.SOFTMAX)
+    router, spec = L.ffn_gate_inp, m.arch.moe                  # spec: norm_w and gating (models.arch.MoEArch)
     if n == 1 and router.ggml_type == GGMLType.F32 and L.ffn_gate_inp_bias is None and current_view() in _ONE_TOKEN:
-        _router_token(sel, wts, logits, xb, router.data.view(np.float32), NORM_W[hp.arch], gating)
+        _router_token(sel, wts, logits, xb, router.data.view(np.float32), spec.norm_w, spec.gating)
     else:
         router.rows(logits, xb)
         if L.ffn_gate_inp_bias is not None:                    # gpt-oss: router, experts and down have biases
             logits += L.ffn_gate_inp_bias.data
-        route(sel, wts, logits, NORM_W[hp.arch], gating)
+        route(sel, wts, logits, spec.norm_w, spec.gating)
     routing_trace.record(m, il, sel)                           # --trace-routing (a no-op without a trace)
     biases = [_expert_bias(L, t) for t in BIASES[1:]]
     fuse = biases[0] is None                                   # an expert's rows in two compiled calls

@@ -15,20 +15,11 @@ import numpy as np
 
 from ..kernels.attention import attention
 from ..kernels.ops import rms_norm, rope, swiglu
+from .arch import Arch
 from .weights import output_rows
 
-ROPE_NEOX = True
 N_CTX_PAD = 256                 # llama.cpp allocates n_ctx rounded up to this (cparams.n_ctx_seq)
-LAYER_TENSORS = ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]
-OPTIONAL: set[str] = set()
-ALSO_READ: set[str] = set()
-GLOBAL_TENSORS = ("rope_factors_long", "rope_factors_short")   # beside token_embd, output_norm, output
-
-
-def layer_shapes(hp) -> dict[str, tuple[int, ...]]:
-    """The fused shapes: ffn_up holds the gate's n_ff rows and then the up's."""
-    return {"ffn_up": (hp.n_embd, 2 * hp.n_ff)}
-
+LAYER_TENSORS = ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down")
 
 def embed(m, x: np.ndarray, tokens) -> None:
     """x f32[n, n_embd] = token embeddings."""
@@ -40,7 +31,7 @@ def rope_factors(m) -> np.ndarray | None:
     one, else the short ones (f32[n_rot/2]); None without LongRoPE tensors."""
     w = m.weights
     n_ctx_seq = -(-m.n_ctx // N_CTX_PAD) * N_CTX_PAD
-    t = w.rope_factors_long if n_ctx_seq > m.hp.rope_scale.n_ctx_orig else w.rope_factors_short
+    t = w.vectors["rope_factors_long.weight" if n_ctx_seq > m.hp.rope_scale.n_ctx_orig else "rope_factors_short.weight"]
     return None if t is None else t.data
 
 
@@ -68,8 +59,8 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             q.reshape(n, -1)[:] = qkv[:, :nq]
             k.reshape(n, -1)[:] = qkv[:, nq:nq + nk]
             v.reshape(n, -1)[:] = qkv[:, nq + nk:]
-            rope(q, pos, hp.rope_dim, hp.rope_base, ROPE_NEOX, ff, hp.rope_scale)
-            rope(k, pos, hp.rope_dim, hp.rope_base, ROPE_NEOX, ff, hp.rope_scale)
+            rope(q, pos, hp.rope_dim, hp.rope_base, ARCH.rope_neox, ff, hp.rope_scale)
+            rope(k, pos, hp.rope_dim, hp.rope_base, ARCH.rope_neox, ff, hp.rope_scale)
             q *= q_scale
             kv.store(il, pos0, k, v)
             attention(att, q, *kv.layer(il), pos0, 1.0, cells=kv.visible(0))
@@ -84,3 +75,10 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
                 swiglu(gate, gate, up)
                 L.ffn_down.rows(xb, gate)
                 x += xb                                         # residual
+
+
+ARCH = Arch("phi3", forward, embed, LAYER_TENSORS,
+            global_vectors=("rope_factors_long.weight", "rope_factors_short.weight"),   # LongRoPE's, chosen by rope_factors
+            rope_neox=True, longrope=True,
+            reads_sliding_window=True,          # and turned off: every layer attends to the whole context
+            fused_projections=True)             # ffn_up holds the gate's n_ff rows and then the up's

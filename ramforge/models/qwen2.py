@@ -2,15 +2,7 @@
 from __future__ import annotations
 
 from . import llama
+from .arch import Arch
 
-ROPE_NEOX = True
-LAYER_TENSORS = llama.LAYER_TENSORS
-OPTIONAL = llama.OPTIONAL
-ALSO_READ = llama.ALSO_READ
-
-
-embed = llama.embed
-
-
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
-    llama.forward(m, s, n, pos0, neox=ROPE_NEOX, out=out)
+ARCH = Arch("qwen2", llama.forward, llama.embed, llama.LAYER_TENSORS, optional=llama.BIASES,
+            also_read=llama.ALSO_READ, rope_neox=True, rope_freqs=True, k_shift=True)

@@ -4,15 +4,8 @@ sigmoid of its own gate (models.moe)."""
 from __future__ import annotations
 
 from . import llama
+from .arch import Arch, MoEArch
 
-ROPE_NEOX = True
-LAYER_TENSORS = [t for t in llama.LAYER_TENSORS if t not in llama.DENSE_FFN] + llama.MOE_FFN + llama.SHARED_EXPERT
-OPTIONAL = llama.OPTIONAL
-ALSO_READ = llama.ALSO_READ
-
-
-embed = llama.embed
-
-
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
-    llama.forward(m, s, n, pos0, neox=ROPE_NEOX, out=out)
+ARCH = Arch("qwen2moe", llama.forward, llama.embed, (*llama.with_experts(llama.LAYER_TENSORS), *llama.SHARED_EXPERT),
+            optional=llama.BIASES, also_read=llama.ALSO_READ, rope_neox=True, rope_freqs=True, k_shift=True,
+            moe=MoEArch(required=True, ff_key=True, shared=True, norm_w=False))

@@ -2,15 +2,10 @@
 from __future__ import annotations
 
 from . import llama
+from .arch import Arch
 
-ROPE_NEOX = True
-LAYER_TENSORS = [t for t in llama.LAYER_TENSORS if not t.endswith("_bias")] + ["attn_q_norm", "attn_k_norm"]
-OPTIONAL: set[str] = set()
-ALSO_READ = set(llama.OPTIONAL) | {"ffn_gate_inp"}   # llama.forward looks for qwen2's biases, a router: None
+LAYER_TENSORS = (*(t for t in llama.LAYER_TENSORS if not t.endswith("_bias")), "attn_q_norm", "attn_k_norm")
+ALSO_READ = llama.BIASES | {"ffn_gate_inp"}     # llama.forward looks for qwen2's biases, a router: None
 
-
-embed = llama.embed
-
-
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
-    llama.forward(m, s, n, pos0, neox=ROPE_NEOX, out=out)
+ARCH = Arch("qwen3", llama.forward, llama.embed, LAYER_TENSORS, also_read=ALSO_READ, rope_neox=True,
+            rope_freqs=True, k_shift=True)

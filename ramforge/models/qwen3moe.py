@@ -3,15 +3,8 @@ RoPE) and, for the FFN, a mixture of experts (models.moe) with weights normalize
 from __future__ import annotations
 
 from . import llama, qwen3
+from .arch import Arch, MoEArch
 
-ROPE_NEOX = True
-LAYER_TENSORS = [t for t in qwen3.LAYER_TENSORS if t not in llama.DENSE_FFN] + llama.MOE_FFN
-OPTIONAL: set[str] = set()
-ALSO_READ = llama.ALSO_READ | set(llama.OPTIONAL)
-
-
-embed = llama.embed
-
-
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
-    llama.forward(m, s, n, pos0, neox=ROPE_NEOX, out=out)
+ARCH = Arch("qwen3moe", llama.forward, llama.embed, llama.with_experts(qwen3.LAYER_TENSORS),
+            also_read=llama.ALSO_READ | llama.BIASES, rope_neox=True, rope_freqs=True, k_shift=True,
+            moe=MoEArch(required=True, ff_key=True, shared=False, norm_w=True))

@@ -19,7 +19,6 @@ from ..kernels.matmul import batch_view, matmul, shared_input
 from ..kernels.ops import rms_norm, swiglu
 from ..kernels.registry import kernels_for
 from ..profiling import timed
-from .config import HParams
 
 
 class ModelError(ModelFileError):
@@ -52,18 +51,11 @@ class QTensor:
         return out
 
 
-def layer_names(module, hp: HParams) -> frozenset[str]:
-    """The names a Layer of an architecture module answers: its layer tensors for these hyperparameters
-    (`layer_tensors`), and ALSO_READ (tensors its forward pass looks for though the architecture never
-    has them: the pass serves several)."""
-    return frozenset(layer_tensors(module, hp)) | frozenset(module.ALSO_READ)
-
-
 @dataclass
 class Layer:
     """One transformer block's tensors, as attributes named after their GGUF suffixes (`L.attn_q`).
 
-    `names` are the tensors its architecture may have (`layer_names`): one of them that this file
+    `names` are the tensors its architecture may have (`Arch.layer_names`): one of them that this file
     lacks (an optional bias or norm) reads as None; any other name is an AttributeError, so a
     misspelled tensor fails loudly instead of reading as an absent one. A name read once is kept as a
     plain attribute (a forward pass reads a resident layer's ~15 names every token): `tensors` is filled
@@ -164,7 +156,7 @@ def project_qkv(L, xb: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, 
             flat += bias.data
 
 
-def output_rows(hp: HParams, il: int, out: slice | np.ndarray | None, *arrays):
+def output_rows(hp, il: int, out: slice | np.ndarray | None, *arrays):
     """After the last layer's attention llama.cpp keeps only the rows whose logits are wanted
     (inp_out_ids) and runs the rest of the layer as a batch of those rows: the arrays narrowed to
     `out` at layer il = n_layer - 1, and the batch view to run them under (else unchanged, and a
@@ -182,8 +174,10 @@ def output_rows(hp: HParams, il: int, out: slice | np.ndarray | None, *arrays):
     return (*narrowed, batch_view(narrowed[0].shape[0], 0))
 
 
-# Tensor suffix -> expected GGUF dims, as a function of the hyperparameters.
-def layer_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
+# Tensor suffix -> expected GGUF dims, as a function of the hyperparameters (models.config.HParams, not
+# imported here: config reads the architecture records, whose modules import this one). fused: the
+# architecture's gate and up are one ffn_up matmul (Arch.fused_projections), 2 * n_ff wide.
+def layer_shapes(hp, fused: bool = False) -> dict[str, tuple[int, ...]]:
     q, kv_k, kv_v = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v
     return {
         "attn_norm": (hp.n_embd,),
@@ -194,7 +188,7 @@ def layer_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
         "attn_q_norm": (hp.head_dim_k,), "attn_k_norm": (hp.head_dim_k,),
         "post_attention_norm": (hp.n_embd,),
         "ffn_norm": (hp.n_embd,),
-        "ffn_gate": (hp.n_embd, hp.n_ff), "ffn_up": (hp.n_embd, hp.n_ff), "ffn_down": (hp.n_ff, hp.n_embd),
+        "ffn_gate": (hp.n_embd, hp.n_ff), "ffn_up": (hp.n_embd, (2 if fused else 1) * hp.n_ff), "ffn_down": (hp.n_ff, hp.n_embd),
         "post_ffw_norm": (hp.n_embd,),
         # experts: GGUF [row length, rows, expert], so one expert's rows are contiguous bytes
         "ffn_gate_inp": (hp.n_embd, hp.n_expert),
@@ -207,20 +201,16 @@ def layer_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
         "attn_output_bias": (hp.n_embd,), "attn_sinks": (hp.n_head,), "ffn_gate_inp_bias": (hp.n_expert,),
         "ffn_gate_exps_bias": (hp.n_ff_exp, hp.n_expert), "ffn_up_exps_bias": (hp.n_ff_exp, hp.n_expert),
         "ffn_down_exps_bias": (hp.n_embd, hp.n_expert),
+        # bert: LayerNorms with biases after attention and after the FFN, the FFN's biases
+        "attn_output_norm": (hp.n_embd,), "attn_output_norm_bias": (hp.n_embd,), "ffn_up_bias": (hp.n_ff,),
+        "ffn_down_bias": (hp.n_embd,), "layer_output_norm": (hp.n_embd,), "layer_output_norm_bias": (hp.n_embd,),
     }
 
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
-def layer_tensors(module, hp: HParams) -> list[str]:
-    """The tensor suffixes of one of `module`'s layers for these hyperparameters (a module whose
-    layers change with them, as llama's with experts, says so with a layer_tensors(hp) function)."""
-    f = getattr(module, "layer_tensors", None)
-    return f(hp) if f is not None else module.LAYER_TENSORS
-
-
-def _shape_error(path, name: str, suffix: str, dims: tuple[int, ...], shape: tuple[int, ...], hp: HParams) -> str:
+def _shape_error(path, name: str, suffix: str, dims: tuple[int, ...], shape: tuple[int, ...], hp) -> str:
     """What is wrong with a tensor of the wrong shape, naming the hyperparameter it contradicts."""
     head = f"{path}: tensor {name} has shape {list(dims)}, expected {list(shape)}"
     if suffix in EXPERT_TENSORS and len(dims) == 3 and dims[2] != hp.n_expert:
@@ -237,17 +227,18 @@ def gguf_name(suffix: str, il: int | None = None) -> str:
     return f"{base}.{kind}" if il is None else f"blk.{il}.{base}.{kind}"
 
 
-def validate_tensors(f: GGUFFile, hp: HParams, module, layers: tuple[int, int]) -> None:
-    """Every tensor the forward pass needs is present, of the expected shape and of an executable type."""
-    shapes = layer_shapes(hp) | getattr(module, "layer_shapes", lambda hp: {})(hp)   # a module's own (fused)
+def validate_tensors(f: GGUFFile, hp, arch, layers: tuple[int, int]) -> None:
+    """Every tensor the forward pass of `arch` (a models.arch.Arch) needs is present, of the expected
+    shape and of an executable type."""
+    shapes = layer_shapes(hp, arch.fused_projections)
     need = [("token_embd", None, (hp.n_embd, hp.n_vocab))]
-    if layers[1] == hp.n_layer and getattr(module, "HAS_OUTPUT", True):     # (an encoder has neither)
+    if layers[1] == hp.n_layer and arch.has_output:          # (an encoder has neither)
         need.append(("output_norm", None, (hp.n_embd,)))
         if "output.weight" in f.tensors:
             need.append(("output", None, (hp.n_embd, hp.n_vocab)))
     for il in range(*layers):
-        for s in layer_tensors(module, hp):
-            if s not in module.OPTIONAL or gguf_name(s, il) in f.tensors:
+        for s in arch.layer_tensors(hp):
+            if s not in arch.optional or gguf_name(s, il) in f.tensors:
                 need.append((s, il, shapes[s]))
     for suffix, il, shape in need:
         name = gguf_name(suffix, il)

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 from ..errors import InvalidArgument, ModelFileError
 from ..gguf.constants import GGML_BLOCK, Keys
 from ..gguf.reader import GGUFFile, TensorInfo
-from ..models import ffn_norm, is_executable
-from ..models.config import FUSED_PROJECTIONS, HParams
+from ..models import ARCHS, ffn_norm, is_executable, layer_windows
+from ..models.config import HParams
 from ..kv.cells import kv_rows
 from ..kv.types import CHUNK, bytes_per_position, kv_type, spill_layout
 
@@ -44,7 +44,8 @@ DEFAULT_BATCH = 64          # prompt tokens per forward chunk
 ALIGN = 4096                # read spans are aligned to this (O_DIRECT); the plan counts the slack
 MERGE_GAP = 1 << 16         # tensors closer than this are read in one span
 PERSISTENT_SHARE = 0.5      # of the streaming headroom, at most this much for resident persistent tensors
-SMALL = ("output_norm.weight", "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+SMALL = ("output_norm.weight", "rope_freqs.weight",     # and the architectures' own vectors (phi3's LongRoPE factors)
+         *dict.fromkeys(t for a in ARCHS.values() for t in a.global_vectors))
 EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -73,7 +74,7 @@ def state_shapes(hp: HParams, batch: int) -> dict[str, tuple[int, ...]]:
         "gate": (b, hp.n_ff_dense), "up": (b, hp.n_ff_dense), "hn": (b, d),
         "prompt_logits": (hp.n_vocab,),
     }
-    if hp.arch in FUSED_PROJECTIONS:  # a fused QKV or gate-up matmul's output, split after (models.phi3)
+    if hp.arch in ARCHS and ARCHS[hp.arch].fused_projections:  # a fused QKV or gate-up matmul's output (phi3)
         shapes["fused"] = (b * max(hp.n_head * hp.head_dim_k + hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v),
                                    2 * hp.n_ff),)
     if hp.n_expert:                   # the mixture (models.moe): router, routing, one expert's rows, the slots
@@ -291,7 +292,7 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
         p.kv_spill, p.kv_tail, p.kv_spill_file_bytes = True, lay.tail, (b - a) * lay.buffer_bytes
         pos0 = n_ctx - 1                                 # a decode token at a full context
         p.kv_read_bytes_per_token = sum(lay.read_bytes(pos0, 1, lay.spilled_at(pos0, 1), w)
-                                        for w in layer_windows(hp, None, (a, b)))
+                                        for w in layer_windows(hp, (a, b)))
     outside = sum(persistent.values()) - sum(persistent[n] for n in big)          # norms, rope factors
     p.active_bytes_per_token = (sum(t.nbytes for x in by_layer.values() for t in x) - expert_total
                                 + (expert_total * k // hp.n_expert if hp.n_expert else 0) + outside
@@ -343,19 +344,6 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
     if not p.executable:
         p.notes.append(f"architecture {hp.arch} can be inspected and planned but not executed")
     return p
-
-
-def layer_windows(hp: HParams, module, layers: tuple[int, int]) -> list[int]:
-    """Each layer's attention window (0: the whole context), as the architecture's forward pass passes
-    it (its is_swa); module: the architecture's module, imported here when None."""
-    if module is None:
-        import importlib
-
-        from ..models import ALIASES, ARCHITECTURES
-        name = ARCHITECTURES.get(ALIASES.get(hp.arch, hp.arch))
-        module = importlib.import_module(f"ramforge.models.{name}") if name else None
-    swa = getattr(module, "is_swa", None)
-    return [hp.sliding_window if swa is not None and swa(hp, il) else 0 for il in range(*layers)]
 
 
 def block_row_bytes(t: TensorInfo) -> int:

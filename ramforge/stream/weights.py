@@ -25,9 +25,7 @@ from ..gguf.reader import GGUFFile
 from ..kernels.dequant import dequantize
 from ..kernels.repack import repack, repack_group, repackable
 from ..memory import MemoryBudget
-from ..models import ffn_norm
-from ..models.weights import (EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_name, layer_names, layer_tensors,
-                              validate_tensors)
+from ..models.weights import EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_name, validate_tensors
 from .plan import ALIGN, SMALL, Plan, block_row_bytes, is_expert_tensor, span_of
 from ..profiling import ExpertRecord, LayerRecord, PassRecord
 from .experts import DEFAULT_POLICY, ExpertCache, Policy
@@ -84,13 +82,13 @@ class Reader(threading.Thread):
 class Weights:
     """Tensors as `plan` says; `layer(il)` yields a Layer, streaming it in if it is not pinned."""
 
-    def __init__(self, f: GGUFFile, plan: Plan, hp, module, budget: MemoryBudget, io: IOMode | str = IOMode.DIRECT,
+    def __init__(self, f: GGUFFile, plan: Plan, hp, arch, budget: MemoryBudget, io: IOMode | str = IOMode.DIRECT,
                  expert_policy: Policy | str | None = None, expert_prefetch: bool = True):
-        self.f, self.plan, self.hp, self.module, self.budget = f, plan, hp, module, budget
+        self.f, self.plan, self.hp, self.arch, self.budget = f, plan, hp, arch, budget   # arch: models.arch.Arch
         self.expert_policy, self.expert_prefetch = Policy.parse(expert_policy or DEFAULT_POLICY), bool(expert_prefetch)
-        self.tensors = layer_tensors(module, hp)
-        self.layer_names = layer_names(module, hp)
-        validate_tensors(f, hp, module, plan.layers)
+        self.tensors = arch.layer_tensors(hp)
+        self.layer_names = arch.layer_names(hp)
+        validate_tensors(f, hp, arch, plan.layers)
         self.file = ModelFile.of(f, io)          # every shard of a split model
         self.mmap = self.file.mode == IOMode.MMAP
         self.apart = plan.experts_apart and not self.mmap  # experts in the expert cache, not their layers
@@ -144,7 +142,8 @@ class Weights:
         self.resident = {n: self._matrix(n) for n in p.resident}      # read first: the largest, no kernel
         self.output_norm = self._vector(SMALL[0]) if last else None   # (dequantizing may wait for numba's
         self.rope_freqs = self._vector(SMALL[1])                      # set-up, jit.prepare_in_background)
-        self.rope_factors_long, self.rope_factors_short = self._vector(SMALL[2]), self._vector(SMALL[3])  # LongRoPE
+        self.vectors = {t: self._vector(t) for t in self.arch.global_vectors}             # Arch.global_vectors
+        self.matrices = {t: self._matrix(t) if t in self.f.tensors else None for t in self.arch.global_matrices}
         self.token_embd = self.resident.get("token_embd.weight") if a == 0 else None
         self.output = self.resident.get(self.out_name) if last else None
         out = self.resident.get("output.weight")          # (a tied embedding keeps its rows for get_rows)
@@ -159,7 +158,7 @@ class Weights:
             self.expert_cache = ExpertCache(f, self.file, range(a, b), p.expert_slots, p.expert_slot_bytes,
                                             self.expert_policy, self.expert_prefetch)
             for il in range(a + 1, b):       # what predicts layer il's experts from layer il-1 (plan.predictor_bytes)
-                self.predictors[il] = (self._vector(gguf_name(ffn_norm(self.hp.arch), il)),
+                self.predictors[il] = (self._vector(gguf_name(self.arch.ffn_norm, il)),
                                        self._matrix(gguf_name("ffn_gate_inp", il)))
         self.pinned = {}
         for il in (range(a, b) if self.mmap else p.pinned):
