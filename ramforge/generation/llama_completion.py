@@ -105,186 +105,213 @@ def completion(llama, prompt, suffix=None, max_tokens=16, temperature=0.8, top_p
                top_k=40, stream=False, seed=None, tfs_z=1.0, mirostat_mode=0, mirostat_tau=5.0, mirostat_eta=0.1,
                model=None, stopping_criteria=None, logits_processor=None, grammar=None, logit_bias=None):
     """llama-cpp-python's _create_completion: a generator of the stream's chunks, or of the one response."""
-    if suffix is not None and not isinstance(suffix, str):
-        raise InvalidArgument(f"suffix must be a string, not {type(suffix).__name__}")
-    if not isinstance(prompt, (str, list)):
-        raise InvalidArgument(f"prompt must be a string or a list of token ids, not {type(prompt).__name__}")
-    if logprobs is not None and not llama._logits_all:
-        raise InvalidArgument("logprobs is not supported for models created with logits_all=False")
-    completion_id, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-    bos_token_id = llama.token_bos()
-    prompt_tokens = _prompt_tokens(llama, prompt, suffix)
-    completion_tokens: list[int] = [] if len(prompt) > 0 else [bos_token_id]
-    stop = _stop_list(stop)
-    stop_strings(stop)                                           # non-string stops fail as InvalidArgument
-    model_name = model if model is not None else llama.model_path
-    if prompt_tokens[:2] == [bos_token_id] * 2:
-        warnings.warn(f'Detected duplicate leading "{llama.tokenizer_.token_text(bos_token_id)}" in prompt, this '
-                      f'will likely reduce response quality, consider removing it...', RuntimeWarning)
+    c = _Completion(llama, prompt, suffix, max_tokens, logprobs, stop, model, seed)
     if logit_bias is not None:
-        procs = list(logits_processor or []) + [_bias_processor(llama, logit_bias)]
-        logits_processor = procs
-    n_ctx = llama.n_ctx()
-    if len(prompt_tokens) >= n_ctx:
-        raise ContextLengthExceeded(f"Requested tokens ({len(prompt_tokens)}) exceed context window of {n_ctx}")
-    if max_tokens is None or max_tokens <= 0:
-        max_tokens = n_ctx - len(prompt_tokens)
-    max_tokens = max_tokens if max_tokens + len(prompt_tokens) < n_ctx else n_ctx - len(prompt_tokens)
-    stop_sequences = [s.encode("utf-8") for s in stop]
-    if llama.cache:
-        _cache_lookup(llama, prompt_tokens)
-    llama.set_seed(seed if seed is not None else random.Random(llama._seed).randint(0, 2 ** 32))
-    detok = llama.detokenize
-
-    finish_reason, multibyte_fix, returned_tokens, text = "length", 0, 0, b""
-    gen = llama.generate(prompt_tokens, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+        logits_processor = list(logits_processor or []) + [_bias_processor(llama, logit_bias)]
+    gen = llama.generate(c.prompt_tokens, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                          temp=temperature, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                          mirostat_eta=mirostat_eta, frequency_penalty=frequency_penalty,
                          presence_penalty=presence_penalty, repeat_penalty=repeat_penalty,
                          stopping_criteria=stopping_criteria, logits_processor=logits_processor, grammar=grammar)
-
-    def chunk(text_piece, lp=None, finish=None):
-        return {"id": completion_id, "object": "text_completion", "created": created, "model": model_name,
-                "choices": [{"text": text_piece, "index": 0, "logprobs": lp, "finish_reason": finish}]}
-
-    def top_of(logits, token, token_str, n, prev=None):
-        current = llama.logits_to_logprobs(logits).tolist()
-        ranked = sorted(zip(current, range(len(current))), reverse=True)
-        top = {detok([i], prev).decode("utf-8", errors="ignore"): lp for lp, i in ranked[:n]}
-        top.update({token_str: current[int(token)]})
-        return current[int(token)], top
-
     try:
         for token in gen:
-            if llama.tokenizer_.is_eog(token):
-                text = detok(completion_tokens, prompt_tokens)
-                finish_reason = "stop"
+            if c.step(token):
                 break
-            completion_tokens.append(token)
-            all_text = detok(completion_tokens, prompt_tokens)
-            for k, char in enumerate(all_text[-3:]):          # an unfinished UTF-8 character: hold it back
-                k = 3 - k
-                for num, pattern in ((2, 192), (3, 224), (4, 240)):
-                    if num > k and pattern & char == pattern:
-                        multibyte_fix = num - k
-            if multibyte_fix > 0:
-                multibyte_fix -= 1
+            if c.held:                          # an unfinished UTF-8 character: the next token first
                 continue
-            any_stop = [s for s in stop_sequences if s in all_text]
-            if any_stop:
-                text = all_text[:all_text.index(any_stop[0])]
-                finish_reason = "stop"
-                break
             if stream:
-                remaining_tokens = completion_tokens[returned_tokens:]
-                prev = prompt_tokens + completion_tokens[:returned_tokens]
-                remaining_text = detok(remaining_tokens, prev)
-                remaining_length = len(remaining_text)
-                first_stop_position = 0
-                for s in stop_sequences:
-                    for i in range(min(len(s), remaining_length), 0, -1):
-                        if remaining_text.endswith(s[:i]):
-                            first_stop_position = max(first_stop_position, i)
-                            break
-                token_end_position = 0
-                if logprobs is not None:
-                    for token in remaining_tokens:
-                        if token == bos_token_id:
-                            continue
-                        prev = prompt_tokens + completion_tokens[:returned_tokens]
-                        token_end_position += len(detok([token], prev))
-                        if token_end_position > remaining_length - first_stop_position:
-                            break
-                        token_str = detok([token], prev).decode("utf-8", errors="ignore")
-                        text_offset = len(prompt) + len(detok(completion_tokens[:returned_tokens], prev).decode(
-                            "utf-8", errors="ignore"))
-                        token_offset = len(prompt_tokens) + returned_tokens
-                        lp, top = top_of(llama._scores[token_offset - 1, :], token, token_str, logprobs)
-                        lps = {"tokens": [token_str], "text_offset": [text_offset], "token_logprobs": [lp],
-                               "top_logprobs": [top]}
-                        returned_tokens += 1
-                        yield chunk(detok([token], prompt_tokens + completion_tokens[:returned_tokens]).decode(
-                            "utf-8", errors="ignore"), lps)
-                else:
-                    while remaining_tokens:
-                        prev = prompt_tokens + completion_tokens[:returned_tokens]
-                        for i in range(1, len(remaining_tokens) + 1):
-                            try:
-                                bs = detok(remaining_tokens[:i], prev)
-                                ts = bs.decode("utf-8")
-                                break
-                            except UnicodeError:
-                                pass
-                        else:
-                            break
-                        token_end_position += len(bs)
-                        if token_end_position > remaining_length - first_stop_position:
-                            break
-                        remaining_tokens = remaining_tokens[i:]
-                        returned_tokens += i
-                        yield chunk(ts)
-            if len(completion_tokens) >= max_tokens:
-                text = detok(completion_tokens, prompt_tokens)
-                finish_reason = "length"
+                yield from c.stream_pending()
+            if len(c.completion_tokens) >= c.max_tokens:
+                c.finish(c.detok(c.completion_tokens, c.prompt_tokens), "length")
                 break
     finally:
         gen.close()
         llama._sampler = None
     if stopping_criteria is not None and llama.n_tokens and stopping_criteria(llama.input_ids, llama.scores[-1, :]):
-        text = detok(completion_tokens, prompt_tokens)
-        finish_reason = "stop"
+        c.finish(c.detok(c.completion_tokens, c.prompt_tokens), "stop")
     if llama.verbose:
         t = llama._engine.timings
-        print(f"ramforge.Llama: prompt {t.prompt_tokens} tokens in {t.prompt_s:.2f} s, {len(completion_tokens)} "
+        print(f"ramforge.Llama: prompt {t.prompt_tokens} tokens in {t.prompt_s:.2f} s, {len(c.completion_tokens)} "
               f"generated", file=__import__("sys").stderr)
-
     if stream:
-        remaining_tokens = completion_tokens[returned_tokens:]
-        prev = prompt_tokens + completion_tokens[:returned_tokens]
+        yield from c.stream_tail()
+        yield c.chunk("", None, c.finish_reason)
+    if llama.cache:
+        _cache_save(llama, c.prompt_tokens + c.completion_tokens)
+    if not stream:
+        yield c.response(echo)
+
+
+class _Completion:
+    """One completion's state, as _create_completion's locals: the prompt and completion tokens, how many
+    were streamed (returned_tokens), the UTF-8 hold-back (multibyte_fix), the text and finish reason."""
+
+    def __init__(self, llama, prompt, suffix, max_tokens, logprobs, stop, model, seed):
+        if suffix is not None and not isinstance(suffix, str):
+            raise InvalidArgument(f"suffix must be a string, not {type(suffix).__name__}")
+        if not isinstance(prompt, (str, list)):
+            raise InvalidArgument(f"prompt must be a string or a list of token ids, not {type(prompt).__name__}")
+        if logprobs is not None and not llama._logits_all:
+            raise InvalidArgument("logprobs is not supported for models created with logits_all=False")
+        self.llama, self.prompt, self.logprobs, self.detok = llama, prompt, logprobs, llama.detokenize
+        self.id, self.created = f"cmpl-{uuid.uuid4()}", int(time.time())
+        self.bos = llama.token_bos()
+        self.prompt_tokens = _prompt_tokens(llama, prompt, suffix)
+        self.completion_tokens: list[int] = [] if len(prompt) > 0 else [self.bos]
+        stop = _stop_list(stop)
+        stop_strings(stop)                                           # non-string stops fail as InvalidArgument
+        self.stop_sequences = [s.encode("utf-8") for s in stop]
+        self.model_name = model if model is not None else llama.model_path
+        if self.prompt_tokens[:2] == [self.bos] * 2:
+            warnings.warn(f'Detected duplicate leading "{llama.tokenizer_.token_text(self.bos)}" in prompt, this '
+                          f'will likely reduce response quality, consider removing it...', RuntimeWarning)
+        n_ctx, n_prompt = llama.n_ctx(), len(self.prompt_tokens)
+        if n_prompt >= n_ctx:
+            raise ContextLengthExceeded(f"Requested tokens ({n_prompt}) exceed context window of {n_ctx}")
+        if max_tokens is None or max_tokens <= 0:
+            max_tokens = n_ctx - n_prompt
+        self.max_tokens = max_tokens if max_tokens + n_prompt < n_ctx else n_ctx - n_prompt
+        if llama.cache:
+            _cache_lookup(llama, self.prompt_tokens)
+        llama.set_seed(seed if seed is not None else random.Random(llama._seed).randint(0, 2 ** 32))
+        self.finish_reason, self.multibyte_fix, self.returned_tokens, self.text = "length", 0, 0, b""
+        self.held, self.all_text = False, b""
+
+    def chunk(self, text_piece, lp=None, finish=None) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_name,
+                "choices": [{"text": text_piece, "index": 0, "logprobs": lp, "finish_reason": finish}]}
+
+    def finish(self, text: bytes, reason: str) -> None:
+        self.text, self.finish_reason = text, reason
+
+    def step(self, token) -> bool:
+        """One sampled token: True when the completion ends here (end of generation, a stop string).
+        `held`: an unfinished UTF-8 character at the end, held back from the stream."""
+        detok, toks = self.detok, self.completion_tokens
+        if self.llama.tokenizer_.is_eog(token):
+            self.finish(detok(toks, self.prompt_tokens), "stop")
+            return True
+        toks.append(token)
+        self.all_text = all_text = detok(toks, self.prompt_tokens)
+        for k, char in enumerate(all_text[-3:]):              # an unfinished UTF-8 character: hold it back
+            k = 3 - k
+            for num, pattern in ((2, 192), (3, 224), (4, 240)):
+                if num > k and pattern & char == pattern:
+                    self.multibyte_fix = num - k
+        self.held = self.multibyte_fix > 0
+        if self.held:
+            self.multibyte_fix -= 1
+            return False
+        any_stop = [s for s in self.stop_sequences if s in all_text]
+        if any_stop:
+            self.finish(all_text[:all_text.index(any_stop[0])], "stop")
+            return True
+        return False
+
+    def top_of(self, logits, token, token_str, n, prev=None):
+        current = self.llama.logits_to_logprobs(logits).tolist()
+        ranked = sorted(zip(current, range(len(current))), reverse=True)
+        top = {self.detok([i], prev).decode("utf-8", errors="ignore"): lp for lp, i in ranked[:n]}
+        top.update({token_str: current[int(token)]})
+        return current[int(token)], top
+
+    def stream_pending(self):
+        """The streamed chunks of the tokens not yet returned, short of a possible stop string's start."""
+        detok, toks = self.detok, self.completion_tokens
+        remaining_tokens = toks[self.returned_tokens:]
+        prev = self.prompt_tokens + toks[:self.returned_tokens]
         remaining_text = detok(remaining_tokens, prev)
-        any_stop = [s for s in stop_sequences if s in remaining_text]
+        remaining_length = len(remaining_text)
+        first_stop_position = 0
+        for s in self.stop_sequences:
+            for i in range(min(len(s), remaining_length), 0, -1):
+                if remaining_text.endswith(s[:i]):
+                    first_stop_position = max(first_stop_position, i)
+                    break
+        token_end_position = 0
+        if self.logprobs is not None:
+            for token in remaining_tokens:
+                if token == self.bos:
+                    continue
+                prev = self.prompt_tokens + toks[:self.returned_tokens]
+                token_end_position += len(detok([token], prev))
+                if token_end_position > remaining_length - first_stop_position:
+                    break
+                token_str = detok([token], prev).decode("utf-8", errors="ignore")
+                text_offset = len(self.prompt) + len(detok(toks[:self.returned_tokens], prev).decode(
+                    "utf-8", errors="ignore"))
+                token_offset = len(self.prompt_tokens) + self.returned_tokens
+                lp, top = self.top_of(self.llama._scores[token_offset - 1, :], token, token_str, self.logprobs)
+                lps = {"tokens": [token_str], "text_offset": [text_offset], "token_logprobs": [lp],
+                       "top_logprobs": [top]}
+                self.returned_tokens += 1
+                yield self.chunk(detok([token], self.prompt_tokens + toks[:self.returned_tokens]).decode(
+                    "utf-8", errors="ignore"), lps)
+            return
+        while remaining_tokens:
+            prev = self.prompt_tokens + toks[:self.returned_tokens]
+            for i in range(1, len(remaining_tokens) + 1):
+                try:
+                    bs = detok(remaining_tokens[:i], prev)
+                    ts = bs.decode("utf-8")
+                    break
+                except UnicodeError:
+                    pass
+            else:
+                break
+            token_end_position += len(bs)
+            if token_end_position > remaining_length - first_stop_position:
+                break
+            remaining_tokens = remaining_tokens[i:]
+            self.returned_tokens += i
+            yield self.chunk(ts)
+
+    def stream_tail(self):
+        """After the loop: the tokens not yet streamed, up to the first stop string."""
+        detok, toks = self.detok, self.completion_tokens
+        remaining_tokens = toks[self.returned_tokens:]
+        prev = self.prompt_tokens + toks[:self.returned_tokens]
+        remaining_text = detok(remaining_tokens, prev)
+        any_stop = [s for s in self.stop_sequences if s in remaining_text]
         end = min(remaining_text.index(s) for s in any_stop) if any_stop else len(remaining_text)
         token_end_position = 0
         for token in remaining_tokens:
-            token_end_position += len(detok([token], prompt_tokens + completion_tokens[:returned_tokens]))
+            token_end_position += len(detok([token], self.prompt_tokens + toks[:self.returned_tokens]))
             lps = None
-            if logprobs is not None:
-                if token == bos_token_id:
+            if self.logprobs is not None:
+                if token == self.bos:
                     continue
                 token_str = detok([token]).decode("utf-8", errors="ignore")
-                text_offset = len(prompt) + len(detok(completion_tokens[:returned_tokens],
-                                                      prompt_tokens + completion_tokens[:returned_tokens]))
-                token_offset = len(prompt_tokens) + returned_tokens - 1
-                lp, top = top_of(llama._scores[token_offset, :], token, token_str, logprobs)
+                text_offset = len(self.prompt) + len(detok(toks[:self.returned_tokens],
+                                                           self.prompt_tokens + toks[:self.returned_tokens]))
+                token_offset = len(self.prompt_tokens) + self.returned_tokens - 1
+                lp, top = self.top_of(self.llama._scores[token_offset, :], token, token_str, self.logprobs)
                 lps = {"tokens": [token_str], "text_offset": [text_offset], "token_logprobs": [lp],
                        "top_logprobs": [top]}
             if token_end_position >= end:
                 last_text = detok([token])
                 if token_end_position == end - 1:
                     break
-                returned_tokens += 1
-                yield chunk(last_text[:len(last_text) - (token_end_position - end)].decode("utf-8", errors="ignore"),
-                            lps)
+                self.returned_tokens += 1
+                yield self.chunk(last_text[:len(last_text) - (token_end_position - end)].decode(
+                    "utf-8", errors="ignore"), lps)
                 break
-            returned_tokens += 1
-            yield chunk(detok([token]).decode("utf-8", errors="ignore"), lps)
-        yield chunk("", None, finish_reason)
-        if llama.cache:
-            _cache_save(llama, prompt_tokens + completion_tokens)
-        return
+            self.returned_tokens += 1
+            yield self.chunk(detok([token]).decode("utf-8", errors="ignore"), lps)
 
-    if llama.cache:
-        _cache_save(llama, prompt_tokens + completion_tokens)
-    text_str = text.decode("utf-8", errors="ignore")
-    if echo:
-        text_str = (prompt if isinstance(prompt, str) else detok(prompt).decode("utf-8", errors="ignore")) + text_str
-    lps = None
-    if logprobs is not None:
-        lps = _logprobs(llama, prompt, prompt_tokens, completion_tokens, echo, logprobs)
-    out = chunk(text_str, lps, finish_reason)
-    out["usage"] = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(completion_tokens),
-                    "total_tokens": len(prompt_tokens) + len(completion_tokens)}
-    yield out
+    def response(self, echo: bool) -> dict:
+        """The one non-streamed response: text (after the prompt when echo), logprobs, usage."""
+        text_str = self.text.decode("utf-8", errors="ignore")
+        if echo:
+            p = self.prompt
+            text_str = (p if isinstance(p, str) else self.detok(p).decode("utf-8", errors="ignore")) + text_str
+        lps = None
+        if self.logprobs is not None:
+            lps = _logprobs(self.llama, self.prompt, self.prompt_tokens, self.completion_tokens, echo, self.logprobs)
+        out = self.chunk(text_str, lps, self.finish_reason)
+        n_p, n_c = len(self.prompt_tokens), len(self.completion_tokens)
+        out["usage"] = {"prompt_tokens": n_p, "completion_tokens": n_c, "total_tokens": n_p + n_c}
+        return out
 
 
 def _logprobs(llama, prompt, prompt_tokens, completion_tokens, echo, n) -> dict:
