@@ -149,6 +149,63 @@ def test_embeddings_equal_llama_cpp(rec, run):
         assert d <= bound, f"{item['text']!r}: max |d| {d:.3g} > {bound:.3g}"
 
 
+def _batch_params():
+    for rec in RECORDS:
+        for run in rec["runs"]:
+            if "batch" in run and rec["model"]["kind"] == "bert":
+                marks = [] if rec["model"]["type"] in FLOAT_TYPES else [pytest.mark.oracle]
+                yield pytest.param(rec, run, id=f"{rec['model']['id']}-{Pooling(run['pooling_type']).name.lower()}",
+                                   marks=marks)
+
+
+@pytest.mark.parametrize("rec,run", list(_batch_params()))
+def test_packed_embeddings_equal_llama_cpp_batch(rec, run):
+    """Several documents in one weight pass (Embedder.embed_many) equal llama-cpp-python's embed(list),
+    which packs them into one llama_decode, within the bound (measured: bit for bit but for the input
+    the one-at-a-time records also miss by up to ~800 ulps); and equal the one-at-a-time pass within it."""
+    from ramforge.generation.embed import EmbedStats, Embedder
+    eng = _engine(rec)
+    emb = Embedder(eng, Pooling(run["pooling_type"]))
+    toks = [it["tokens"] for it in run["items"]]
+    st = EmbedStats()
+    got = emb.embed_many(toks, stats=st)
+    assert (st.docs, st.passes, st.tokens) == (len(toks), 1, sum(map(len, toks)))
+    exact = 0
+    for g, ref, t in zip(got, run["batch"], toks):
+        ref = np.asarray(ref, np.float32)
+        bound = BOUND_ULPS * 2.0 ** -23 * float(np.abs(ref).max())
+        assert float(np.abs(g - ref).max()) <= bound
+        assert float(np.abs(g - emb.embed_tokens(t)).max()) <= bound
+        exact += bool(np.array_equal(g, ref))
+    assert exact >= len(toks) - 1                # packed arithmetic is llama.cpp's packed arithmetic
+
+
+def test_packs_as_llama_cpp_python():
+    """Inputs grouped in order, up to max_tokens tokens and n_seq_max sequences a batch."""
+    from ramforge.generation.embed import Embedder
+
+    class _Eng:
+        causal, n_ctx = False, 512
+        plan = type("P", (), {"batch": 512})()
+    emb = Embedder(_Eng(), Pooling.MEAN)
+    assert emb.packs([[1] * 300, [1] * 200, [1] * 13, [1] * 512, [1]]) == [[0, 1], [2], [3], [4]]
+    emb.n_batch = 4                                     # n_seq_max = min(n_batch, 256)
+    assert emb.packs([[1]] * 9) == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+
+
+def test_hidden_batch_refusals():
+    from ramforge.errors import ContextLengthExceeded, EmptyPrompt
+    rec = next(r for r in RECORDS if r["model"]["id"] == "bert-tiny-f16")
+    eng = _engine(rec)
+    with pytest.raises(EmptyPrompt):
+        eng.hidden_batch([[101, 102], []])
+    with pytest.raises(ContextLengthExceeded, match="513 tokens"):
+        eng.hidden_batch([[101] * 300, [101] * 213])
+    h, b = eng.hidden_batch([[101, 7592, 102], [101, 102]])
+    assert h.shape == (5, eng.hp.n_embd) and b.tolist() == [[0, 3], [3, 5]]
+    assert np.array_equal(h[3:], eng.hidden([101, 102]))     # CLS, SEP: 2 tokens, the same lanes
+
+
 # ------------------------------------------------------------------------ surfaces
 @pytest.fixture(scope="module")
 def bert_client():

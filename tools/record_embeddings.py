@@ -9,7 +9,9 @@ gguf's writer; a Q8_0 one by llama.cpp's quantizer; a reranker with a classifier
 one (qwen3-tiny-f16, tools/make_models.py). Per pooling type, per text: llama-cpp-python's tokens and
 `Llama(embedding=True, pooling_type=p, n_ctx=512).embed(text)` (normalize=False, one text per call,
 so each is a llama_decode of its own) as float32 values (shortest decimals); for rank pooling the
-classifier's output. Pooling none: every token's vector, for the first two texts.
+classifier's output. Pooling none: every token's vector, for the first two texts. Pooled types also
+`batch`: `embed(TEXTS)` in one call, which llama-cpp-python packs into one llama_decode of
+len(TEXTS) sequences (the arithmetic of ramforge's Embedder.embed_many).
 """
 from __future__ import annotations
 
@@ -143,7 +145,10 @@ def record_model(mid: str) -> dict:
                 v = np.asarray(llm.embed(text), np.float32)
                 items.append({"text": text, "tokens": llm.tokenize(text.encode()),
                               "embedding": [[f32(x) for x in r] for r in v] if v.ndim == 2 else [f32(x) for x in v]})
-        runs.append({"pooling_type": pt, "items": items})
+        run = {"pooling_type": pt, "items": items}
+        if pt in (1, 2, 3):
+            run["batch"] = [[f32(x) for x in v] for v in np.asarray(llm.embed(TEXTS), np.float32)]
+        runs.append(run)
         llm.close()
     return {"format": FORMAT, "model": {"id": mid, "sha256": sha256_file(path), "kind": MODELS[mid][0],
                                         "type": MODELS[mid][1]},

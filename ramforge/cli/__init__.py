@@ -3,6 +3,7 @@
     console.py    the consoles and the options commands share (sampler options from ramforge.sampling.params)
     describe.py   inspect, support, plan, show: read a model without running it
     generate.py   run, chat, bench: run the model
+    embed.py      embed: embeddings of a file's lines
     tokens.py     tokenize, detokenize, logits
     store.py      pull, list, rm, cp, verify, create: the model store
     running.py    ps, stop: a running serve's models (HTTP)
@@ -19,7 +20,7 @@ import click
 from rich.markup import escape
 
 from ..errors import RamforgeError
-from . import describe, generate, running, serve, store, tokens
+from . import describe, embed, generate, running, serve, store, tokens
 from .console import err
 
 EXIT_USER, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 3     # a RamforgeError, a usage error (click's), a bug
@@ -35,7 +36,7 @@ def cli():
     """
 
 
-for _module in (describe, generate, tokens, store, running, serve):
+for _module in (describe, generate, embed, tokens, store, running, serve):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

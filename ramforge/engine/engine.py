@@ -124,6 +124,8 @@ class Engine:
     n_threads: int = 0                              # kernel threads (runtime.bind in the thread of each pass)
     closing: list = field(default_factory=list)     # callables close() runs too (a draft model's close)
     seq_tokens: dict = field(default_factory=dict)  # the token ids of sequences 1.. (parallel.py; 0's: tokens)
+    seq_bounds: np.ndarray | None = None            # an encoder pass's sequences' rows [a, b) i64[n_seq, 2]
+                                                    # (hidden_batch; None: the batch is one sequence)
 
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
@@ -390,13 +392,33 @@ class Engine:
         self.reset()
         if self.causal:
             return self.eval(toks, all_logits=True, aligned=True, outputs_all=True, embd=True)
-        if toks.size > min(self.plan.batch, self.n_ctx):
-            raise ContextLengthExceeded(f"{toks.size} tokens do not fit one encoder pass of "
-                                        f"{min(self.plan.batch, self.n_ctx)} (llama.cpp's n_ubatch, the context)")
+        return self.hidden_batch([toks])[0]
+
+    def hidden_batch(self, seqs) -> tuple[np.ndarray, np.ndarray]:
+        """An encoder's (non-causal) hidden states of several sequences in one pass over the weights, as
+        one llama_decode of a batch of n_seq sequences: the token lists packed in order, each from
+        position 0, each token attending to its own sequence only. Returns (f32[n, n_embd], bounds
+        i64[n_seq, 2]: each sequence's rows [a, b))."""
+        if self.causal:
+            raise InvalidArgument(f"{self.hp.arch} is causal: its sequences are evaluated one at a time (hidden)")
+        lists = [np.asarray(t, dtype=np.int64).reshape(-1) for t in seqs]
+        if not lists or any(t.size == 0 for t in lists):
+            raise EmptyPrompt("an embedding needs at least one token in each sequence")
+        toks = np.concatenate(lists)
+        check_token_ids(toks, self.hp.n_vocab)
+        cap = min(self.plan.batch, self.n_ctx)
+        if toks.size > cap:
+            raise ContextLengthExceeded(f"{toks.size} tokens do not fit one encoder pass of {cap} "
+                                        f"(llama.cpp's n_ubatch, the context)")
+        ends = np.cumsum([t.size for t in lists])
+        bounds = np.stack([ends - [t.size for t in lists], ends], axis=1).astype(np.int64)
         n = int(toks.size)
+        self.reset()
+        self.seq_bounds = bounds
         try:
-            return self._pass(n, lambda x: self.arch.embed(self, x, toks), slice(0, n), (n, 0), embd=True)
+            return self._pass(n, lambda x: self.arch.embed(self, x, toks), slice(0, n), (n, 0), embd=True), bounds
         finally:
+            self.seq_bounds = None
             self.reset()
 
     # llama.cpp's memory API over KV cells (parallel.py): several sequences, positions moved and removed

@@ -182,11 +182,9 @@ class Model:
         import numpy as np
         emb = self.embedder(pooling_type)
         inputs = [input] if isinstance(input, (str, bytes)) else list(input)
-        out, total = [], 0
-        for item in inputs:
-            toks = emb.tokens(item, truncate)
-            total += len(toks)
-            v = emb.embed_tokens(toks)
+        out, toks = [], [emb.tokens(item, truncate) for item in inputs]
+        total = sum(len(t) for t in toks)
+        for v in emb.embed_many(toks):              # packed several to a pass, as llama-cpp-python's embed
             rows = v.reshape(-1, v.shape[-1]).tolist()
             if normalize:
                 rows = [r if (n := float(np.linalg.norm(r))) == 0.0 else [x / n for x in r] for r in rows]

@@ -7,9 +7,15 @@
 The pooling comes from the file (`{arch}.pooling_type`, absent: none) or an override, as llama.cpp's
 context resolves it: none (a vector per token), mean, cls (the first token), last, rank (the first
 token through the architecture's classifier head: a reranker's scores). Each input is its own
-sequence evaluated from position 0, so an input's vector equals what llama-cpp-python's
-`Llama(embedding=True).embed(text)` gives for that text alone; llama-cpp-python packs a list of
-texts into one llama_decode, whose larger batch rounds the matmuls otherwise (within float rounding).
+sequence evaluated from position 0.
+
+`embed_many` packs inputs as llama-cpp-python's `Llama.embed(list)` does: in order, into batches of at
+most n_batch tokens and N_SEQ_MAX sequences, each batch one pass over the weights (an encoder's:
+Engine.hidden_batch; a causal model's sequences still go one at a time). A packed input's vector is
+llama.cpp's for that batch, not bit for bit the one of the input alone: the batch's attention (P.V
+over all of the batch's keys, zeros outside the sequence) and mean pooling (a dot over the batch's
+tokens) sum in other lanes, and a 1-token input's matmuls take tinyBLAS in a batch (vec_dot alone):
+within float rounding, tests/test_embeddings.py measures it. `embed_tokens` is the one-input pass.
 """
 from __future__ import annotations
 
@@ -33,6 +39,24 @@ class Pooling(IntEnum):
 
 
 POOLING_KEY = "{arch}.pooling_type"
+N_SEQ_MAX = 256              # llama_max_parallel_sequences(): llama-cpp-python's n_seq_max for embeddings
+
+
+@dataclass
+class EmbedStats:
+    """What embed_many did: inputs, their tokens, and the passes over the weights they took."""
+
+    docs: int = 0
+    tokens: int = 0
+    passes: int = 0
+
+    @property
+    def docs_per_pass(self) -> float:
+        return self.docs / self.passes if self.passes else 0.0
+
+    def add(self, other: "EmbedStats") -> None:
+        self.docs, self.tokens, self.passes = self.docs + other.docs, self.tokens + other.tokens, \
+            self.passes + other.passes
 
 
 class NoEmbeddings(Unsupported):
@@ -65,6 +89,24 @@ def parse_pooling(value) -> Pooling:
     elif isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) in Pooling._value2member_map_:
         return Pooling(int(value))
     raise InvalidArgument(f"pooling {value!r}: one of none, mean, cls, last, rank (or llama.cpp's ids 0-4)")
+
+
+def pool_batch(engine, hidden: np.ndarray, bounds: np.ndarray, pooling: Pooling) -> list[np.ndarray]:
+    """A packed batch's hidden states f32[n, n_embd] pooled per sequence (bounds i64[n_seq, 2]), as
+    llama.cpp's build_pooling over a batch of sequences: mean as one matmul over the batch's tokens, cls
+    and last as rows, rank the first rows through the head together."""
+    if pooling == Pooling.NONE:
+        return [hidden[a:b] for a, b in bounds]
+    if pooling == Pooling.MEAN:
+        return list(mean_rows(hidden, [(int(a), int(b)) for a, b in bounds]))
+    if pooling == Pooling.CLS:
+        return [hidden[a].copy() for a, _ in bounds]
+    if pooling == Pooling.LAST:
+        return [hidden[b - 1].copy() for _, b in bounds]
+    head = engine.arch.rank_head
+    if head is None:
+        raise NoEmbeddings(f"rank pooling needs a classifier head, and ramforge's {engine.hp.arch} has none")
+    return list(head(engine, np.ascontiguousarray(hidden[bounds[:, 0]])))
 
 
 def pool(engine, hidden: np.ndarray, pooling: Pooling) -> np.ndarray:
@@ -130,6 +172,44 @@ class Embedder:
         vec = pool(self.engine, self.engine.hidden(toks), pooling)
         return vec if normalize == -1 else embd_normalize(vec, normalize)
 
+    @property
+    def n_seq_max(self) -> int:
+        return min(self.n_batch, N_SEQ_MAX)
+
+    def packs(self, token_lists: list[list[int]]) -> list[list[int]]:
+        """The inputs' indices grouped into batches as llama-cpp-python's embed groups them: in order, a
+        batch closed when the next input would pass max_tokens or it holds n_seq_max inputs."""
+        out, cur, n = [], [], 0
+        for i, t in enumerate(token_lists):
+            if cur and (n + len(t) > self.max_tokens or len(cur) >= self.n_seq_max):
+                out.append(cur)
+                cur, n = [], 0
+            cur.append(i)
+            n += len(t)
+        return out + [cur] if cur else out
+
+    def embed_many(self, token_lists: list[list[int]], normalize: int = -1, pooling: Pooling | None = None,
+                   stats: EmbedStats | None = None) -> list[np.ndarray]:
+        """Each input's embedding (as embed_tokens), an encoder's inputs packed several to a weight pass
+        (packs); a causal model's one at a time. stats, if given, counts the docs, tokens and passes."""
+        pooling = self.pooling if pooling is None else pooling
+        st = EmbedStats()
+        out: list = [None] * len(token_lists)
+        if self.engine.causal:
+            for i, t in enumerate(token_lists):
+                out[i] = self.embed_tokens(t, normalize, pooling)
+            st.passes = len(token_lists)
+        else:
+            for pack in self.packs(token_lists):
+                hidden, bounds = self.engine.hidden_batch([token_lists[i] for i in pack])
+                for i, v in zip(pack, pool_batch(self.engine, hidden, bounds, pooling)):
+                    out[i] = v if normalize == -1 else embd_normalize(v, normalize)
+                st.passes += 1
+        st.docs, st.tokens = len(token_lists), sum(len(t) for t in token_lists)
+        if stats is not None:
+            stats.add(st)
+        return out
+
     def require_pooled(self, what: str = "this endpoint") -> None:
         """Refused where the model gives a vector per token (pooling none) but one per input is asked."""
         if self.pooling == Pooling.NONE:
@@ -162,8 +242,5 @@ class Embedder:
         if self.pooling != Pooling.RANK:
             raise NoEmbeddings(f"reranking needs rank pooling (a reranker model: {POOLING_KEY.format(arch=self.engine.hp.arch)}"
                                f" = 4), and this model's pooling is {self.pooling.name.lower()}")
-        out = []
-        for d in docs:
-            toks = self.rerank_tokens(query, d)[:self.max_tokens]
-            out.append(float(self.embed_tokens(toks)[0]))
-        return out
+        toks = [self.rerank_tokens(query, d)[:self.max_tokens] for d in docs]
+        return [float(v[0]) for v in self.embed_many(toks)]

@@ -46,16 +46,27 @@ def _globals(m) -> dict:
     return g
 
 
+def seq_bounds(m, n: int) -> np.ndarray:
+    """The batch's sequences' rows [a, b) i64[n_seq, 2] (Engine.seq_bounds: several packed; else one)."""
+    b = getattr(m, "seq_bounds", None)
+    return np.array([[0, n]], np.int64) if b is None else b
+
+
 def embed(m, x: np.ndarray, tokens) -> None:
-    """x f32[n, n_embd] = LayerNorm(token embeddings + token type 0 + position embeddings); positions from 0."""
+    """x f32[n, n_embd] = LayerNorm(token embeddings + token type 0 + position embeddings); each
+    sequence's positions from 0."""
     g = _globals(m)
     n, d = x.shape
-    if n > m.hp.n_ctx_train:
-        raise ModelFileError(f"{n} tokens exceed the {m.hp.n_ctx_train} position embeddings")
+    bounds = seq_bounds(m, n)
+    longest = int((bounds[:, 1] - bounds[:, 0]).max())
+    if longest > m.hp.n_ctx_train:
+        raise ModelFileError(f"{longest} tokens exceed the {m.hp.n_ctx_train} position embeddings")
     m.weights.embed(tokens, x)
     if g["token_types.weight"] is not None:
         x += g["token_types.weight"].data[:d]
-    x[:] = g["position_embd.weight"].data.reshape(-1, d)[:n] + x
+    pos = g["position_embd.weight"].data.reshape(-1, d)
+    for a, b in bounds:
+        x[a:b] = pos[:b - a] + x[a:b]
     layer_norm(x, x, g["token_embd_norm.weight"].data, g["token_embd_norm.bias"].data, m.hp.norm_eps)
 
 
@@ -65,12 +76,12 @@ def _linear(W, b, y, x) -> None:
 
 
 def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
-    """The n tokens in s.x (one sequence, from position 0) through the layers, in place."""
+    """The n tokens in s.x (the sequences of seq_bounds, each from position 0) through the layers, in place."""
     hp, w = m.hp, m.weights
     eps = m.hp.norm_eps
     x, xb = s.x[:n], s.xb[:n]
     q, k, v, att, up = s.q[:n], s.k[:n], s.v[:n], s.att[:n], s.up[:n]
-    bounds = np.array([[0, n]], np.int64)
+    bounds = seq_bounds(m, n)
     kq_scale = 1.0 / math.sqrt(float(hp.head_dim_k))
     for il in range(*m.layers):
         with w.layer(il) as L:

@@ -99,7 +99,7 @@ def _embed_all(model, items, truncate: bool, pooled_for: str | None, normalize: 
     if pooled_for:
         emb.require_pooled(pooled_for)
     toks = [emb.tokens(it, truncate) for it in items]       # every input checked before any is embedded
-    return [emb.embed_tokens(t, normalize) for t in toks], sum(len(t) for t in toks), emb.n_embd
+    return emb.embed_many(toks, normalize), sum(len(t) for t in toks), emb.n_embd
 
 
 def _dimensions(vecs: list, dims: int | None, n_embd: int) -> list:

@@ -1,0 +1,99 @@
+"""`ramforge embed` (cli/embed.py) on the synthetic bert fixture: its outputs equal the Embedder's
+(generation/embed.py, itself checked against llama-cpp-python in test_embeddings.py)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ramforge.cli import cli
+from ramforge.cli.embed import read_documents
+
+DOCS = ["Hello world", "", "The quick brown fox jumps over the lazy dog.", "Äpfel und Birnen, 42 Stück!"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    from tools.record_embeddings import model_file
+    return str(model_file("bert-tiny-f16"))
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """The Embedder's vectors of DOCS' non-blank lines: mean (the file's) and cls, Euclidean-normalized."""
+    from ramforge.engine.engine import Engine
+    from ramforge.generation.embed import Embedder, Pooling
+    with Engine.load(model, n_ctx=512, n_threads=1) as eng:
+        out = {}
+        for p in (Pooling.MEAN, Pooling.CLS):
+            emb = Embedder(eng, p)
+            out[p.name.lower()] = emb.embed_many([emb.tokens(d) for d in DOCS if d], 2)
+        return out
+
+
+def _run(args, stdin=None):
+    r = CliRunner().invoke(cli, ["embed", *args, "-t", "1"], input=stdin, catch_exceptions=False)
+    return r
+
+
+def test_read_documents_skips_blank_lines():
+    assert read_documents(["a\n", "\n", "  \n", "b\r\n"]) == ([1, 4], ["a", "b"])
+
+
+def test_json_lines_from_stdin(model, reference):
+    r = _run([model, "--profile"], "\n".join(DOCS) + "\n")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["line"] for x in rows] == [1, 3, 4]
+    for x, ref in zip(rows, reference["mean"]):
+        assert np.array_equal(np.asarray(x["embedding"], np.float32), ref)
+    assert "3 documents" in r.stderr and "1 weight passes" in r.stderr and "3.0 documents per pass" in r.stderr
+
+
+def test_json_array_and_pooling_override(model, reference, tmp_path):
+    f = tmp_path / "docs.txt"
+    f.write_text("\n".join(DOCS), encoding="utf-8")
+    r = _run([model, str(f), "--json", "--pooling", "cls"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert len(got) == 3 and all(np.array_equal(np.asarray(g, np.float32), ref)
+                                 for g, ref in zip(got, reference["cls"]))
+    r = _run([model, str(f), "--json", "--normalize", "-1"])           # not normalized: not unit length
+    assert abs(np.linalg.norm(json.loads(r.stdout)[0]) - 1.0) > 1e-3
+
+
+def test_npy_matrix(model, reference, tmp_path):
+    out = tmp_path / "e.npy"
+    r = _run([model, "-", "--npy", str(out)], "\n".join(DOCS))
+    assert r.exit_code == 0, r.output
+    m = np.load(out)
+    assert m.dtype == np.float32 and m.shape == (3, 128)
+    assert np.array_equal(m, np.stack(reference["mean"]))
+
+
+def test_pooling_none_gives_token_vectors_and_refuses_npy(model, tmp_path):
+    r = _run([model, "--pooling", "none"], "Hello world\n")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)
+    assert np.asarray(row["embedding"]).shape == (4, 128)                 # [CLS] hello world [SEP]
+    r = CliRunner().invoke(cli, ["embed", model, "--pooling", "none", "--npy", str(tmp_path / "x.npy"), "-t", "1"],
+                           input="Hello\n")
+    assert r.exit_code == 2 and "pooling is none" in r.output
+
+
+@pytest.mark.parametrize("args,stdin,words", [
+    (["--json", "--npy", "x.npy"], "a\n", "exclusive"),
+    ([], "\n \n", "no documents"),
+    (["--pooling", "max"], "a\n", "max"),
+])
+def test_usage_errors(model, args, stdin, words):
+    r = CliRunner().invoke(cli, ["embed", model, *args], input=stdin)
+    assert r.exit_code == 2 and words in r.output
+
+
+def test_too_long_without_truncate(model):
+    from ramforge.errors import ContextLengthExceeded
+    with pytest.raises(ContextLengthExceeded, match="truncate"):
+        _run([model, "--no-truncate"], "word " * 600 + "\n")
