@@ -437,3 +437,21 @@ def test_pull_of_a_split_url_into_the_store_loads(env, capsys):
     assert code == 0, e
     code, _, e = run(capsys, "rm", "real")
     assert code == 0 and not list((Store().blobs).glob("sha256-*"))
+
+
+def test_api_pull_of_a_hugging_face_quant(env):
+    from fastapi.testclient import TestClient
+
+    from ramforge.server import ServerConfig, create_app
+
+    with TestClient(create_app(ServerConfig(ram="400M", n_ctx=256))) as c:
+        r = c.post("/api/pull", json={"model": "hf.co/org/real-split-GGUF:Q4_K_M", "insecure": True})
+        lines = [json.loads(x) for x in r.text.splitlines()]
+        assert r.status_code == 200 and lines[0] == {"status": "pulling manifest"} and lines[-1]["status"] == "success"
+        assert not any("error" in x for x in lines)
+        m = Store().get("hf.co/org/real-split-GGUF:Q4_K_M")
+        assert len(m.shards) == 2 and Path(m.path).parent.parent.parent.name == "models--org--real-split-GGUF"
+        assert lines[-3]["total"] == m.total_size
+        r = c.post("/api/pull", json={"model": "hf.co/org/model-GGUF:Q2_K", "stream": False})
+        assert r.status_code == 400 and "HF_ENDPOINT" in r.json()["error"]           # http endpoint: insecure only
+        assert c.post("/api/pull", json={"model": "hf.co/org/../x:Q2_K"}).status_code == 400
