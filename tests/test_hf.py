@@ -455,3 +455,14 @@ def test_api_pull_of_a_hugging_face_quant(env):
         r = c.post("/api/pull", json={"model": "hf.co/org/model-GGUF:Q2_K", "stream": False})
         assert r.status_code == 400 and "HF_ENDPOINT" in r.json()["error"]           # http endpoint: insecure only
         assert c.post("/api/pull", json={"model": "hf.co/org/../x:Q2_K"}).status_code == 400
+
+
+def test_api_show_of_a_remote_name_not_pulled_is_a_404_naming_pull(env):
+    from fastapi.testclient import TestClient
+
+    from ramforge.server import ServerConfig, create_app
+
+    with TestClient(create_app(ServerConfig(ram="400M", n_ctx=256))) as c:
+        r = c.post("/api/show", json={"model": "hf.co/org/model-GGUF:Q2_K"})
+        assert r.status_code == 404 and "ramforge pull hf.co/org/model-GGUF:Q2_K" in r.json()["error"]
+        assert env.state["requests"] == []                       # nothing fetched
