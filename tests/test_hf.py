@@ -28,28 +28,36 @@ from ramforge.store.ranged import READ_AHEAD  # noqa: E402
 TOKEN = "hf_testtoken"
 
 
-def plannable(n_layer=6, n_embd=256, n_ff=2048, n_vocab=512, seed=0) -> bytes:
-    """A small llama GGUF that plans (about 11 MB, a header of about 9 KB)."""
-    b = GGUFBuilder()
-    b.add("general.architecture", VT.STRING, "llama")
-    for k, v in (("block_count", n_layer), ("embedding_length", n_embd), ("feed_forward_length", n_ff),
-                 ("attention.head_count", 4), ("attention.head_count_kv", 4), ("context_length", 2048)):
-        b.add(f"llama.{k}", VT.UINT32, v)
-    b.add("llama.attention.layer_norm_rms_epsilon", VT.FLOAT32, 1e-5)
-    b.add("general.seed", VT.UINT32, seed)
-    b.add("tokenizer.ggml.model", VT.STRING, "llama")
-    b.add("tokenizer.ggml.tokens", VT.ARRAY, [f"t{i}" for i in range(n_vocab)], VT.STRING)
-    b.tensor("token_embd.weight", [n_embd, n_vocab], GGMLType.Q8_0)
+def plannable(n_layer=6, n_embd=256, n_ff=2048, n_vocab=512, seed=0, shard=None) -> bytes:
+    """A small llama GGUF that plans (about 11 MB, a header of about 9 KB); shard=(k, n): its k-th of n
+    shards as gguf-split cuts it (split keys in each, the metadata in the first, the tensors in n runs)."""
+    tensors = [("token_embd.weight", [n_embd, n_vocab], GGMLType.Q8_0)]
     for i in range(n_layer):
-        b.tensor(f"blk.{i}.attn_norm.weight", [n_embd])
-        for t in ("q", "k", "v", "output"):
-            b.tensor(f"blk.{i}.attn_{t}.weight", [n_embd, n_embd], GGMLType.Q8_0)
-        b.tensor(f"blk.{i}.ffn_norm.weight", [n_embd])
-        b.tensor(f"blk.{i}.ffn_gate.weight", [n_embd, n_ff], GGMLType.Q8_0)
-        b.tensor(f"blk.{i}.ffn_up.weight", [n_embd, n_ff], GGMLType.Q8_0)
-        b.tensor(f"blk.{i}.ffn_down.weight", [n_ff, n_embd], GGMLType.Q8_0)
-    b.tensor("output_norm.weight", [n_embd])
-    b.tensor("output.weight", [n_embd, n_vocab], GGMLType.Q8_0)
+        tensors.append((f"blk.{i}.attn_norm.weight", [n_embd], GGMLType.F32))
+        tensors += [(f"blk.{i}.attn_{t}.weight", [n_embd, n_embd], GGMLType.Q8_0) for t in ("q", "k", "v", "output")]
+        tensors += [(f"blk.{i}.ffn_norm.weight", [n_embd], GGMLType.F32),
+                    (f"blk.{i}.ffn_gate.weight", [n_embd, n_ff], GGMLType.Q8_0),
+                    (f"blk.{i}.ffn_up.weight", [n_embd, n_ff], GGMLType.Q8_0),
+                    (f"blk.{i}.ffn_down.weight", [n_ff, n_embd], GGMLType.Q8_0)]
+    tensors += [("output_norm.weight", [n_embd], GGMLType.F32), ("output.weight", [n_embd, n_vocab], GGMLType.Q8_0)]
+    b = GGUFBuilder()
+    k, n = shard or (1, 1)
+    if k == 1:
+        b.add("general.architecture", VT.STRING, "llama")
+        for key, v in (("block_count", n_layer), ("embedding_length", n_embd), ("feed_forward_length", n_ff),
+                       ("attention.head_count", 4), ("attention.head_count_kv", 4), ("context_length", 2048)):
+            b.add(f"llama.{key}", VT.UINT32, v)
+        b.add("llama.attention.layer_norm_rms_epsilon", VT.FLOAT32, 1e-5)
+        b.add("general.seed", VT.UINT32, seed)
+        b.add("tokenizer.ggml.model", VT.STRING, "llama")
+        b.add("tokenizer.ggml.tokens", VT.ARRAY, [f"t{i}" for i in range(n_vocab)], VT.STRING)
+    if shard:
+        b.add("split.no", VT.UINT16, k - 1).add("split.count", VT.UINT16, n).add("split.tensors.count", VT.INT32,
+                                                                                 len(tensors))
+        per = -(-len(tensors) // n)
+        tensors = tensors[(k - 1) * per:k * per]
+    for name, dims, t in tensors:
+        b.tensor(name, dims, t)
     return b.build()
 
 
@@ -62,6 +70,9 @@ REPOS = {
     "org/split-GGUF": {f"Q4_K_M/split-Q4_K_M-0000{i}-of-00003.gguf": SHARDS[i - 1] for i in (1, 2, 3)}
                       | {"split-Q8_0.gguf": SMALL},
     "org/gated-GGUF": {"gated-Q4_K_M.gguf": SMALL},
+    "org/real-split-GGUF": {f"real-Q4_K_M-0000{k}-of-00003.gguf": plannable(shard=(k, 3)) for k in (1, 2, 3)}
+                           | {"real-Q8_0-00001-of-00002.gguf": plannable(shard=(1, 3)),     # a shard of 3 named 1 of 2
+                              "real-Q8_0-00002-of-00002.gguf": plannable(shard=(2, 3))},
 }
 GATED = {"org/gated-GGUF"}
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -370,3 +381,88 @@ def test_download_for_from_pretrained_and_list_of_the_cache(env, capsys):
     assert rows["hf.co/org/model-gguf:q2_k"]["source"] == "huggingface-cache"
     assert rows["hf.co/org/split-gguf:q4_k_m"]["size"] == sum(map(len, SHARDS))
     assert resolve_model("hf.co/org/model-GGUF:Q2_K") == path                   # runs from the cache, no pull
+
+
+# ------------------------------------------------------------------------- remote split sets
+
+REAL = REPOS["org/real-split-GGUF"]
+
+
+def test_plan_of_a_remote_split_set_joins_its_headers(env, capsys, tmp_path):
+    """Each shard's header by range requests, joined by the reader (its split checks): the plan of the
+    shards on disk, for a hf.co quant and for a plain URL of any shard."""
+    for name in REAL:
+        (tmp_path / name).write_bytes(REAL[name])
+    with GGUFFile(tmp_path / "real-Q4_K_M-00001-of-00003.gguf") as f:
+        want = json.loads(json.dumps(plan_for_budget(f, 1 << 30, None).to_json()))
+        headers = [s.data_offset for s in f.shards]
+    code, out, e = run(capsys, "plan", "--insecure", "hf.co/org/real-split-GGUF:Q4_K_M", "--ram", "1G", "--json")
+    assert code == 0, e
+    info = json.loads(out)
+    assert {k: v for k, v in info.items() if k not in ("remote", "storage", "path")} == \
+        {k: v for k, v in want.items() if k != "path"}
+    assert len(info["remote"]["urls"]) == 3 and info["remote"]["size"] == sum(len(REAL[n]) for n in REAL if "Q4" in n)
+    asked = 0
+    for k, h in enumerate(headers, 1):                   # each shard: its header and at most one read-ahead
+        name = f"real-Q4_K_M-0000{k}-of-00003.gguf"
+        spans = [re.fullmatch(r"bytes=(\d+)-(\d+)", r[2]).groups() for r in env.state["requests"]
+                 if r[1] == f"/cdn/org/real-split-GGUF/{name}"]      # logged before the answer: no race
+        got = sum(min(int(b), len(REAL[name]) - 1) - int(a) + 1 for a, b in spans)
+        assert h < got <= h + READ_AHEAD < len(REAL[name])
+        asked += got
+    assert info["remote"]["bytes_fetched"] == asked
+    url = f"{env.url}/cdn/org/real-split-GGUF/real-Q4_K_M-00002-of-00003.gguf"        # shard 2's URL: the set
+    code, out, e = run(capsys, "plan", "--insecure", url, "--ram", "1G", "--json")
+    assert code == 0, e
+    assert json.loads(out)["min_budget"] == want["min_budget"] and len(json.loads(out)["remote"]["urls"]) == 3
+    assert not (env.cache / "models--org--real-split-GGUF" / "snapshots").exists()
+
+
+def test_a_remote_set_that_does_not_belong_together_is_named(env, capsys):
+    code, _, e = run(capsys, "plan", "--insecure", "hf.co/org/real-split-GGUF:Q8_0", "--ram", "1G")
+    assert code == 1 and "split.count = 3, but 2 files were given" in e and "real-Q8_0-00001-of-00002.gguf" in e
+
+
+def test_pull_of_a_split_url_into_the_store_loads(env, capsys):
+    url = f"{env.url}/cdn/org/real-split-GGUF/real-Q4_K_M-00001-of-00003.gguf"
+    code, _, e = run(capsys, "pull", "--insecure", url, "--name", "real", "-q")
+    assert code == 0, e
+    assert "3 files" in e
+    m = Store().get("real")
+    assert [m.hex, *(s.sha256 for s in m.shards)] == \
+        [hashlib.sha256(REAL[f"real-Q4_K_M-0000{k}-of-00003.gguf"]).hexdigest() for k in (1, 2, 3)]
+    with GGUFFile(resolve_model("real")) as f:
+        assert len(f.shards) == 3 and f.split.tensors == len(f.tensors)
+    code, out, e = run(capsys, "verify", "real", "-q")
+    assert code == 0, e
+    code, _, e = run(capsys, "rm", "real")
+    assert code == 0 and not list((Store().blobs).glob("sha256-*"))
+
+
+def test_api_pull_of_a_hugging_face_quant(env):
+    from fastapi.testclient import TestClient
+
+    from ramforge.server import ServerConfig, create_app
+
+    with TestClient(create_app(ServerConfig(ram="400M", n_ctx=256))) as c:
+        r = c.post("/api/pull", json={"model": "hf.co/org/real-split-GGUF:Q4_K_M", "insecure": True})
+        lines = [json.loads(x) for x in r.text.splitlines()]
+        assert r.status_code == 200 and lines[0] == {"status": "pulling manifest"} and lines[-1]["status"] == "success"
+        assert not any("error" in x for x in lines)
+        m = Store().get("hf.co/org/real-split-GGUF:Q4_K_M")
+        assert len(m.shards) == 2 and Path(m.path).parent.parent.parent.name == "models--org--real-split-GGUF"
+        assert lines[-3]["total"] == m.total_size
+        r = c.post("/api/pull", json={"model": "hf.co/org/model-GGUF:Q2_K", "stream": False})
+        assert r.status_code == 400 and "HF_ENDPOINT" in r.json()["error"]           # http endpoint: insecure only
+        assert c.post("/api/pull", json={"model": "hf.co/org/../x:Q2_K"}).status_code == 400
+
+
+def test_api_show_of_a_remote_name_not_pulled_is_a_404_naming_pull(env):
+    from fastapi.testclient import TestClient
+
+    from ramforge.server import ServerConfig, create_app
+
+    with TestClient(create_app(ServerConfig(ram="400M", n_ctx=256))) as c:
+        r = c.post("/api/show", json={"model": "hf.co/org/model-GGUF:Q2_K"})
+        assert r.status_code == 404 and "ramforge pull hf.co/org/model-GGUF:Q2_K" in r.json()["error"]
+        assert env.state["requests"] == []                       # nothing fetched

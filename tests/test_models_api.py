@@ -123,7 +123,8 @@ def test_create_copy_delete_through_the_client(server, home, tiny):
     assert client.create(model="tiny-plain", files={"tiny.gguf": digest}, template=TEMPLATE).status == "success"
     assert {"tiny-sys", "tiny-plain"} <= set(_names(client))
     shown = client.show("tiny-sys")
-    assert shown.template == TEMPLATE and "num_predict 3" in shown.parameters and 'stop "\\n\\n"' in shown.parameters
+    params = [line.split(None, 1) for line in shown.parameters.splitlines()]      # Ollama's padded columns
+    assert shown.template == TEMPLATE and ["num_predict", "3"] in params and ["stop", '"\\n\\n"'] in params
     assert 'SYSTEM """Be brief."""' in shown.modelfile
     assert http.post("/api/show", json={"model": "tiny-sys"}).json()["system"] == "Be brief."
     # SYSTEM: used where the request has none, the request's own wins; PARAMETER num_predict: the default

@@ -187,3 +187,97 @@ def test_llama_cpp_loads_the_shards_and_agrees(tiny, shards):
     with Engine.load(shards[0], n_ctx=64) as e:
         ours = e.eval(PROMPT, all_logits=True, aligned=True)
     assert np.array_equal(ours, theirs)
+
+
+# ----------------------------------------------------------------------------- in the store
+
+@pytest.fixture
+def served(shards, tmp_path, monkeypatch):
+    """The shards over plain HTTP (a static file server), the store in tmp_path."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(shards[0].parent))
+    handler.func.log_message = lambda *a: None
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("RAMFORGE_HOME", str(tmp_path / "store"))
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def _same_tensors(path, shards):
+    with GGUFFile(shards[0]) as want, GGUFFile(path) as got:
+        assert len(got.shards) == len(shards) and list(got.tensors) == list(want.tensors)
+        assert all(np.array_equal(got.read_tensor(n), want.read_tensor(n)) for n in want.tensors)
+
+
+def test_pull_of_a_shard_url_brings_the_set(shards, served):
+    import hashlib
+
+    from ramforge.store import DigestMismatch, Store
+    from ramforge.store.resolve import resolve_model
+
+    store, phases = Store(), set()
+    m = store.pull(f"{served}/{shards[1].name}", "tiny-split", insecure=True,
+                   progress=lambda ph, d, t: phases.add(ph))              # any shard's URL: its set
+    n = len(shards)
+    assert phases == {f"download {k}/{n}" for k in range(1, n + 1)}
+    assert [m.hex, *(s.sha256 for s in m.shards)] == [hashlib.sha256(s.read_bytes()).hexdigest() for s in shards]
+    assert m.total_size == sum(s.stat().st_size for s in shards) and m.source.endswith(shards[1].name)
+    path = resolve_model("tiny-split")                                   # shard 1's link, its set beside it
+    assert path.name == f"model-00001-of-{n:05d}.gguf" and path.parent == store.root / "splits" / m.hex
+    _same_tensors(path, shards)
+    assert store.verify("tiny-split") == m
+    # a changed shard is noticed on load and by verify
+    blob = store.blob_path(m.shards[-1].sha256)
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1
+    blob.write_bytes(bytes(data))
+    with pytest.raises(DigestMismatch):
+        store.path_of("tiny-split")
+    with pytest.raises(DigestMismatch):
+        store.verify("tiny-split")
+    # rm: every shard's blob and the links go, a second name keeps them until it goes too
+    from ramforge.store.modelfile import copy
+
+    copy(store, "tiny-split", "again")
+    assert not store.remove("tiny-split")["blob_deleted"] and all(store.blob_path(h).exists() for h in m.blob_hexes)
+    assert store.remove("again")["blob_deleted"]
+    assert not any(store.blob_path(h).exists() for h in m.blob_hexes) and not (store.root / "splits" / m.hex).exists()
+
+
+def test_a_foreign_set_is_refused_and_leaves_nothing(tiny, shards, served, tmp_path):
+    from ramforge.store import Store, split_urls
+
+    (tmp_path / "other").mkdir()
+    other = split_gguf(tiny, tmp_path / "other", "x", 9, drop=("output_norm.weight",))
+    n = len(shards)
+    for s in shards[:-1]:                              # shard N from another split of the same model
+        shutil.copy(s, shards[0].parent / s.name.replace("tiny", "mixed"))
+    shutil.copy(other[-1], shards[0].parent / f"mixed-{n:05d}-of-{n:05d}.gguf")
+    url = f"{served}/mixed-00001-of-{n:05d}.gguf"
+    assert split_urls(url)[-1] == f"{served}/mixed-{n:05d}-of-{n:05d}.gguf"
+    store = Store()
+    with pytest.raises(SplitMismatch, match="split.tensors.count"):
+        store.pull(url, "mixed", insecure=True)
+    assert store.find("mixed") is None and not list(store.blobs.glob("sha256-*"))
+    with pytest.raises(Exception, match="one file"):
+        store.pull(url, "mixed", "0" * 64, insecure=True)
+
+
+def test_create_from_a_shard_stores_the_set(shards, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from ramforge.cli import cli
+    from ramforge.store import Store
+    from ramforge.store.resolve import resolve_model
+
+    monkeypatch.setenv("RAMFORGE_HOME", str(tmp_path / "store"))
+    (tmp_path / "Modelfile").write_text(f"FROM {shards[0]}\nPARAMETER temperature 0.5\n")
+    r = CliRunner().invoke(cli, ["create", "made", "-f", str(tmp_path / "Modelfile"), "-q"])
+    assert r.exit_code == 0, r.output
+    m = Store().get("made")
+    assert len(m.shards) == len(shards) - 1 and not m.path and m.config["parameters"] == {"temperature": 0.5}
+    _same_tensors(resolve_model("made"), shards)

@@ -17,32 +17,13 @@ from .console import kv_options, kv_types_of, open_gguf, out, short, spill_of, s
 ASSUMED_STORAGE_GB_S = 2.0       # a remote model's expected s/token, where no --storage-gb-s is given
 
 
-class _SplitHeaders:
-    """The headers of a remote split GGUF as one tensor table for the plan: shard k's offsets moved past
-    the shards before it, as if the files were one (a layer's read span stays within its shard)."""
-
-    def __init__(self, files):
-        from dataclasses import replace
-
-        self.files, self.path, self.metadata = files, files[0].path, files[0].metadata
-        self.tensors, base = {}, 0
-        for f in files:
-            self.tensors.update({n: replace(t, offset=t.offset + base) for n, t in f.tensors.items()})
-            base += f.size
-        self.size = base
-
-    @property
-    def bytes_read(self) -> int:
-        return sum(f.bytes_read for f in self.files)
-
-
 @contextmanager
 def open_header(model, hf: bool = False, insecure: bool = False):
     """(GGUF header, remote) of MODEL: a local file, store name or cached Hugging Face model as
     open_gguf opens it (remote None); else a Hugging Face source or an http(s) URL read by HTTP range
     requests, header(s) only (remote: {source, urls, size, bytes_fetched, requests})."""
     from ..gguf.reader import GGUFFile
-    from ..store import hf as hfs
+    from ..store import hf as hfs, split_urls
     from ..store.ranged import RangeFile
 
     ref = hfs.parse_source(model, hf=hf) if isinstance(model, str) else None
@@ -60,15 +41,15 @@ def open_header(model, hf: bool = False, insecure: bool = False):
 
         if url.lower().startswith("http://") and not insecure:
             raise InsecureSource(f"{url} is plain http; pass --insecure to read its header anyway")
-        urls, headers, source, total = [url], {}, url, None
+        urls, headers, source, total = split_urls(url), {}, url, None       # a shard's URL: its set's
     else:
         m = hfs.resolve(ref, insecure)
         urls, headers, source, total = m.urls(), hfs.auth_headers(), ref.source, m.size
     sources = [RangeFile(u, headers) for u in urls]
-    files = [GGUFFile(s) for s in sources]
-    remote = {"source": source, "urls": urls, "size": total or sum(s.size for s in sources),
-              "bytes_fetched": sum(s.bytes_fetched for s in sources), "requests": sum(s.requests for s in sources)}
-    yield (files[0] if len(files) == 1 else _SplitHeaders(files)), remote
+    with GGUFFile(sources) as f:                   # the shards joined with the reader's own checks
+        remote = {"source": source, "urls": urls, "size": total or sum(s.size for s in sources),
+                  "bytes_fetched": sum(s.bytes_fetched for s in sources), "requests": sum(s.requests for s in sources)}
+        yield f, remote
 
 
 @click.command()

@@ -86,7 +86,8 @@ def pull(source, name, sha256, hf, include, dry_run, ram, ctx, storage_gb_s, for
     Hugging Face files go to the shared Hugging Face cache (HF_HOME; HF_TOKEN or `hf auth login` for
     gated repos; HF_ENDPOINT for a mirror), each checked against the sha256 the Hub lists. A URL is
     hashed while it streams, checked against --sha256 or the sha256 ETag the server sends, and stored
-    as blobs/sha256-<hex>; a resume is sent with If-Range.
+    as blobs/sha256-<hex>; a resume is sent with If-Range. The URL of a split GGUF's shard
+    (NAME-0000K-of-0000N.gguf) pulls every shard of its set, one blob each.
 
     Before a byte of weights moves, the GGUF header(s) are read by HTTP range requests and planned:
     a model whose minimum budget exceeds this machine's memory is refused (--force pulls it anyway);
@@ -118,7 +119,8 @@ def pull(source, name, sha256, hf, include, dry_run, ram, ctx, storage_gb_s, for
             err.print(f"interrupted: {format_bytes(part.stat().st_size)} kept in {escape(str(part))}; "
                       f"run the same pull again to resume")
         raise
-    err.print(f"pulled [bold]{escape(m.name)}[/] {m.digest[:19]} {format_bytes(m.size)} ({m.size:,} B)")
+    files = f"{1 + len(m.shards)} files, " if m.shards else ""
+    err.print(f"pulled [bold]{escape(m.name)}[/] {m.digest[:19]} {files}{format_bytes(m.total_size)} ({m.total_size:,} B)")
     if not m.verified:
         err.print(f"[yellow]warning:[/] {escape(m.name)} is unverified: no --sha256 was given and the server sent no "
                   f"sha256 ETag, so nothing checked the bytes are the intended file; `ramforge list` marks it")

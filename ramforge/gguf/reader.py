@@ -223,19 +223,25 @@ class GGUFFile:
     """
 
     def __init__(self, path, join_split: bool = True):
-        """path: a file (any shard of a split model opens them all), or a source with `name`, `size` and
-        `pread(offset, n)` (store.ranged.RangeFile: a header read over HTTP ranges; the payload is then read
-        through it too; a remote split model's shards are not joined here)."""
+        """path: a file (any shard of a split model opens them all, found by name), a source with `name`,
+        `size` and `pread(offset, n)` (store.ranged.RangeFile: a header read over HTTP ranges; the payload
+        is then read through it too), or a list of either: a split model's shards given explicitly, in
+        order (files under other names, remote shards), joined with the same checks."""
         self._fd = -1
         self.shards: list[GGUFFile] = [self]     # a split model's shards, in order (GGUFFile each)
         self.bases: list[int] = [0]              # the address of each shard's byte 0
-        self._open(path)
-        if join_split and self._src is None and self.split is not None:
-            try:
+        given = list(path) if isinstance(path, (list, tuple)) else None
+        if given is not None and not given:
+            raise SplitMismatch("(no files)", "an empty list of shards")
+        self._open(given[0] if given else path)
+        try:
+            if given is not None and (len(given) > 1 or self.split is not None):
+                self._join(given)
+            elif given is None and join_split and self._src is None and self.split is not None:
                 self._join_split()
-            except BaseException:
-                self.close()
-                raise
+        except BaseException:
+            self.close()
+            raise
 
     def _open(self, path) -> None:
         self._src = path if hasattr(path, "pread") else None
@@ -346,7 +352,7 @@ class GGUFFile:
     # ---- split models ---------------------------------------------------------------------
     def _join_split(self) -> None:
         """Open every shard of the split model this file belongs to (from its first, whichever was
-        given), check they belong together, and join their tensors (llama_model_loader's rules)."""
+        given), found by llama.cpp's names, and join them (`_join`)."""
         sp = self.split
         named = split_prefix(self.path)
         if named is None or named[1:] != (sp.no + 1, sp.count):
@@ -357,19 +363,28 @@ class GGUFFile:
         if sp.no != 0:                                   # a later shard given: read the set from its first
             self.close()
             self._open(self._shard_file(paths, 0))
-        first = self._check_shard(self, 0, sp.count, None)
+        self._join([self.path, *(self._shard_file(paths, k) for k in range(1, sp.count))])
+
+    def _join(self, given: list) -> None:
+        """Join shards given in order (this file is the first, opened from given[0]): each checked to
+        belong with the first (llama_model_loader's rules) and its tensors added at its base address."""
+        sp = self.split
+        count = len(given) if sp is None else sp.count
+        if len(given) != count:
+            raise SplitMismatch(self.path, f"{SPLIT_COUNT} = {count}, but {len(given)} files were given")
+        first = self._check_shard(self, 0, count, None)
         arch = self.architecture
-        for k in range(1, sp.count):
-            shard = GGUFFile(self._shard_file(paths, k), join_split=False)
+        for k in range(1, count):
+            shard = GGUFFile(given[k], join_split=False)
             self.shards.append(shard)
-            self._check_shard(shard, k, sp.count, arch)
+            self._check_shard(shard, k, count, arch)
             self.bases.append(-(-(self.bases[-1] + self.shards[-2].size + SHARD_GAP) // SHARD_GAP) * SHARD_GAP)
             for name, t in shard.tensors.items():
                 if name in self.tensors:
                     raise SplitMismatch(shard.path, f"tensor {name} is in shard {self.tensors[name].file + 1} too")
                 self.tensors[name] = TensorInfo(t.name, t.ggml_type, t.dims, self.bases[k] + t.offset, t.nbytes, k)
         if first.tensors is not None and first.tensors != len(self.tensors):
-            raise SplitMismatch(self.path, f"{SPLIT_TENSORS} = {first.tensors}, but the {sp.count} shards hold "
+            raise SplitMismatch(self.path, f"{SPLIT_TENSORS} = {first.tensors}, but the {count} shards hold "
                                            f"{len(self.tensors)} tensors")
 
     def _shard_file(self, paths: list[str], k: int) -> str:

@@ -1,8 +1,9 @@
 """Ollama's model management over HTTP: /api/pull, /api/create, /api/copy, DELETE /api/delete,
 HEAD/POST /api/blobs/:digest, and /api/push (501), in Ollama's shapes over ramforge's store.
 
-- pull: `model` is a store SOURCE (`ramforge pull`'s: an https URL, hf.co/...; plain http only with
-  `insecure: true`), named as the store names it; progress as Ollama's NDJSON lines
+- pull: `model` is a store SOURCE (`ramforge pull`'s: hf.co/ORG/REPO[:QUANT] into the Hugging Face cache
+  through store.hf, an https URL (a split GGUF's shard brings its set); plain http, or an http
+  HF_ENDPOINT, only with `insecure: true`), named as the store names it; progress as Ollama's NDJSON lines
   ({status, digest, total, completed}), or one answer with `stream: false`. A pull runs on a thread
   of its own, never under the model lock; a client that goes stops it (the .part stays for a resume);
   at most MAX_PULLS at once (503 beyond); one that would not fit the store's disk is refused (507).
@@ -156,10 +157,15 @@ async def _progress_stream(work: Callable[[Callable], list[dict]], stream: bool,
 
 @router.post("/api/pull")
 async def pull(req: PullRequest):
+    from ..store import hf as hfs
+
     source = req.model or req.name
     if not source:
-        raise InvalidArgument("model is required: the SOURCE to pull (an https URL or hf.co/ORG/REPO/FILE.gguf)")
-    expand_source(source)                                    # InvalidSource: 400 before any stream starts
+        raise InvalidArgument("model is required: the SOURCE to pull (hf.co/ORG/REPO[:QUANT], an https URL or "
+                              "hf.co/ORG/REPO/FILE.gguf)")
+    ref = hfs.parse_source(source)                           # InvalidSource: 400 before any stream starts
+    if ref is None:
+        expand_source(source)
     store = Store()
 
     def work(report) -> list[dict]:
@@ -181,10 +187,14 @@ async def pull(req: PullRequest):
                             **({"total": total} if total else {}), "completed": done})
 
             report({"status": "pulling manifest"})
-            m = store.pull(source, progress=progress, insecure=bool(req.insecure))
+            if ref is not None:                              # the Hugging Face cache, as `ramforge pull` does
+                m = hfs.pull(ref, store, insecure=bool(req.insecure), progress=progress)
+            else:
+                m = store.pull(source, progress=progress, insecure=bool(req.insecure))
         finally:
             _pulls.release()
-        return [{"status": "verifying sha256 digest", "digest": m.digest, "total": m.size, "completed": m.size},
+        return [{"status": "verifying sha256 digest", "digest": m.digest, "total": m.total_size,
+                 "completed": m.total_size},
                 {"status": "writing manifest"}, {"status": "success", "model": m.name}]
 
     return await _progress_stream(work, req.stream is not False)

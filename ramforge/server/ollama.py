@@ -473,7 +473,21 @@ async def show(req: ShowRequest, request: Request):
     name = req.model if req.model else req.name       # the Go client sends both, one of them empty
     if not name:
         raise InvalidArgument("model is required")
-    served, path = await anyio.to_thread.run_sync(m.locate, name)
+    from ..errors import ModelNotFound
+    from ..store.hf import parse_source
+    from ..store.names import InvalidSource
+
+    try:
+        served, path = await anyio.to_thread.run_sync(m.locate, name)
+    except ModelNotFound:
+        try:
+            remote = parse_source(name) is not None
+        except InvalidSource:
+            remote = False
+        if not remote:
+            raise
+        raise ModelNotFound(f"model {name!r} is not pulled: POST /api/pull (or `ramforge pull {name}`) fetches it; "
+                            f"`ramforge plan {name} --ram SIZE` reads its header first, by range requests") from None
     info = await anyio.to_thread.run_sync(read_info, path, bool(req.verbose))
     st = Path(path).stat()
     caps, params = await anyio.to_thread.run_sync(show_extras, path, st.st_size, st.st_mtime_ns)

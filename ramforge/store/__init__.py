@@ -7,6 +7,8 @@ Layout under the store root ($RAMFORGE_HOME, else the cache dir of `ramforge.pat
     blobs/<name>.part.json    what it was downloaded against: {url, etag, last_modified, sha256}; sent
                               back as If-Range, so a changed upstream file restarts from 0
     manifests/<name>.json     {name, digest, size, source, pulled_at, verified}: a name -> a blob
+    splits/<hex>/model-0000K-of-0000N.gguf   links to a split model's blobs (hex: shard 1's), by which the
+                              reader finds its shards (manifests list the other shards' digests, in order)
 
     manifests/<ns>/<model>[:tag].json   a name with '/' (Ollama's `[host/][namespace/]model[:tag]`)
 
@@ -33,11 +35,11 @@ from .names import (BlobChanged, BlobMissing, CHUNK, CorruptManifest, DEFAULT_TA
                     MAX_NAME_LENGTH, NotGGUF, NotInStore, Progress, PullError, StoreBusy, StoreError,
                     USER_AGENT, ModelName, WontFit, default_name, expand_source, is_valid_name, normalize_name,
                     parse_name)  # noqa: F401
-from .blobs import Manifest, Shard, Store  # noqa: F401
+from .blobs import Manifest, Shard, Store, split_urls  # noqa: F401
 from .transfer import hash_file  # noqa: F401
 
 __all__ = ['BlobChanged', 'BlobMissing', 'CHUNK', 'CorruptManifest', 'DEFAULT_TAG', 'DEFAULT_TIMEOUT', 'DigestMismatch',
            'DownloadIncomplete', 'GGUF_MAGIC', 'InsecureSource', 'InvalidModelName', 'InvalidSource', 'MAX_NAME_LENGTH', 'NotGGUF',
            'NotInStore', 'Progress', 'PullError', 'StoreBusy', 'StoreError', 'USER_AGENT', 'default_name',
            'expand_source', 'is_valid_name', 'normalize_name', 'parse_name', 'Manifest', 'Store', 'hash_file',
-           'ModelName', 'Shard', 'WontFit']
+           'ModelName', 'Shard', 'WontFit', 'split_urls']

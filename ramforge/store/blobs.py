@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import tempfile
 import time
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..gguf.reader import GGUFFile, split_path, split_prefix
 from ..paths import cache_dir
 from .names import (CHUNK, DEFAULT_TIMEOUT, GGUF_MAGIC, _HEX64, BlobChanged, BlobMissing, CorruptManifest, DigestMismatch,
                     InsecureSource, InvalidModelName, NotGGUF, NotInStore, Progress, PullError, default_name,
@@ -23,7 +25,8 @@ from .transfer import hash_file, _PartLock, _download, _drop_if_empty, drop_part
 
 @dataclass(frozen=True)
 class Shard:
-    """Another file of a split GGUF (`*-0000K-of-0000N.gguf`) a manifest serves, as recorded at pull."""
+    """Another file of a split GGUF (`*-0000K-of-0000N.gguf`) a manifest serves, as recorded at pull:
+    a file outside the store (`path`), or, where the manifest's own `path` is "", blobs/sha256-<sha256>."""
 
     path: str
     size: int
@@ -41,7 +44,7 @@ class Manifest:
     verified: bool = False   # checked against --sha256 or the server's sha256 ETag (absent in older manifests)
     mtime_ns: int | None = None   # the file's mtime when its sha256 was last computed (None: older manifests)
     path: str = ""       # the file, when it lives outside blobs/ (the Hugging Face cache); "" for blobs/sha256-<hex>
-    shards: tuple[Shard, ...] = ()    # shards 2..N of a split GGUF, beside `path`
+    shards: tuple[Shard, ...] = ()    # shards 2..N of a split GGUF, in order: beside `path`, or blobs (path "")
     config: dict | None = None   # a created model's TEMPLATE / SYSTEM / PARAMETERs (store.modelfile.ModelConfig)
 
     @property
@@ -51,6 +54,11 @@ class Manifest:
     @property
     def total_size(self) -> int:
         return self.size + sum(s.size for s in self.shards)
+
+    @property
+    def blob_hexes(self) -> list[str]:
+        """The sha256 of each of its files kept in blobs/ (none for files outside the store), shard 1 first."""
+        return [] if self.path else [self.hex, *(s.sha256 for s in self.shards)]
 
     @classmethod
     def from_json(cls, data, where: str) -> "Manifest":
@@ -72,8 +80,10 @@ class Manifest:
         if m.size < 0 or any(s.size < 0 or not _HEX64.fullmatch(s.sha256) for s in m.shards):
             raise CorruptManifest(f"manifest {where} has a negative size or a bad shard digest; delete it and "
                                   f"pull again")
-        if (m.path or m.shards) and not all(os.path.isabs(p) for p in [m.path, *(s.path for s in m.shards)]):
+        if m.path and not all(os.path.isabs(p) for p in [m.path, *(s.path for s in m.shards)]):
             raise CorruptManifest(f"manifest {where} names a file by a relative path; delete it and pull again")
+        if not m.path and any(s.path for s in m.shards):         # shards in blobs/ are named by their digest
+            raise CorruptManifest(f"manifest {where} names a shard by path beside a blob; delete it and pull again")
         return m
 
 
@@ -137,10 +147,6 @@ class Store:
     def manifest_path(self, name: str) -> Path:
         """manifests/[host/][namespace/]model[:tag].json (a name's '/' are folders, as in Ollama's store)."""
         return self._inside(self.manifests / f"{normalize_name(name)}.json")
-
-    def part_path(self, name: str) -> Path:
-        """blobs/<name>.part, the name's '/' written as '%2f' (no name holds a '%')."""
-        return self._inside(self.blobs / f"{normalize_name(name).replace('/', '%2f')}.part")
 
     def blob_path(self, digest: str) -> Path:
         hx = digest.split(":", 1)[-1]
@@ -210,7 +216,7 @@ class Store:
                 continue
             try:
                 m = Manifest.from_json(json.loads(text), str(p))
-                if m.hex == hx and not m.path:          # a file outside blobs/ keeps no blob
+                if hx in m.blob_hexes:                  # a file outside blobs/ keeps no blob
                     return True
             except (ValueError, CorruptManifest):
                 if hx in text:            # unsure: keep the blob
@@ -221,16 +227,55 @@ class Store:
         """Delete blob `hx` when no manifest refers to it; True when deleted."""
         if self._referenced(hx):
             return False
+        blob = self.blob_path(hx)
+        links = self._inside(self.root / "splits" / hx)
+        if links.is_dir():                             # the links of a split model whose shard 1 this was
+            shutil.rmtree(links, ignore_errors=True)
         try:
-            self.blob_path(hx).unlink()
+            blob.unlink()
             return True
         except FileNotFoundError:
             return False
+
+    def _collect_all(self, old: Manifest | None, new: Manifest | None = None) -> bool:
+        """Collect each blob of `old` that `new` does not keep; True when any was deleted."""
+        keep = set(new.blob_hexes) if new is not None else set()
+        return any([self._collect(hx) for hx in dict.fromkeys(old.blob_hexes if old else ()) if hx not in keep])
+
+    # split models in blobs/ ------------------------------------------------------------------
+    def files_of(self, m: Manifest) -> list[tuple[Path, int, int | None, str]]:
+        """(path, size, mtime_ns, sha256) of each file of a manifest, shard 1 first."""
+        if m.path:
+            rest = [(Path(s.path), s.size, s.mtime_ns, s.sha256) for s in m.shards]
+        else:
+            rest = [(self.blob_path(s.sha256), s.size, s.mtime_ns, s.sha256) for s in m.shards]
+        return [(self.file_of(m), m.size, m.mtime_ns, m.hex), *rest]
+
+    def split_links(self, m: Manifest) -> Path:
+        """Shard 1 of a split model kept in blobs/, as splits/<sha256 of shard 1>/model-0000K-of-0000N.gguf:
+        a folder of relative links to the blobs under llama.cpp's shard names, by which gguf.reader finds
+        the set (made, or mended, here)."""
+        folder = self._inside(self.root / "splits" / m.hex)
+        folder.mkdir(parents=True, exist_ok=True)
+        n = 1 + len(m.shards)
+        for k, hx in enumerate(m.blob_hexes, 1):
+            link, target = folder / f"model-{k:05d}-of-{n:05d}.gguf", f"../../blobs/sha256-{hx}"
+            if os.path.islink(link) and os.readlink(link) == target:
+                continue
+            tmp = folder / f".{link.name}.{os.getpid()}.tmp"
+            tmp.unlink(missing_ok=True)
+            os.symlink(target, tmp)
+            os.replace(tmp, link)
+        return folder / f"model-00001-of-{n:05d}.gguf"
 
     # commands ------------------------------------------------------------------------------
     def file_of(self, m: Manifest) -> Path:
         """The (first) file of a manifest: blobs/sha256-<hex>, or the file it names outside the store."""
         return Path(m.path) if m.path else self.blob_path(m.digest)
+
+    def open_path(self, m: Manifest) -> Path:
+        """The path MODEL arguments open: the first file, or a split model's link in splits/ (`split_links`)."""
+        return self.split_links(m) if m.shards and not m.path else self.file_of(m)
 
     def path_of(self, name: str, progress: Progress | None = None) -> Path:
         """The (first) file of a pulled name, checked before it is served (`checked`)."""
@@ -240,11 +285,11 @@ class Store:
         """Verify on load, cheaply: each file's size and mtime against the manifest's record. A file whose
         mtime moved is hashed again (same sha256: the new mtime is recorded; another: DigestMismatch); a
         file of another size is refused (BlobChanged) without reading it; a missing one is BlobMissing."""
-        first = self.file_of(m)
+        files = self.files_of(m)
+        first = files[0][0]
         again = f"`ramforge rm {m.name}` and `ramforge pull {m.source or 'SOURCE'} --name {m.name}` again"
         moved: dict[str, int] = {}
-        for path, size, mtime, hx in [(first, m.size, m.mtime_ns, m.hex),
-                                      *((Path(s.path), s.size, s.mtime_ns, s.sha256) for s in m.shards)]:
+        for path, size, mtime, hx in files:
             try:
                 st = path.stat()
             except OSError:
@@ -262,9 +307,9 @@ class Store:
                                      h.hexdigest(), f"the file changed: run {again}")
             moved[str(path)] = st.st_mtime_ns
         if moved:                       # the same bytes under a new mtime: no re-hash next time
-            shards = tuple(replace(s, mtime_ns=moved.get(s.path, s.mtime_ns)) for s in m.shards)
+            shards = tuple(replace(s, mtime_ns=moved.get(str(p), s.mtime_ns)) for s, (p, *_) in zip(m.shards, files[1:]))
             self._write_manifest(replace(m, mtime_ns=moved.get(str(first), m.mtime_ns), shards=shards))
-        return first
+        return self.open_path(m)
 
     def remove(self, name: str) -> dict:
         """Delete a name's manifest (and its .part), and its blob when no other name refers to it."""
@@ -297,14 +342,13 @@ class Store:
             result["external"] = m.path         # a file in the Hugging Face cache stays: other tools share it
         elif m is not None:
             result["blob"] = m.digest
-            result["blob_deleted"] = self._collect(m.hex)
+            result["blob_deleted"] = self._collect_all(m)      # every shard's blob no other name keeps
         return result
 
     def verify(self, name: str, progress: Progress | None = None) -> Manifest:
         """Re-hash a name's blob; DigestMismatch when it is not the manifest's digest."""
         m = self.get(name)
-        for path, want, want_size in [(self.file_of(m), m.hex, m.size),
-                                      *((Path(s.path), s.sha256, s.size) for s in m.shards)]:
+        for path, want_size, _, want in self.files_of(m):
             if not path.is_file():
                 raise BlobMissing(f"model {m.name!r} refers to {path}, which is missing; run `ramforge rm {m.name}` "
                                   f"and `ramforge pull {m.source or 'SOURCE'} --name {m.name}` again")
@@ -333,15 +377,23 @@ class Store:
         except CorruptManifest:
             old = None
         self._write_manifest(m)
-        if old is not None and not old.path:
-            self._collect(old.hex)
+        self._collect_all(old, m)
         return m
+
+    def part_path(self, name: str, shard: int = 1) -> Path:
+        """blobs/<name>.part (shard k > 1 of a split set: <name>%k.part), the name's '/' written as '%2f'
+        (no name holds a '%')."""
+        stem = normalize_name(name).replace('/', '%2f') + (f"%{shard}" if shard > 1 else "")
+        return self._inside(self.blobs / f"{stem}.part")
 
     def pull(self, source: str, name: str | None = None, sha256: str | None = None, *,
              progress: Progress | None = None, timeout: float = DEFAULT_TIMEOUT, retries: int = 0,
              retry_delay: float = 1.0, chunk_size: int = CHUNK, insecure: bool = False) -> Manifest:
         """Download `source` into the store as `name`, resuming a .part left by an earlier try.
 
+        A split GGUF's shard (`PREFIX-0000K-of-0000N.gguf`) brings its set: every shard's URL by
+        llama.cpp's naming rule, each a blob, checked to belong together (gguf.reader) before the
+        manifest names them in order.
         Retryable failures (a dropped connection, a timeout, an HTTP 5xx) are retried `retries` times,
         each resuming where the last stopped; after that the .part stays for the next `pull`.
         A plain http:// source needs insecure=True (`--insecure`); the manifest's `verified` says
@@ -352,15 +404,52 @@ class Store:
             raise InsecureSource(f"SOURCE {url} is plain http: the file could be altered on the way"
                                  f"{'' if sha256 else ' and nothing would notice'}; use https, or pass "
                                  f"--insecure (insecure=True) to pull it anyway")
-        canon = normalize_name(name) if name is not None else default_name(url)
+        urls = split_urls(url)
+        canon = normalize_name(name) if name is not None else default_name(urls[0])
         expected = None
         if sha256 is not None:
             expected = sha256.strip().lower().removeprefix("sha256:")
             if not _HEX64.fullmatch(expected):
                 raise PullError(f"--sha256 {sha256!r} is not 64 hex digits")
-        self.manifest_path(canon)                     # both paths validated before any I/O
-        part = self.part_path(canon)
+            if len(urls) > 1:
+                raise PullError(f"--sha256 names one file, but {url} is a shard of a set of {len(urls)}; pull it "
+                                f"without --sha256 (each shard is checked against the server's sha256 ETag if it "
+                                f"sends one)")
+        self.manifest_path(canon)                     # every path validated before any I/O
+        parts = [self.part_path(canon, k) for k in range(1, len(urls) + 1)]
         self._ensure()
+        got = []
+        for k, (u, part) in enumerate(zip(urls, parts), 1):
+            phase = "download" if len(urls) == 1 else f"download {k}/{len(urls)}"
+            report = progress and (lambda p, d, t, ph=phase: progress(ph if p == "download" else p, d, t))
+            got.append(self._fetch(u, part, expected, report, timeout, retries, retry_delay, chunk_size))
+        try:
+            old = self.find(canon)
+        except CorruptManifest:
+            old = None                                 # overwritten below
+        (hx, size, verified, mtime), rest = got[0], got[1:]
+        m = Manifest(name=canon, digest=f"sha256:{hx}", size=size, source=url, pulled_at=_now(),
+                     verified=all(g[2] for g in got), mtime_ns=mtime,
+                     shards=tuple(Shard("", s, mt, h) for h, s, _, mt in rest))
+        if rest:
+            self._check_split(m)
+        self._write_manifest(m)
+        self._collect_all(old, m)
+        return m
+
+    def _check_split(self, m: Manifest) -> None:
+        """Open a split model's blobs as one GGUF (the reader's checks: numbering, counts, architecture);
+        the blobs go again when they do not belong together (and no name keeps them)."""
+        try:
+            GGUFFile(self.split_links(m)).close()
+        except Exception:
+            for hx in m.blob_hexes:
+                self._collect(hx)
+            raise
+
+    def _fetch(self, url: str, part: Path, expected: str | None, progress, timeout: float, retries: int,
+               retry_delay: float, chunk_size: int) -> tuple[str, int, bool, int]:
+        """One file into blobs/sha256-<hex> through `part`: (hex, size, verified, mtime_ns)."""
         with _PartLock(part) as f:
             attempt = 0
             while True:
@@ -397,13 +486,17 @@ class Store:
             os.replace(part, blob)
             drop_part_meta(part)
             _fsync_dir(self.blobs)
-        try:
-            old = self.find(canon)
-        except CorruptManifest:
-            old = None                                 # overwritten below
-        m = Manifest(name=canon, digest=f"sha256:{hx}", size=size, source=url, pulled_at=_now(), verified=verified,
-                     mtime_ns=blob.stat().st_mtime_ns)
-        self._write_manifest(m)
-        if old is not None and old.hex != hx and not old.path:
-            self._collect(old.hex)
-        return m
+        return hx, size, verified, blob.stat().st_mtime_ns
+
+
+def split_urls(url: str) -> list[str]:
+    """The URLs of a split GGUF's shards from one shard's URL (llama.cpp's PREFIX-0000K-of-0000N.gguf, the
+    query kept); [url] for any other file."""
+    u = urllib.parse.urlsplit(url)
+    head, _, last = u.path.rpartition("/")
+    named = split_prefix(urllib.parse.unquote(last))
+    if named is None or named[2] <= 1:
+        return [url]
+    prefix, _, count = named
+    return [urllib.parse.urlunsplit(u._replace(path=f"{head}/{urllib.parse.quote(split_path(prefix, k, count))}"))
+            for k in range(1, count + 1)]

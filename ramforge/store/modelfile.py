@@ -5,7 +5,8 @@ A created model is a manifest like a pulled one (a name -> a GGUF blob) whose `c
 its Modelfile said: TEMPLATE (a Jinja chat template, used instead of the file's
 tokenizer.chat_template), SYSTEM (the system message when a request brings none, as Ollama) and
 PARAMETERs (request option defaults, under what the request sets). FROM names a GGUF file (its
-bytes copied into the store's blobs, hashed on the way), a blob already in the store
+bytes copied into the store's blobs, hashed on the way; a shard of a split GGUF brings its set, one
+blob per shard, checked by the reader), a blob already in the store
 (`sha256:<hex>`, uploaded by /api/blobs), or another store model (its blob shared, its config
 under the new one's). Other Modelfile commands (ADAPTER, LICENSE, MESSAGE, REQUIRES) are refused by
 name; so are Ollama's Go templates (ramforge renders Jinja).
@@ -22,9 +23,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelfileError, Unsupported
-from .blobs import Manifest, Store, _fsync_dir
-from .names import CHUNK, GGUF_MAGIC, _HEX64, BlobMissing, NotGGUF, NotInStore, is_valid_name, normalize_name
+from ..errors import ModelfileError
+from ..gguf.reader import GGUFFile, split_path, split_prefix
+from .blobs import Manifest, Shard, Store, _fsync_dir
+from .names import (CHUNK, GGUF_MAGIC, _HEX64, BlobMissing, CorruptManifest, NotGGUF, NotInStore, is_valid_name,
+                    normalize_name)
 
 MAX_MODELFILE = 1 << 20         # bytes of a Modelfile, or of a TEMPLATE / SYSTEM text
 MAX_PARAMETERS = 64
@@ -192,9 +195,6 @@ def import_file(store: Store, path: str | os.PathLike, progress=None) -> tuple[s
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise NotGGUF(f"{path} is not a GGUF file; FROM takes a .gguf file")
-    if _SHARD.fullmatch(path.name):
-        raise Unsupported(f"{path} is a shard of a split model: the store keeps one file per model; "
-                          f"serve it by path, or merge it with `llama-gguf-split --merge`")
     store._ensure()
     fd, tmp = tempfile.mkstemp(prefix=".create.", suffix=".tmp", dir=store.blobs)
     h, size = hashlib.sha256(), 0
@@ -239,44 +239,68 @@ def check_source(store: Store, source: str, allow_path=lambda p: True) -> tuple[
     return "file", path
 
 
+def _import_split(store: Store, path: Path, allow_path, progress) -> tuple[str, int, tuple[Shard, ...]]:
+    """FROM a shard of a split GGUF: its set, found and checked by the reader (gguf-split's names, counts,
+    architecture), each shard copied into the blobs; (hex, size of shard 1, the other shards)."""
+    prefix, _, count = split_prefix(str(path))
+    for k in range(1, count + 1):                       # every shard's path allowed before a byte is read
+        allow_path(Path(split_path(prefix, k, count)))
+    with GGUFFile(path) as f:
+        paths = f.paths
+    got = []
+    for k, p in enumerate(paths, 1):
+        hx, size = import_file(store, p, progress and (lambda ph, d, t, k=k: progress(f"{ph} {k}/{len(paths)}", d, t)))
+        got.append(Shard("", size, store.blob_path(hx).stat().st_mtime_ns, hx))
+    return got[0].sha256, got[0].size, tuple(got[1:])
+
+
 def create(store: Store, name: str, source: str, config: ModelConfig, *, allow_path=lambda p: True,
            progress=None) -> Manifest:
-    """Create store model `name` FROM source (a GGUF path allow_path accepts, `sha256:<hex>` of a blob in
-    the store, or a store name) with config; the new manifest."""
+    """Create store model `name` FROM source (a GGUF path allow_path accepts: a shard brings its split set;
+    `sha256:<hex>` of a blob in the store, or a store name) with config; the new manifest."""
     canon = normalize_name(name)
     store.manifest_path(canon)                                  # validated before any I/O
     base = ModelConfig()
     kind, what = check_source(store, source, allow_path)
+    shards: tuple[Shard, ...] = ()
     if kind == "blob":
         blob = store.blob_path(what)
         with open(blob, "rb") as f:
             if f.read(4) != GGUF_MAGIC:
                 raise NotGGUF(f"blob {source} is not a GGUF file; upload the model's .gguf")
         digest, size, origin, verified = what, blob.stat().st_size, f"blob:sha256:{what}", True
-    elif kind == "model":
+    elif kind == "model":                                       # its files shared (a split set, the HF cache's)
         m = store.get(what)
-        digest, size, origin, verified = m.hex, m.size, m.source, m.verified
-        base = ModelConfig.from_json(m.config)
+        new = replace(m, name=canon, pulled_at=_now(), config=config.over(ModelConfig.from_json(m.config)).to_json())
+        return _replace_manifest(store, new)
+    elif _SHARD.fullmatch(what.name):
+        digest, size, shards = _import_split(store, what, allow_path, progress)
+        origin, verified = f"file:{os.path.realpath(what)}", False
     else:
         digest, size = import_file(store, what, progress)
         origin, verified = f"file:{os.path.realpath(what)}", False
     m = Manifest(name=canon, digest=f"sha256:{digest}", size=size, source=origin, pulled_at=_now(),
-                 verified=verified, config=config.over(base).to_json())
-    old = store.find(canon)
+                 verified=verified, mtime_ns=store.blob_path(digest).stat().st_mtime_ns, shards=shards,
+                 config=config.over(base).to_json())
+    if shards:
+        store._check_split(m)
+    return _replace_manifest(store, m)
+
+
+def _replace_manifest(store: Store, m: Manifest) -> Manifest:
+    """Write m, then collect the blobs of the manifest it replaces that nothing keeps now."""
+    try:
+        old = store.find(m.name)
+    except CorruptManifest:
+        old = None
     store._write_manifest(m)
-    if old is not None and old.hex != digest:
-        store._collect(old.hex)
+    store._collect_all(old, m)
     return m
 
 
 def copy(store: Store, source: str, destination: str) -> Manifest:
     """A second name for a store model (its blob and config shared); NotInStore for an unknown source."""
     m = store.get(source)
-    new = replace(m, name=normalize_name(destination), pulled_at=_now())
-    old = store.find(new.name)
-    store._write_manifest(new)
-    if old is not None and old.hex != m.hex:
-        store._collect(old.hex)
-    return new
+    return _replace_manifest(store, replace(m, name=normalize_name(destination), pulled_at=_now()))
 
 
