@@ -308,7 +308,15 @@ def test_gated_repo_needs_a_token(env, capsys, monkeypatch):
 
 
 def _served_for(env, file):
-    return env.state["served"].get(file, 0)
+    """Bytes the hub was asked for by range GETs of `file`, from the request log (written before the
+    body, so no race with the server thread still sending it)."""
+    size = len(next(r[file] for r in REPOS.values() if file in r))
+    total = 0
+    for cmd, path, rng in env.state["requests"]:
+        if cmd == "GET" and path.startswith("/cdn/") and path.endswith("/" + file) and rng:
+            a, b = re.fullmatch(r"bytes=(\d+)-(\d*)", rng).groups()
+            total += min(int(b) if b else size - 1, size - 1) - int(a) + 1
+    return total
 
 
 def test_plan_over_http_reads_the_header_only(env, capsys, tmp_path):
