@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Literal
 
 import anyio
@@ -253,21 +254,34 @@ def _usage(r) -> dict:
             "prompt_tokens_details": {"cached_tokens": r.prompt_tokens - r.prompt_eval_tokens}}
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(req: ChatRequest, request: Request):
+@dataclass
+class ChatRun:
+    """A started chat request: its job, its tool session, and the names its answer carries."""
+
+    job: Job
+    tools: ToolSession
+    one_call: bool          # parallel_tool_calls false: at most one call, as llama-server
+    name: str
+
+    def calls(self, calls: list) -> list:
+        return calls[:1] if self.one_call else calls
+
+
+async def start_chat(req: ChatRequest, request: Request) -> ChatRun:
+    """Check a chat request, render it (with tools, the GGUF's tool_use template where it has one) and
+    start its generation: the one chat path, of /v1/chat/completions and /v1/responses."""
     await anyio.to_thread.run_sync(req.check)       # a grammar or schema is CPU work: off the event loop
     messages = [m.for_template() for m in req.messages]
     kwargs = {**_effort_kwargs(req.reasoning_effort), **(req.chat_template_kwargs or {})}
     tools = ToolSession(req.tools, req.tool_choice)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    one_call = req.parallel_tool_calls is False              # at most one call, as llama-server
     m = manager_of(request)
     model_name, _ = await anyio.to_thread.run_sync(m.locate_lenient, req.model)
 
     generation = req.generation()
 
     def build(model):
-        msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, messages)
+        msgs, kwargs["tools"] = tools.prepare(model.chat_template(tools.active).text, messages)
         forced = tools.grammar()                  # tool_choice "required" / a named function
         if forced is not None:
             generation["grammar"] = forced
@@ -276,7 +290,14 @@ async def chat_completions(req: ChatRequest, request: Request):
     job = await Job.start(m, model=model_name, num_ctx=None, keep_alive=None, build=build,
                           max_tokens=max_tokens, clamp=False, sampling=generation, stop=stop_list(req.stop),
                           chat=True, length_finish=True)
-    cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
+    return ChatRun(job, tools, req.parallel_tool_calls is False, req.model or job.loaded.name)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatRequest, request: Request):
+    run = await start_chat(req, request)
+    job, tools, one_call, name = run.job, run.tools, run.one_call, run.name
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def lp(steps):
         return chat_logprobs(steps, job.model.tokenizer) if steps is not None and req.logprobs else None
@@ -284,7 +305,7 @@ async def chat_completions(req: ChatRequest, request: Request):
     if not req.stream:
         r = await job.collect(request)
         content, calls = tools.parse(r.text)
-        calls = calls[:1] if one_call else calls
+        calls = run.calls(calls)
         message = {"role": "assistant", "content": content if content or not calls else None}
         if r.thinking:
             message["reasoning_content"] = r.thinking          # as llama-server reports it
