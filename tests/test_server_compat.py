@@ -398,3 +398,25 @@ def test_gguf_sampling_defaults_beneath_v1_requests(synth):
                                                "options": {"num_predict": 2}})
     assert r.status_code == 200, r.text
     assert _sampled(synth.seen) == (0.8, 40, 0.9)                   # Ollama reads none of them
+
+
+def test_tools_render_with_the_tool_use_template(synth):
+    name = str(synth.manager.cfg.model)
+    ask = [{"role": "user", "content": "Weather in Oslo?"}]
+    r = synth.http.post("/api/chat", json={"model": name, "messages": ask, "tools": [WEATHER],
+                                           "_debug_render_only": True})
+    assert r.status_code == 200, r.text
+    shown = r.json()["debug_info"]["rendered_template"]
+    # the tool_use template rendered it, and ToolSession.prepare read that one (it takes `tools`: no generic note)
+    assert TOOL_MARK + "get_weather" in shown and "You can call these tools" not in shown
+    plain = synth.http.post("/api/chat", json={"model": name, "messages": ask, "_debug_render_only": True})
+    assert TOOL_MARK not in plain.json()["debug_info"]["rendered_template"]
+    chat = {"model": "x", "messages": ask, "max_tokens": 1, "tools": [WEATHER]}
+    assert synth.http.post("/v1/chat/completions", json=chat).status_code == 200
+    rendered = synth.manager.current.model._rendered
+    assert TOOL_MARK + "get_weather" in rendered and "You can call these tools" not in rendered
+    assert synth.http.post("/v1/chat/completions", json={**chat, "tool_choice": "none"}).status_code == 200
+    assert TOOL_MARK not in synth.manager.current.model._rendered       # no tools offered: the plain template
+    r = synth.http.post("/v1/responses", json={"model": "x", "input": "Weather?", "max_output_tokens": 1,
+                                               "tools": [{"type": "function", **WEATHER["function"]}]})
+    assert r.status_code == 200 and TOOL_MARK + "get_weather" in synth.manager.current.model._rendered
