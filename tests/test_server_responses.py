@@ -95,6 +95,12 @@ def test_input_items_are_the_conversation(srv):
     ({"input": "hi", "temperature": 3}, "temperature"),
     ({"input": "hi", "tools": [{"type": "function"}]}, "name"),
     ({}, "input"),
+    ({"input": "hi", "text": {"format": "json"}}, "text.format"),
+    ({"input": "hi", "text": {"format": {"type": "yaml"}}}, "yaml"),
+    ({"input": [{"role": "user", "content": None}]}, "content"),
+    ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "content"),
+    ({"input": "hi", "tool_choice": {"type": "function", "name": "nope"}, "tools": [
+        {"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "nope"),
 ])
 def test_bad_requests_are_400_by_name(srv, body, words):
     r = srv.http.post("/v1/responses", json={"model": "default", **body})
@@ -180,3 +186,13 @@ def test_chat_parallel_tool_calls_false_keeps_the_first(tooled, script):
     assert list(got) == [0] and scripted._valid(got[0]) == {"city": "Oslo", "days": 2}
     both = tooled.openai.chat.completions.create(model="default", messages=ask, tools=[scripted.WEATHER])
     assert len(both.choices[0].message.tool_calls) == 2
+
+
+def test_text_format_json_schema_constrains_the_answer(srv):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = srv.openai.responses.create(model="default", input="Is water wet? Answer in JSON.", temperature=0,
+                                    max_output_tokens=40, text={"format": {"type": "json_schema", "name": "answer",
+                                                                           "schema": schema, "strict": True}})
+    assert r.status == "completed", r.output_text
+    assert isinstance(json.loads(r.output_text)["ok"], bool)

@@ -177,6 +177,8 @@ def _tool_choice(choice):
 def _format(text: dict | None) -> dict | None:
     """text.format as chat's response_format (json_schema's fields are flat here)."""
     fmt = (text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise InvalidArgument(f"text.format must be an object such as {{\"type\": \"json_object\"}}, not {fmt!r}")
     if not fmt or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_schema":
