@@ -469,8 +469,8 @@ def test_forced_tool_calls_arrive_as_tool_calls_and_validate(server, template):
     mp = pytest.MonkeyPatch()
     if template is not None:
         d = json.loads((Path(__file__).parent / "fixtures" / "chat" / f"{template}.json").read_text())
-        mp.setattr(Model, "chat_template", lambda self: ChatTemplate(d["template"], "override", d["bos_token"],
-                                                                     d["eos_token"]))
+        mp.setattr(Model, "chat_template", lambda self, tools=False: ChatTemplate(d["template"], "override",
+                                                                                  d["bos_token"], d["eos_token"]))
     try:
         seen = []
         for seed, choice in ((1, "required"), (2, "required"), (3, {"type": "function", "function": {"name": "get_time"}})):

@@ -240,7 +240,6 @@ def test_props_slots_metrics_health(srv):
     line = next(x for x in text.splitlines() if x.startswith("llamacpp:tokens_predicted_total"))
     assert float(line.split()[-1]) >= before + 1
     assert srv.http.get("/v1/health").json()["status"] == "ok" and srv.http.get("/health").status_code == 200
-    assert srv.http.post("/v1/responses", json={"model": "x", "input": "hi"}).status_code == 501
 
 
 def test_native_completion_matches_v1_and_streams(srv):
@@ -316,3 +315,108 @@ def test_npm_ollama_client(srv):
     assert "completion" in out["show"]["capabilities"]
     assert out["generate"]["done"] and out["chat"]["message"]["role"] == "assistant" and out["chunks"] >= 2
     assert any(m["name"] == "default" for m in out["list"]["models"])
+
+
+# ------------------------------------------------------- a model with sampling defaults and a tool_use template
+
+def gguf_with(src: Path, dst: Path, extra: list[tuple[str, int, object]]) -> Path:
+    """A copy of the GGUF `src` with the kv pairs `extra` ((key, GGUFValueType, value)) added before its
+    own: the added bytes are padded (a filler string) to the file's alignment, so the tensor data stays
+    aligned and its offsets, relative to the data section, stay true."""
+    import struct
+
+    from ramforge.gguf.constants import GGUFValueType as VT
+    from ramforge.gguf.reader import GGUFFile
+    from tests.ggufbuild import _str, encode_value
+
+    with GGUFFile(src) as f:
+        align, data_at = f.alignment, f.data_offset
+    kv = b"".join(_str(k) + struct.pack("<I", t) + encode_value(t, v) for k, t, v in extra)
+    filler = len(_str("ramforge.test.pad")) + 4 + 8                 # the filler's key, type and length
+    pad = -(len(kv) + filler) % align
+    kv += _str("ramforge.test.pad") + struct.pack("<I", VT.STRING) + _str(" " * pad)
+    raw = src.read_bytes()
+    magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", raw)
+    dst.write_bytes(struct.pack("<4sIQQ", magic, version, n_tensors, n_kv + len(extra) + 1) + kv + raw[24:])
+    with GGUFFile(dst) as f:                                        # the tensors where they were
+        assert f.data_offset == data_at + len(kv)
+    return dst
+
+
+TOOL_MARK = "TOOL-USE TEMPLATE for "
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    """The default model with general.sampling.{temp, top_k, top_p} and both chat templates, served; each
+    Model.stream call's sampler keywords are recorded."""
+    from ramforge.generation import api
+    from ramforge.gguf.constants import GGUFValueType as VT
+    from ramforge.store.resolve import default_model_path
+
+    chat = api._DEFAULT_MODEL_TEMPLATE.read_text()
+    tool_use = "{%- if tools %}" + TOOL_MARK + "{{ tools | map(attribute='function.name') | join(',') }}\n{% endif %}" + chat
+    path = gguf_with(default_model_path(), tmp_path_factory.mktemp("synth") / "synth.gguf", [
+        ("general.sampling.temp", VT.FLOAT32, 0.25), ("general.sampling.top_k", VT.INT32, 1),
+        ("general.sampling.top_p", VT.FLOAT32, 0.5),
+        ("tokenizer.chat_template", VT.STRING, chat), ("tokenizer.chat_template.tool_use", VT.STRING, tool_use)])
+    seen = []
+    original = api.Model.stream
+
+    def recording(self, prompt, max_tokens=256, **kw):
+        seen.append(kw)
+        return original(self, prompt, max_tokens, **kw)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(api.Model, "stream", recording)
+    app = create_app(ServerConfig(model=str(path), ram="400M", n_ctx=512, keep_alive=600))
+    try:
+        with serving(uvicorn.Server(uvicorn.Config(app, log_level="warning"))) as (url, _):
+            yield SimpleNamespace(http=httpx.Client(base_url=url, timeout=900), seen=seen, manager=app.state.manager)
+    finally:
+        mp.undo()
+
+
+def _sampled(seen) -> tuple:
+    kw = seen[-1]
+    return kw["temperature"], kw["top_k"], kw["top_p"]
+
+
+def test_gguf_sampling_defaults_beneath_v1_requests(synth):
+    chat = {"model": "synth", "messages": HI, "max_tokens": 2}
+    assert synth.http.post("/v1/chat/completions", json=chat).status_code == 200
+    assert _sampled(synth.seen) == (0.25, 1, 0.5)                   # the GGUF's, not OpenAI's 1 / 40 / 1
+    assert synth.http.post("/v1/chat/completions", json={**chat, "temperature": 0.9, "top_k": 7}).status_code == 200
+    assert _sampled(synth.seen) == (0.9, 7, 0.5)                    # the request's win
+    assert synth.http.post("/v1/completions", json={"model": "x", "prompt": "Hi", "max_tokens": 2}).status_code == 200
+    assert _sampled(synth.seen) == (0.25, 1, 0.5)
+    r = synth.http.post("/v1/responses", json={"model": "x", "input": "Hi", "max_output_tokens": 2, "top_p": 0.7})
+    assert r.status_code == 200 and _sampled(synth.seen) == (0.25, 1, 0.7)
+    r = synth.http.post("/api/generate", json={"model": str(synth.manager.cfg.model), "prompt": "Hi", "stream": False,
+                                               "options": {"num_predict": 2}})
+    assert r.status_code == 200, r.text
+    assert _sampled(synth.seen) == (0.8, 40, 0.9)                   # Ollama reads none of them
+
+
+def test_tools_render_with_the_tool_use_template(synth):
+    name = str(synth.manager.cfg.model)
+    ask = [{"role": "user", "content": "Weather in Oslo?"}]
+    r = synth.http.post("/api/chat", json={"model": name, "messages": ask, "tools": [WEATHER],
+                                           "_debug_render_only": True})
+    assert r.status_code == 200, r.text
+    shown = r.json()["debug_info"]["rendered_template"]
+    # the tool_use template rendered it, and ToolSession.prepare read that one (it takes `tools`: no generic note)
+    assert TOOL_MARK + "get_weather" in shown and "You can call these tools" not in shown
+    plain = synth.http.post("/api/chat", json={"model": name, "messages": ask, "_debug_render_only": True})
+    assert TOOL_MARK not in plain.json()["debug_info"]["rendered_template"]
+    chat = {"model": "x", "messages": ask, "max_tokens": 1, "tools": [WEATHER]}
+    assert synth.http.post("/v1/chat/completions", json=chat).status_code == 200
+    rendered = synth.manager.current.model._rendered
+    assert TOOL_MARK + "get_weather" in rendered and "You can call these tools" not in rendered
+    assert synth.http.post("/v1/chat/completions", json={**chat, "tool_choice": "none"}).status_code == 200
+    assert TOOL_MARK not in synth.manager.current.model._rendered       # no tools offered: the plain template
+    r = synth.http.post("/v1/responses", json={"model": "x", "input": "Weather?", "max_output_tokens": 1,
+                                               "tools": [{"type": "function", **WEATHER["function"]}]})
+    assert r.status_code == 200 and TOOL_MARK + "get_weather" in synth.manager.current.model._rendered

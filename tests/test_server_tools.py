@@ -53,7 +53,7 @@ def _scripted(self, prompt, max_tokens=256, **kwargs):
 @pytest.fixture(scope="module")
 def server():
     mp = pytest.MonkeyPatch()
-    mp.setattr(Model, "chat_template", lambda self: _template(state.template))
+    mp.setattr(Model, "chat_template", lambda self, tools=False: _template(state.template))
     mp.setattr(Model, "stream", _scripted)
     app = create_app(ServerConfig(ram="400M", n_ctx=512, keep_alive=600))
     try:

@@ -154,7 +154,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
 
     `app.state.manager` is the ModelManager; call `manager.preload()` before serving to load the
     startup model eagerly (what `ramforge serve MODEL` does)."""
-    from . import embeddings, llamaserver, models_api, ollama, openai, slots
+    from . import embeddings, llamaserver, models_api, ollama, openai, responses, slots
 
     cfg = cfg or ServerConfig(**kwargs)
     manager = ModelManager(cfg)
@@ -208,6 +208,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
     app.include_router(embeddings.router)       # /api/embed, /v1/embeddings, /embedding, /rerank (before ollama's /api/{verb})
     app.include_router(ollama.router)
     app.include_router(openai.router)
+    app.include_router(responses.router)        # /v1/responses over openai's chat path
     app.include_router(slots.router)
     app.include_router(llamaserver.router)      # llama-server's endpoints (/tokenize, /props, /completion, ...)
     # outermost last: BrowserGate, then CORSMiddleware (preflights answered before the API key), then Guard

@@ -327,6 +327,22 @@ def _trained(path: str, size: int, mtime_ns: int) -> int:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
+@lru_cache(maxsize=64)
+def _sampling_defaults(path: str, size: int, mtime_ns: int) -> dict:
+    from ..gguf.reader import GGUFFile
+    from ..sampling.gguf_defaults import gguf_sampling_defaults
+
+    with GGUFFile(path) as f:
+        return gguf_sampling_defaults(f.metadata)
+
+
+def model_sampling_defaults(path: str) -> dict:
+    """A GGUF's `general.sampling.*` as sampler defaults (ramforge.sampling.gguf_defaults), which
+    llama-server applies beneath every request's values; read once per file version."""
+    st = Path(path).stat()
+    return dict(_sampling_defaults(str(path), st.st_size, st.st_mtime_ns))
+
+
 def trained_context(path: str) -> int:
     """A GGUF's trained context (`{arch}.context_length`), 0 where it has none; read once per file."""
     st = Path(path).stat()

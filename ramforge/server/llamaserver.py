@@ -1,6 +1,6 @@
 """llama-server's own endpoints (tools/server): /tokenize, /detokenize, /apply-template, /props,
 GET /slots, /metrics, /completion (its native shape, streamed as SSE objects without [DONE]),
-/infill, /v1/health; /v1/responses answers 501 with a reason.
+/infill, /v1/health (/v1/responses: server.responses).
 
 Requests take llama-server's field names; the sampler fields are ramforge.sampling.params' table
 (llama-server's names), with the GGUF's own sampling defaults (`general.sampling.*`) beneath them as
@@ -213,12 +213,6 @@ async def metrics(request: Request):
 @router.get("/v1/health")
 async def v1_health(request: Request):
     return {"status": "ok"}
-
-
-@router.post("/v1/responses")
-async def responses():
-    raise Unsupported("/v1/responses (OpenAI's Responses API) is not implemented by ramforge serve yet; use "
-                      "/v1/chat/completions")
 
 
 # ------------------------------------------------------------------------------ /completion, /infill

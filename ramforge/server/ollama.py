@@ -384,7 +384,7 @@ async def chat(req: ChatRequest, request: Request):
     kwargs, tools = req.template_kwargs(), ToolSession(req.tools)
 
     def text(model, msgs):
-        msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, msgs)
+        msgs, kwargs["tools"] = tools.prepare(model.chat_template(tools.active).text, msgs)   # the tool_use one
         return model.render_chat(msgs, **kwargs)
 
     def build(model):

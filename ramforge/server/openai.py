@@ -22,7 +22,8 @@ with id, token, bytes, logprob and top_logprobs; top_logprobs defaults to 20 as 
 logprobs is a 400), streamed with each chunk's tokens; /v1/completions' `logprobs: N` in OpenAI's
 legacy shape as llama-cpp-python returns it. Above 20 is a 400.
 
-Defaults are OpenAI's (temperature 1, top_p 1, no penalties) with Ollama's top_k 40; max_tokens
+Defaults are the GGUF's `general.sampling.*` where it has them (as llama-server applies them beneath a
+request's values), else OpenAI's (temperature 1, top_p 1, no penalties) with Ollama's top_k 40; max_tokens
 defaults to 16 for /v1/completions (as OpenAI) and to the room left in the context for chat; a
 max_tokens beyond the room left is cut to it (the answer then ends with finish_reason "length"), as
 llama-server does. A model name that reaches no model means the loaded one (else the startup one), as
@@ -35,6 +36,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Literal
 
 import anyio
@@ -47,7 +49,7 @@ from ..generation.logprobs import LCPP, MAX_TOP, SERVER, chat_logprobs, legacy
 from ..structured import for_request
 from ..generation.tools_call import ToolSession, openai_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, check_messages, error_body, error_status,
-                     request_sampling, sampler_fields, stop_list)
+                     model_sampling_defaults, request_sampling, sampler_fields, stop_list)
 from .fim import infill_ids
 from .manager import Job, list_models, manager_of, stream_job
 
@@ -90,17 +92,19 @@ class _Common(_SamplerFields):
         self._gbnf = for_request(self.grammar, self.json_schema, getattr(self, "response_format", None))
         self.sampling()                  # a bad combination fails here, before the request queues
 
-    def sampling(self) -> dict:
+    def sampling(self, model_defaults: dict | None = None) -> dict:
+        """The sampler parameters: the request's, else the GGUF's `general.sampling.*` (model_defaults, as
+        llama-server applies them), else OpenAI's."""
         seed = None if self.seed is None or self.seed < 0 else self.seed % 0xFFFFFFFF  # 0xFFFFFFFF = random
-        return {**request_sampling(self, DEFAULTS, seed), **self.logprob_args()}
+        return {**request_sampling(self, {**DEFAULTS, **(model_defaults or {})}, seed), **self.logprob_args()}
 
     def logprob_args(self) -> dict:
         """Model.stream's logprobs keywords (ramforge.generation.logprobs); none when not asked."""
         return {}
 
-    def generation(self) -> dict:
+    def generation(self, model_defaults: dict | None = None) -> dict:
         """Model.stream's keywords: the sampler parameters and the grammar (None: unconstrained)."""
-        return {**self.sampling(), "grammar": self._gbnf, **({} if self.n_keep is None else {"n_keep": self.n_keep})}
+        return {**self.sampling(model_defaults), "grammar": self._gbnf, **({} if self.n_keep is None else {"n_keep": self.n_keep})}
 
     @property
     def include_usage(self) -> bool:
@@ -253,21 +257,33 @@ def _usage(r) -> dict:
             "prompt_tokens_details": {"cached_tokens": r.prompt_tokens - r.prompt_eval_tokens}}
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(req: ChatRequest, request: Request):
+@dataclass
+class ChatRun:
+    """A started chat request: its job, its tool session, and the names its answer carries."""
+
+    job: Job
+    tools: ToolSession
+    one_call: bool          # parallel_tool_calls false: at most one call, as llama-server
+    name: str
+
+    def calls(self, calls: list) -> list:
+        return calls[:1] if self.one_call else calls
+
+
+async def start_chat(req: ChatRequest, request: Request) -> ChatRun:
+    """Check a chat request, render it (with tools, the GGUF's tool_use template where it has one) and
+    start its generation: the one chat path, of /v1/chat/completions and /v1/responses."""
     await anyio.to_thread.run_sync(req.check)       # a grammar or schema is CPU work: off the event loop
     messages = [m.for_template() for m in req.messages]
     kwargs = {**_effort_kwargs(req.reasoning_effort), **(req.chat_template_kwargs or {})}
     tools = ToolSession(req.tools, req.tool_choice)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    one_call = req.parallel_tool_calls is False              # at most one call, as llama-server
     m = manager_of(request)
-    model_name, _ = await anyio.to_thread.run_sync(m.locate_lenient, req.model)
-
-    generation = req.generation()
+    model_name, path = await anyio.to_thread.run_sync(m.locate_lenient, req.model)
+    generation = req.generation(await anyio.to_thread.run_sync(model_sampling_defaults, path))
 
     def build(model):
-        msgs, kwargs["tools"] = tools.prepare(model.chat_template().text, messages)
+        msgs, kwargs["tools"] = tools.prepare(model.chat_template(tools.active).text, messages)
         forced = tools.grammar()                  # tool_choice "required" / a named function
         if forced is not None:
             generation["grammar"] = forced
@@ -276,7 +292,14 @@ async def chat_completions(req: ChatRequest, request: Request):
     job = await Job.start(m, model=model_name, num_ctx=None, keep_alive=None, build=build,
                           max_tokens=max_tokens, clamp=False, sampling=generation, stop=stop_list(req.stop),
                           chat=True, length_finish=True)
-    cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
+    return ChatRun(job, tools, req.parallel_tool_calls is False, req.model or job.loaded.name)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatRequest, request: Request):
+    run = await start_chat(req, request)
+    job, tools, one_call, name = run.job, run.tools, run.one_call, run.name
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def lp(steps):
         return chat_logprobs(steps, job.model.tokenizer) if steps is not None and req.logprobs else None
@@ -284,7 +307,7 @@ async def chat_completions(req: ChatRequest, request: Request):
     if not req.stream:
         r = await job.collect(request)
         content, calls = tools.parse(r.text)
-        calls = calls[:1] if one_call else calls
+        calls = run.calls(calls)
         message = {"role": "assistant", "content": content if content or not calls else None}
         if r.thinking:
             message["reasoning_content"] = r.thinking          # as llama-server reports it
@@ -336,7 +359,8 @@ async def completions(req: CompletionRequest, request: Request):
     req.check()
     prompt = req.one_prompt()
     m = manager_of(request)
-    model_name, _ = await anyio.to_thread.run_sync(m.locate_lenient, req.model)
+    model_name, path = await anyio.to_thread.run_sync(m.locate_lenient, req.model)
+    sampling = req.generation(await anyio.to_thread.run_sync(model_sampling_defaults, path))
 
     def build(model):
         if req.suffix:                          # fill-in-the-middle with the model's FIM tokens (server.fim)
@@ -345,7 +369,7 @@ async def completions(req: CompletionRequest, request: Request):
         return model.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else prompt
 
     job = await Job.start(m, model=model_name, num_ctx=None, keep_alive=None, build=build,
-                          max_tokens=req.max_tokens, clamp=False, sampling=req.generation(), stop=stop_list(req.stop),
+                          max_tokens=req.max_tokens, clamp=False, sampling=sampling, stop=stop_list(req.stop),
                           length_finish=True)
     cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
     echo = ""
