@@ -29,7 +29,7 @@ DEADLINE_S = 2.0
 def client():
     from fastapi.testclient import TestClient
 
-    app = create_app(ServerConfig(ram="400M", n_ctx=256, max_ctx=1024))
+    app = create_app(ServerConfig(ram="400M", n_ctx=256, max_ctx=1024, lenient_names=False))   # unknown: 404
     with TestClient(app, raise_server_exceptions=False) as c:
         c.manager = app.state.manager
         yield c

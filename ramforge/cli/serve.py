@@ -72,6 +72,9 @@ def _loopback(host: str) -> bool:
                    "rest, as llama-server's --context-shift.")
 @click.option("-a", "--alias", default=None,
               help="Serve the startup model under this name too, the one /v1/models lists (llama-server's --alias).")
+@click.option("--strict-names", is_flag=True,
+              help="An unknown model name on /v1 and llama-server's routes is a 404, as Ollama (default: the loaded "
+                   "model answers, as llama-server).")
 @click.option("--chat-template", "chat_template", default=None,
               help="The startup model's chat template: a Jinja FILE, or a name (chatml, gemma3), over the GGUF's.")
 @kv_options
@@ -80,7 +83,8 @@ def _loopback(host: str) -> bool:
 @cluster_options
 def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive, max_body, request_timeout,
           write_timeout, max_connections, origins, log_level,
-          slot_save_path, cache_ram, parallel, context_shift, alias, chat_template, kv_type, kv_type_k, kv_type_v,
+          slot_save_path, cache_ram, parallel, context_shift, alias, strict_names, chat_template, kv_type, kv_type_k,
+          kv_type_v,
           kv_spill, lookup,
           lookup_ngram, lookup_fixed, draft_model, draft_max, draft_min, draft_p_min, ray_address, stages, stage_ram,
           ray_timeout, stage_timeout, placement):
@@ -145,7 +149,8 @@ def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive
         except InvalidModelName as e:
             raise click.BadParameter(str(e), param_hint="--alias") from None
     template = _chat_template(chat_template)
-    cfg = ServerConfig(model=model, ram=ram, alias=alias, chat_template=template, n_ctx=ctx, n_threads=threads, io=io,
+    cfg = ServerConfig(model=model, ram=ram, alias=alias, lenient_names=not strict_names, chat_template=template,
+                       n_ctx=ctx, n_threads=threads, io=io,
                        api_key=api_key or None,
                        origins=parse_origins(origins),
                        max_body=parse_memory_size(max_body), keep_alive=300.0 if keep is None else keep,

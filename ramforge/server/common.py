@@ -69,6 +69,8 @@ class ServerConfig:
     #                                   an n_ctx above it is refused when the server starts
     alias: str | None = None          # --alias: the startup model's name on every API (llama-server's)
     chat_template: str | None = None  # --chat-template: template text (a file's, or a named one) over the GGUF's
+    lenient_names: bool = True        # /v1 and llama-server's routes: an unknown model name means the loaded
+                                      # (or startup) model, as llama-server; False (--strict-names): 404, as Ollama
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,8 @@ class ModelManager:
         try:
             return name, self.locate(name)[1]
         except (ModelNotFound, InvalidModelName):
+            if not self.cfg.lenient_names:
+                raise
             cur = self.current
             if cur is not None:
                 log.debug("model %r not found: answering with the loaded %s", name, cur.name)

@@ -309,8 +309,8 @@ async def _render_only(m: ModelManager, req: _Generating, opts: Options, num_ctx
 @router.post("/api/generate")
 async def generate(req: GenerateRequest, request: Request):
     m = manager_of(request)
+    keep_alive = parse_keep_alive(req.keep_alive)      # every value checked before the model is looked up
     opts, num_ctx = await _checked(req, m)
-    keep_alive = parse_keep_alive(req.keep_alive)
     if not req.prompt and not req.system and not req.context and not req.suffix:
         served, reason = await _load_or_unload(m, req.model, num_ctx, keep_alive, opts.runner(m.cfg))
         return {"model": req.model or served, "created_at": now_iso(), "response": "", "done": True,
@@ -374,8 +374,8 @@ async def generate(req: GenerateRequest, request: Request):
 @router.post("/api/chat")
 async def chat(req: ChatRequest, request: Request):
     m = manager_of(request)
+    keep_alive = parse_keep_alive(req.keep_alive)      # every value checked before the model is looked up
     opts, num_ctx = await _checked(req, m)
-    keep_alive = parse_keep_alive(req.keep_alive)
     messages = [msg.for_template() for msg in req.messages or []]
     if not messages:
         served, reason = await _load_or_unload(m, req.model, num_ctx, keep_alive, opts.runner(m.cfg))
