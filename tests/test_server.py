@@ -360,7 +360,8 @@ def test_swap_models_under_the_budget(server, tmp_path, monkeypatch):
     store.manifests.mkdir(parents=True)
     (store.blobs / f"sha256-{DEFAULT_SHA256}").symlink_to(default_model_path())
     (store.manifests / "gemma-copy.json").write_text(json.dumps(
-        {"name": "gemma-copy", "digest": f"sha256:{DEFAULT_SHA256}", "size": 1, "source": "test"}))
+        {"name": "gemma-copy", "digest": f"sha256:{DEFAULT_SHA256}", "size": default_model_path().stat().st_size,
+         "source": "test"}))                    # no mtime recorded: hashed once on load (Store.checked)
     for module in (common, manager):
         if hasattr(module, "Store"):
             monkeypatch.setattr(module, "Store", lambda: Store(tmp_path))
