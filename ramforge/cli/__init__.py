@@ -17,6 +17,7 @@ import sys
 import click
 from rich.markup import escape
 
+from .. import flags
 from ..errors import RamforgeError
 from . import describe, generate, serve, store, tokens
 from .console import err
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str]) -> None:
-    debug = os.environ.get("RAMFORGE_DEBUG", "") not in ("", "0")
+    debug = flags.DEBUG.get()
     if "--debug" in argv:
         argv.remove("--debug")
         debug = True

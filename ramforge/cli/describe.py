@@ -8,6 +8,7 @@ from collections import Counter
 import click
 from rich.table import Table
 
+from .. import flags
 from ..gguf.constants import GGMLType, Keys
 from ..memory.size import format_bytes, parse_memory_size
 from .console import kv_options, kv_types_of, open_gguf, out, short, spill_of, spill_option, summarise
@@ -96,7 +97,7 @@ def support(as_json):
 @click.command()
 @click.argument("model", required=False)
 @click.option("--ram", required=True, help="Memory budget, e.g. 4G, 512MiB, 1.5G.")
-@click.option("--ctx", type=click.IntRange(min=1), default=None, help="Context length (default: 4096, or the model's if smaller).")
+@click.option("--ctx", type=click.IntRange(min=1), default=None, help=f"Context length (default: {flags.DEFAULT_CTX}, or the model's if smaller).")
 @click.option("--probe-io", is_flag=True, help="Measure the file's O_DIRECT read speed and estimate seconds per token.")
 @click.option("--hit-rate", type=click.FloatRange(0, 1), default=None,
               help="Expert cache hit rate for the expected bytes per token (default: the share of experts cached).")

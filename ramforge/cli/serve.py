@@ -5,6 +5,7 @@ import ipaddress
 
 import click
 
+from .. import flags
 from ..errors import InvalidArgument, MissingExtra
 from ..memory.size import parse_memory_size
 from .console import (cluster_of, cluster_options, drafter_of, kv_options, kv_types_of, speculative_options, spill_of,
@@ -25,11 +26,11 @@ def _loopback(host: str) -> bool:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; anything but loopback exposes the server (use --api-key).")
 @click.option("--port", type=click.IntRange(0, 65535), default=11434, show_default=True)
-@click.option("--api-key", envvar="RAMFORGE_API_KEY", default=None,
+@click.option("--api-key", default=lambda: flags.API_KEY.get(), show_default=False,
               help="Require 'Authorization: Bearer KEY' on every route but /health (or $RAMFORGE_API_KEY).")
 @click.option("--ram", default=None, help="Memory budget of the resident model, e.g. 4G (default: unlimited).")
 @click.option("--ctx", type=click.IntRange(min=1), default=None,
-              help="Context length when a request sets no num_ctx (default: 4096, or the model's if smaller).")
+              help=f"Context length when a request sets no num_ctx (default: {flags.DEFAULT_CTX}, or the model's if smaller).")
 @click.option("--max-ctx", type=click.IntRange(min=1), default=None,
               help="The most a request's num_ctx gets (default: the model's trained context, as Ollama clamps it).")
 @click.option("-t", "--threads", type=int, default=None,

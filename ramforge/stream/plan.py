@@ -32,6 +32,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from ..errors import InvalidArgument, ModelFileError
+from ..flags import DEFAULT_CTX, DIRECT_ALIGN as ALIGN, N_UBATCH as UBATCH  # ALIGN: read spans are aligned (O_DIRECT)
 from ..gguf.constants import GGML_BLOCK, Keys
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..models import ffn_norm, is_executable
@@ -39,9 +40,7 @@ from ..models.config import FUSED_PROJECTIONS, HParams
 from ..kv.cells import kv_rows
 from ..kv.types import CHUNK, bytes_per_position, kv_type, spill_layout
 
-DEFAULT_CTX = 4096          # as llama-cli: the default context, capped by the model's own
 DEFAULT_BATCH = 64          # prompt tokens per forward chunk
-ALIGN = 4096                # read spans are aligned to this (O_DIRECT); the plan counts the slack
 MERGE_GAP = 1 << 16         # tensors closer than this are read in one span
 PERSISTENT_SHARE = 0.5      # of the streaming headroom, at most this much for resident persistent tensors
 SMALL = ("output_norm.weight", "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
@@ -365,7 +364,6 @@ def block_row_bytes(t: TensorInfo) -> int:
 
 
 BATCHES = (64, 32, 16, 8, 4, 2, 1)
-UBATCH = 512                # llama.cpp's default n_ubatch
 # A mixture's chunk may grow to a whole ubatch: llama.cpp's mul_mat_id picks an expert's arithmetic by
 # the rows the whole ubatch routes to it, so chunks shorter than the ubatch can round a long prompt's
 # expert rows differently. Taken when the run state stays within 1/MOE_STATE_SHARE of the budget.
