@@ -28,7 +28,8 @@ from ..memory import MemoryBudget
 from ..models import ffn_norm
 from ..models.weights import (EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_name, layer_names, layer_tensors,
                               validate_tensors)
-from .plan import ALIGN, SMALL, Plan, block_row_bytes, is_expert_tensor, span_of
+from .layout import ALIGN, SMALL, block_row_bytes, is_expert_tensor, span_of
+from .plan import Plan
 from ..profiling import ExpertRecord, LayerRecord, PassRecord
 from .experts import DEFAULT_POLICY, ExpertCache, Policy
 from .io import IOMode, ModelFile, aligned_empty
