@@ -10,12 +10,12 @@ The engine allocates exactly what the plan says, so `ramforge plan` is the runti
   resident, and the rest pins whole layers, first to last. A streamed output projection goes through
   the pool in row chunks; a streamed token embedding is read a row per token.
 - the minimum budget is the fixed part plus one buffer.
-- the KV cache is charged as the context fills (memory.kv_cache); where the budget cannot hold it
+- the KV cache is charged as the context fills (kv.cache); where the budget cannot hold it
   for n_ctx, the plan is made for the positions it holds (kv_positions, whole chunks of 256), and
   growing past them fails with a budget error naming the position. max_ctx: the longest context
   the budget holds at all (smallest chunk, nothing pinned).
 - where the budget cannot hold the KV cache for n_ctx (or when asked), the cache spills to storage
-  (memory.kv_spill): the fixed part holds a tail of recent positions per layer and two read buffers of
+  (stream.kv_spill): the fixed part holds a tail of recent positions per layer and two read buffers of
   one layer's cache at n_ctx instead of the whole cache; each token reads the older positions back
   (kv_read_bytes_per_token at a full context). A budget that holds neither plans for the positions
   it holds, as above.
@@ -25,12 +25,12 @@ of gate, up and down: three aligned segments) is read alone into an expert cache
 at least one layer's top-k (the minimum budget counts them), then what the headroom left after
 pinning dense layers allows.
 
-make_plan runs pure steps, each records in and a record out, then builds the frozen Plan once:
-classify_tensors (the tensor table -> Tensors: per layer, persistent, what this range reads) and
-layer_layout (-> Layout: read spans, whole and streamed, and the experts' slots) in stream.layout; fixed_costs
-(-> Fixed: KV cache, its spill, run state, small tensors), needs (-> Needs: the minimum and the
-fully resident budget) and residency (a budget -> Residency: the verdict, what is resident, pinned
-and streamed). plan_for_budget picks the prompt chunk and the KV cache's form around it.
+make_plan runs pure steps, records in and a record out, then builds the frozen Plan once:
+stream.layout's classify_tensors (the tensor table -> Tensors: per layer, persistent, what the range
+reads) and layer_layout (-> Layout: read spans, whole and streamed, the experts' slots); here
+fixed_costs (-> Fixed: the KV cache, its spill, run state, small tensors), needs (-> Needs: the
+minimum and the fully resident budget) and residency (a budget -> Residency: the verdict, what is
+resident, pinned and streamed). plan_for_budget picks the prompt chunk and the KV cache's form.
 """
 from __future__ import annotations
 
