@@ -122,3 +122,14 @@ def test_kernel_key_hashes_the_kernel_switches(monkeypatch):
     assert plain not in per.values() and len(set(per.values())) == len(per)
     monkeypatch.setenv("RAMFORGE_NO_REPACK", "1")                 # not a code switch
     assert paths.kernel_cache_key() == plain
+
+
+def test_cli_says_a_bad_switch_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAMFORGE_DEBUG="maybe")
+    r = subprocess.run([sys.executable, "-m", "ramforge", "plan", "--help"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "RAMFORGE_DEBUG='maybe'" in r.stderr and "Traceback" not in r.stderr

@@ -62,7 +62,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str]) -> None:
-    debug = flags.DEBUG.get()
+    try:
+        debug = flags.DEBUG.get()
+    except RamforgeError as e:              # RAMFORGE_DEBUG=maybe: said as any other error
+        err.print(f"[red]error:[/] {escape(str(e))}")
+        sys.exit(1)
     if "--debug" in argv:
         argv.remove("--debug")
         debug = True
