@@ -1,12 +1,12 @@
 """Where ramforge keeps files: the cache root, the compiled-kernel cache, and whether a directory keeps
-its files in RAM (memory_filesystem: tmpfs, ramfs). A leaf: imports nothing of ramforge.
+its files in RAM (memory_filesystem: tmpfs, ramfs). A leaf: imports only ramforge.flags.
 
 Numba's on-disk cache keys a function on its own file and bytecode only, not on the helpers it
 calls from other files (numba issue 1833), nor on the environment switches that change the code a
 kernel generates. So the kernel cache lives in a directory named after a hash of everything that
-decides the machine code: every source file under ramforge/kernels/, the switches in CODE_SWITCHES,
-and the ramforge, numba and llvmlite versions. Change any of them and the next run compiles afresh
-into a new directory; directories left unused are pruned.
+decides the machine code: every source file under ramforge/kernels/, the switches in CODE_SWITCHES
+(the flags.FLAGS that affect kernels), and the ramforge, numba and llvmlite versions. Change any of
+them and the next run compiles afresh into a new directory; directories left unused are pruned.
 
 Numba's cache files are pickles: whoever can write the cache can run code in every process that
 loads it. So a hashed directory is made private (0700) with a marker file (KERNEL_MARKER) inside,
@@ -31,11 +31,10 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
-# Environment switches that change the code a kernel generates (one table: add new ones here).
-CODE_SWITCHES = (
-    "RAMFORGE_NO_VNNI",    # the generic integer-dot IR instead of vpdpbusd
-    "RAMFORGE_PORTABLE",   # plain loops instead of LLVM vector intrinsics
-)
+from . import flags
+
+# Environment switches that change the code a kernel generates (flags.FLAGS: add new ones there).
+CODE_SWITCHES = tuple(f.name for f in flags.FLAGS if f.affects_kernels)
 KERNEL_DIR_PREFIX = "kernels-"
 KERNEL_MARKER = ".ramforge-kernels"  # written in each hashed directory ramforge made: only those are pruned
 KEEP_KERNEL_DIRS = 4                 # the most recently used hashed directories that are always kept
@@ -44,7 +43,7 @@ PRUNE_AFTER_S = 7 * 24 * 3600        # others are removed once unused this long
 
 def cache_dir() -> Path:
     """$RAMFORGE_HOME, else $XDG_CACHE_HOME/ramforge, else ~/.cache/ramforge."""
-    home = os.environ.get("RAMFORGE_HOME")
+    home = flags.HOME.get()
     if home:
         return Path(home)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ramforge"
@@ -71,8 +70,8 @@ def kernel_cache_key() -> str:
     base = Path(__file__).resolve().parent
     for p in kernel_sources():
         h.update(str(p.relative_to(base)).encode() + b"\0" + p.read_bytes() + b"\0")
-    for name in CODE_SWITCHES:
-        h.update(f"{name}={os.environ.get(name, '').strip()}\0".encode())
+    for name, value in flags.kernel_switches():
+        h.update(f"{name}={value}\0".encode())
     h.update(f"ramforge={__version__} numba={_version('numba')} llvmlite={_version('llvmlite')} "
              f"python={sys.version_info[:2]}".encode())
     return h.hexdigest()[:16]

@@ -4,11 +4,11 @@
     python robustness/fuzz.py --seed 7 --reader-cases 50000 --jobs 2
     python robustness/fuzz.py --seed 0 --replay reader:1234      # rerun one case, print its traceback
 
-reader      mutated small GGUF files (tests/test_fuzz_reader.py: gen_case): open with GGUFFile, check the
+reader      mutated small GGUF files (robustness/gguf_cases.py: gen_case): open with GGUFFile, check the
             descriptors, read every tensor.  Parsed OK, or refused with a RamforgeError.
 tokenizer   Gemma 3 (default model), qwen2 (BPE) and llama-spm (SPM) in turn; cases cycle through random
             Unicode text, random (mostly invalid UTF-8) bytes and random id sequences, with every
-            property of tests/test_fuzz_tokenizer.py (no crash, round trip, streaming == decode).
+            property of robustness/tokenizer_cases.py (no crash, round trip, streaming == decode).
 vocab       tiny hostile vocabulary GGUFs: parse, load_tokenizer, encode/decode a few texts.
 
 Each case has its own random.Random(f"<section>:<seed>:<index>"), so any case replays alone.  Every
@@ -57,7 +57,7 @@ def _watched(fn, size: int, time_limit: float, alloc_limit: int) -> dict:
     timing the traced run would measure tracemalloc).  The second run sees warm caches; what it
     measures is the transient allocation of one call, the thing that could blow up."""
     from ramforge.errors import RamforgeError
-    from tests.test_fuzz_tokenizer import Mismatch
+    from robustness.tokenizer_cases import Mismatch
     res = {"status": "ok", "exc": None, "detail": "", "problems": []}
     main = threading.current_thread() is threading.main_thread()
     if tracemalloc.is_tracing():
@@ -116,7 +116,7 @@ def _init(sections, time_limit: float, alloc_limit: int, workdir: str) -> None:
     _STATE["dir"] = workdir
     _STATE["limits"] = (time_limit, alloc_limit)
     if "tokenizer" in sections:
-        from tests.test_fuzz_tokenizer import NAMES, load, check_text
+        from robustness.tokenizer_cases import NAMES, load, check_text
         _STATE["toks"] = [load(n) for n in NAMES]
         for tok in _STATE["toks"]:           # warm the lazily built tables out of the measurements
             check_text(tok, "warm up <s> \u00e9 \U0001f600 'll 123\n\n  x")
@@ -126,7 +126,7 @@ def run_one(task: tuple[str, int, int]) -> tuple[str, int, dict]:
     section, seed, index = task
     time_limit, alloc_limit = _STATE["limits"]
     if section == "reader":
-        from tests.test_fuzz_reader import case_bytes, run_case
+        from robustness.gguf_cases import case_bytes, run_case
         data = case_bytes(seed, index)
         out = run_case(data, os.path.join(_STATE["dir"], f"case-{os.getpid()}.gguf"), time_limit, alloc_limit,
                        hard_limit=10 * time_limit)
@@ -136,7 +136,7 @@ def run_one(task: tuple[str, int, int]) -> tuple[str, int, dict]:
         res = {"status": status, "exc": out.exc, "detail": out.detail, "problems": list(out.problems),
                "elapsed": out.elapsed, "peak": out.peak, "size": out.size}
         return section, index, res
-    from tests import test_fuzz_tokenizer as T
+    from robustness import tokenizer_cases as T
     rng = random.Random(f"{section}:{seed}:{index}")
     if section == "vocab":
         data = T.random_vocab_file(rng)
@@ -240,9 +240,9 @@ def replay(spec: str, seed: int, args) -> int:
         _init((section,), args.time_limit, args.alloc_limit_mib << 20, workdir)
         _, _, res = run_one((section, seed, int(index)))
     if section == "reader":
-        from tests.test_fuzz_reader import case_bytes
+        from robustness.gguf_cases import case_bytes
         data = case_bytes(seed, int(index))
-        print(f"input: {len(data)} bytes; tests.test_fuzz_reader.case_bytes({seed}, {index}) rebuilds it")
+        print(f"input: {len(data)} bytes; robustness.gguf_cases.case_bytes({seed}, {index}) rebuilds it")
         if args.save:
             Path(args.save).write_bytes(data)
             print(f"saved to {args.save}")

@@ -7,8 +7,8 @@
 reader: each input is a whole GGUF file.  It is written to a temporary file (on /dev/shm when there
 is one) and opened with GGUFFile, then every tensor is read.  A RamforgeError is a clean refusal;
 any other exception is a crash that libFuzzer reports and saves as crash-<sha1>.  With no corpus
-directory given, one is seeded (under /tmp) from tests/ggufbuild.py: valid_model() and a few dozen
-random small files from tests/test_fuzz_reader.py's generator, so mutation starts from valid files.
+directory given, one is seeded (under /tmp) from tools/ggufbuild.py: valid_model() and a few dozen
+random small files from robustness/gguf_cases.py's generator, so mutation starts from valid files.
 -rss_limit_mb and -timeout bound memory and time per input (defaults here: 512 MB, 5 s).
 
 tokenizer: each input is raw bytes, tokenized (bytes and surrogateescape text, with and without
@@ -64,8 +64,8 @@ def reader_target():
 
 
 def seed_corpus() -> str:
-    from tests.ggufbuild import valid_model
-    from tests.test_fuzz_reader import random_builder
+    from tools.ggufbuild import valid_model
+    from robustness.gguf_cases import random_builder
     d = tempfile.mkdtemp(prefix="ramforge-atheris-corpus-")
     Path(d, "valid_model.gguf").write_bytes(valid_model().build())
     rng = random.Random(0)
@@ -76,8 +76,13 @@ def seed_corpus() -> str:
 
 
 def tokenizer_target():
-    from tests.test_tokenizer_data import metadata
-    toks = [load_tokenizer(dict(metadata(name))) for name in ("llama-spm", "qwen2")]
+    from ramforge.gguf.reader import GGUFFile
+    from tools._fixtures import vocab_path
+
+    toks = []
+    for name in ("llama-spm", "qwen2"):
+        with GGUFFile(vocab_path(name)) as g:
+            toks.append(load_tokenizer(dict(g.metadata)))
 
     def one(data: bytes) -> None:
         text = data.decode("utf-8", "surrogateescape")

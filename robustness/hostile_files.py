@@ -88,146 +88,159 @@ def hostile_headers(header: dict) -> dict:
     return out
 
 
-def main() -> int:
+def _kernel_cache_cases(root: Path) -> None:
     from ramforge import paths
+
+    # ---- kernel cache -------------------------------------------------------------------
+    def import_with_cache(base: Path) -> subprocess.CompletedProcess:
+        env = dict(os.environ, NUMBA_CACHE_DIR=str(base))
+        return subprocess.run([sys.executable, "-c", "import ramforge, os; print(os.environ['NUMBA_CACHE_DIR'])"],
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    @case("kernel cache", "world-writable NUMBA_CACHE_DIR: warned, not used")
+    def _():
+        base = root / "open-cache"
+        base.mkdir()
+        os.chmod(base, 0o777)
+        r = import_with_cache(base)
+        assert r.returncode == 0 and "KernelCacheWarning" in r.stderr and f"chmod go-w {base}" in r.stderr
+        assert not r.stdout.strip().startswith(str(base)) and list(base.iterdir()) == []
+
+    @case("kernel cache", "prune spares unmarked kernels-* and links")
+    def _():
+        base = root / "prune"
+        base.mkdir()
+        old = time.time() - 3 * paths.PRUNE_AFTER_S
+        theirs = [base / f"{paths.KERNEL_DIR_PREFIX}x{i}" for i in range(paths.KEEP_KERNEL_DIRS + 2)]
+        for d in theirs:
+            (d / "keep").mkdir(parents=True)
+            os.utime(d, (old, old))
+        (base / f"{paths.KERNEL_DIR_PREFIX}link").symlink_to(root)
+        paths.prune_kernel_dirs(base, base / "current", now=time.time())
+        assert all((d / "keep").is_dir() for d in theirs) and root.is_dir()
+
+
+def _state_file_cases(root: Path, tiny: str) -> None:
     from ramforge.engine.engine import Engine
-    from ramforge.errors import KVSpillError, StateError
-    from ramforge.memory import MemoryBudget
+    from ramforge.errors import StateError
     from ramforge.generation.session import load_state_file, write_state_file
+
+    # ---- state files ----------------------------------------------------------------------
+    eng = Engine.load(tiny, n_ctx=512)
+    eng.eval(list(range(1, 100)))
+    states = root / "states"
+    states.mkdir()
+    good = states / "good.bin"
+    write_state_file(good, eng)
+    victim = root / "victim.txt"
+    victim.write_text("precious")
+    budget0 = eng.budget.current
+
+    @case("state files", "saved 0600, no temporary left")
+    def _():
+        assert (good.stat().st_mode & 0o777) == 0o600 and not list(states.glob(".*tmp"))
+
+    for name, make in (("a symlink to another file", lambda p: p.symlink_to(victim)),
+                       ("a file that is no state file", lambda p: p.write_text("mine")),
+                       ("a FIFO", os.mkfifo)):
+        @case("state files", f"save over {name}: refused")
+        def _(name=name, make=make):
+            target = states / f"t-{abs(hash(name))}.bin"
+            make(target)
+            refused(StateError, lambda: write_state_file(target, eng), "not a ramforge state file")
+            assert victim.read_text() == "precious"
+
+    devnull = Path("/dev/null")
+    fifo = states / "fifo.bin"
+    os.mkfifo(fifo)
+    (states / "link.bin").symlink_to(good)
+    raw = good.read_bytes()
+    flipped = bytearray(raw)
+    flipped[-5] ^= 1
+    bad = {"truncated.bin": raw[:-9], "flipped.bin": bytes(flipped), "header.bin": raw[:16] + b"\xff\xff\xff\x7f"}
+    for n, data in bad.items():
+        (states / n).write_bytes(data)
+    for path, why in ((fifo, "not a regular file"), (states / "link.bin", "symbolic link"),
+                      (devnull, "not a regular file"), (states, "not a regular file"),
+                      (states / "truncated.bin", "truncated"), (states / "flipped.bin", "sha256"),
+                      (states / "header.bin", "damaged")):
+        if not path.exists() and not path.is_symlink():
+            continue
+
+        @case("state files", f"restore {path.name}: refused, left empty, budget as before")
+        def _(path=path, why=why):
+            refused(StateError, lambda: load_state_file(eng, path), why)
+            assert eng.n_past == 0 and eng.tokens == [] and eng.budget.current <= budget0
+
+    @case("state files", "headers with 1e999, NaN, 5,000 digits, 30,000-deep nesting: refused as damaged")
+    def _():
+        import struct
+
+        from ramforge.generation.session import MAGIC
+        body = len(MAGIC) + 4 + struct.unpack("<I", raw[len(MAGIC):len(MAGIC) + 4])[0]
+        for i, (name, h) in enumerate(hostile_headers(json.loads(raw[len(MAGIC) + 4:body])).items()):
+            p = states / f"hostile-header-{i}.bin"
+            p.write_bytes(MAGIC + struct.pack("<I", len(h)) + h + raw[body:])
+            refused(StateError, lambda: load_state_file(eng, p))
+            assert eng.n_past == 0 and eng.budget.current <= budget0, name
+
+    @case("state files", "slot names: the whole name checked")
+    def _():
+        from types import SimpleNamespace
+
+        from ramforge.errors import InvalidArgument
+        from ramforge.server.slots import _file
+        cfg = SimpleNamespace(slot_save_path=str(states))
+        for name in ("x.bin\n", "..", "a/b", "../x", "x\x00", ""):
+            refused(InvalidArgument, lambda: _file(cfg, name), "Invalid filename")
+        assert _file(cfg, "ok-1.bin").name == "ok-1.bin"
+    eng.close()
+
+
+def _kv_spill_cases(root: Path, tiny: str) -> None:
+    from ramforge.engine.engine import Engine
+    from ramforge.errors import KVSpillError
+    from ramforge.memory import MemoryBudget
+
+    # ---- KV spill -------------------------------------------------------------------------
+    from ramforge.paths import memory_filesystem
+
+    @case("kv spill", "a tmpfs directory: refused")
+    def _():
+        if not (os.path.isdir("/dev/shm") and memory_filesystem("/dev/shm")):
+            return SKIP                              # no tmpfs here to try
+        b = MemoryBudget()
+        refused(KVSpillError, lambda: Engine.load(tiny, n_ctx=1024, budget=b, kv_spill="/dev/shm"),
+                "tmpfs", "--kv-spill")
+        assert b.current == 0
+
+    @case("kv spill", "SIGKILL mid-run leaves no file")
+    def _():
+        d = root / "spill"
+        d.mkdir()
+        code = ("import sys; from ramforge.engine.engine import Engine; e = Engine.load(sys.argv[1], n_ctx=1024, "
+                "kv_spill=sys.argv[2]); e.eval(list(range(1, 450))); print(e.kv.spilled, flush=True); "
+                "sys.stdin.read()")
+        with subprocess.Popen([sys.executable, "-c", code, tiny, str(d)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+            try:
+                assert int(child.stdout.readline() or 0) > 0, child.stderr.read()
+                assert list(d.iterdir()) == []           # spilling, and nothing in the directory
+            finally:
+                child.send_signal(signal.SIGKILL)
+                child.wait(30)
+        assert list(d.iterdir()) == []
+
+
+def main() -> int:
     from tools.make_models import ensure_model
 
     tiny = str(ensure_model("llama", "F16"))
     root = Path(tempfile.mkdtemp(prefix="ramforge-hostile-"))
     try:
-        # ---- kernel cache -------------------------------------------------------------------
-        def import_with_cache(base: Path) -> subprocess.CompletedProcess:
-            env = dict(os.environ, NUMBA_CACHE_DIR=str(base))
-            return subprocess.run([sys.executable, "-c", "import ramforge, os; print(os.environ['NUMBA_CACHE_DIR'])"],
-                                  env=env, capture_output=True, text=True, timeout=120)
-
-        @case("kernel cache", "world-writable NUMBA_CACHE_DIR: warned, not used")
-        def _():
-            base = root / "open-cache"
-            base.mkdir()
-            os.chmod(base, 0o777)
-            r = import_with_cache(base)
-            assert r.returncode == 0 and "KernelCacheWarning" in r.stderr and f"chmod go-w {base}" in r.stderr
-            assert not r.stdout.strip().startswith(str(base)) and list(base.iterdir()) == []
-
-        @case("kernel cache", "prune spares unmarked kernels-* and links")
-        def _():
-            base = root / "prune"
-            base.mkdir()
-            old = time.time() - 3 * paths.PRUNE_AFTER_S
-            theirs = [base / f"{paths.KERNEL_DIR_PREFIX}x{i}" for i in range(paths.KEEP_KERNEL_DIRS + 2)]
-            for d in theirs:
-                (d / "keep").mkdir(parents=True)
-                os.utime(d, (old, old))
-            (base / f"{paths.KERNEL_DIR_PREFIX}link").symlink_to(root)
-            paths.prune_kernel_dirs(base, base / "current", now=time.time())
-            assert all((d / "keep").is_dir() for d in theirs) and root.is_dir()
-
-        # ---- state files ----------------------------------------------------------------------
-        eng = Engine.load(tiny, n_ctx=512)
-        eng.eval(list(range(1, 100)))
-        states = root / "states"
-        states.mkdir()
-        good = states / "good.bin"
-        write_state_file(good, eng)
-        victim = root / "victim.txt"
-        victim.write_text("precious")
-        budget0 = eng.budget.current
-
-        @case("state files", "saved 0600, no temporary left")
-        def _():
-            assert (good.stat().st_mode & 0o777) == 0o600 and not list(states.glob(".*tmp"))
-
-        for name, make in (("a symlink to another file", lambda p: p.symlink_to(victim)),
-                           ("a file that is no state file", lambda p: p.write_text("mine")),
-                           ("a FIFO", os.mkfifo)):
-            @case("state files", f"save over {name}: refused")
-            def _(name=name, make=make):
-                target = states / f"t-{abs(hash(name))}.bin"
-                make(target)
-                refused(StateError, lambda: write_state_file(target, eng), "not a ramforge state file")
-                assert victim.read_text() == "precious"
-
-        devnull = Path("/dev/null")
-        fifo = states / "fifo.bin"
-        os.mkfifo(fifo)
-        (states / "link.bin").symlink_to(good)
-        raw = good.read_bytes()
-        flipped = bytearray(raw)
-        flipped[-5] ^= 1
-        bad = {"truncated.bin": raw[:-9], "flipped.bin": bytes(flipped), "header.bin": raw[:16] + b"\xff\xff\xff\x7f"}
-        for n, data in bad.items():
-            (states / n).write_bytes(data)
-        for path, why in ((fifo, "not a regular file"), (states / "link.bin", "symbolic link"),
-                          (devnull, "not a regular file"), (states, "not a regular file"),
-                          (states / "truncated.bin", "truncated"), (states / "flipped.bin", "sha256"),
-                          (states / "header.bin", "damaged")):
-            if not path.exists() and not path.is_symlink():
-                continue
-
-            @case("state files", f"restore {path.name}: refused, left empty, budget as before")
-            def _(path=path, why=why):
-                refused(StateError, lambda: load_state_file(eng, path), why)
-                assert eng.n_past == 0 and eng.tokens == [] and eng.budget.current <= budget0
-
-        @case("state files", "headers with 1e999, NaN, 5,000 digits, 30,000-deep nesting: refused as damaged")
-        def _():
-            import struct
-
-            from ramforge.generation.session import MAGIC
-            body = len(MAGIC) + 4 + struct.unpack("<I", raw[len(MAGIC):len(MAGIC) + 4])[0]
-            for i, (name, h) in enumerate(hostile_headers(json.loads(raw[len(MAGIC) + 4:body])).items()):
-                p = states / f"hostile-header-{i}.bin"
-                p.write_bytes(MAGIC + struct.pack("<I", len(h)) + h + raw[body:])
-                refused(StateError, lambda: load_state_file(eng, p))
-                assert eng.n_past == 0 and eng.budget.current <= budget0, name
-
-        @case("state files", "slot names: the whole name checked")
-        def _():
-            from types import SimpleNamespace
-
-            from ramforge.errors import InvalidArgument
-            from ramforge.server.slots import _file
-            cfg = SimpleNamespace(slot_save_path=str(states))
-            for name in ("x.bin\n", "..", "a/b", "../x", "x\x00", ""):
-                refused(InvalidArgument, lambda: _file(cfg, name), "Invalid filename")
-            assert _file(cfg, "ok-1.bin").name == "ok-1.bin"
-        eng.close()
-
-        # ---- KV spill -------------------------------------------------------------------------
-        from ramforge.paths import memory_filesystem
-
-        @case("kv spill", "a tmpfs directory: refused")
-        def _():
-            if not (os.path.isdir("/dev/shm") and memory_filesystem("/dev/shm")):
-                return SKIP                              # no tmpfs here to try
-            b = MemoryBudget()
-            refused(KVSpillError, lambda: Engine.load(tiny, n_ctx=1024, budget=b, kv_spill="/dev/shm"),
-                    "tmpfs", "--kv-spill")
-            assert b.current == 0
-
-        @case("kv spill", "SIGKILL mid-run leaves no file")
-        def _():
-            d = root / "spill"
-            d.mkdir()
-            code = ("import sys; from ramforge.engine.engine import Engine; e = Engine.load(sys.argv[1], n_ctx=1024, "
-                    "kv_spill=sys.argv[2]); e.eval(list(range(1, 450))); print(e.kv.spilled, flush=True); "
-                    "sys.stdin.read()")
-            with subprocess.Popen([sys.executable, "-c", code, tiny, str(d)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
-                try:
-                    assert int(child.stdout.readline() or 0) > 0, child.stderr.read()
-                    assert list(d.iterdir()) == []           # spilling, and nothing in the directory
-                finally:
-                    child.send_signal(signal.SIGKILL)
-                    child.wait(30)
-            assert list(d.iterdir()) == []
-
-        # ---- store ----------------------------------------------------------------------------
+        _kernel_cache_cases(root)
+        _state_file_cases(root, tiny)
+        _kv_spill_cases(root, tiny)
         _store_cases(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)

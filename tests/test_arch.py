@@ -21,7 +21,8 @@ from ramforge.models import ARCHS, arch_of, ffn_norm, is_executable, layer_windo
 from ramforge.models.arch import NO_CAPS, Arch, SoftCaps
 from ramforge.models.config import ConfigError, HParams, UnsupportedRopeScaling
 from ramforge.models.weights import layer_shapes
-from ramforge.stream.plan import SMALL, state_shapes
+from ramforge.stream.layout import SMALL
+from ramforge.stream.plan import state_shapes
 
 PACKAGE = Path(models.__file__).parent
 NOT_ARCHITECTURES = {"arch", "config", "moe", "weights", "routing_trace"}     # the shared pieces of models/

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.ggufbuild import valid_model
+from tools.ggufbuild import valid_model
 
 
 def ramforge(*args, env=None):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-import gguf.quants as gq  # noqa: E402  (test oracle only; ramforge never imports gguf)
+import gguf  # gguf-py: a dev dependency (pip install -e '.[dev]'), the test oracle (ramforge never imports it)
+import gguf.quants as gq
 
 from ramforge.errors import RamforgeError, UnsupportedType  # noqa: E402
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType  # noqa: E402

@@ -9,7 +9,8 @@ from ramforge.engine.engine import Engine
 from ramforge.errors import InvalidArgument, RamforgeError
 from ramforge.memory import MemoryBudget
 from ramforge.models.weights import EXPERT_TENSORS
-from ramforge.stream.plan import expert_span, plan_for_budget
+from ramforge.stream.layout import expert_span
+from ramforge.stream.plan import plan_for_budget
 from ramforge.profiling import ExpertRecord
 from ramforge.stream.experts import HALF_LIFE, ExpertCache, Policy
 from ramforge.stream.io import ModelFile

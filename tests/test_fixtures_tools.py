@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402  (gguf-py, a dev dependency: pip install -e '.[dev]'; never skipped)
 from tools import _fixtures  # noqa: E402
 from tools import make_models as mm  # noqa: E402
 

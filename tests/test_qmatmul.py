@@ -21,23 +21,23 @@ import numpy as np
 import pytest
 from numba import literally, njit
 
-gguf = pytest.importorskip("gguf")
-import gguf.quants as gq  # noqa: E402  (test oracle only)
+import gguf  # gguf-py: a dev dependency (pip install -e '.[dev]'), the test oracle; never skipped
+import gguf.quants as gq
 
-from ramforge.errors import RamforgeError  # noqa: E402
-from ramforge.gguf.constants import GGMLType  # noqa: E402
-from ramforge.kernels import qmatmul as qm  # noqa: E402
-from ramforge.kernels import quantize as qa  # noqa: E402
-from ramforge.kernels import scalars as ks  # noqa: E402
-from ramforge.kernels import tiles as kt  # noqa: E402
-from ramforge.kernels import tunpack  # noqa: E402
-from ramforge.kernels import unpack as ku  # noqa: E402
-from ramforge.kernels import variants as kv  # noqa: E402
-from ramforge.kernels.dequant import dequantize  # noqa: E402
-from ramforge.kernels.matmul import matmul, matmul_reference, round_activation  # noqa: E402
-from ramforge.kernels.registry import REGISTRY, ActType  # noqa: E402
-from tests.test_dequant import _SCALES, random_blocks  # noqa: E402
-from tools.ggml_ctypes import CpuBackend, libraries  # noqa: E402
+from ramforge.errors import RamforgeError
+from ramforge.gguf.constants import GGMLType
+from ramforge.kernels import qmatmul as qm
+from ramforge.kernels import quantize as qa
+from ramforge.kernels import scalars as ks
+from ramforge.kernels import tiles as kt
+from ramforge.kernels import tunpack
+from ramforge.kernels import unpack as ku
+from ramforge.kernels import variants as kv
+from ramforge.kernels.dequant import dequantize
+from ramforge.kernels.matmul import matmul, matmul_reference, round_activation
+from ramforge.kernels.registry import REGISTRY, ActType
+from tests.test_dequant import _SCALES, random_blocks
+from tools.ggml_ctypes import CpuBackend, libraries
 
 INT_TYPES = [t for t, k in REGISTRY.items() if k.qdot is not None]
 N_IN, N_OUT = 512, 37          # 2 super-blocks / 16 small blocks per row; 37 rows: a partial task

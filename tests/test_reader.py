@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ramforge.errors import GGUFError, RamforgeError
 from ramforge.gguf.constants import GGMLType, GGUFValueType as VT
 from ramforge.gguf.reader import GGUFFile
-from tests.ggufbuild import GGUFBuilder, valid_model
+from tools.ggufbuild import GGUFBuilder, valid_model
 
 
 def write(tmp_path, data: bytes, name="m.gguf"):

@@ -59,7 +59,7 @@ def test_gemma3_at_small_budget_matches_oracle(default_model):
     pr = next(p for p in rec["prompts"] if p["name"] == "whitespace")     # no near-tie in 32 greedy steps
     budget = MemoryBudget("48M")
     with Engine.load(default_model, n_ctx=256, budget=budget) as e:
-        assert e.plan.verdict == "streaming" and e.plan.resident == []
+        assert e.plan.verdict == "streaming" and e.plan.resident == ()
         assert list(e.generate(pr["tokens"], 32)) == pr["gen_tokens"]
         assert budget.peak <= budget.limit and abs(budget.peak - e.plan.planned_peak) <= 0.05 * e.plan.planned_peak
 

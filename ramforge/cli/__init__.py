@@ -19,6 +19,7 @@ import sys
 import click
 from rich.markup import escape
 
+from .. import flags
 from ..errors import RamforgeError
 from . import describe, embed, generate, running, serve, store, tokens
 from .console import err
@@ -67,7 +68,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str]) -> None:
-    debug = os.environ.get("RAMFORGE_DEBUG", "") not in ("", "0")
+    try:
+        debug = flags.DEBUG.get()
+    except RamforgeError as e:              # RAMFORGE_DEBUG=maybe: said as any other error
+        err.print(f"[red]error:[/] {escape(str(e))}")
+        sys.exit(1)
     if "--debug" in argv:
         argv.remove("--debug")
         debug = True

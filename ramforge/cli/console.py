@@ -10,6 +10,7 @@ import click
 import numpy as np
 from rich.console import Console
 
+from .. import flags
 from ..gguf.reader import GGUFFile
 from ..memory.size import parse_memory_size
 from ..sampling.params import PARAMS
@@ -81,7 +82,7 @@ def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, e
             _checked(eng, lambda: check_draft_length(drafter, eng.n_ctx))
         return eng
     drafter.path = str(resolve_model(drafter.path))
-    check_draft_length(drafter, ctx or 4096)
+    check_draft_length(drafter, ctx or flags.DEFAULT_CTX)
     drafter.attach(Engine.load, budget, ctx, threads)
     try:
         eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
@@ -135,7 +136,7 @@ def drafter_of(lookup, lookup_ngram, lookup_fixed, draft, draft_max, draft_min, 
 
 
 ctx_option = click.option("--ctx", type=click.IntRange(min=1), default=None,
-                          help="Context length (default: 4096, or the model's if smaller).")
+                          help=f"Context length (default: {flags.DEFAULT_CTX}, or the model's if smaller).")
 ram_option = click.option("--ram", default=None, help="Memory budget, e.g. 4G (default: unlimited).")
 threads_option = click.option("-t", "--threads", type=int, default=None,
                               help="Kernel threads (default: $RAMFORGE_THREADS or the physical cores).")
@@ -221,12 +222,12 @@ def kv_types_of(kv_type, kv_type_k, kv_type_v, env: dict | None = None, ollama: 
     from ..engine.engine import kv_types
     env = os.environ if env is None else env
     k, v = kv_type_k or kv_type, kv_type_v or kv_type
-    if ollama and not env.get("RAMFORGE_KV_TYPE", "").strip() and env.get("OLLAMA_KV_CACHE_TYPE", "").strip():
+    if ollama and not flags.KV_TYPE.raw(env) and env.get("OLLAMA_KV_CACHE_TYPE", "").strip():
         from ..errors import KVTypeError
         o = env["OLLAMA_KV_CACHE_TYPE"].strip()
         if o.lower() not in ("f16", "q8_0", "q4_0"):
             raise KVTypeError(f"OLLAMA_KV_CACHE_TYPE={o!r}: one of f16, q8_0, q4_0")
-        env = {"RAMFORGE_KV_TYPE": o}
+        env = {flags.KV_TYPE.name: o}
     return kv_types(k, v, env)
 
 
@@ -362,7 +363,7 @@ def parse_ollama_host(value: str) -> tuple[str, str, int]:
 def server_address(host: str | None = None, port: int | None = None) -> tuple[str, int]:
     """Where serve listens: --host / --port, else $RAMFORGE_HOST / $RAMFORGE_PORT, else $OLLAMA_HOST, else
     127.0.0.1:11434 (OLLAMA_HOST's empty host, ":PORT", is every address, as in Ollama)."""
-    env_host, env_port = os.environ.get("RAMFORGE_HOST") or None, os.environ.get("RAMFORGE_PORT") or None
+    env_host, env_port = flags.HOST.get() or None, flags.PORT.get() or None
     o_host = o_port = None
     if os.environ.get("OLLAMA_HOST", "").strip():
         _, o_host, o_port = parse_ollama_host(os.environ["OLLAMA_HOST"])
@@ -379,7 +380,7 @@ def server_address(host: str | None = None, port: int | None = None) -> tuple[st
 def client_url() -> str:
     """The base URL of a running `ramforge serve` for ps and stop (server_address, 0.0.0.0 as loopback)."""
     scheme = "http"
-    if os.environ.get("OLLAMA_HOST", "").strip() and not os.environ.get("RAMFORGE_HOST"):
+    if os.environ.get("OLLAMA_HOST", "").strip() and not flags.HOST.get():
         scheme = parse_ollama_host(os.environ["OLLAMA_HOST"])[0]
     host, port = server_address()
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import click
 from rich.table import Table
 
+from .. import flags
 from ..gguf.constants import GGMLType, Keys
 from ..memory.size import format_bytes, parse_memory_size
 from ..sampling.gguf_defaults import gguf_sampling_defaults
@@ -140,7 +141,7 @@ def support(as_json):
 @click.command()
 @click.argument("model", required=False)
 @click.option("--ram", required=True, help="Memory budget, e.g. 4G, 512MiB, 1.5G.")
-@click.option("--ctx", type=click.IntRange(min=1), default=None, help="Context length (default: 4096, or the model's if smaller).")
+@click.option("--ctx", type=click.IntRange(min=1), default=None, help=f"Context length (default: {flags.DEFAULT_CTX}, or the model's if smaller).")
 @click.option("--probe-io", is_flag=True, help="Measure the file's O_DIRECT read speed and estimate seconds per token.")
 @click.option("--hit-rate", type=click.FloatRange(0, 1), default=None,
               help="Expert cache hit rate for the expected bytes per token (default: the share of experts cached).")

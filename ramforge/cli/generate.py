@@ -7,6 +7,7 @@ import sys
 import click
 import numpy as np
 
+from .. import flags
 from ..sampling.params import sampler_params
 from ..models import routing_trace
 from .console import (chat_template_of, cluster_of, cluster_options, ctx_option, drafter_of, expert_options,
@@ -200,7 +201,7 @@ def chat(model, template_file, system, max_tokens, ctx, ram, threads, kv_type, k
     template = template_file.read() if template_file else None
     history = [{"role": "system", "content": system}] if system else []
     type_k, type_v = kv_types_of(kv_type, kv_type_k, kv_type_v)
-    with Model(model or "default", ram=ram, n_ctx=ctx or 4096, n_threads=threads, chat_template=template,
+    with Model(model or "default", ram=ram, n_ctx=ctx or flags.DEFAULT_CTX, n_threads=threads, chat_template=template,
                type_k=type_k, type_v=type_v, kv_spill=spill_of(kv_spill)) as m:
         m.sampler_chain = LLAMA                 # the CLI samples as llama.cpp's common_sampler
         click.echo(f"chatting with {m.path}; /exit to quit", err=True)

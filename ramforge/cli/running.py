@@ -11,6 +11,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from .. import flags
 from ..errors import RamforgeError
 from ..memory.size import format_bytes
 from .console import client_url, err, out
@@ -25,8 +26,9 @@ def _request(method: str, path: str, body: dict | None = None, timeout: float = 
 
     url = client_url() + path
     headers = {}
-    if os.environ.get("RAMFORGE_API_KEY"):
-        headers["Authorization"] = f"Bearer {os.environ['RAMFORGE_API_KEY']}"
+    key = flags.API_KEY.get()
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     try:
         r = httpx.request(method, url, json=body, headers=headers, timeout=timeout)
     except httpx.HTTPError as e:

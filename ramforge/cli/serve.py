@@ -6,6 +6,7 @@ import os
 
 import click
 
+from .. import flags
 from ..errors import InvalidArgument, MissingExtra
 from ..memory.size import parse_memory_size
 from .console import (cluster_of, cluster_options, drafter_of, kv_options, kv_types_of, server_address,
@@ -28,13 +29,13 @@ def _loopback(host: str) -> bool:
                    "loopback exposes the server (use --api-key).")
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
               help="Port (default: $RAMFORGE_PORT, else $OLLAMA_HOST's, else 11434).")
-@click.option("--api-key", envvar="RAMFORGE_API_KEY", default=None,
+@click.option("--api-key", default=lambda: flags.API_KEY.get(), show_default=False,
               help="Require 'Authorization: Bearer KEY' on every route but /health (or $RAMFORGE_API_KEY).")
-@click.option("--ram", envvar="RAMFORGE_RAM", default=None,
+@click.option("--ram", default=lambda: flags.RAM.get(), show_default=False,
               help="Memory budget of the resident model, e.g. 4G (or $RAMFORGE_RAM; default: unlimited).")
 @click.option("--ctx", envvar="OLLAMA_CONTEXT_LENGTH", type=click.IntRange(min=1), default=None,
-              help="Context length when a request sets no num_ctx (or $OLLAMA_CONTEXT_LENGTH; default: 4096, or the "
-                   "model's if smaller).")
+              help="Context length when a request sets no num_ctx (or $OLLAMA_CONTEXT_LENGTH; default: "
+                   f"{flags.DEFAULT_CTX}, or the model's if smaller).")
 @click.option("--max-ctx", type=click.IntRange(min=1), default=None,
               help="The most a request's num_ctx gets (default: the model's trained context, as Ollama clamps it).")
 @click.option("-t", "--threads", type=int, default=None,
@@ -110,8 +111,8 @@ def serve(model, host, port, api_key, ram, ctx, max_ctx, threads, io, keep_alive
     if ram is not None:
         parse_memory_size(ram)                      # a bad size fails here, as one line
     models_dir = os.environ.get("OLLAMA_MODELS")
-    if models_dir and not os.environ.get("RAMFORGE_HOME"):
-        os.environ["RAMFORGE_HOME"] = models_dir    # the store's root (ramforge's layout), for this process
+    if models_dir and not flags.HOME.get():
+        os.environ[flags.HOME.name] = models_dir    # the store's root (ramforge's layout), for this process
     if slot_save_path is not None:
         os.makedirs(slot_save_path, exist_ok=True)
     try:

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .. import flags
 from ..errors import (BudgetTooSmall, ContextLengthExceeded, EmptyPrompt, InexactWarning, InvalidArgument,
                       NotReproduced, UnsupportedArch, check_token_ids)
 from ..gguf.constants import Keys
@@ -63,10 +64,8 @@ def _refuse_unsupported_keys(md: dict, arch: str, spec: Arch) -> None:
 def kv_types(type_k=None, type_v=None, env: dict | None = None) -> tuple[str, str]:
     """The KV cache types (names) from explicit values (a name or a ggml type id each), else
     $RAMFORGE_KV_TYPE (one type for both, or "K,V"), else f16 (llama.cpp's default)."""
-    import os
-
     from ..kv.types import kv_type
-    raw = (os.environ if env is None else env).get("RAMFORGE_KV_TYPE", "").strip()
+    raw = flags.KV_TYPE.raw(env)
     dk = dv = "f16"
     if raw:
         parts = [p.strip() for p in raw.split(",")]

@@ -15,18 +15,14 @@ import threading
 
 import psutil
 
+from .. import flags
 from ..errors import InvalidArgument
 
 
 def default_threads() -> int:
     """RAMFORGE_THREADS, else the number of physical cores (as llama.cpp's default)."""
-    env = os.environ.get("RAMFORGE_THREADS")
-    if env:
-        try:
-            return int(env)
-        except ValueError:
-            raise InvalidArgument(f"RAMFORGE_THREADS={env!r} is not an integer") from None
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    n = flags.THREADS.get()
+    return n if n is not None else psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 def set_threads(n: int | None = None) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InvalidArgument, RamforgeError
+from ..flags import DEFAULT_CTX, N_UBATCH
 from ..memory import MemoryBudget, parse_memory_size
 from .logprobs import LCPP as LCPP_LOGPROBS, Recorder, check_top
 from .logprobs import chat_from_legacy as chat_logprobs_lcpp
@@ -86,9 +87,9 @@ class Model:
 
     sampler_chain = LCPP    # llama-cpp-python's chain order and penalty window (ramforge.sampling)
 
-    def __init__(self, path_or_name: str = "default", *, ram: str | int | None = None, n_ctx: int | None = 4096,
+    def __init__(self, path_or_name: str = "default", *, ram: str | int | None = None, n_ctx: int | None = DEFAULT_CTX,
                  n_threads: int | None = None, seed: int | None = None, verbose: bool = False, io: str = "direct",
-                 chat_template: str | None = None, n_ubatch: int = 512, expert_policy: str | None = None,
+                 chat_template: str | None = None, n_ubatch: int = N_UBATCH, expert_policy: str | None = None,
                  expert_prefetch: bool = True, draft_model=None, type_k: int | str | None = None,
                  type_v: int | str | None = None, kv_spill: bool | str | None = None, flash_attn: bool | None = None,
                  ray=None, stages: int = 2, stage_ram=None, context_shift: bool = False, n_seq: int = 1):

@@ -184,25 +184,3 @@ class Keys:
     @staticmethod
     def of(template: str, arch: str) -> str:
         return template.format(arch=arch)
-
-
-class TensorNames:
-    """Tensor name templates; `{bid}` is the block (layer) index."""
-
-    TOKEN_EMBD = "token_embd"
-    OUTPUT_NORM = "output_norm"
-    OUTPUT = "output"
-    LAYER_PREFIX = "blk.{bid}."
-    ATTN_NORM = "blk.{bid}.attn_norm"
-    ATTN_Q = "blk.{bid}.attn_q"
-    ATTN_K = "blk.{bid}.attn_k"
-    ATTN_V = "blk.{bid}.attn_v"
-    ATTN_OUTPUT = "blk.{bid}.attn_output"
-    ATTN_Q_NORM = "blk.{bid}.attn_q_norm"
-    ATTN_K_NORM = "blk.{bid}.attn_k_norm"
-    ATTN_POST_NORM = "blk.{bid}.post_attention_norm"
-    FFN_NORM = "blk.{bid}.ffn_norm"
-    FFN_GATE = "blk.{bid}.ffn_gate"
-    FFN_UP = "blk.{bid}.ffn_up"
-    FFN_DOWN = "blk.{bid}.ffn_down"
-    FFN_POST_NORM = "blk.{bid}.post_ffw_norm"

@@ -7,12 +7,12 @@ cache keys on; RAMFORGE_NO_VNNI is part of the kernel cache directory's name (ra
 """
 from __future__ import annotations
 
-import os
-
 from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+
+from .. import flags
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
@@ -71,7 +71,7 @@ def _features(context) -> set[str]:
 def has_vnni(context) -> bool:
     """Whether the compile target has 256-bit VNNI (AVX512-VNNI with VL, or AVX-VNNI): vpdpbusd.
     RAMFORGE_NO_VNNI=1 compiles the generic IR instead (a code switch: part of the cache key)."""
-    if os.environ.get("RAMFORGE_NO_VNNI", "").strip() not in ("", "0"):
+    if flags.NO_VNNI.get():
         return False
     f = _features(context)
     return llvm.get_process_triple().startswith("x86_64") and (

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 
 import numba
 import numpy as np
 from numba import njit, prange
 
+from ramforge import flags
 from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 
@@ -61,7 +61,7 @@ from .tiles import (LANES_MODE, SIGNED, TILE_ROWS, TT, UNSIGNED, _tile_acts, _vp
 from .unpack import _unpack_row
 from .variants import _ROWS8, Q8_1_SUM, Variant, raw_row_id
 
-VECTOR = os.environ.get("RAMFORGE_PORTABLE", "").strip().lower() in ("", "0", "false", "no")
+VECTOR = not flags.PORTABLE.get()
 _CHUNKS_PER_THREAD = 8        # row ranges per thread (load balance vs per-range scratch)
 _GROUP_ROWS = 8               # rows unpacked together for a batch of tokens ...
 _GROUP_FROM_TOKENS = 4        # ... of at least this many (a single token: one row at a time, in L1)

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ContextLengthExceeded, NotReproduced
-
-PAD = 256           # llama.cpp pads n_ctx and n_ctx_seq to 256 cells
+from ..flags import KV_PAD as PAD  # llama.cpp pads n_ctx and n_ctx_seq to 256 cells
 
 
 def pad_cells(n: int) -> int:

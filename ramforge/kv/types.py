@@ -7,10 +7,11 @@ import math
 from typing import NamedTuple
 
 from ..errors import KVTypeError
+from ..flags import DIRECT_ALIGN as SPILL_ALIGN  # O_DIRECT offset, length and buffer alignment
+from ..flags import KV_PAD as CHUNK  # positions the cache is charged for at a time (llama.cpp's 256-cell pad)
 from ..kernels.kvquant import KV_TYPES, QK, row_bytes  # noqa: F401  (the cache rows' format is the kernels')
 
 KV_TYPE_NAMES = {int(t): k for k, t in KV_TYPES.items()}    # ggml type id -> name
-CHUNK = 256                   # positions the cache is charged for at a time (llama.cpp pads its view to 256 cells)
 
 
 def kv_type(value) -> str:
@@ -35,7 +36,6 @@ def bytes_per_position(n_layer: int, n_head_kv: int, hd_k: int, hd_v: int, type_
     return n_layer * n_head_kv * (row_bytes(kv_type(type_k), hd_k) + row_bytes(kv_type(type_v), hd_v))
 
 
-SPILL_ALIGN = 4096            # O_DIRECT offset, length and buffer alignment (stream.io.DIRECT_ALIGN)
 SPILL_BUFFERS = 2             # a spilled cache's read buffers: one layer in compute, the next one read meanwhile
 
 

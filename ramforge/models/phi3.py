@@ -15,10 +15,10 @@ import numpy as np
 
 from ..kernels.attention import attention
 from ..kernels.ops import rms_norm, rope, swiglu
+from ..flags import KV_PAD
 from .arch import Arch
 from .weights import output_rows
 
-N_CTX_PAD = 256                 # llama.cpp allocates n_ctx rounded up to this (cparams.n_ctx_seq)
 LAYER_TENSORS = ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down")
 
 def embed(m, x: np.ndarray, tokens) -> None:
@@ -30,7 +30,7 @@ def rope_factors(m) -> np.ndarray | None:
     """llama_model::get_rope_factors: the long factors when the allocated context exceeds the original
     one, else the short ones (f32[n_rot/2]); None without LongRoPE tensors."""
     w = m.weights
-    n_ctx_seq = -(-m.n_ctx // N_CTX_PAD) * N_CTX_PAD
+    n_ctx_seq = -(-m.n_ctx // KV_PAD) * KV_PAD    # llama.cpp allocates n_ctx padded (cparams.n_ctx_seq)
     t = w.vectors["rope_factors_long.weight" if n_ctx_seq > m.hp.rope_scale.n_ctx_orig else "rope_factors_short.weight"]
     return None if t is None else t.data
 

@@ -34,6 +34,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from .. import flags
 from ..errors import (ClientDisconnected, InvalidArgument, ModelfileError, PathNotAllowed, RamforgeError, ServerBusy,
                       StoreFull, Unsupported, UnsupportedField, UploadRejected)
 from ..store import GGUF_MAGIC, Store, expand_source, normalize_name
@@ -102,7 +103,7 @@ def _free(root: Path) -> int:
 
 def create_dirs() -> list[str]:
     """The directories a create's FROM path may lie in ($RAMFORGE_CREATE_DIRS, ':'-separated)."""
-    return [os.path.realpath(d) for d in os.environ.get("RAMFORGE_CREATE_DIRS", "").split(os.pathsep) if d.strip()]
+    return [os.path.realpath(d) for d in (flags.CREATE_DIRS.get() or "").split(os.pathsep) if d.strip()]
 
 
 def allow_path(path: Path) -> None:
@@ -286,7 +287,7 @@ def _blob_hex(digest: str) -> str:
 
 
 def max_blob() -> int | None:
-    env = os.environ.get("RAMFORGE_MAX_BLOB")
+    env = flags.MAX_BLOB.get()
     if not env:
         return None
     from ..memory.size import parse_memory_size

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import InternalError, InvalidArgument
 from ..gguf.reader import GGUFFile
 from ..models.weights import EXPERT_TENSORS, QTensor, gguf_name
-from .plan import Span, expert_span
+from .layout import Span, expert_span
 from ..profiling import ExpertRecord
 from .io import ModelFile, aligned_empty
 

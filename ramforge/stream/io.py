@@ -17,8 +17,7 @@ from enum import Enum
 import numpy as np
 
 from ..errors import ModelFileError
-
-DIRECT_ALIGN = 4096          # O_DIRECT offset, length and buffer alignment
+from ..flags import DIRECT_ALIGN  # noqa: F401  (O_DIRECT offset, length and buffer alignment)
 
 
 class IOMode(str, Enum):

@@ -10,12 +10,12 @@ The engine allocates exactly what the plan says, so `ramforge plan` is the runti
   resident, and the rest pins whole layers, first to last. A streamed output projection goes through
   the pool in row chunks; a streamed token embedding is read a row per token.
 - the minimum budget is the fixed part plus one buffer.
-- the KV cache is charged as the context fills (memory.kv_cache); where the budget cannot hold it
+- the KV cache is charged as the context fills (kv.cache); where the budget cannot hold it
   for n_ctx, the plan is made for the positions it holds (kv_positions, whole chunks of 256), and
   growing past them fails with a budget error naming the position. max_ctx: the longest context
   the budget holds at all (smallest chunk, nothing pinned).
 - where the budget cannot hold the KV cache for n_ctx (or when asked), the cache spills to storage
-  (memory.kv_spill): the fixed part holds a tail of recent positions per layer and two read buffers of
+  (stream.kv_spill): the fixed part holds a tail of recent positions per layer and two read buffers of
   one layer's cache at n_ctx instead of the whole cache; each token reads the older positions back
   (kv_read_bytes_per_token at a full context). A budget that holds neither plans for the positions
   it holds, as above.
@@ -24,44 +24,48 @@ read span holds its dense tensors (attention, norms, router, shared expert); eac
 of gate, up and down: three aligned segments) is read alone into an expert cache of whole slots,
 at least one layer's top-k (the minimum budget counts them), then what the headroom left after
 pinning dense layers allows.
+
+make_plan runs pure steps, records in and a record out, then builds the frozen Plan once:
+stream.layout's classify_tensors (the tensor table -> Tensors: per layer, persistent, what the range
+reads) and layer_layout (-> Layout: read spans, whole and streamed, the experts' slots); here
+fixed_costs (-> Fixed: the KV cache, its spill, run state, small tensors), needs (-> Needs: the
+minimum and the fully resident budget) and residency (a budget -> Residency: the verdict, what is
+resident, pinned and streamed). plan_for_budget picks the prompt chunk and the KV cache's form.
 """
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
 
 from ..errors import InvalidArgument, ModelFileError
-from ..gguf.constants import GGML_BLOCK, Keys
-from ..gguf.reader import GGUFFile, TensorInfo
-from ..models import ARCHS, ffn_norm, is_executable, layer_windows
+from ..flags import DEFAULT_CTX, N_UBATCH as UBATCH
+from ..gguf.constants import Keys
+from ..gguf.reader import GGUFFile
+from ..models import ARCHS, is_executable, layer_windows
 from ..models.config import HParams
 from ..kv.cells import kv_rows
-from ..kv.types import CHUNK, bytes_per_position, kv_type, spill_layout
+from ..kv.types import CHUNK, SpillLayout, bytes_per_position, kv_type, spill_layout
+from .layout import EMBD, Layout, Tensors, classify_tensors, layer_layout
 
-DEFAULT_CTX = 4096          # as llama-cli: the default context, capped by the model's own
 DEFAULT_BATCH = 64          # prompt tokens per forward chunk
-ALIGN = 4096                # read spans are aligned to this (O_DIRECT); the plan counts the slack
-MERGE_GAP = 1 << 16         # tensors closer than this are read in one span
 PERSISTENT_SHARE = 0.5      # of the streaming headroom, at most this much for resident persistent tensors
-SMALL = ("output_norm.weight", "rope_freqs.weight",     # and the architectures' own vectors (phi3's LongRoPE factors)
-         *dict.fromkeys(t for a in ARCHS.values() for t in a.global_vectors))
-EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
-_LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
-def layer_of(name: str) -> int | None:
-    m = _LAYER.match(name)
-    return int(m.group(1)) if m else None
+class Verdict(StrEnum):
+    RESIDENT = "resident"           # everything fits beside the fixed part
+    STREAMING = "streaming"         # layers (a mixture's experts apart) stream through buffers
+    INSUFFICIENT = "insufficient"   # below the minimum budget
 
 
 def n_vocab_of(f: GGUFFile) -> int:
     tokens = f.metadata.get(Keys.TOKENS)
     if tokens is not None:
         return len(tokens)
-    embd = f.tensors.get("token_embd.weight")
+    embd = f.tensors.get(EMBD)
     if embd is None or len(embd.dims) < 2:
-        raise ModelFileError(f"{f.path}: cannot tell the vocabulary size (no {Keys.TOKENS} and no token_embd.weight)")
+        raise ModelFileError(f"{f.path}: cannot tell the vocabulary size (no {Keys.TOKENS} and no {EMBD})")
     return embd.dims[1]
 
 
@@ -97,59 +101,159 @@ def state_bytes(hp: HParams, batch: int, n_ctx: int) -> int:
     return 4 * (state + scratch)
 
 
-def is_expert_tensor(name: str) -> bool:
-    """A 3-D expert tensor (GGUF [n_in, n_out, n_expert]), which a streaming plan reads expert by expert."""
-    return name.endswith(EXPERT_SUFFIXES)
+# ---- the steps ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    """What a plan is made for (make_plan's arguments, checked)."""
+
+    n_ctx: int
+    batch: int
+    layers: tuple[int, int]                       # the contiguous range [first, last) this plan runs
+    type_k: str = "f16"
+    type_v: str = "f16"
+    kv_spill: bool = False
+    kv_tail: int | None = None
+    n_seq: int = 1
+    hit_rate: float | None = None
+
+
+def request_of(hp: HParams, n_ctx: int | None, batch: int, layers: tuple[int, int] | None, **kw) -> Request:
+    """The request, its context defaulted (DEFAULT_CTX, capped by the model's) and checked."""
+    n_ctx = min(hp.n_ctx_train, DEFAULT_CTX) if n_ctx is None else n_ctx
+    if n_ctx <= 0 or batch <= 0:
+        raise InvalidArgument(f"context length and batch must be positive, got {n_ctx} and {batch}")
+    a, b = layers or (0, hp.n_layer)
+    if not 0 <= a < b <= hp.n_layer:
+        raise InvalidArgument(f"layer range [{a}, {b}) is not within the model's {hp.n_layer} layers")
+    return Request(n_ctx, batch, (a, b), **kw)
 
 
 @dataclass(frozen=True)
-class _Slice:
-    name: str
-    offset: int
-    nbytes: int
+class Fixed:
+    """What the plan charges whatever streams (fixed_costs)."""
 
-
-def expert_span(tensors: list[TensorInfo], e: int) -> Span:
-    """Expert e's read plan: its contiguous bytes in each of the layer's expert tensors."""
-    return span_of(e, [_Slice(t.name, t.offset + e * (t.nbytes // t.dims[2]), t.nbytes // t.dims[2])
-                       for t in tensors])
-
-
-@dataclass
-class Span:
-    """One layer's read plan: file segments laid out back to back in a buffer."""
-
-    index: int
-    segments: list[tuple[int, int, int]]          # (file offset, length, buffer offset), all aligned
-    offsets: dict[str, int]                       # tensor name -> buffer offset
-    tensor_bytes: int
+    kv_bytes: int                                 # the KV cache at n_ctx (spilled: its tails and read buffers)
+    kv_bytes_per_pos: int
+    state_bytes: int
+    small_bytes: int
+    spill: SpillLayout | None = None              # the spilled cache's layout
+    kv_spill_file_bytes: int = 0
+    kv_read_bytes_per_token: int = 0
 
     @property
-    def nbytes(self) -> int:
-        return sum(n for _, n, _ in self.segments)
+    def total(self) -> int:
+        return self.kv_bytes + self.state_bytes + self.small_bytes
 
 
-def span_of(index: int, tensors: list[TensorInfo]) -> Span:
-    segs: list[list[int]] = []                    # [aligned start, aligned end]
-    for t in sorted(tensors, key=lambda t: t.offset):
-        lo, hi = t.offset - t.offset % ALIGN, -(-(t.offset + t.nbytes) // ALIGN) * ALIGN
-        if segs and lo <= segs[-1][1] + MERGE_GAP:
-            segs[-1][1] = max(segs[-1][1], hi)
-        else:
-            segs.append([lo, hi])
-    out, pos = [], 0
-    for lo, hi in segs:
-        out.append((lo, hi - lo, pos))
-        pos += hi - lo
-    offsets = {}
-    for t in tensors:
-        lo, _, buf = next(s for s in out if s[0] <= t.offset < s[0] + s[1])
-        offsets[t.name] = buf + t.offset - lo
-    return Span(index, out, offsets, sum(t.nbytes for t in tensors))
+def fixed_costs(hp: HParams, req: Request, t: Tensors) -> Fixed:
+    a, b = req.layers
+    kv_pos = bytes_per_position(b - a, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, req.type_k, req.type_v)
+    state = state_bytes(hp, req.batch, req.n_ctx)
+    if not req.kv_spill:               # n_seq > 1: its streams' cells, each padded (kv.cells)
+        return Fixed(kv_rows(req.n_ctx, req.n_seq) * kv_pos, kv_pos, state, t.small_bytes)
+    # the tails and the read buffers (stream.kv_spill)
+    lay = spill_layout(req.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, req.type_k, req.type_v,
+                       req.batch, req.kv_tail)
+    pos0 = req.n_ctx - 1                                 # a decode token at a full context
+    read = sum(lay.read_bytes(pos0, 1, lay.spilled_at(pos0, 1), w) for w in layer_windows(hp, (a, b)))
+    return Fixed(lay.charged(b - a), kv_pos, state, t.small_bytes, lay, (b - a) * lay.buffer_bytes, read)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Needs:
+    """The least budget that runs the range, and the least that holds it whole."""
+
+    min_budget: int
+    resident_budget: int
+
+
+def needs(fx: Fixed, t: Tensors, lay: Layout, batch: int) -> Needs:
+    """Minimum: the fixed part, one buffer of the largest streamed span, the least expert slots, the
+    predictors and a chunk's embedding rows. Resident: the fixed part, every layer, the big tensors."""
+    ex = lay.experts
+    rows = batch * t.embd_row_bytes if t.embeds else 0
+    return Needs(fx.total + lay.max_span + ex.min_slots * ex.slot_bytes + ex.predictor_bytes + rows,
+                 fx.total + sum(s.nbytes for s in lay.spans) + sum(t.persistent[n] for n in t.big))
+
+
+@dataclass(frozen=True)
+class Residency:
+    """What a budget keeps resident and what streams (residency)."""
+
+    verdict: Verdict
+    layer_bytes: tuple[int, ...]                  # read-span bytes of each layer in the range
+    resident: tuple[str, ...] = ()
+    pinned: tuple[int, ...] = ()
+    n_buffers: int = 0
+    buffer_bytes: int = 0
+    embd_row_bytes: int = 0
+    expert_slots: int = 0
+    streamed_bytes_per_token: int = 0
+    expected_bytes_per_token: int = 0
+    expert_hit_rate: float = 0.0
+
+
+def residency(budget: int | None, fx: Fixed, t: Tensors, lay: Layout, need: Needs, batch: int,
+              hit_rate: float | None = None) -> Residency:
+    """All resident where the budget holds it (or there is none), nothing below the minimum, else
+    streaming: buffers, then the big tensors, the embedding's rows, pinned layers, expert slots."""
+    if budget is None or budget >= need.resident_budget:
+        return Residency(Verdict.RESIDENT, tuple(s.nbytes for s in lay.spans), t.big,
+                         tuple(range(*t.layers)))
+    if budget < need.min_budget:
+        return Residency(Verdict.INSUFFICIENT, tuple(s.nbytes for s in lay.spans))
+    ex, max_span = lay.experts, lay.max_span
+    avail = budget - fx.total - ex.min_slots * ex.slot_bytes - ex.predictor_bytes
+    n_buffers = 2 if avail >= 2 * max_span + (batch * t.embd_row_bytes if t.embeds else 0) else 1
+    head = avail - n_buffers * max_span
+    # every token reads the output projection and every dense layer, an expert only k/n_expert of
+    # the time: a mixture keeps the output resident before its expert cache; the embedding, one row a
+    # token, only if it is the output
+    share = head if ex.apart else int(head * PERSISTENT_SHARE)
+    resident = []
+    for n in (t.big if not ex.apart else [n for n in t.big if n == t.out_name]):
+        if t.persistent[n] <= share:
+            resident.append(n)
+            share -= t.persistent[n]
+            head -= t.persistent[n]
+    embd_rows = batch * t.embd_row_bytes if t.embeds and EMBD not in resident else 0
+    head -= embd_rows
+    pinned = []
+    for s in lay.stream_spans:                # dense layers first: every token needs all of them
+        if s.nbytes <= head:
+            pinned.append(s.index)
+            head -= s.nbytes
+    streamed = [s.nbytes for s in lay.stream_spans if s.index not in pinned]
+    if t.logits and t.out_name in t.persistent and t.out_name not in resident:
+        streamed.append(t.persistent[t.out_name])
+    buffer_bytes = max_span
+    if not streamed:                          # everything that streams is a row of the embedding
+        head += n_buffers * buffer_bytes
+        n_buffers = buffer_bytes = 0
+    slots = min(ex.min_slots + head // ex.slot_bytes, ex.count) if ex.apart else 0   # in whole slots
+    misses = (t.layers[1] - t.layers[0]) * ex.k * ex.slot_bytes if ex.apart and slots < ex.count else 0
+    dense = sum(streamed) + (t.embd_row_bytes if embd_rows else 0)
+    hit = (slots / ex.count if hit_rate is None else hit_rate) if ex.apart else 0.0
+    expected = dense + round(misses * (1.0 - hit)) if ex.apart else dense + misses
+    return Residency(Verdict.STREAMING, tuple(s.nbytes for s in lay.stream_spans), tuple(resident), tuple(pinned),
+                     n_buffers, buffer_bytes, embd_rows, slots, dense + misses, expected, hit)
+
+
+def active_bytes(t: Tensors, lay: Layout) -> int:
+    """Weights one token computes with: every dense tensor of the range, k of n_expert experts, the
+    persistent tensors, the output projection (last range) and an embedding row (first range)."""
+    ex = lay.experts
+    outside = sum(t.persistent.values()) - sum(t.persistent[n] for n in t.big)       # norms, rope factors
+    return (sum(x.nbytes for ts in t.by_layer.values() for x in ts) - ex.total_bytes
+            + (ex.total_bytes * ex.k // ex.n_expert if ex.n_expert else 0) + outside
+            + (t.persistent.get(t.out_name, 0) if t.logits else 0) + (t.embd_row_bytes if t.embeds else 0))
+
+
+@dataclass(frozen=True)
 class Plan:
+    """A memory plan, built once (make_plan; plan_for_budget derives others with dataclasses.replace)."""
+
     path: str
     arch: str
     executable: bool
@@ -158,16 +262,16 @@ class Plan:
     budget: int | None
     layers: tuple[int, int]                       # the contiguous range [first, last) this plan runs
     model_bytes: int
-    persistent: dict[str, int]                    # tensor name -> bytes (outside the layers)
-    layer_bytes: list[int]                        # read-span bytes of each layer in the range
+    persistent: Mapping[str, int]                 # tensor name -> bytes (outside the layers)
+    layer_bytes: tuple[int, ...]                  # read-span bytes of each layer in the range
     kv_bytes: int
     state_bytes: int
     small_bytes: int
-    verdict: str                                  # "resident", "streaming" or "insufficient"
+    verdict: Verdict                              # resident, streaming or insufficient
     min_budget: int
     resident_budget: int
-    resident: list[str] = field(default_factory=list)    # big persistent tensors kept resident
-    pinned: list[int] = field(default_factory=list)      # layers kept resident
+    resident: tuple[str, ...] = ()                # big persistent tensors kept resident
+    pinned: tuple[int, ...] = ()                  # layers kept resident
     n_buffers: int = 0
     buffer_bytes: int = 0
     embd_row_bytes: int = 0                       # scratch for streamed embedding rows
@@ -180,8 +284,8 @@ class Plan:
     active_bytes_per_token: int = 0               # weights one token computes with: all dense, k experts a layer
     expert_hit_rate: float = 0.0                  # the cache hit rate the expectation below assumes
     expected_bytes_per_token: int = 0             # streamed per token at expert_hit_rate
-    notes: list[str] = field(default_factory=list)
-    type_k: str = "f16"                           # KV cache types (memory.kv_cache)
+    notes: tuple[str, ...] = ()
+    type_k: str = "f16"                           # KV cache types (kv.cache)
     type_v: str = "f16"
     kv_bytes_per_pos: int = 0                     # the KV cache's bytes per position (kv_bytes: its rows times this)
     max_ctx: int | None = None                    # the longest context the budget holds (None: no budget)
@@ -192,6 +296,10 @@ class Plan:
     kv_tail: int = 0                              # positions of each layer in RAM (the most recent ones)
     kv_spill_file_bytes: int = 0                  # the spill files on disk (all layers)
     kv_read_bytes_per_token: int = 0              # K/V read back per decode token at a full context
+
+    def noted(self, note: str) -> Plan:
+        """This plan with one more note."""
+        return replace(self, notes=self.notes + (note,))
 
     @property
     def kv_bytes_per_1k(self) -> int:
@@ -212,7 +320,7 @@ class Plan:
     @property
     def planned_peak(self) -> int:
         """Every byte the engine charges once the context is full: the managed peak. The KV cache is
-        charged as positions fill (in chunks, memory.kv_cache), so below n_ctx the engine holds less;
+        charged as positions fill (in chunks, kv.cache), so below n_ctx the engine holds less;
         the layout (what is pinned, what streams) sets the full cache's kv_bytes aside all the same."""
         lb = dict(zip(range(*self.layers), self.layer_bytes))
         return (self.kv_bytes + self.state_bytes + self.small_bytes + self.n_buffers * self.buffer_bytes
@@ -221,8 +329,8 @@ class Plan:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d.update(persistent_bytes=self.persistent_bytes, planned_peak=self.planned_peak,
-                 kv_bytes_per_1k=self.kv_bytes_per_1k,
+        d.update(persistent=dict(self.persistent), persistent_bytes=self.persistent_bytes,
+                 planned_peak=self.planned_peak, kv_bytes_per_1k=self.kv_bytes_per_1k,
                  largest_layer={"index": self.largest_layer[0], "bytes": self.largest_layer[1]})
         return d
 
@@ -230,133 +338,45 @@ class Plan:
 def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: int = DEFAULT_BATCH,
               layers: tuple[int, int] | None = None, hit_rate: float | None = None, type_k: str = "f16",
               type_v: str = "f16", kv_spill: bool = False, kv_tail: int | None = None, n_seq: int = 1) -> Plan:
-    """hit_rate: the expert cache hit rate for expected_bytes_per_token; by default the share of all
+    """The plan of one prompt chunk size: the steps above, the Plan built from their records.
+    hit_rate: the expert cache hit rate for expected_bytes_per_token; by default the share of all
     experts the cache holds (what routing spread evenly over the experts would hit)."""
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
-    n_ctx = min(hp.n_ctx_train, DEFAULT_CTX) if n_ctx is None else n_ctx
-    if n_ctx <= 0 or batch <= 0:
-        raise InvalidArgument(f"context length and batch must be positive, got {n_ctx} and {batch}")
-    a, b = layers or (0, hp.n_layer)
-    if not 0 <= a < b <= hp.n_layer:
-        raise InvalidArgument(f"layer range [{a}, {b}) is not within the model's {hp.n_layer} layers")
-    by_layer: dict[int, list[TensorInfo]] = {i: [] for i in range(a, b)}
-    persistent: dict[str, int] = {}
-    for t in f.tensors.values():
-        i = layer_of(t.name)
-        if i is None:
-            persistent[t.name] = t.nbytes
-        elif i >= hp.n_layer:
-            raise ModelFileError(f"tensor {t.name} belongs to layer {i}, but block_count is {hp.n_layer}")
-        elif a <= i < b:
-            by_layer[i].append(t)
-    spans = [span_of(i, by_layer[i]) for i in range(a, b)]
-    out_name = "output.weight" if "output.weight" in persistent else "token_embd.weight"
-    big = [out_name] if b == hp.n_layer else []              # the last range computes logits
-    if a == 0 and "token_embd.weight" not in big:            # the first range embeds tokens
-        big.append("token_embd.weight")
-    big = [n for n in big if n in persistent]
-    kv_pos = bytes_per_position(b - a, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, type_k, type_v)
-    kv = kv_rows(n_ctx, n_seq) * kv_pos     # n_seq > 1: its streams' cells, each padded (memory.cells)
-    if kv_spill:                       # the tails and the read buffers (memory.kv_spill)
-        lay = spill_layout(n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, type_k, type_v, batch, kv_tail)
-        kv = lay.charged(b - a)
-    state = state_bytes(hp, batch, n_ctx)
-    small = sum(4 * f.tensors[n].n_elements for n in SMALL                # kept as float32
-                if n in f.tensors and (b == hp.n_layer or n != "output_norm.weight"))
-    fixed = kv + state + small
-    layer_total = sum(s.nbytes for s in spans)
-    resident_budget = fixed + layer_total + sum(persistent[n] for n in big)
-    experts = {i: [t for t in by_layer[i] if is_expert_tensor(t.name)] for i in range(a, b)}
-    apart = hp.n_expert > 0 and all(len(x) == len(EXPERT_SUFFIXES) for x in experts.values())
-    k = hp.n_expert_used
-    if apart:                          # streaming: layers without their experts, experts one by one
-        spans_s = [span_of(i, [t for t in by_layer[i] if not is_expert_tensor(t.name)]) for i in range(a, b)]
-        slot = max(expert_span(experts[i], e).nbytes for i in range(a, b) for e in range(hp.n_expert))
-        min_slots = k
-        # layer i's router and ffn_norm (as f32), resident to guess its experts during layer i-1
-        predictors = sum(4 * f.tensors[f"blk.{i}.{ffn_norm(hp.arch)}.weight"].n_elements
-                         + f.tensors[f"blk.{i}.ffn_gate_inp.weight"].nbytes for i in range(a + 1, b))
-    else:
-        spans_s, slot, min_slots, predictors = spans, 0, 0, 0
-    expert_total = sum(t.nbytes for x in experts.values() for t in x)
-    max_span = max((s.nbytes for s in spans_s), default=0)
-    embd = f.tensors.get("token_embd.weight")
-    row_bytes = embd.nbytes // embd.dims[1] if embd is not None else 0
-    min_budget = fixed + max_span + min_slots * slot + predictors + (batch * row_bytes if a == 0 else 0)
-    p = Plan(f.path, hp.arch, is_executable(hp.arch), n_ctx, batch, budget, (a, b),
-             sum(t.nbytes for t in f.tensors.values()), persistent, [s.nbytes for s in spans],
-             kv, state, small, "resident", min_budget, resident_budget, expert_count=(b - a) * hp.n_expert,
-             type_k=kv_type(type_k), type_v=kv_type(type_v), kv_bytes_per_pos=kv_pos, n_ctx_train=hp.n_ctx_train,
-             kv_positions=n_ctx)
-    if kv_spill:
-        p.kv_spill, p.kv_tail, p.kv_spill_file_bytes = True, lay.tail, (b - a) * lay.buffer_bytes
-        pos0 = n_ctx - 1                                 # a decode token at a full context
-        p.kv_read_bytes_per_token = sum(lay.read_bytes(pos0, 1, lay.spilled_at(pos0, 1), w)
-                                        for w in layer_windows(hp, (a, b)))
-    outside = sum(persistent.values()) - sum(persistent[n] for n in big)          # norms, rope factors
-    p.active_bytes_per_token = (sum(t.nbytes for x in by_layer.values() for t in x) - expert_total
-                                + (expert_total * k // hp.n_expert if hp.n_expert else 0) + outside
-                                + (persistent.get(out_name, 0) if b == hp.n_layer else 0) + (row_bytes if a == 0 else 0))
-    if budget is None or budget >= resident_budget:
-        p.resident, p.pinned = big, list(range(a, b))
-    elif budget < min_budget:
-        p.verdict = "insufficient"
-    else:
-        p.verdict = "streaming"
-        p.layer_bytes = [s.nbytes for s in spans_s]
-        p.experts_apart, p.expert_slot_bytes, p.predictor_bytes = apart, slot, predictors
-        avail = budget - fixed - min_slots * slot - predictors
-        p.n_buffers = 2 if avail >= 2 * max_span + (batch * row_bytes if a == 0 else 0) else 1
-        p.buffer_bytes = max_span
-        head = avail - p.n_buffers * max_span
-        # every token reads the output projection and every dense layer, an expert only k/n_expert of
-        # the time: a mixture keeps the output resident before its expert cache; the embedding, one row a
-        # token, only if it is the output
-        share = head if apart else int(head * PERSISTENT_SHARE)
-        for n in (big if not apart else [n for n in big if n == out_name]):
-            if persistent[n] <= share:
-                p.resident.append(n)
-                share -= persistent[n]
-                head -= persistent[n]
-        if a == 0 and "token_embd.weight" not in p.resident:
-            p.embd_row_bytes = batch * row_bytes
-            head -= p.embd_row_bytes
-        for s in spans_s:                         # dense layers first: every token needs all of them
-            if s.nbytes <= head:
-                p.pinned.append(s.index)
-                head -= s.nbytes
-        streamed = [s.nbytes for s in spans_s if s.index not in p.pinned]
-        if b == hp.n_layer and out_name in persistent and out_name not in p.resident:
-            streamed.append(persistent[out_name])
-        if not streamed:                          # everything that streams is a row of the embedding
-            head += p.n_buffers * p.buffer_bytes
-            p.n_buffers = p.buffer_bytes = 0
-        if apart:                                 # then the expert cache, in whole slots
-            p.expert_slots = min(min_slots + head // slot, p.expert_count)
-        misses = (b - a) * k * slot if apart and p.expert_slots < p.expert_count else 0
-        dense = sum(streamed) + (row_bytes if p.embd_row_bytes else 0)
-        p.streamed_bytes_per_token = dense + misses
-        if apart:
-            p.expert_hit_rate = p.expert_slots / p.expert_count if hit_rate is None else hit_rate
-            p.expected_bytes_per_token = dense + round(misses * (1.0 - p.expert_hit_rate))
-        else:
-            p.expected_bytes_per_token = p.streamed_bytes_per_token
-    if not p.executable:
-        p.notes.append(f"architecture {hp.arch} can be inspected and planned but not executed")
-    return p
+    req = request_of(hp, n_ctx, batch, layers, type_k=type_k, type_v=type_v, kv_spill=kv_spill, kv_tail=kv_tail,
+                     n_seq=n_seq, hit_rate=hit_rate)
+    t = classify_tensors(f.tensors, hp.n_layer, req.layers)
+    lay = layer_layout(hp, t)
+    fx = fixed_costs(hp, req, t)
+    need = needs(fx, t, lay, req.batch)
+    r = residency(budget, fx, t, lay, need, req.batch, hit_rate)
+    streaming = r.verdict == Verdict.STREAMING
+    ex = lay.experts
+    return Plan(
+        path=f.path, arch=hp.arch, executable=is_executable(hp.arch), n_ctx=req.n_ctx, batch=req.batch,
+        budget=budget, layers=req.layers, model_bytes=t.model_bytes, persistent=t.persistent,
+        layer_bytes=r.layer_bytes, kv_bytes=fx.kv_bytes, state_bytes=fx.state_bytes, small_bytes=fx.small_bytes,
+        verdict=r.verdict, min_budget=need.min_budget, resident_budget=need.resident_budget,
+        resident=r.resident, pinned=r.pinned, n_buffers=r.n_buffers, buffer_bytes=r.buffer_bytes,
+        embd_row_bytes=r.embd_row_bytes, experts_apart=streaming and ex.apart,
+        expert_slot_bytes=ex.slot_bytes if streaming else 0, expert_slots=r.expert_slots, expert_count=ex.count,
+        predictor_bytes=ex.predictor_bytes if streaming else 0,
+        streamed_bytes_per_token=r.streamed_bytes_per_token, active_bytes_per_token=active_bytes(t, lay),
+        expert_hit_rate=r.expert_hit_rate, expected_bytes_per_token=r.expected_bytes_per_token,
+        notes=() if is_executable(hp.arch) else (f"architecture {hp.arch} can be inspected and planned but not executed",),
+        type_k=kv_type(type_k), type_v=kv_type(type_v), kv_bytes_per_pos=fx.kv_bytes_per_pos,
+        n_ctx_train=hp.n_ctx_train, kv_positions=req.n_ctx, kv_spill=fx.spill is not None,
+        kv_tail=fx.spill.tail if fx.spill is not None else 0, kv_spill_file_bytes=fx.kv_spill_file_bytes,
+        kv_read_bytes_per_token=fx.kv_read_bytes_per_token)
 
 
-def block_row_bytes(t: TensorInfo) -> int:
-    """Bytes of one row (dims[0] elements) of a 2-D tensor."""
-    be, bb = GGML_BLOCK[t.ggml_type]
-    return t.dims[0] // be * bb
 
+# ---- the prompt chunk and the KV cache's form for a budget ------------------------------------------
 
 BATCHES = (64, 32, 16, 8, 4, 2, 1)
-UBATCH = 512                # llama.cpp's default n_ubatch
-# A mixture's chunk may grow to a whole ubatch: llama.cpp's mul_mat_id picks an expert's arithmetic by
-# the rows the whole ubatch routes to it, so chunks shorter than the ubatch can round a long prompt's
-# expert rows differently. Taken when the run state stays within 1/MOE_STATE_SHARE of the budget.
+# A mixture's chunk may grow to a whole ubatch (UBATCH: llama.cpp's n_ubatch): llama.cpp's mul_mat_id
+# picks an expert's arithmetic by the rows the whole ubatch routes to it, so chunks shorter than the
+# ubatch can round a long prompt's expert rows differently. Taken when the run state stays within
+# 1/MOE_STATE_SHARE of the budget.
 MOE_BATCHES = (UBATCH, UBATCH // 2, UBATCH // 4)
 MOE_STATE_SHARE = 8
 # A dense model the budget holds whole takes prompt chunks of this many tokens: a batch reads repacked
@@ -372,7 +392,7 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
     """The plan with the largest prompt chunk that fits the budget: 64 down to 1 tokens; for a mixture
     of experts up to a whole ubatch (MOE_BATCHES) while its run state is a small share of the budget,
     for a dense model RESIDENT_BATCH while the budget holds it whole.
-    n_seq: the parallel sequences whose padded streams of cells the KV cache holds (memory.cells.kv_rows).
+    n_seq: the parallel sequences whose padded streams of cells the KV cache holds (kv.cells.kv_rows).
     kv_spill: True spills the KV cache to storage, None does where the budget cannot hold it for n_ctx
     (then, where spilling does not fit either, the plan holds the positions the budget allows); when it
     spills by itself, its RAM tail takes the budget the weights leave (a pinned weight byte saves a read
@@ -380,62 +400,82 @@ def plan_for_budget(f: GGUFFile, budget: int | None, n_ctx: int | None = None,
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
         raise InvalidArgument(f"an expert hit rate is a fraction from 0 to 1, got {hit_rate}")
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
+    kw = dict(type_k=type_k, type_v=type_v)
+    p = _largest_chunk(f, hp, budget, n_ctx, layers, batch, hit_rate, kw, bool(kv_spill), kv_tail, n_seq)
+    if kv_spill:
+        p = p.noted(f"the KV cache spills to storage: {p.kv_tail} recent positions of each layer in RAM, the older "
+                    f"ones in a spill file per layer ({p.kv_spill_file_bytes:,} B on disk), read back per token "
+                    f"(at a full context {p.kv_read_bytes_per_token:,} B of K/V per decode token)")
+    if budget is not None:
+        p = replace(p, max_ctx=_longest_context(f, hp, p, budget, batch or BATCHES[-1], layers, kw))
+        fit = min(p.max_ctx, p.n_ctx) // CHUNK * CHUNK
+        if p.verdict == Verdict.INSUFFICIENT and kv_spill is None:
+            # the budget cannot hold the whole context's KV cache: spill it to storage
+            q = _spilled(f, budget, n_ctx, layers, batch, hit_rate, kw, n_seq)
+            if q.verdict != Verdict.INSUFFICIENT:
+                return replace(q, max_ctx=p.max_ctx).noted(
+                    f"the budget cannot hold the KV cache of {p.n_ctx:,} positions in RAM ({p.min_budget:,} B "
+                    f"would); it spills (--kv-spill off: hold the {fit:,} positions the budget allows)")
+            if fit < CHUNK:                      # nothing holds the context: the smaller minimum is the one to meet
+                p = replace(p, min_budget=min(p.min_budget, q.min_budget))
+        if p.verdict == Verdict.INSUFFICIENT and CHUNK <= fit < p.n_ctx and not kv_spill:
+            # the KV cache grows as the context fills: plan for the positions the budget holds (fewer: with
+            # several sequences their padded streams can hold more rows than max_ctx counts, and a plan for
+            # as many positions would ask the same again)
+            q = plan_for_budget(f, budget, fit, layers, batch, hit_rate, type_k, type_v, False, n_seq=n_seq)
+            if q.verdict != Verdict.INSUFFICIENT:
+                return replace(q, n_ctx=p.n_ctx, max_ctx=p.max_ctx, min_budget=p.min_budget).noted(
+                    f"the budget holds the KV cache of {fit:,} of the {p.n_ctx:,} positions (it is charged "
+                    f"in chunks of {CHUNK} as the context fills); growing past them fails with a budget "
+                    f"error naming the position; {p.min_budget:,} B hold the whole context")
+    if hp.n_expert > 0 and p.batch < UBATCH and p.verdict != Verdict.INSUFFICIENT:
+        whole = make_plan(f, None, n_ctx, UBATCH, layers, None, **kw).state_bytes * MOE_STATE_SHARE
+        p = p.noted(f"prompts longer than {p.batch} tokens are computed in chunks of {p.batch}; llama.cpp "
+                    f"picks an expert's arithmetic by its rows in a whole ubatch ({UBATCH}), so their logits "
+                    f"can differ from llama.cpp's in the last bits; a budget of {whole:,} B or more makes "
+                    f"chunks whole ubatches")
+    return p
+
+
+def _largest_chunk(f: GGUFFile, hp: HParams, budget, n_ctx, layers, batch, hit_rate, kw: dict, kv_spill: bool,
+                   kv_tail, n_seq: int) -> Plan:
+    """The plan of the largest prompt chunk that fits (plan_for_budget), its minimum budget that of the
+    smallest chunk, a dense model's resident budget that of a 64-token chunk."""
     moe = hp.n_expert > 0
     batches = (batch,) if batch else BATCHES
     grown = () if batch else MOE_BATCHES if moe else (RESIDENT_BATCH,)     # chunks past 64, on a condition
     for b in grown + batches:
-        p = make_plan(f, budget, n_ctx, b, layers, hit_rate, type_k, type_v, bool(kv_spill), kv_tail, n_seq)
-        if p.verdict == "insufficient":
+        p = make_plan(f, budget, n_ctx, b, layers, hit_rate, kv_spill=kv_spill, kv_tail=kv_tail, n_seq=n_seq, **kw)
+        if p.verdict == Verdict.INSUFFICIENT:
             continue
         # past 64 tokens: a mixture's chunk while its run state is a small share of the budget, a dense
         # model's while the budget holds it whole (never at the cost of a pinned layer)
         if b <= BATCHES[0] or (not budget or p.state_bytes * MOE_STATE_SHARE <= budget if moe
-                               else p.verdict == "resident"):
+                               else p.verdict == Verdict.RESIDENT):
             break
     if not moe and p.batch > BATCHES[0]:          # the least budget that holds it whole: at 64 tokens
-        p.resident_budget = make_plan(f, budget, n_ctx, BATCHES[0], layers, hit_rate, type_k, type_v,
-                                      bool(kv_spill), kv_tail, n_seq).resident_budget
-    p.min_budget = make_plan(f, None, n_ctx, batches[-1], layers, None, type_k, type_v, bool(kv_spill), kv_tail,
-                             n_seq).min_budget
-    if kv_spill:
-        p.notes.append(f"the KV cache spills to storage: {p.kv_tail} recent positions of each layer in RAM, the older "
-                       f"ones in a spill file per layer ({p.kv_spill_file_bytes:,} B on disk), read back per token "
-                       f"(at a full context {p.kv_read_bytes_per_token:,} B of K/V per decode token)")
-    if budget is not None:                      # the longest context the budget holds (smallest chunk, no pins)
-        b1 = batches[-1]
-        per = p.kv_bytes_per_pos + state_bytes(hp, b1, 2) - state_bytes(hp, b1, 1)   # cache + attention scores
-        base = make_plan(f, None, 1, b1, layers, None, type_k, type_v).min_budget - per
-        p.max_ctx = max(0, (budget - base) // per)
-        fit = min(p.max_ctx, p.n_ctx) // CHUNK * CHUNK
-        if p.verdict == "insufficient" and kv_spill is None:
-            # the budget cannot hold the whole context's KV cache: spill it to storage
-            q = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True, n_seq=n_seq)
-            # a weight byte in RAM saves a byte read every token, a tail position's only past it: the tail
-            # takes what the weights leave (everything, where they are all resident)
-            tail = q.kv_tail + (budget - q.planned_peak) // q.kv_bytes_per_pos if q.verdict != "insufficient" else 0
-            if tail > q.kv_tail:
-                q2 = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, type_k, type_v, True, tail, n_seq)
-                q = q2 if q2.verdict != "insufficient" and q2.pinned == q.pinned else q
-            if q.verdict != "insufficient":
-                q.max_ctx = p.max_ctx
-                q.notes.append(f"the budget cannot hold the KV cache of {p.n_ctx:,} positions in RAM ({p.min_budget:,} B "
-                               f"would); it spills (--kv-spill off: hold the {fit:,} positions the budget allows)")
-                return q
-            if fit < CHUNK:                      # nothing holds the context: the smaller minimum is the one to meet
-                p.min_budget = min(p.min_budget, q.min_budget)
-        if p.verdict == "insufficient" and fit >= CHUNK and not kv_spill:
-            # the KV cache grows as the context fills: plan for the positions the budget holds
-            q = plan_for_budget(f, budget, fit, layers, batch, hit_rate, type_k, type_v, False, n_seq=n_seq)
-            if q.verdict != "insufficient":
-                q.n_ctx, q.max_ctx, q.min_budget = p.n_ctx, p.max_ctx, p.min_budget
-                q.notes.append(f"the budget holds the KV cache of {fit:,} of the {p.n_ctx:,} positions (it is charged "
-                               f"in chunks of {CHUNK} as the context fills); growing past them fails with a budget "
-                               f"error naming the position; {p.min_budget:,} B hold the whole context")
-                return q
-    if moe and p.batch < UBATCH and p.verdict != "insufficient":
-        whole = make_plan(f, None, n_ctx, UBATCH, layers, None, type_k, type_v).state_bytes * MOE_STATE_SHARE
-        p.notes.append(f"prompts longer than {p.batch} tokens are computed in chunks of {p.batch}; llama.cpp "
-                       f"picks an expert's arithmetic by its rows in a whole ubatch ({UBATCH}), so their logits "
-                       f"can differ from llama.cpp's in the last bits; a budget of {whole:,} B or more makes "
-                       f"chunks whole ubatches")
-    return p
+        p = replace(p, resident_budget=make_plan(f, budget, n_ctx, BATCHES[0], layers, hit_rate, kv_spill=kv_spill,
+                                                 kv_tail=kv_tail, n_seq=n_seq, **kw).resident_budget)
+    least = make_plan(f, None, n_ctx, batches[-1], layers, None, kv_spill=kv_spill, kv_tail=kv_tail, n_seq=n_seq, **kw)
+    return replace(p, min_budget=least.min_budget)
+
+
+def _longest_context(f: GGUFFile, hp: HParams, p: Plan, budget: int, b1: int, layers, kw: dict) -> int:
+    """The longest context the budget holds: at the smallest chunk b1, nothing pinned."""
+    per = p.kv_bytes_per_pos + state_bytes(hp, b1, 2) - state_bytes(hp, b1, 1)   # cache + attention scores
+    base = make_plan(f, None, 1, b1, layers, None, **kw).min_budget - per
+    return max(0, (budget - base) // per)
+
+
+def _spilled(f: GGUFFile, budget: int, n_ctx, layers, batch, hit_rate, kw: dict, n_seq: int) -> Plan:
+    """The plan with the KV cache spilled, its RAM tail grown into what the weights leave: a weight byte
+    in RAM saves a byte read every token, a tail position's only past it (everything, where they are
+    all resident)."""
+    q = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, kv_spill=True, n_seq=n_seq, **kw)
+    if q.verdict == Verdict.INSUFFICIENT:
+        return q
+    tail = q.kv_tail + (budget - q.planned_peak) // q.kv_bytes_per_pos
+    if tail > q.kv_tail:
+        q2 = plan_for_budget(f, budget, n_ctx, layers, batch, hit_rate, kv_spill=True, kv_tail=tail, n_seq=n_seq, **kw)
+        q = q2 if q2.verdict != Verdict.INSUFFICIENT and q2.pinned == q.pinned else q
+    return q

@@ -11,7 +11,6 @@ RAMFORGE_REPACK_STREAMED=1 repacks them on the reader thread for A/B runs. mmap 
 """
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .. import flags
 from ..errors import InternalError, check_token_ids
 from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile
@@ -26,13 +26,14 @@ from ..kernels.dequant import dequantize
 from ..kernels.repack import repack, repack_group, repackable
 from ..memory import MemoryBudget
 from ..models.weights import EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_name, validate_tensors
-from .plan import ALIGN, SMALL, Plan, block_row_bytes, is_expert_tensor, span_of
+from .layout import ALIGN, SMALL, block_row_bytes, is_expert_tensor, span_of
+from .plan import Plan
 from ..profiling import ExpertRecord, LayerRecord, PassRecord
 from .experts import DEFAULT_POLICY, ExpertCache, Policy
 from .io import IOMode, ModelFile, aligned_empty
 
-REPACK_OFF = os.environ.get("RAMFORGE_NO_REPACK", "").strip() not in ("", "0")   # keep file order (A/B runs)
-REPACK_STREAMED = not REPACK_OFF and os.environ.get("RAMFORGE_REPACK_STREAMED", "").strip() not in ("", "0")
+REPACK_OFF = flags.NO_REPACK.get()                              # keep file order (A/B runs)
+REPACK_STREAMED = not REPACK_OFF and flags.REPACK_STREAMED.get()
 
 
 class Reader(threading.Thread):
