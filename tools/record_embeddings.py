@@ -6,7 +6,7 @@ tests/fixtures/embeddings/<model-id>.json, and write the synthetic BERT models t
 
 Models: synthetic `bert` files (random weights, llama.cpp's BGE WordPiece vocabulary, written with
 gguf's writer; a Q8_0 one by llama.cpp's quantizer; a reranker with a classifier head), synthetic
-`nomic-bert` ones (nomic-embed-text's tensors and mean pooling, F32 and F16) and a causal
+`nomic-bert` ones (nomic-embed-text's tensors and mean pooling, F32, F16 and Q8_0) and a causal
 one (qwen3-tiny-f16, tools/make_models.py). Per pooling type, per text: llama-cpp-python's tokens and
 `Llama(embedding=True, pooling_type=p, n_ctx=512).embed(text)` (normalize=False, one text per call,
 so each is a llama_decode of its own) as float32 values (shortest decimals); for rank pooling the
@@ -49,6 +49,7 @@ MODELS = {
     "qwen3-tiny-f16": ("qwen3", "F16", None, (0, 1, 3)),
     "nomic-bert-tiny-f32": ("nomic-bert", "F32", 1, (1, 2)),
     "nomic-bert-tiny-f16": ("nomic-bert", "F16", 1, (0, 1, 2, 3)),
+    "nomic-bert-tiny-q8_0": ("nomic-bert", "Q8_0", 1, (1,)),
 }
 ENCODERS = ("bert", "nomic-bert")                 # written here with gguf's writer (WordPiece vocabulary)
 BERT_VOCAB = "ggml-vocab-bert-bge.gguf"          # llama.cpp's BGE WordPiece vocabulary (with goldens)
