@@ -268,6 +268,28 @@ def test_nomic_bert_model_embeds_with_the_files_mean_pooling():
         assert float(np.abs(g - b).max()) <= BOUND_ULPS * 2.0 ** -23 * float(np.abs(b).max())
 
 
+def test_nomic_bert_streamed_equals_in_ram():
+    """Under a budget below its file (no layer resident: every pass streams the layers) a nomic-bert
+    model's packed vectors are its in-RAM vectors bit for bit, in one weight pass."""
+    import numba
+    from ramforge.engine.engine import Engine
+    from ramforge.generation.embed import EmbedStats, Embedder
+    from ramforge.memory.budget import MemoryBudget
+    from tools.record_embeddings import model_file
+    rec = next(r for r in RECORDS if r["model"]["id"] == "nomic-bert-tiny-f16")
+    toks = [it["tokens"] for it in _record("nomic-bert-tiny-f16", 1)["items"]]
+    ram = Embedder(_engine(rec), Pooling.MEAN).embed_many(toks)
+    eng = Engine.load(model_file("nomic-bert-tiny-f16"), n_ctx=512, n_threads=min(2, numba.config.NUMBA_NUM_THREADS),
+                      budget=MemoryBudget(7_400_000))
+    try:
+        assert eng.plan.verdict == "streaming" and not eng.plan.pinned and eng.plan.min_budget <= 7_400_000
+        st = EmbedStats()
+        got = Embedder(eng, Pooling.MEAN).embed_many(toks, stats=st)
+    finally:
+        eng.close()
+    assert st.passes == 1 and all(np.array_equal(a, b) for a, b in zip(got, ram))
+
+
 # ------------------------------------------------------------------------ surfaces
 @pytest.fixture(scope="module")
 def bert_client():
