@@ -5,7 +5,8 @@ tests/fixtures/embeddings/<model-id>.json, and write the synthetic BERT models t
     python tools/record_embeddings.py bert-tiny-f16
 
 Models: synthetic `bert` files (random weights, llama.cpp's BGE WordPiece vocabulary, written with
-gguf's writer; a Q8_0 one by llama.cpp's quantizer; a reranker with a classifier head) and a causal
+gguf's writer; a Q8_0 one by llama.cpp's quantizer; a reranker with a classifier head), synthetic
+`nomic-bert` ones (nomic-embed-text's tensors and mean pooling, F32, F16 and Q8_0) and a causal
 one (qwen3-tiny-f16, tools/make_models.py). Per pooling type, per text: llama-cpp-python's tokens and
 `Llama(embedding=True, pooling_type=p, n_ctx=512).embed(text)` (normalize=False, one text per call,
 so each is a llama_decode of its own) as float32 values (shortest decimals); for rank pooling the
@@ -46,30 +47,40 @@ MODELS = {
     "bert-tiny-q8_0": ("bert", "Q8_0", 1, (1, 2)),
     "bert-rank-f16": ("bert", "F16", 4, (4,)),
     "qwen3-tiny-f16": ("qwen3", "F16", None, (0, 1, 3)),
+    "nomic-bert-tiny-f32": ("nomic-bert", "F32", 1, (1, 2)),
+    "nomic-bert-tiny-f16": ("nomic-bert", "F16", 1, (0, 1, 2, 3)),
+    "nomic-bert-tiny-q8_0": ("nomic-bert", "Q8_0", 1, (1,)),
 }
+ENCODERS = ("bert", "nomic-bert")                 # written here with gguf's writer (WordPiece vocabulary)
 BERT_VOCAB = "ggml-vocab-bert-bge.gguf"          # llama.cpp's BGE WordPiece vocabulary (with goldens)
 BERT = dict(n_embd=128, n_head=2, n_layer=2, n_ff=512, n_ctx=512, eps=1e-12)
+NOMIC_ROPE_BASE = 1000.0                          # nomic-embed-text v1.5's rope_theta
 
 
 def f32(v) -> float:
     return float(np.format_float_positional(np.float32(v), unique=True, trim="-"))
 
 
-def write_bert(out: Path, ftype: str, pooling: int) -> Path:
+def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert") -> Path:
     """A random-weight bert model (BGE's vocabulary) with `pooling` as bert.pooling_type; pooling 4
-    (rank) adds a classifier head (cls, cls.output) as BGE rerankers have."""
+    (rank) adds a classifier head (cls, cls.output) as BGE rerankers have. arch "nomic-bert": the
+    tensors of nomic-embed-text's GGUF (gguf's MODEL_TENSORS[NOMIC_BERT]: a fused attn_qkv, SwiGLU
+    ffn_gate / ffn_up / ffn_down, no biases but the LayerNorms', no position embeddings; RoPE base 1000)."""
     import gguf
     d, f, L, ctx = BERT["n_embd"], BERT["n_ff"], BERT["n_layer"], BERT["n_ctx"]
-    rng = np.random.default_rng(stable_seed("bert", pooling))
+    nomic = arch == "nomic-bert"
+    rng = np.random.default_rng(stable_seed(arch, pooling))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    w = gguf.GGUFWriter(tmp, "bert")
+    w = gguf.GGUFWriter(tmp, arch)
     w.add_name(out.stem)
     for key, v in (("context_length", ctx), ("embedding_length", d), ("block_count", L), ("feed_forward_length", f),
                    ("attention.head_count", BERT["n_head"]), ("pooling_type", pooling)):
-        w.add_uint32(f"bert.{key}", v)
-    w.add_float32("bert.attention.layer_norm_epsilon", BERT["eps"])
-    w.add_bool("bert.attention.causal", False)
+        w.add_uint32(f"{arch}.{key}", v)
+    w.add_float32(f"{arch}.attention.layer_norm_epsilon", BERT["eps"])
+    w.add_bool(f"{arch}.attention.causal", False)
+    if nomic:
+        w.add_float32(f"{arch}.rope.freq_base", NOMIC_ROPE_BASE)
     w.add_file_type(1 if ftype == "F16" else 0)
     vocab = vocab_dir() / BERT_VOCAB
     if not vocab.is_file():
@@ -86,11 +97,18 @@ def write_bert(out: Path, ftype: str, pooling: int) -> Path:
     t = {"token_embd.weight": mat(n_vocab, d, 0.5), "token_types.weight": mat(2, d, 0.1),
          "position_embd.weight": mat(ctx, d, 0.1), "token_embd_norm.weight": vec(d, 1.0),
          "token_embd_norm.bias": vec(d)}
+    if nomic:
+        del t["position_embd.weight"]
     for il in range(L):
         p = f"blk.{il}."
-        for name, (r, c) in (("attn_q", (d, d)), ("attn_k", (d, d)), ("attn_v", (d, d)), ("attn_output", (d, d)),
-                             ("ffn_up", (f, d)), ("ffn_down", (d, f))):
-            t[p + name + ".weight"], t[p + name + ".bias"] = mat(r, c), vec(r)
+        if nomic:
+            for name, (r, c) in (("attn_qkv", (3 * d, d)), ("attn_output", (d, d)), ("ffn_up", (f, d)),
+                                 ("ffn_gate", (f, d)), ("ffn_down", (d, f))):
+                t[p + name + ".weight"] = mat(r, c)
+        else:
+            for name, (r, c) in (("attn_q", (d, d)), ("attn_k", (d, d)), ("attn_v", (d, d)), ("attn_output", (d, d)),
+                                 ("ffn_up", (f, d)), ("ffn_down", (d, f))):
+                t[p + name + ".weight"], t[p + name + ".bias"] = mat(r, c), vec(r)
         for name in ("attn_output_norm", "layer_output_norm"):
             t[p + name + ".weight"], t[p + name + ".bias"] = vec(d, 1.0), vec(d)
     if pooling == 4:
@@ -111,13 +129,13 @@ def write_bert(out: Path, ftype: str, pooling: int) -> Path:
 
 def model_file(mid: str) -> Path:
     kind, ftype, pooling, _ = MODELS[mid]
-    if kind != "bert":
+    if kind not in ENCODERS:
         return ensure_model(kind, ftype)
     path = models_dir() / f"{mid}.gguf"
     if path.is_file():
         return path
     if ftype in ("F32", "F16"):
-        return write_bert(path, ftype, pooling)
+        return write_bert(path, ftype, pooling, kind)
     src = model_file(mid.rsplit("-", 1)[0] + "-f16")
     return quantize(src, path, ftype)
 

@@ -183,7 +183,7 @@ def layer_shapes(hp, fused: bool = False) -> dict[str, tuple[int, ...]]:
         "attn_norm": (hp.n_embd,),
         "attn_q": (hp.n_embd, q), "attn_k": (hp.n_embd, kv_k), "attn_v": (hp.n_embd, kv_v),
         "attn_q_bias": (q,), "attn_k_bias": (kv_k,), "attn_v_bias": (kv_v,),
-        "attn_qkv": (hp.n_embd, q + kv_k + kv_v),
+        "attn_qkv": (hp.n_embd, q + kv_k + kv_v), "attn_qkv_bias": (q + kv_k + kv_v,),
         "attn_output": (hp.n_head * hp.head_dim_v, hp.n_embd),
         "attn_q_norm": (hp.head_dim_k,), "attn_k_norm": (hp.head_dim_k,),
         "post_attention_norm": (hp.n_embd,),
