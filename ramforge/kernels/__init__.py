@@ -9,7 +9,8 @@
   variants.py   the named arithmetic variants of the integer dots (enums) and QDot
   batch.py      the batch a computation belongs to (llama.cpp picks arithmetic by batch size)
   decode.py     dequantization kernels, per type      unpack.py   row unpackers of the integer dots
-  codegen.py    the IR of the row dots, per variant   rows.py     their intrinsics and plain twin
+  rowdot.py     the IR of a row dot, per variant     codegen.py   packed-row sources, 8 rows at once
+  rows.py       the row dots' intrinsics and plain twin
   quantize.py   activation quantization (Q8_0 / Q8_1 / Q8_K)
   registry.py   the one table of executable types and their kernels
   dequant.py    dequantize()       qmatmul.py   qmatmul()      fmatmul.py   float matmul
