@@ -12,6 +12,7 @@ for the sliding layers). NEOX-style RoPE.
 from __future__ import annotations
 
 from ..kernels.attention import attention
+from ..kernels.batch import Batch
 from ..kernels.ops import rope
 from . import gemma3
 from .weights import output_rows, rows_of
@@ -31,9 +32,9 @@ def is_swa(hp, il: int) -> bool:
     return hp.sliding_window > 0 and il % SWA_PATTERN < SWA_PATTERN - 1
 
 
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+def forward(m, s, n: int, pos0: int, out: slice | None = None, batch: Batch | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
-    (out: as llama.forward)."""
+    (out, batch: as llama.forward)."""
     hp, w, kv = m.hp, m.weights, m.kv
     pos = kv.positions(pos0, n)                                 # i32[n]
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
@@ -45,15 +46,14 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
         swa = is_swa(hp, il)
         with w.layer(il) as L:
             rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)),
-                    norm=(x, L.attn_norm.data, hp.rms_eps))         # of xb = RMSNorm(x)
+                    norm=(x, L.attn_norm.data, hp.rms_eps), batch=batch)     # of xb = RMSNorm(x)
             base = base_swa if swa else hp.rope_base
             rope(q, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
             rope(k, pos, hp.rope_dim, base, ROPE_NEOX, None, hp.rope_scale)
             q *= q_scale
             kv.store(il, pos0, k, v)
             win = hp.sliding_window if swa else 0
-            attention(att, q, *kv.layer(il), pos0, 1.0, win, hp.attn_softcap, cells=kv.visible(win))
-            L.attn_output.rows(xb, att.reshape(n, -1))
-            x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
-            with rows:
-                gemma3.ffn(L, hp, x, xb, gate, up)                 # as Gemma 3 (sandwich norms, GeGLU)
+            attention(att, q, *kv.layer(il), pos0, 1.0, win, hp.attn_softcap, cells=kv.visible(win), batch=batch)
+            L.attn_output.rows(xb, att.reshape(n, -1), batch)
+            x, xb, gate, up, fb = output_rows(hp, il, out, batch, x, xb, gate, up)    # fb: the FFN's batch
+            gemma3.ffn(L, hp, x, xb, gate, up, fb)                 # as Gemma 3 (sandwich norms, GeGLU)

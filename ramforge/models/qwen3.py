@@ -12,5 +12,5 @@ ALSO_READ = set(llama.OPTIONAL) | {"ffn_gate_inp"}   # llama.forward looks for q
 embed = llama.embed
 
 
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
-    llama.forward(m, s, n, pos0, neox=ROPE_NEOX, out=out)
+def forward(m, s, n: int, pos0: int, out: slice | None = None, batch=None) -> None:
+    llama.forward(m, s, n, pos0, neox=ROPE_NEOX, out=out, batch=batch)

@@ -13,5 +13,5 @@ ALSO_READ = llama.ALSO_READ | set(llama.OPTIONAL)
 embed = llama.embed
 
 
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
-    llama.forward(m, s, n, pos0, neox=ROPE_NEOX, out=out)
+def forward(m, s, n: int, pos0: int, out: slice | None = None, batch=None) -> None:
+    llama.forward(m, s, n, pos0, neox=ROPE_NEOX, out=out, batch=batch)
