@@ -9,7 +9,7 @@ import pytest
 
 from ramforge.gguf.constants import GGMLType as G
 from ramforge.kernels import fused
-from ramforge.kernels.batch import batch_view
+from ramforge.kernels.batch import Batch
 from ramforge.kernels.ops import rms_norm, swiglu
 from ramforge.kernels.qmatmul import qmatmul
 from ramforge.kernels.repack import repack, repackable
@@ -126,8 +126,7 @@ def test_what_it_does_not_take_it_refuses_computing_nothing():
     raw = weight(t, n, N_IN, 1)
     y = np.full((1, n), np.nan, np.float32)
     assert fused.fusable(np.vstack([x, x]), [(np.zeros((2, n), np.float32), t, raw, n, 0)]) is None  # 2 tokens
-    with batch_view(4, 1):                                  # a row of a larger batch: its arithmetic
-        assert not fused.matvecs(x, [(y, t, raw, n, 0)])
+    assert not fused.matvecs(x, [(y, t, raw, n, 0)], batch=Batch(4, 1))       # a row of a larger batch
     assert not fused.matvecs(x, [(y, t, raw[:-1], n, 0)])                      # the wrong size
     assert not fused.matvecs(x, [(y[:, :-1], t, raw, n, 0)])                   # the wrong shape
     assert not fused.matvecs(x, [(y, t, raw, n, 0)] * 4)                       # more than MAX_WEIGHTS
@@ -185,6 +184,6 @@ def test_warm_compiles_the_kernels_a_decode_takes():
              "ffn_up": (G.Q4_K, 256, N_IN, 0), "ffn_down": (G.Q6_K, N_IN, 256, 0)}
     assert fused.warm([layer]) == 8                    # 4 groups; Q4_K and Q6_K alone, plain and + residual
     kernel = fused._plan(((G.Q4_K, 256, N_IN, 0), (G.Q4_K, 32, N_IN, 0), (G.Q6_K, 32, N_IN, 0)), True,
-                         fused.Prologue.NORM, fused.Epilogue.NONE)[0]
+                         fused.Prologue.NORM, fused.Epilogue.NONE).kernel
     assert kernel.signatures == [fused.signature()]
     assert fused.warm([{"attn_output": (G.Q4_K, N_IN, 100, 0)}]) == 0     # a shape qmatmul refuses: skipped

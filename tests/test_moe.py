@@ -13,6 +13,7 @@ from ramforge.engine.engine import Engine
 from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import GGMLType
 from ramforge.kernels import qmatmul as qm
+from ramforge.kernels.batch import Batch
 from ramforge.kernels.variants import TILED_FROM
 from ramforge.kernels.matmul import matmul_reference
 from ramforge.kernels.moe import argsort_desc, expert_matmul, route, weighted_sum
@@ -113,7 +114,7 @@ def _single_rows(t, raw, x, n_out, n_in):
     """Each row alone: the arithmetic a lone row gets (vec_dot, or a repacked type's gemv)."""
     y = np.empty((x.shape[0], n_out), np.float32)
     for r in range(x.shape[0]):
-        qm.qmatmul(y[r:r + 1], x[r:r + 1], t, raw, n_out, n_in, view=(1, 0))
+        qm.qmatmul(y[r:r + 1], x[r:r + 1], t, raw, n_out, n_in, batch=Batch(1, 0))
     return y
 
 
@@ -129,7 +130,7 @@ def test_expert_rows_take_mul_mat_id_arithmetic(t, n_out, c):
     qd = REGISTRY[t].qdot
     repacked = qd.repack is not None and n_out % 8 == 0
     if qd.tiled and not repacked and c >= TILED_FROM:
-        want = qm.qmatmul(np.empty((c, n_out), np.float32), x, t, raw, n_out, n_in, view=(c, 0))   # tiled
+        want = qm.qmatmul(np.empty((c, n_out), np.float32), x, t, raw, n_out, n_in, batch=Batch(c, 0))   # tiled
     else:
         want = _single_rows(t, raw, x, n_out, n_in)          # gemv / vec_dot per row, never gemm or tinyBLAS
     assert np.array_equal(y, want)

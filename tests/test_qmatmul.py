@@ -470,7 +470,7 @@ def test_every_few_token_matmul_reads_packed_rows():
                 assert min(ids) >= 0, (t.name, n_out, n_tok)
                 used.update(ids)
             n_tok = qm._PACKED_GEMM_TOKENS          # and a repacked type's batch of 4 in its gemm's arithmetic
-            if k.qdot.repack and n_out % 8 == 0 and qm._plan(t, n_out, N_IN, n_tok, n_tok, 0, 1, True, 0)[9] == 1:
+            if k.qdot.repack and n_out % 8 == 0 and qm._plan(t, n_out, N_IN, n_tok, n_tok, 0, 1, True, 0).choice.group == 1:
                 lo, _, split = k.qdot.variants(k.block_elems, n_out, n_tok)
                 assert split == n_tok and kv.raw_row_id(k.qdot.raw, lo) >= 0, (t.name, n_out)
                 used.add(kv.raw_row_id(k.qdot.raw, lo))

@@ -11,6 +11,7 @@ from ramforge.engine.engine import Engine
 from ramforge.gguf.constants import GGMLType
 from ramforge.gguf.reader import GGUFFile
 from ramforge.kernels import qmatmul as qm
+from ramforge.kernels.batch import Batch
 from ramforge.kernels import repack as rp
 from ramforge.memory import MemoryBudget
 from ramforge.stream.plan import plan_for_budget
@@ -60,12 +61,12 @@ def test_repacked_equals_file_order_bit_for_bit(t, n_out, n_in, vector):
     rep, G = _repacked(t, raw, n_out, n_in)
     for n_tok in (1, 2, 3, 4, 5, 8, 9, 17):
         x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
-        for view in (None, (n_tok + 4, 2)) if n_tok < 4 else (None,):
+        for batch in (None, Batch(n_tok + 4, 2)) if n_tok < 4 else (None,):
             want = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, raw, n_out, n_in, vector=vector,
-                              view=view)
+                              batch=batch)
             got = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, rep, n_out, n_in, vector=vector,
-                             view=view, repacked=G)
-            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (n_tok, view)
+                             batch=batch, repacked=G)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (n_tok, batch)
 
 
 @pytest.mark.oracle
@@ -155,7 +156,7 @@ def test_warm_readies_every_kernel_a_batch_without_a_view_takes():
         if rep:
             rp.repack(t, raw, (n_in, n_out))
         for n_tok in range(1, 18):
-            kernel = qm._plan(t, n_out, n_in, n_tok, n_tok, 0, qm.numba.get_num_threads(), qm.VECTOR, rep)[6]
+            kernel = qm._plan(t, n_out, n_in, n_tok, n_tok, 0, qm.numba.get_num_threads(), qm.VECTOR, rep).kernel
             assert sig in kernel.overloads, (t.name, rep, n_tok)
             before = len(kernel.overloads)
             x = np.ones((n_tok, n_in), np.float32)

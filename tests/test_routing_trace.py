@@ -32,10 +32,10 @@ def test_trace_is_the_routing(small_moe, tmp_path, monkeypatch):
     seen = []                                      # (layer, router input rows) of every call
     ffn = moe.ffn
 
-    def spy(m, s, il, L, xb, x):
+    def spy(m, s, il, L, xb, x, batch=None):
         t = L.ffn_gate_inp
         seen.append((il, xb @ t.data.view(np.float32).reshape(t.dims[1], t.dims[0]).T))
-        ffn(m, s, il, L, xb, x)
+        ffn(m, s, il, L, xb, x, batch=batch)
     monkeypatch.setattr(moe, "ffn", spy)
     with Engine.load(str(small_moe), n_ctx=64, n_threads=1) as e:
         tr = routing_trace.attach(e, tmp_path / "t.npz")

@@ -1,12 +1,12 @@
-"""kernels.qmatmul.shared_input: matmuls of one input quantize it once per activation type (q, k, v;
-gate, up), with results bit-identical to quantizing it for each."""
+"""kernels.qmatmul.SharedInput: matmuls of one input given it quantize the input once per activation type
+(q, k, v; gate, up), with results bit-identical to quantizing it for each."""
 from __future__ import annotations
 
 import numpy as np
 
 from ramforge.gguf.constants import GGMLType
 from ramforge.kernels import qmatmul as qm
-from ramforge.kernels.matmul import matmul, shared_input
+from ramforge.kernels.matmul import SharedInput, matmul
 from tests.test_dequant import random_blocks
 
 N_IN = 512
@@ -21,8 +21,8 @@ def _weights():
     return out
 
 
-def _run(x, ws):
-    return [matmul(np.zeros((x.shape[0], n), np.float32), x, t, raw, n, N_IN) for t, n, raw in ws]
+def _run(x, ws, shared=None):
+    return [matmul(np.zeros((x.shape[0], n), np.float32), x, t, raw, n, N_IN, shared=shared) for t, n, raw in ws]
 
 
 def test_shared_input_quantizes_once_per_type_and_changes_no_bit(monkeypatch):
@@ -32,20 +32,12 @@ def test_shared_input_quantizes_once_per_type_and_changes_no_bit(monkeypatch):
     calls = []
     real = qm.quantize_activation
     monkeypatch.setattr(qm, "quantize_activation", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
-    with shared_input(x):
-        shared = _run(x, ws)
-        other = _run(x.copy(), ws[:1])          # another array, even equal, is quantized for itself
-    after = _run(x, ws[:1])                      # outside the block: quantized again
+    shared = SharedInput(x)
+    together = _run(x, ws, shared)
+    other = _run(x.copy(), ws[:1], shared)      # another array, even equal, is quantized for itself
+    after = _run(x, ws[:1])                      # not given the shared input: quantized again
     assert [str(a) for a in calls] == ["ActType.Q8_K", "ActType.Q8_0", "ActType.Q8_K", "ActType.Q8_K"]
-    for a, b in zip(alone, shared):
+    assert sorted(str(k[0]) for k in shared.by_key) == ["ActType.Q8_0", "ActType.Q8_K"]
+    for a, b in zip(alone, together):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
     assert np.array_equal(other[0], alone[0]) and np.array_equal(after[0], alone[0])
-
-
-def test_shared_input_nests_and_restores():
-    x, z = (np.random.default_rng(i).standard_normal((1, N_IN)).astype(np.float32) for i in (1, 2))
-    with shared_input(x):
-        with shared_input(z):
-            assert qm._SHARED.x is z
-        assert qm._SHARED.x is x
-    assert qm._SHARED.x is None

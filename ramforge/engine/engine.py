@@ -18,7 +18,7 @@ from ..errors import (BudgetTooSmall, ContextLengthExceeded, EmptyPrompt, Inexac
 from ..gguf.constants import Keys
 from ..gguf.reader import GGUFFile
 from ..jit import Stopwatch, prepare_in_background
-from ..kernels.matmul import batch_view
+from ..kernels.batch import Batch
 from ..kernels.ops import rms_norm, softcap
 from ..memory import MemoryBudget
 from ..kv.cells import kv_rows
@@ -233,7 +233,7 @@ class Engine:
         aligned: the tokens continue a sequence from position 0 (a prompt, perhaps after a reused
         prefix) and round exactly as llama.cpp rounds that whole sequence submitted in one
         llama_decode: split into ubatches of self.ubatch tokens from position 0 (chunks of
-        plan.batch within them), every chunk computed as rows of its ubatch (kernels.matmul.batch_view).
+        plan.batch within them), every chunk computed as rows of its ubatch (a kernels.batch.Batch).
         as_batch: the tokens are one llama_decode of their own (a speculative verification): ubatches
         of self.ubatch from their first token. Otherwise chunks of plan.batch are batches of their own.
         outputs_all: computed as llama.cpp computes a batch whose every token is an output (logits_all),
@@ -319,11 +319,12 @@ class Engine:
             out.append(res if logits else self.state.x[:n].copy())
         return np.concatenate(out)
 
-    def _pass(self, n: int, fill, rows: slice | None, view: tuple[int, int] | None = None,
+    def _pass(self, n: int, fill, rows: slice | None, view: Batch | None = None,
               only: slice | None = None, kind: str | None = None, embd: bool = False) -> np.ndarray | None:
-        """One forward pass over n tokens: fill s.x, run the layers (their matmuls in batch `view`,
-        see kernels.matmul.batch_view; the last layer past attention `only` for those rows), logits
-        for `rows` if asked (with only=None: as rows of the whole batch)."""
+        """One forward pass over n tokens: fill s.x, run the layers (their matmuls and attention as rows
+        of batch `view`, kernels.batch; None: a batch of their own; the last layer past attention `only`
+        for those rows), logits for `rows` if asked (with only=None: as rows of the whole batch); embd: the
+        hidden states of `rows` instead (Engine.hidden)."""
         bind(self.n_threads)                        # numba's thread settings, in this thread
         rec = PassRecord(n, kind or ("prefill" if n > 1 else "decode")) if PROFILE.enabled else None
         self.weights.record = rec
@@ -336,16 +337,14 @@ class Engine:
                 spill.record = rec
                 spill.begin_pass(self.kv.n_past, n)
             fill(self.state.x[:n])
-            with batch_view(*view) if view else contextlib.nullcontext():
-                self.arch.forward(self, self.state, n, self.kv.n_past, out=only)
+            self.arch.forward(self, self.state, n, self.kv.n_past, out=only, batch=view)
             if spill:
                 spill.end_pass()
             if self.kv.ub is None:                  # a cells pass (parallel.eval_batch) keeps its own books
                 self.kv.n_past += n
             if rows is not None:             # the output matmul: rows of the whole batch, or one row alone
-                v = (view or (n, 0)) if only is None else None
-                with batch_view(v[0], v[1] + rows.start) if v else contextlib.nullcontext():
-                    res = self._embd(rows) if embd else self._logits(rows)
+                v = (view or Batch(n, 0)) if only is None else None
+                res = self._embd(rows) if embd else self._logits(rows, v.at(rows.start) if v else None)
             else:
                 res = None
         except BaseException:
@@ -359,12 +358,13 @@ class Engine:
             PROFILE.passes.append(rec)
         return res
 
-    def _logits(self, rows: slice) -> np.ndarray:
-        """A new f32[n, n_vocab] array, the caller's (not charged: one row, unless all logits were asked for)."""
+    def _logits(self, rows: slice, batch: Batch | None) -> np.ndarray:
+        """A new f32[n, n_vocab] array, the caller's (not charged: one row, unless all logits were asked for);
+        its matmul in the arithmetic of `batch` (kernels.batch)."""
         s = self.state
         n = rows.stop - rows.start
         rms_norm(s.hn[:n], s.x[rows], self.weights.output_norm.data, self.hp.rms_eps)
-        logits = self.weights.output_rows(np.empty((n, self.hp.n_vocab), np.float32), s.hn[:n])
+        logits = self.weights.output_rows(np.empty((n, self.hp.n_vocab), np.float32), s.hn[:n], batch)
         return softcap(logits, self.hp.final_softcap) if self.hp.final_softcap else logits
 
     def _embd(self, rows: slice) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import cancel
 from ..errors import EmptyPrompt, InvalidArgument, NotReproduced, check_token_ids
+from ..kernels.batch import Batch
 from ..kernels.ops import _rope_params, rope
 from ..kv.cells import pad_cells, place
 from .ubatch import Chunk, chunks
@@ -124,7 +125,7 @@ def eval_batch(eng, batch) -> dict[int, np.ndarray]:
                         only = np.asarray(want, np.int64)                # gathered to rows 0.. by output_rows
                     rows = None if not want else (slice(0, len(want)) if isinstance(only, np.ndarray)
                                                   else slice(want[0], want[-1] + 1))
-                    parts = [Chunk(0, N, (N, 0), rows, only, "decode" if n == 1 else "prefill")]
+                    parts = [Chunk(0, N, Batch(N, 0), rows, only, "decode" if n == 1 else "prefill")]
                 res = []
                 for c in parts:
                     kv.ub = pl.part(c.start, c.stop)

@@ -1,11 +1,13 @@
 """How a submission of tokens is cut into forward passes: llama.cpp's ubatches, and chunks within them.
 
 A pure function, shared by `Engine.eval` (one process) and `cluster.Pipeline` (stages on Ray), so
-both compute every token with the same arithmetic (kernels.batch.batch_view).
+both compute every token with the same arithmetic (kernels.batch.Batch).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..kernels.batch import Batch
 
 
 @dataclass(frozen=True)
@@ -14,7 +16,7 @@ class Chunk:
 
     start: int
     stop: int
-    view: tuple[int, int] | None    # (ubatch tokens, offset of this chunk in it): computed as its rows
+    view: Batch | None              # (ubatch tokens, offset of this chunk in it): computed as its rows
     rows: slice | None              # the logits rows wanted, relative to the chunk (None: no logits)
     only: slice | None              # the rows the last layer carries past attention (None: all)
     kind: str | None                # the profiler's name for the pass (None: prefill / decode by size)
@@ -40,7 +42,7 @@ def chunks(n_tok: int, n_past: int, batch: int, ubatch: int, *, all_logits: bool
         want = all_logits or c1 == end
         rows = slice(0, n) if all_logits else slice(n - 1, n)
         only = (None if outputs_all or rows == slice(0, n) else rows) if want else slice(n, n)
-        out.append(Chunk(c0 - base, c1 - base, (ue - ub, c0 - ub) if viewed else None, rows if want else None,
+        out.append(Chunk(c0 - base, c1 - base, Batch(ue - ub, c0 - ub) if viewed else None, rows if want else None,
                          only, "verify" if as_batch and n_tok > 1 else None))
         c0 = c1
     return out

@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 
 from ..errors import RamforgeError
 from ..profiling import timed
-from .batch import current_view
+from .batch import Batch, batch_size
 from .fmatmul import _f16_tb, _f16_vd
 from .kvquant import flash_attention, row_bytes
 from .llvmir import half_to_float
@@ -252,7 +252,7 @@ def _cache_type(slab: np.ndarray, head_dim: int) -> str:
 @timed("attention")
 def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
               kq_scale: float, window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None,
-              cells: tuple | None = None) -> np.ndarray:
+              cells: tuple | None = None, batch: Batch | None = None) -> np.ndarray:
     """Causal attention of n_tok queries at positions pos0.. over the cache rows 0..pos0+n_tok-1.
 
     window > 0 masks keys at distance >= window (llama.cpp's standard sliding window); softcap > 0
@@ -265,6 +265,8 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     cells (memory.KVCache.visible): (ptr i32[n_tok+1], idx i32[...], single): token t attends to the
     cache rows idx[ptr[t]:ptr[t+1]] (ascending, the window already applied; pos0 and window unused),
     lane = row, as llama.cpp's masked attention over KV cells; single: one query per stream (vec_dot).
+    batch (kernels.batch): the llama.cpp batch the queries are rows of, where not a batch of their own
+    (a batch of one token takes vec_dot's arithmetic).
     """
     n_tok, n_head, hd_k = q.shape
     if cells is not None:
@@ -288,8 +290,7 @@ def attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
         _attention_cells(out, qr, k_cache, v_cache, cells[0], cells[1], np.float32(kq_scale), n_head // n_kv,
                          F16_TO_F32, bool(cells[2]), np.float32(softcap), sk)
         return out
-    view = current_view()                                # llama.cpp's batch, when the engine sets one
-    single = (view[0] if view is not None else n_tok) == 1
+    single = batch_size(batch, n_tok) == 1               # llama.cpp's batch, where the engine gives one
     work = n_tok * n_head * (pos0 + n_tok) * (hd_k + v_cache.shape[2])
     kernel = _attention_1 if work < _SERIAL_WORK else _attention
     kernel(out, qr, k_cache, v_cache, pos0, n_tok, np.float32(kq_scale), window, n_head // n_kv, F16_TO_F32,

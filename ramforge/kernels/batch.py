@@ -1,29 +1,27 @@
-"""The batch a computation belongs to, as llama.cpp would see it: a leaf the matmuls and attention read.
+"""The batch a computation belongs to, as llama.cpp would see it: an argument the matmuls and attention take.
 
 llama.cpp picks its arithmetic by batch size (vec_dot for one token, tinyBLAS, its tiled K-quant
 matmul, repacked gemm for whole groups of 4), so a prompt's tail after a reused cached prefix,
-computed as rows offset.. of its ubatch, rounds exactly as the whole prompt computed afresh.
+computed as rows offset.. of its ubatch, rounds exactly as the whole prompt computed afresh. The
+engine makes the Batch of each pass and hands it down (forward(..., batch=) -> matmul(..., batch=),
+attention(..., batch=)); None means the rows in hand are a batch of their own.
 """
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-
-_VIEW = threading.local()
+from typing import NamedTuple
 
 
-@contextmanager
-def batch_view(n_tok: int, offset: int):
-    """Within it, this thread's matmuls and attention compute their tokens as rows offset.. of a batch
-    of n_tok (see the module docstring)."""
-    outer = getattr(_VIEW, "v", None)
-    _VIEW.v = (n_tok, offset)
-    try:
-        yield
-    finally:
-        _VIEW.v = outer
+class Batch(NamedTuple):
+    """Rows offset.. of a llama.cpp batch (ubatch) of n_tok tokens: they get that batch's arithmetic."""
+
+    n_tok: int          # tokens in the batch llama.cpp computes
+    offset: int         # where the rows in hand start in it
+
+    def at(self, row: int) -> Batch:
+        """The batch of the rows from row `row` of those in hand on."""
+        return Batch(self.n_tok, self.offset + row)
 
 
-def current_view() -> tuple[int, int] | None:
-    """(n_tok, offset) of the innermost batch_view of this thread, or None."""
-    return getattr(_VIEW, "v", None)
+def batch_size(batch: Batch | None, n_rows: int) -> int:
+    """The size of the batch n_rows rows belong to (their own count where batch is None)."""
+    return batch.n_tok if batch is not None else n_rows

@@ -16,27 +16,74 @@ after, a residual add (Epilogue.ADD: each thread its own rows) or SwiGLU of gate
 rows_of and add_rows use them; a llama layer's decode is then four compiled matmul calls.
 
 It applies where qmatmul would take that path for the token: the vector kernels, a weight type with
-packed-row intrinsics for its one-token variant, one token that is not a row of a larger batch view.
+packed-row intrinsics for its one-token variant, one token that is not a row of a larger batch.
 `matvecs` answers False elsewhere, and the caller runs the weights through qmatmul and the separate ops.
 """
 from __future__ import annotations
 
 import functools
 from enum import IntEnum
+from typing import NamedTuple
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-from .batch import current_view
+from ramforge.gguf.constants import GGMLType
+
+from .batch import Batch
 from .glu import _swiglu_span
 from .naming import made_for
 from .ops import _rms_row
 from .qmatmul import VECTOR, _make_packed_one, choice
 from .quantize import ACT_CODE, _token_activation
 from .registry import kernels_for
+from .variants import Variant
 
 MAX_WEIGHTS = 3
+
+
+class Slot(NamedTuple):
+    """What a fused kernel is made for, per weight (`slot`): its one-token packed path."""
+
+    ggml_type: GGMLType
+    variant: Variant        # its one-token arithmetic
+    rep: int                # rows in repack.py's groups of this many (0: in file order)
+    act_code: int           # quantize.ACT_CODE of its activation
+    sub: int                # elements per sub-block of the activation's sums
+
+
+def slot_rows(s: Slot):
+    """The inline rows function of slot s's one-token packed path (qmatmul._make_packed_one)."""
+    return _make_packed_one(s.ggml_type, s.variant, s.rep)
+
+
+class FusedPlan(NamedTuple):
+    """A fused call's kernel (`_plan`), and each weight's bytes per row."""
+
+    kernel: object
+    row_bytes: tuple[int, ...]
+
+
+class FusedArgs(NamedTuple):
+    """The arguments of a `_make_fused` kernel, in its parameter order: kernel(*FusedArgs(...)). Absent
+    weights (fewer than MAX_WEIGHTS) are empty arrays of one row byte; absent norm and residual, empty."""
+
+    x: np.ndarray           # f32[1, n_in]
+    y0: np.ndarray          # f32[1, n_out_i]: weight i's result ...
+    raw0: np.ndarray        # u8: ... from its packed rows ...
+    y1: np.ndarray
+    raw1: np.ndarray
+    y2: np.ndarray
+    raw2: np.ndarray
+    rb0: int                # ... of rb_i bytes each
+    rb1: int
+    rb2: int
+    n_threads: int
+    src: np.ndarray         # NORM: x = rms_norm(src f32[1, n_in]) * nw f32[n_in] (eps)
+    nw: np.ndarray
+    eps: np.float32
+    res: np.ndarray         # ADD: res f32[1, n_out_0] += y0
 @njit(cache=True, inline="always")
 def _cut(b, start, row_bytes, n_rows, unit):
     # the first row of a weight (starting at byte `start` of the weights in a row) at or past byte b,
@@ -68,14 +115,14 @@ class Epilogue(IntEnum):
 
 
 def _make_fused(slots: tuple, pro: Prologue, epi: Epilogue):
-    """The kernel of 1-3 weights, slots[i] = (type, variant, rep, act code, sub) of weight i: x quantized
+    """The kernel of 1-3 weights, slots[i] the Slot of weight i: x quantized
     once per distinct (act code, sub) in each thread, then each weight's rows of the thread's bytes;
     pro and epi: what it does before (NONE, NORM) and after (NONE, ADD, SWIGLU)."""
     n = len(slots)
     full = slots + (slots[0],) * (MAX_WEIGHTS - n)           # (absent weights: no rows)
-    rows0, rows1, rows2 = (_make_packed_one(t, v, rep) for t, v, rep, _, _ in full)
-    (c0, s0), (c1, s1), (c2, s2) = ((c, s) for _, _, _, c, s in full)
-    u0, u1, u2 = (rep if rep else 8 for _, _, rep, _, _ in full)
+    rows0, rows1, rows2 = (slot_rows(f) for f in full)
+    (c0, s0), (c1, s1), (c2, s2) = ((f.act_code, f.sub) for f in full)
+    u0, u1, u2 = (f.rep if f.rep else 8 for f in full)
     own1 = (c1, s1) != (c0, s0)                               # weight 1 quantizes x its own way
     src2 = 0 if (c2, s2) == (c0, s0) else 1 if (c2, s2) == (c1, s1) else 2
     w1, w2 = n > 1, n > 2
@@ -84,9 +131,8 @@ def _make_fused(slots: tuple, pro: Prologue, epi: Epilogue):
 
     @njit(parallel=True, cache=True)
     def _fused(x, y0, raw0, y1, raw1, y2, raw2, rb0, rb1, rb2, n_threads, src, nw, eps, res):
-        # x f32[1, n_in]; y_i f32[1, n_out_i] = x . weight i's rows (raw_i u8, rb_i bytes a row).
-        # NORM: x = rms_norm(src f32[1, n_in]) * nw f32[n_in] (eps), each thread its own, written by the
-        # first; ADD: res f32[1, n_out_0] += y0; SWIGLU: y0 = silu(y0) * y1 (n_out_0 = n_out_1)
+        # (FusedArgs) y_i = x . weight i's rows. NORM: each thread its own x, written by the first;
+        # ADD: res += y0; SWIGLU: y0 = silu(y0) * y1 (n_out_0 = n_out_1)
         n_in = x.shape[1]
         e0 = y0.shape[1] * rb0                                  # where each weight ends, in bytes
         e1 = e0 + y1.shape[1] * rb1
@@ -137,29 +183,29 @@ def _fused_kernel(slots: tuple, pro: Prologue, epi: Epilogue):
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(shapes: tuple, vec: bool, pro: Prologue, epi: Epilogue):
-    """(kernel, row bytes per weight) for weights of shapes ((type, n_out, n_in, rep), ...) and one
-    token, or None where one of them does not take the packed one-variant path."""
+def _plan(shapes: tuple, vec: bool, pro: Prologue, epi: Epilogue) -> FusedPlan | None:
+    """The plan for weights of shapes ((type, n_out, n_in, rep), ...) and one token, or None where one
+    of them does not take the packed one-variant path."""
     if (epi == Epilogue.ADD and len(shapes) != 1
             or epi == Epilogue.SWIGLU and (len(shapes) != 2 or shapes[0][1] != shapes[1][1])):
         return None
     slots = [slot(*shape, vec) for shape in shapes]
     if None in slots:
         return None
-    return _fused_kernel(tuple(s for s, _ in slots), pro, epi), tuple(rb for _, rb in slots)
+    return FusedPlan(_fused_kernel(tuple(s for s, _ in slots), pro, epi), tuple(rb for _, rb in slots))
 
 
 @functools.lru_cache(maxsize=4096)
-def slot(ggml_type, n_out: int, n_in: int, rep: int, vec: bool):
-    """((type, variant, rep, act code, sub), row bytes) of a weight whose one-token rows take the packed
-    one-variant path (_make_packed_one), else None."""
+def slot(ggml_type, n_out: int, n_in: int, rep: int, vec: bool) -> tuple[Slot, int] | None:
+    """(Slot, row bytes) of a weight whose one-token rows take the packed one-variant path
+    (_make_packed_one), else None."""
     k = kernels_for(ggml_type)
     if k.qdot is None or n_in % k.block_elems:              # (qmatmul refuses the latter by name)
         return None
-    t, rb, act, sub, _, pos_ties, lo, hi, _, packed, _ = choice(ggml_type, n_out, n_in, 1, 1, 0, vec)
-    if not packed or lo != hi or pos_ties or act not in ACT_CODE or rep % 8 or n_out % (rep or 1):
+    c = choice(ggml_type, n_out, n_in, 1, 1, 0, vec)
+    if not c.packed or c.lo != c.hi or c.pos_ties or c.act not in ACT_CODE or rep % 8 or n_out % (rep or 1):
         return None
-    return (t, hi, rep, ACT_CODE[act], sub), rb
+    return Slot(c.ggml_type, c.hi, rep, ACT_CODE[c.act], c.sub), c.row_bytes
 
 
 _NONE_Y = np.empty((1, 0), dtype=np.float32)
@@ -174,13 +220,14 @@ def _row(a, n: int, write: bool = False) -> bool:
 
 
 def fusable(x: np.ndarray, outs: list, vector: bool | None = None, norm: tuple | None = None,
-            epi: Epilogue = Epilogue.NONE, res: np.ndarray | None = None):
+            epi: Epilogue = Epilogue.NONE, res: np.ndarray | None = None,
+            batch: Batch | None = None) -> FusedPlan | None:
     """The plan to run outs (see matvecs) as one call, or None where some weight, x, y or the prologue's or
-    epilogue's arrays do not allow it."""
+    epilogue's arrays do not allow it, or x is a row of a larger batch (its arithmetic is another)."""
     if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[0] != 1:
         return None
     vec = VECTOR if vector is None else bool(vector)
-    if not vec or not 0 < len(outs) <= MAX_WEIGHTS or current_view() not in (None, (1, 0)):
+    if not vec or not 0 < len(outs) <= MAX_WEIGHTS or batch not in (None, Batch(1, 0)):
         return None
     n_in = x.shape[1]
     if not _row(x, n_in, norm is not None):
@@ -194,33 +241,33 @@ def fusable(x: np.ndarray, outs: list, vector: bool | None = None, norm: tuple |
                  Prologue.NONE if norm is None else Prologue.NORM, epi)
     if plan is None:
         return None
-    for (y, _, raw, n_out, _), rb in zip(outs, plan[1]):
+    for (y, _, raw, n_out, _), rb in zip(outs, plan.row_bytes):
         if (not _row(y, n_out, True) or not isinstance(raw, np.ndarray) or raw.dtype != np.uint8
                 or raw.size != n_out * rb or not raw.flags.c_contiguous):
             return None
     return plan
 
 
-def run(plan, x: np.ndarray, outs: list, norm: tuple | None = None, res: np.ndarray | None = None) -> None:
+def run(plan: FusedPlan, x: np.ndarray, outs: list, norm: tuple | None = None, res: np.ndarray | None = None) -> None:
     """outs computed by the plan fusable gave for them (and the same norm and res)."""
-    kernel, row_bytes = plan
-    args = [(y, raw.reshape(-1), rb) for (y, _, raw, _, _), rb in zip(outs, row_bytes)]
-    args += [(_NONE_Y, _NONE_W, 1)] * (MAX_WEIGHTS - len(args))
-    (y0, w0, r0), (y1, w1, r1), (y2, w2, r2) = args
+    ws = [(y, raw.reshape(-1), rb) for (y, _, raw, _, _), rb in zip(outs, plan.row_bytes)]
+    ws += [(_NONE_Y, _NONE_W, 1)] * (MAX_WEIGHTS - len(ws))
+    (y0, w0, r0), (y1, w1, r1), (y2, w2, r2) = ws
     src, nw, eps = norm if norm is not None else (_NONE_Y, _NONE_V, 0.0)
-    kernel(x, y0, w0, y1, w1, y2, w2, r0, r1, r2, numba.get_num_threads(), src, nw, np.float32(eps),
-           res if res is not None else _NONE_Y)
+    plan.kernel(*FusedArgs(x, y0, w0, y1, w1, y2, w2, r0, r1, r2, numba.get_num_threads(), src, nw, np.float32(eps),
+                           res if res is not None else _NONE_Y))
 
 
 def matvecs(x: np.ndarray, outs: list, vector: bool | None = None, norm: tuple | None = None,
-            epi: Epilogue = Epilogue.NONE, res: np.ndarray | None = None) -> bool:
+            epi: Epilogue = Epilogue.NONE, res: np.ndarray | None = None, batch: Batch | None = None) -> bool:
     """y = x @ W^T for each (y, type, raw, n_out, repacked) in outs (1 to MAX_WEIGHTS weights of one
     input x f32[1, n_in]; y f32[1, n_out] C-contiguous; raw u8 packed rows, in repack.py's groups of
     `repacked` rows where not 0) in one compiled call, if every weight takes the fused path; else
     False, nothing computed. norm (src f32[1, n_in], w f32[n_in], eps): x = rms_norm(src) * w first.
     epi: Epilogue.ADD, res f32[1, n_out] += y (one weight); SWIGLU, y0 = silu(y0) * y1 (two weights, as many
-    rows)."""
-    plan = fusable(x, outs, vector, norm, epi, res)
+    rows). batch: the llama.cpp batch x is a row of, where not a batch of its own (then False unless
+    it is a batch of one)."""
+    plan = fusable(x, outs, vector, norm, epi, res, batch)
     if plan is None:
         return False
     run(plan, x, outs, norm, res)
@@ -237,7 +284,7 @@ _ADDED = ("attn_output", "ffn_down")
 
 
 def signature() -> tuple:
-    """The argument types `run` calls the kernels with."""
+    """The argument types of FusedArgs, as `run` calls the kernels."""
     f2, f1 = numba.typeof(np.empty((1, 1), np.float32)), numba.typeof(np.empty(1, np.float32))
     u8 = numba.typeof(np.empty(1, np.uint8))
     return (f2, f2, u8, f2, u8, f2, u8) + (numba.int64,) * 4 + (f2, f1, numba.float32, f2)
@@ -257,7 +304,7 @@ def warm(layers, vector: bool | None = None) -> int:
             plans.add(_plan((shape,), vec, Prologue.NONE, Epilogue.NONE))
             if name in _ADDED:
                 plans.add(_plan((shape,), vec, Prologue.NONE, Epilogue.ADD))
-    kernels = {p[0] for p in plans if p is not None}
+    kernels = {p.kernel for p in plans if p is not None}
     for k in kernels:
         k.compile(signature())
     return len(kernels)

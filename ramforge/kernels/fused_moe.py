@@ -30,10 +30,10 @@ from numba import njit, prange
 
 from ..errors import InternalError
 from ..gguf.constants import GGMLType
-from .fused import _cut, slot
+from .fused import Slot, _cut, slot, slot_rows
 from .glu import _swiglu_span
 from .naming import made_for
-from .qmatmul import VECTOR, _make_packed_one, _quantized
+from .qmatmul import VECTOR, _quantized
 from .quantize import ACT_CODE, _token_activation
 from .registry import ActType, kernels_for
 from .variants import TILED_FROM
@@ -41,10 +41,10 @@ from .variants import TILED_FROM
 _UNIT = 16              # rows cut in whole 16s: _make_packed_one's 8-row groups, SwiGLU's 16-lane exp
 
 
-def _make_up(sg: tuple, su: tuple):
-    """The gate/up kernel for weights of slots sg, su (fused.slot's (type, variant, rep, act code, sub))."""
-    rows_g, rows_u = _make_packed_one(*sg[:3]), _make_packed_one(*su[:3])
-    cg, sbg, cu, sbu = sg[3], sg[4], su[3], su[4]
+def _make_up(sg: Slot, su: Slot):
+    """The gate/up kernel for weights of slots sg, su (fused.Slot)."""
+    rows_g, rows_u = slot_rows(sg), slot_rows(su)
+    cg, sbg, cu, sbu = sg.act_code, sg.sub, su.act_code, su.sub
     own_u = (cu, sbu) != (cg, sbg)
 
     @njit(parallel=True, cache=True)
@@ -71,10 +71,10 @@ def _make_up(sg: tuple, su: tuple):
     return made_for(_up, *("_".join(str(getattr(p, "name", p)) for p in s) for s in (sg, su)))
 
 
-def _make_down(sd: tuple):
+def _make_down(sd: Slot):
     """The down-and-sum kernel for a weight of slot sd."""
-    rows_d = _make_packed_one(*sd[:3])
-    cd, sbd = sd[3], sd[4]
+    rows_d = slot_rows(sd)
+    cd, sbd = sd.act_code, sd.sub
 
     @njit(parallel=True, cache=True)
     def _down(ge, draw, offs_d, wts, ex, out, rbd, n_threads):
@@ -120,10 +120,10 @@ def _gathered(aq, ad, am, bs, n_tok, toks):
     return q, d, m, b
 
 
-def _make_up_n(sg: tuple, su: tuple):
+def _make_up_n(sg: Slot, su: Slot):
     """The gate/up kernel of a batch: every picked expert's rows for the tokens routed to it, each token in
     the one-token arithmetic (mul_mat_id's per-row gemv or vec_dot: see ExpertKernels.batchable)."""
-    rows_g, rows_u = _make_packed_one(*sg[:3]), _make_packed_one(*su[:3])
+    rows_g, rows_u = slot_rows(sg), slot_rows(su)
 
     @njit(parallel=True, cache=True)
     def _up_n(aq, ad, am, bs, n_tok, graw, uraw, offs_g, offs_u, start, toks, ge, ue, rbg, rbu, n_threads):
@@ -149,10 +149,10 @@ def _make_up_n(sg: tuple, su: tuple):
     return made_for(_up_n, *("_".join(str(getattr(p, "name", p)) for p in s) for s in (sg, su)))
 
 
-def _make_down_n(sd: tuple):
+def _make_down_n(sd: Slot):
     """The down kernel of a batch: every picked expert's rows for its pairs' SwiGLU outputs, into their
     (token, slot) places."""
-    rows_d = _make_packed_one(*sd[:3])
+    rows_d = slot_rows(sd)
 
     @njit(parallel=True, cache=True)
     def _down_n(aq, ad, am, bs, n_pairs, draw, offs_d, lo, hi, dest, ex, rbd, n_threads):
@@ -229,13 +229,14 @@ def plan(gate_type, up_type, down_type, n_embd: int, n_ff: int, reps: tuple = (0
     if None in (g, u, d):
         return None
     act = {code: a for a, code in ACT_CODE.items()}
-    same = (g[0][3], g[0][4]) == (u[0][3], u[0][4])
-    return ExpertKernels(_kernel(_make_up, g[0], u[0]), _kernel(_make_down, d[0]), g[1], u[1], d[1], n_embd, n_ff,
+    (g, rb_g), (u, rb_u), (d, rb_d) = g, u, d          # (fused.Slot, row bytes) of each
+    same = (g.act_code, g.sub) == (u.act_code, u.sub)
+    return ExpertKernels(_kernel(_make_up, g, u), _kernel(_make_down, d), rb_g, rb_u, rb_d, n_embd, n_ff,
                          "+".join(GGMLType(t).name for t in (gate_type, up_type, down_type)),
-                         _kernel(_make_up_n, g[0], u[0]), _kernel(_make_down_n, d[0]),
+                         _kernel(_make_up_n, g, u), _kernel(_make_down_n, d),
                          min(_rows_limit(gate_type, n_ff), _rows_limit(up_type, n_ff)) if same else 0,
-                         _rows_limit(down_type, n_embd), (act[g[0][3]], g[0][4]) if same else None,
-                         (act[d[0][3]], d[0][4]))
+                         _rows_limit(down_type, n_embd), (act[g.act_code], g.sub) if same else None,
+                         (act[d.act_code], d.sub))
 
 
 def _check(name: str, raw: np.ndarray, offs: np.ndarray, nbytes: int) -> None:

@@ -16,7 +16,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .codegen import _raw_source, _scale8, _sum_rows8, chunk_pair, scales_in_registers
+from .codegen import _raw_source, _sum_rows8, scales_in_registers
+from .rowdot import chunk_pair, scale8
 from .llvmir import (I8, I16, I32, I64, dot64_scaled, dot_lanes, dot_lanes_scaled, dtypes_are, fma_fn, has_avx512_vnni,
                      pair_lanes, pick, scale16, splat)
 from .rows import _literal
@@ -63,7 +64,7 @@ def _gemv8_codegen(context, builder, spec, t, rps, p, n_sb):
     sub, nsub, mins, mode, offset, grp, post = spec
     assert mode == GROUPS and not offset and not post
     srcs = [_raw_source(context, builder, t, rp, {}) for rp in rps]
-    shifted = srcs[0][3] if len(srcs[0]) > 3 and srcs[0][3] is not None else None    # Q4_0: (nibbles, -8)
+    shifted = srcs[0].shifted                                   # Q4_0: (nibbles, -8)
     unsigned = mins == K_MINS or shifted is not None
     fma8 = fma_fn(builder, F8)
     sacc = cgutils.alloca_once_value(builder, ir.Constant(F8, [0.0] * 8))
@@ -81,8 +82,8 @@ def _gemv8_codegen(context, builder, spec, t, rps, p, n_sb):
         b = loop.index
         e0, k0 = builder.mul(b, c64(sub * nsub)), builder.mul(b, c64(nsub))
         da8 = splat(builder, builder.load(builder.gep(p["ad"], [b])), F8)
-        d8 = builder.fmul(da8, _lanes8(builder, [s[0](b) for s in srcs], F8))
-        regs = [s[5](b) for s in srcs] if nsub > 1 else None        # (isc, imn) <nsub x i32> per row
+        d8 = builder.fmul(da8, _lanes8(builder, [s.w_d(b) for s in srcs], F8))
+        regs = [s.scales(b) for s in srcs] if nsub > 1 else None    # (isc, imn) <nsub x i32> per row
 
         def group_end(c, iacc):                # after chunk c: one fma per group, the 8 rows in lanes
             g = (c + 1) * 32 // grp - 1
@@ -97,7 +98,7 @@ def _gemv8_codegen(context, builder, spec, t, rps, p, n_sb):
                 msum = _sum_rows8(builder, [_to8(builder, builder.mul(pick(builder, rg[1], list(range(g * gs,
                                                                                               (g + 1) * gs))), bs))
                                             for rg in regs])
-                wm8 = builder.fmul(_lanes8(builder, [s[1](b) for s in srcs], F8), da8)
+                wm8 = builder.fmul(_lanes8(builder, [s.w_m(b) for s in srcs], F8), da8)
                 builder.store(builder.call(fma8, [builder.sitofp(msum, F8), wm8, builder.load(macc)]), macc)
 
         chunks = sub * nsub // 32
@@ -122,13 +123,13 @@ def _gemv8_codegen(context, builder, spec, t, rps, p, n_sb):
                 vb = builder.load(builder.bitcast(builder.gep(p["aq"], [e]), vt.as_pointer()), align=1)
                 for r, s in enumerate(srcs):
                     if regs is None:
-                        w = s[2](b, e, c) if shifted is None else s[3][0](b, e, c)
+                        w = s.w_vec(b, e, c) if shifted is None else s.shifted[0](b, e, c)
                         iacc[r] = builder.add(iacc[r], dot_lanes(context, builder, w, vb, unsigned))
                     else:                      # lanes 0-3 / 4-7: sub-blocks 2c / 2c+1 if sub = 16
                         sc = [builder.extract_element(regs[r][0], ir.Constant(I32, c * 32 // sub + h))
                               for h in range(32 // sub)]
-                        iacc[r] = dot_lanes_scaled(context, builder, iacc[r], s[2](b, e, c), vb, unsigned,
-                                                   scale16(builder, *sc), _scale8(builder, sc))
+                        iacc[r] = dot_lanes_scaled(context, builder, iacc[r], s.w_vec(b, e, c), vb, unsigned,
+                                                   scale16(builder, *sc), scale8(builder, sc))
                 if (c + 1) * 32 % grp == 0:
                     group_end(c, iacc)
                     iacc = [ir.Constant(L8, [0] * 8)] * 8

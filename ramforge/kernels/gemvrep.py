@@ -1,7 +1,7 @@
 """The gemv of one repacked group (repack.py's layouts) . one token, the group's G rows in the lanes
 of <G x i32> / <G x float> vectors, in the float steps of the kernel llama.cpp runs for the type:
 Q4_K and Q4_0 their repacked gemv (variants.K32_GROUPS256, B32_GROUPS32, as gemv8.py), Q8_0 its
-vec_dot (B32_LANES, as codegen._row_codegen: 8 f32 lanes per row, here 8 vectors of G rows, one per
+vec_dot (B32_LANES, as rowdot.row_codegen: 8 f32 lanes per row, here 8 vectors of G rows, one per
 lane, then hsum_float_8). The integer parts are exact: vpdpbusd per 4 quants of every row where the
 target has VNNI (AVX2 alone: pmaddubsw + pmaddwd); generic IR elsewhere.
 """

@@ -33,6 +33,7 @@ from ramforge.gguf.constants import GGML_BLOCK, QK_K, GGMLType
 from .grids import IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 from .llvmir import I8, I32, I64, dtypes_are, ptr
 from .naming import made_for
+from .rowdot import RowSource
 from .scalars import _f16_at, _f16_at_int, _store_u64
 
 T = GGMLType
@@ -363,7 +364,7 @@ def _ir_table(builder, name, table):
 
 
 def raw_source(builder, t, rp, p):
-    """codegen._row_codegen's wsrc over a packed row at rp (i8*) of codebook type t: chunk c of
+    """The rowdot.RowSource over a packed row at rp (i8*) of codebook type t: chunk c of
     super-block b built in registers as _chunk_<t> builds it in memory (the same grid entries and
     signs); the float scale from the row's scratch p["wd"] (the kernel unpacks the scales per row,
     blocks._row_scales)."""
@@ -413,5 +414,5 @@ def raw_source(builder, t, rp, p):
             sb = _sign_bytes(builder, s, ksigns)
         return _signed32(builder, builder.bitcast(v, ir.VectorType(I8, 32)), sb)
 
-    return (lambda b: builder.load(builder.gep(p["wd"], [b])), lambda b: builder.load(builder.gep(p["wm"], [b])),
-            w_vec)
+    return RowSource(lambda b: builder.load(builder.gep(p["wd"], [b])),
+                     lambda b: builder.load(builder.gep(p["wm"], [b])), w_vec)

@@ -21,6 +21,7 @@ from ramforge.gguf.constants import GGMLType
 from .blocks import LAYOUTS
 from .llvmir import I8, I16, I32, I64, has_avx2
 from .lowbit_tables import IQ1_U64, POW3
+from .rowdot import RowSource
 
 _IQ1_TABLE = "ramforge_iq1_grid1"
 
@@ -34,7 +35,7 @@ def _block_ptr(builder, rp, nbytes):
 
 def _scales(builder, p):
     return (lambda b: builder.load(builder.gep(p["wd"], [b])),
-            lambda b: builder.load(builder.gep(p["wm"], [b])))
+            lambda b: builder.load(builder.gep(p["wm"], [b])))           # (w_d, w_m of a RowSource)
 
 
 def tq1_0_chunks(context, builder, rp):
@@ -84,7 +85,7 @@ def tq1_0_chunks(context, builder, rp):
 
 
 def _tq1_0_source(context, builder, rp, p):
-    return _scales(builder, p) + (tq1_0_chunks(context, builder, rp),)
+    return RowSource(*_scales(builder, p), tq1_0_chunks(context, builder, rp))
 
 
 def _iq1_table(builder):
@@ -130,7 +131,7 @@ def _iq1_source(m_type):
                                 ir.Constant(l8, [1] * 8))
             neg = builder.icmp_unsigned("!=", bits, ir.Constant(l8, [0] * 8))
             return builder.select(neg, builder.sub(ir.Constant(l8, [0] * 8), ones), ones)
-        return _scales(builder, p) + (w_vec, None, delta if m_type else True)
+        return RowSource(*_scales(builder, p), w_vec, iq1_delta=delta if m_type else True)
     return source
 
 

@@ -3,7 +3,7 @@
 `matmul` runs a quantized weight (every type with a registry `qdot`) through the integer-dot
 kernel of kernels.qmatmul and an F32/F16/BF16 weight through kernels.fmatmul (`float_matmul`);
 both reproduce llama.cpp's CPU result bit for bit (its x86 AVX-512 build), in the arithmetic it
-picks for the batch (see `batch_view`).
+picks for the batch the rows belong to (the `batch` argument, a kernels.batch.Batch).
 
 `matmul_reference` is the naive float path, the tests' cross-check for both: llama.cpp rounds the
 activation to its weight type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32) before the
@@ -19,17 +19,17 @@ from numba import njit, prange
 
 from ..errors import RamforgeError
 from ..gguf.constants import GGML_BLOCK, QK_K
-from .batch import batch_view, current_view
+from .batch import Batch, batch_size
 from .blocks import LAYOUTS, Layout
 from .decode import _dequant_any
 from .fmatmul import BF16, F16, F32, fmatmul
 from .fused import matvecs
 from .naming import made_for
-from .qmatmul import qmatmul, shared_input
+from .qmatmul import SharedInput, qmatmul
 from .registry import ActType, kernels_for
 from .scalars import F16_TO_F32
 
-__all__ = ["batch_view", "float_matmul", "matmul", "matmul_reference", "round_activation", "shared_input"]
+__all__ = ["Batch", "SharedInput", "float_matmul", "matmul", "matmul_reference", "round_activation"]
 
 _ROWS_PER_TASK = 16          # weight rows per parallel task
 
@@ -123,20 +123,21 @@ def _reference_kernel(t):
 
 
 def matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
-           repacked: int = 0) -> np.ndarray:
+           repacked: int = 0, batch: Batch | None = None, shared: SharedInput | None = None) -> np.ndarray:
     """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements
-    (repacked: in kernels.repack's groups of that many rows).
+    (repacked: in kernels.repack's groups of that many rows), in the arithmetic llama.cpp gives the
+    batch the rows belong to (batch: rows batch.offset.. of a batch of batch.n_tok; None: a batch of
+    their own). shared: x's quantization shared with other matmuls of x (qmatmul.SharedInput).
 
     Quantized weights take the integer-dot kernel (kernels.qmatmul; a lone token, its activation
     quantized inside it: kernels.fused), float weights the float path.
     """
     k = kernels_for(ggml_type)
-    if k.qdot is not None and matvecs(x, [(y, ggml_type, raw, n_out, repacked)]):
+    if k.qdot is not None and matvecs(x, [(y, ggml_type, raw, n_out, repacked)], batch=batch):
         return y
-    view = current_view()
     if k.qdot is not None:
-        return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=view, repacked=repacked)
-    return float_matmul(y, x, ggml_type, raw, n_out, n_in, view[0] if view is not None else x.shape[0])
+        return qmatmul(y, x, ggml_type, raw, n_out, n_in, batch=batch, repacked=repacked, shared=shared)
+    return float_matmul(y, x, ggml_type, raw, n_out, n_in, batch_size(batch, x.shape[0]))
 
 
 def float_matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,

@@ -24,6 +24,7 @@ from numba import njit, prange
 from ..errors import RamforgeError
 from ..gguf.constants import GGML_BLOCK
 from . import cxxsort
+from .batch import Batch
 from .fmatmul import _row_dot
 from .matmul import float_matmul
 from .ops import _expf
@@ -211,10 +212,10 @@ def expert_matmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_ou
     qd = k.qdot
     llama_repacks = qd.repack is not None and n_out % 8 == 0
     if qd.tiled and not llama_repacks and c >= TILED_FROM:
-        return qmatmul(y, x, ggml_type, raw, n_out, n_in, view=(c, 0), repacked=repacked)   # the tiled matmul
+        return qmatmul(y, x, ggml_type, raw, n_out, n_in, batch=Batch(c, 0), repacked=repacked)   # the tiled matmul
     g = _row_group(qd, be, n_out, c)
     for r in range(0, c, g):
-        qmatmul(y[r:r + g], x[r:r + g], ggml_type, raw, n_out, n_in, view=(min(g, c - r), 0), repacked=repacked)
+        qmatmul(y[r:r + g], x[r:r + g], ggml_type, raw, n_out, n_in, batch=Batch(min(g, c - r), 0), repacked=repacked)
     return y
 
 

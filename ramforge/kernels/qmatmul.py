@@ -33,9 +33,8 @@ disk cache keeps them (keyed by the constants).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -45,6 +44,7 @@ from ramforge import flags
 from ramforge.errors import RamforgeError
 from ramforge.gguf.constants import GGML_BLOCK, GGMLType
 
+from .batch import Batch
 from .blocks import _row_scales
 from .codegen import scales_in_registers
 from .gemv8 import _vgemv8, gemv8_ok
@@ -67,6 +67,15 @@ _GROUP_ROWS = 8               # rows unpacked together for a batch of tokens ...
 _GROUP_FROM_TOKENS = 4        # ... of at least this many (a single token: one row at a time, in L1)
 _PACKED_GEMM_TOKENS = 4       # a repacked type's batch of this many, all in its gemm's arithmetic, reads
 #                               its rows packed token by token as 1-3 tokens do (a tile of 16 would be 3/4 idle)
+
+
+# The @njit code below takes its arguments positionally (numba inlines these helpers into the kernel;
+# a record of arrays would cost compile time). Names, as in rows.py and tiles.py:
+#   y f32[n_tok, n_out] the result; aq, ad, am, bsum the quantized activation (QuantizedInput); raw u8 the
+#   packed rows (row_bytes each); wq i8 a group's unpacked quants (n_in a row); isc, imn i32 their sub-block
+#   scales / mins (n_sub a row); wd, wm f32 their super-block scale / min (n_sb a row); r0, nr: a group's
+#   first row and row count; t a token; vid, vlo, vhi: Variant ids (lo below split, hi the rest); rlo, rhi:
+#   RawRow ids; yrow, lanes, ilane, tout: scratch; corr, act, adt, bst: tiles.py's tile arrays.
 
 
 @njit(cache=True, inline="always")
@@ -147,6 +156,29 @@ def _make_packed_one(gt: GGMLType, hi: Variant, rep: int):
     return _rows
 
 
+def _make_tile_group(vlo: int, wmax: int, tmode: int, t_rows: int):
+    """The inline step of a batch kernel that dots a group's unpacked rows with every token tile of
+    variant vlo (tiles.py; wmax: the type's QDot.wmax; tmode, t_rows: tile_mode, tile_rows)."""
+
+    @njit(cache=True, inline="always")
+    def _tile_group(nr, r0, y, wq, n_in, isc, imn, n_sub, wd, wm, n_sb, corr, act, adt, bst, tout, t_end):
+        # y[:t_end, r0:r0+nr]: the group's unpacked rows . each token tile, t_rows rows at a time
+        if t_end == 0:
+            return
+        if tmode != UNSIGNED:
+            for i in range(nr):
+                _vprep(vlo, wq, i * n_in, n_in, isc, corr, i * n_sub, n_sub)
+        for k in range((t_end + TT - 1) // TT):
+            for rs in range(0, nr, t_rows):
+                _vtile(vlo, wmax, t_rows, wq, rs * n_in, n_in, isc, imn, rs * n_sub, n_sub, wd, wm, rs * n_sb, n_sb,
+                       corr, act, k * (n_in // 4) * TT * (2 if tmode == LANES_MODE else 1), adt, k * n_sb * TT, bst,
+                       k * (n_sub // 2) * TT, n_sb, tout)
+                for i in range(min(t_rows, nr - rs)):
+                    for j in range(min(TT, t_end - k * TT)):
+                        y[k * TT + j, r0 + rs + i] = tout[i * TT + j]
+    return _tile_group
+
+
 def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool, rep: int):
     """The kernel of type gt for tokens in variants lo (below the split) and hi (the rest): `packed`,
     each row dotted straight from its blocks (RawRow intrinsics; few tokens, vector IR), else
@@ -167,33 +199,14 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
     tiles_on = vec and not packed and tiled(lo)
     tmode, t_from, t_rows = (tile_mode(lo), tile_from(lo), tile_rows(lo)) if tiles_on else (0, 0, 1)
     fast = vec and tid in FAST           # the type's one-intrinsic row unpacker (tunpack.py)
-    wmax = qd.wmax                       # the largest |w - offset| (AVX2 tiles' pmaddubsw bound)
-
-    @njit(cache=True, inline="always")
-    def _tile_group(nr, r0, y, wq, n_in, isc, imn, n_sub, wd, wm, n_sb, corr, act, adt, bst, tout, t_end):
-        # y[:t_end, r0:r0+nr]: the group's unpacked rows . each token tile, t_rows rows at a time
-        if t_end == 0:
-            return
-        if tmode != UNSIGNED:
-            for i in range(nr):
-                _vprep(vlo, wq, i * n_in, n_in, isc, corr, i * n_sub, n_sub)
-        for k in range((t_end + TT - 1) // TT):
-            for rs in range(0, nr, t_rows):
-                _vtile(vlo, wmax, t_rows, wq, rs * n_in, n_in, isc, imn, rs * n_sub, n_sub, wd, wm, rs * n_sb, n_sb,
-                       corr, act, k * (n_in // 4) * TT * (2 if tmode == LANES_MODE else 1), adt, k * n_sb * TT, bst,
-                       k * (n_sub // 2) * TT, n_sb, tout)
-                for i in range(min(t_rows, nr - rs)):
-                    for j in range(min(TT, t_end - k * TT)):
-                        y[k * TT + j, r0 + rs + i] = tout[i * TT + j]
+    _tile_group = _make_tile_group(vlo, qd.wmax, tmode, t_rows)     # (wmax: the AVX2 tiles' pmaddubsw bound)
 
     @njit(parallel=True, cache=True)
     def _qmatmul(y, aq, ad, am, bsum, raw, n_out, n_in, row_bytes, split, n_chunks, group):
         # y f32[n_tok, n_out]; aq i8[n_tok * n_in]; ad, am f32[n_tok * n_in/sb] (scale; Q8_1's s or the
         # scale again); bsum i32[n_tok * n_in/sub] (Q8_K sub-block sums); raw u8: n_out rows of
         # row_bytes; tokens < split in variant lo, the rest hi; n_chunks row ranges in parallel
-        n_tok = y.shape[0]
-        n_sb = n_in // sb
-        n_sub = n_in // sub
+        n_tok, n_sb, n_sub = y.shape[0], n_in // sb, n_in // sub
         # token tiles: tokens [0, t_end) in lo's variant (tiles.py's layouts; LANES: act and its sums)
         t_end = (n_tok if one else split) if tiles_on else 0
         t_end = t_end if t_end >= t_from else 0
@@ -211,10 +224,8 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
             if p1:
                 packed_one(y, aq, ad, am, bsum, raw, _bound(c, n_out, n_chunks, unit), r_end, n_in, row_bytes)
                 continue
-            isc = np.empty(group * n_sub, dtype=np.int32)       # a group's sub-block scales and mins,
-            imn = np.zeros(group * n_sub, dtype=np.int32)
-            wd = np.empty(group * n_sb, dtype=np.float32)       # super-block scales and mins
-            wm = np.zeros(group * n_sb, dtype=np.float32)
+            isc, imn = np.empty(group * n_sub, dtype=np.int32), np.zeros(group * n_sub, dtype=np.int32)   # a group's
+            wd, wm = np.empty(group * n_sb, dtype=np.float32), np.zeros(group * n_sb, dtype=np.float32)  # scales, mins
             rows = np.empty(_GROUP_ROWS * row_bytes if rep else 0, dtype=np.uint8)     # in row order
             if packed:                                          # (group 1; two variants)
                 src, r_start = rows if rep else raw, _bound(c, n_out, n_chunks, unit)
@@ -237,8 +248,7 @@ def _make_kernel(gt: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool
             else:
                 wq = np.empty(group * n_in, dtype=np.int8)     # the group's unpacked rows
                 lanes = np.empty(24, dtype=np.float32)          # plain-loop scratch
-                yrow = np.empty(8, dtype=np.float32)            # an 8-row kernel's results
-                ilane = np.empty(16, dtype=np.int64)
+                yrow, ilane = np.empty(8, dtype=np.float32), np.empty(16, dtype=np.int64)   # 8-row results; scratch
                 corr = np.zeros(group * n_sub if tmode == SIGNED else 0, dtype=np.int32)  # signed tiles' row terms
                 tout = np.empty(TILE_ROWS * TT, dtype=np.float32)              # a tile call's results
                 src = rows if rep else raw
@@ -283,43 +293,92 @@ def _kernel(t: GGMLType, vec: bool, lo: Variant, hi: Variant, packed: bool, rep:
 
 # ---------------------------------------------------------------- one quantization for several matmuls
 
-_SHARED = threading.local()         # .x: the input being shared, .q: {(act, sub, pos_ties, q81): _quantized's}
+class QuantizedInput(NamedTuple):
+    """x quantized (quantize_activation) as the kernels take it: flat arrays, token-major."""
+
+    aq: np.ndarray          # i8[n_tok * n_in]: the quants
+    ad: np.ndarray          # f32[n_tok * n_in / block]: the scale per block
+    am: np.ndarray          # f32, as ad: Q8_1's s = d * sum(q) per block (ad again for the other types)
+    bsum: np.ndarray        # i32[n_tok * n_in / sub]: Q8_K's quant sums per sub-block (llama.cpp's bsums)
 
 
-@contextlib.contextmanager
-def shared_input(x: np.ndarray):
-    """Within the block, matmuls of input x (this very array, left unchanged meanwhile: q, k and v of
-    one normed state; gate and up) quantize it once per activation type, as llama.cpp quantizes
-    src1 once per type for the matmuls that share it."""
-    prev = getattr(_SHARED, "x", None), getattr(_SHARED, "q", None)
-    _SHARED.x, _SHARED.q = x, {}
-    try:
-        yield x
-    finally:
-        _SHARED.x, _SHARED.q = prev
+class SharedInput:
+    """One input x of several matmuls (q, k and v of one normed state; gate and up), left unchanged
+    while they run: given to each (matmul(..., shared=)), x is quantized once per activation type, as
+    llama.cpp quantizes src1 once per type for the matmuls that share it. A matmul of another array
+    ignores it."""
+
+    __slots__ = ("x", "by_key")
+
+    def __init__(self, x: np.ndarray):
+        self.x = x
+        self.by_key: dict[tuple, QuantizedInput] = {}       # (act, sub, pos_ties, q81) -> _quantized's
 
 
-def _quantized(x: np.ndarray, act, sub: int, pos_ties: int, q81: bool) -> tuple:
-    """x quantized (quantize_activation), as the kernel's flat arguments: (aq i8, ad f32, am f32 (Q8_1's
-    sums where q81, else ad again), bsum i32); once per shared input (shared_input) and key."""
-    shared = getattr(_SHARED, "x", None) is x
+def _quantized(x: np.ndarray, act, sub: int, pos_ties: int, q81: bool,
+               shared: SharedInput | None = None) -> QuantizedInput:
+    """x quantized (quantize_activation) as the kernel's flat arguments (am: Q8_1's sums where q81);
+    once per key where x is shared's input."""
+    if shared is not None and shared.x is not x:
+        shared = None
     key = (act, sub, pos_ties, q81)
-    if shared and key in _SHARED.q:
-        return _SHARED.q[key]
+    if shared is not None and key in shared.by_key:
+        return shared.by_key[key]
     a = quantize_activation(x, act, sub, pos_ties=pos_ties)
     ad = a.d.reshape(-1)
-    args = (a.q, ad, a.s.reshape(-1) if q81 else ad, a.bsum.reshape(-1))
-    if shared:
-        _SHARED.q[key] = args
-    return args
+    q = QuantizedInput(a.q, ad, a.s.reshape(-1) if q81 else ad, a.bsum.reshape(-1))
+    if shared is not None:
+        shared.by_key[key] = q
+    return q
 
 
 # ---------------------------------------------------------------- public entry point
 
+class Choice(NamedTuple):
+    """What a matmul's shape decides (`choice`)."""
+
+    ggml_type: GGMLType
+    row_bytes: int          # bytes of one packed weight row
+    act: object             # registry.ActType: the activation's quantization
+    sub: int                # elements per sub-block of the activation's sums (bsum)
+    q81: bool               # am carries Q8_1's sums (Q4_1, Q5_1)
+    pos_ties: int           # tokens below it quantize ties away from zero (quantize_activation)
+    lo: Variant             # the arithmetic of tokens below split ...
+    hi: Variant             # ... and of the rest
+    split: int
+    packed: bool            # rows dotted straight from their blocks (few tokens), else unpacked in groups
+    group: int              # rows unpacked at a time (1: packed or row by row)
+
+
+class MatmulPlan(NamedTuple):
+    """A Choice with its compiled kernel and row ranges (`_plan`)."""
+
+    choice: Choice
+    kernel: object          # the numba dispatcher (_kernel), called with KernelArgs
+    n_chunks: int           # row ranges run in parallel
+
+
+class KernelArgs(NamedTuple):
+    """The arguments of a `_make_kernel` kernel, in its parameter order: kernel(*KernelArgs(...))."""
+
+    y: np.ndarray           # f32[n_tok, n_out], C-contiguous: the result
+    aq: np.ndarray          # the quantized activation (QuantizedInput's four arrays)
+    ad: np.ndarray
+    am: np.ndarray
+    bsum: np.ndarray
+    raw: np.ndarray         # u8: n_out packed rows of row_bytes (repacked: in groups)
+    n_out: int
+    n_in: int
+    row_bytes: int
+    split: int              # tokens < split in variant lo, the rest hi
+    n_chunks: int
+    group: int
+
+
 @functools.lru_cache(maxsize=4096)
-def choice(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, vec: bool) -> tuple:
-    """What a call's shape decides, computed once per shape: (type, row bytes, act, sub, Q8_1 sums?,
-    pos_ties, variant lo, variant hi, split, packed, group); refusals raise."""
+def choice(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, vec: bool) -> Choice:
+    """What a call's shape decides, computed once per shape, for n_tok tokens that are rows v_off.. of a
+    batch of v_n; refusals raise."""
     k = kernels_for(ggml_type)
     t = k.ggml_type
     if k.qdot is None:
@@ -339,26 +398,25 @@ def choice(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, v
     # few tokens: dot the packed rows, where both variants have a packed-row intrinsic
     packed = vec and group == 1 and raw_ok
     pos_ties = split if qd.repack and n_out % 8 == 0 else 0
-    return t, n_in // be * bb, k.act, qd.sub, qd.mins == Q8_1_SUM, pos_ties, v_lo, v_hi, split, packed, group
+    return Choice(t, n_in // be * bb, k.act, qd.sub, qd.mins == Q8_1_SUM, pos_ties, v_lo, v_hi, split, packed, group)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_threads: int, vec: bool, rep: int):
-    """choice's, with its kernel and row ranges: (type, row bytes, act, sub, Q8_1 sums?, pos_ties, kernel,
-    split, n_chunks, group)."""
-    t, row_bytes, act, sub, q81, pos_ties, v_lo, v_hi, split, packed, group = choice(
-        ggml_type, n_out, n_in, n_tok, v_n, v_off, vec)
-    return (t, row_bytes, act, sub, q81, pos_ties, _kernel(t, vec, v_lo, v_hi, packed, rep), split,
-            max(1, min(n_out, _CHUNKS_PER_THREAD * n_threads)), group)
+def _plan(ggml_type, n_out: int, n_in: int, n_tok: int, v_n: int, v_off: int, n_threads: int, vec: bool,
+          rep: int) -> MatmulPlan:
+    """choice's, with its kernel and row ranges."""
+    c = choice(ggml_type, n_out, n_in, n_tok, v_n, v_off, vec)
+    return MatmulPlan(c, _kernel(c.ggml_type, vec, c.lo, c.hi, c.packed, rep),
+                      max(1, min(n_out, _CHUNKS_PER_THREAD * n_threads)))
 
 
-_WARM_TOKENS = (1, 2, 3, 4, 5, 8, 9)    # every path _plan takes without a view: one token, packed rows, groups,
+_WARM_TOKENS = (1, 2, 3, 4, 5, 8, 9)    # every path _plan takes for a batch of its own: one token, packed rows, groups,
 #                                        whole / partial gemm tiles (n % 4), tiled K-quant batches (8+)
 
 
 def warm(shapes, vector: bool | None = None) -> int:
     """Compile, or load from numba's disk cache, the kernels that matmuls of these weights take for any
-    batch without a view (no call is made); returns how many. shapes: (type, n_out, n_in, repacked)
+    batch of its own (no call is made); returns how many. shapes: (type, n_out, n_in, repacked)
     tuples. A server calls it as it loads a model: a kernel compiled under a request holds the GIL,
     and with it the event loop, for seconds. Shapes without an integer-dot kernel are skipped."""
     vec = VECTOR if vector is None else bool(vector)
@@ -368,45 +426,51 @@ def warm(shapes, vector: bool | None = None) -> int:
         if k.qdot is None or n_in % GGML_BLOCK[k.ggml_type][0]:
             continue
         for n in _WARM_TOKENS:
-            made.add(_plan(t, n_out, n_in, n, n, 0, numba.get_num_threads(), vec, rep)[6])
+            made.add(_plan(t, n_out, n_in, n, n, 0, numba.get_num_threads(), vec, rep).kernel)
     for kernel in made:
         kernel.compile(kernel_signature())
     return len(made)
 
 
 def kernel_signature() -> tuple:
-    """The argument types qmatmul calls its kernels with (y f32[n_tok, n_out] C; aq i8, ad, am f32,
-    bsum i32, raw u8: 1-D C; six int64)."""
+    """The argument types of KernelArgs, as qmatmul calls its kernels (y f32[n_tok, n_out] C; aq i8, ad,
+    am f32, bsum i32, raw u8: 1-D C; six int64)."""
     f32, i8 = numba.typeof(np.empty(1, np.float32)), numba.typeof(np.empty(1, np.int8))
     return (numba.typeof(np.empty((1, 1), np.float32)), i8, f32, f32, numba.typeof(np.empty(1, np.int32)),
             numba.typeof(np.empty(1, np.uint8))) + (numba.int64,) * 6
 
 
 def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int, n_in: int,
-            vector: bool | None = None, view: tuple[int, int] | None = None, repacked: int = 0) -> np.ndarray:
+            vector: bool | None = None, batch: Batch | None = None, repacked: int = 0,
+            shared: SharedInput | None = None) -> np.ndarray:
     """y[n_tok, n_out] = x[n_tok, n_in] @ W.T for a packed weight W of n_out rows of n_in elements,
     by integer dots as llama.cpp. vector: LLVM vector intrinsics (default: not RAMFORGE_PORTABLE=1).
-    view (v_n, off): the tokens are rows off.. of a batch of v_n, and get that batch's arithmetic.
-    repacked: W's rows are in repack.py's groups of that many rows (repack.repack), else 0."""
+    batch: the tokens are rows batch.offset.. of a batch of batch.n_tok, and get that batch's
+    arithmetic (None, or rows that do not fit in it: a batch of their own). repacked: W's rows are in
+    repack.py's groups of that many rows (repack.repack), else 0. shared: x's quantization, shared
+    with the other matmuls of x (SharedInput)."""
     if (not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != n_in or not isinstance(y, np.ndarray)
             or y.shape != (x.shape[0], n_out) or y.dtype != np.float32):
         raise RamforgeError(f"matmul shapes: x {getattr(x, 'shape', x)}, y {getattr(y, 'shape', y)} "
                             f"{getattr(y, 'dtype', '')}, weight {n_out} x {n_in}")
     n_tok = x.shape[0]
-    v_n, v_off = view if view is not None and 0 <= view[1] and view[1] + n_tok <= view[0] else (n_tok, 0)
+    inside = batch is not None and 0 <= batch.offset and batch.offset + n_tok <= batch.n_tok
+    v_n, v_off = (batch.n_tok, batch.offset) if inside else (n_tok, 0)
     vec = VECTOR if vector is None else bool(vector)
-    t, row_bytes, act, sub, q81, pos_ties, kernel, split, n_chunks, group = _plan(
-        ggml_type, n_out, n_in, n_tok, v_n, v_off, numba.get_num_threads(), vec, repacked)
+    plan = _plan(ggml_type, n_out, n_in, n_tok, v_n, v_off, numba.get_num_threads(), vec, repacked)
+    c, row_bytes = plan.choice, plan.choice.row_bytes
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.size != n_out * row_bytes:
         got = f"{raw.size:,} ({raw.dtype})" if isinstance(raw, np.ndarray) else type(raw).__name__
-        raise RamforgeError(f"{t.name} weight of {n_out} x {n_in} needs {n_out * row_bytes:,} B, got {got}")
+        raise RamforgeError(f"{c.ggml_type.name} weight of {n_out} x {n_in} needs {n_out * row_bytes:,} B, "
+                            f"got {got}")
     if n_tok == 0 or n_out == 0 or n_in == 0:
         y[...] = 0
         return y
-    aq, ad, am, bsum = _quantized(x, act, sub, pos_ties, q81)
+    q = _quantized(x, c.act, c.sub, c.pos_ties, c.q81, shared)
     out = y if y.flags.c_contiguous and y.flags.writeable else np.empty_like(y)
-    kernel(out, aq, ad, am, bsum, np.ascontiguousarray(raw).reshape(-1), n_out, n_in, row_bytes, split, n_chunks,
-           group)
+    args = KernelArgs(out, q.aq, q.ad, q.am, q.bsum, np.ascontiguousarray(raw).reshape(-1), n_out, n_in, row_bytes,
+                      c.split, plan.n_chunks, c.group)
+    plan.kernel(*args)
     if out is not y:
         y[...] = out
     return y

@@ -14,7 +14,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .codegen import _raw_source, _row_codegen, _rows8_codegen, row_prefetch
+from .codegen import _raw_source, _rows8_codegen, row_prefetch
+from .rowdot import RowSource, row_codegen
 from .llvmir import I8, I64, dtypes_are
 from .scalars import _fma
 from .variants import (_ROWS8, GROUPS, IQ1_DELTA, IQ1_DLANES, K_LANES, K_MIN4, K_MINS, K_SUM, LANES, LANES2, Q8_1_SUM,
@@ -36,14 +37,14 @@ def _ptrs(context, builder, sig, args, names):
             for n, (k, o) in names.items()}
 
 
-def _scratch_source(builder, p):
-    # wsrc over unpacked rows: the weights p["wq"], the float scales p["wd"], p["wm"]
+def _scratch_source(builder, p) -> RowSource:
+    # the source of unpacked rows: the weights p["wq"], the float scales p["wd"], p["wm"]
     vt = ir.VectorType(I8, 32)
 
     def w_vec(b, e, c):
         return builder.load(builder.bitcast(builder.gep(p["wq"], [e]), vt.as_pointer()), align=1)
-    return (lambda b: builder.load(builder.gep(p["wd"], [b])),
-            lambda b: builder.load(builder.gep(p["wm"], [b])), w_vec)
+    return RowSource(lambda b: builder.load(builder.gep(p["wd"], [b])),
+                     lambda b: builder.load(builder.gep(p["wm"], [b])), w_vec)
 
 
 @intrinsic(prefer_literal=True)
@@ -61,7 +62,7 @@ def _vrow(typingctx, vid, wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, 
         p = _ptrs(context, builder, sig_, args_, {"wq": (0, 1), "aq": (2, 3), "isc": (4, 6), "imn": (5, 6),
                                                   "wd": (7, 9), "wm": (8, 9), "ad": (10, 12), "am": (11, 12),
                                                   "bsum": (14, 15)})
-        return _row_codegen(context, builder, SPECS[v], p, _scratch_source(builder, p), args_[13])
+        return row_codegen(context, builder, SPECS[v], p, _scratch_source(builder, p), args_[13])
     return types.float32(vid, wq, wo, aq, ao, isc, imn, io, wd, wm, so, ad, am, to, n_sb, bsum, bo), codegen
 
 
@@ -81,7 +82,7 @@ def _vrow_raw(typingctx, ri, raw, ro, aq, ao, isc, imn, wd, wm, ad, am, to, n_sb
                                                   "bsum": (12, 13)})
         for k, name in ((4, "isc"), (5, "imn"), (6, "wd"), (7, "wm")):
             p[name] = context.make_array(sig_.args[k])(context, builder, args_[k]).data
-        return _row_codegen(context, builder, SPECS[v], p, _raw_source(context, builder, t, p["raw"], p), args_[11],
+        return row_codegen(context, builder, SPECS[v], p, _raw_source(context, builder, t, p["raw"], p), args_[11],
                             row_prefetch(builder, t, p["raw"]))
     return types.float32(ri, raw, ro, aq, ao, isc, imn, wd, wm, ad, am, to, n_sb, bsum, bo), codegen
 

@@ -19,6 +19,10 @@ Per matmul `_tile_acts` lays out each tile of TT tokens (zero-padded), tile k:
                             LANES_MODE: then i32[n_in/4, TT] of -128 * the 4 quants' sum)
   adt f32[k, n_sb, TT]      activation scale per super-block
   bst i32[k, n_sub/2, TT]   UNSIGNED: Q8_K sums of sub-blocks 2j, 2j+1 as an i16 pair (lo, hi)
+Arguments of the intrinsics, by name (positional: numba intrinsics): wq i8 unpacked rows at wo (n_in a
+row); isc, imn, corr i32 per sub-block at io (n_sub a row); wd, wm f32 per super-block at so (n_sbs a
+row); act, adt, bst the tile at ao, dto, bso; n_sb super-blocks a row; out f32[nrows * TT].
+
 W is 16 (zmm) where the target has AVX512-VNNI, else 8. On AVX2 without VNNI (`avx2_only`) the same exact
 integers come from pmaddubsw + pmaddwd wherever a pair of products fits i16 (QDot.wmax: the type's largest
 |w - offset|): UNSIGNED as it is (w u8 <= wmax, a s8: 2 * 128 * wmax), SIGNED as VNNI's (a + 128 u8) .

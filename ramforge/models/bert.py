@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ModelFileError
 from ..kernels.encoder import encoder_attention, gelu, layer_norm, tanh
-from ..kernels.matmul import batch_view
+from ..kernels.batch import Batch
 from .arch import Arch
 
 EPS_KEY = "{arch}.attention.layer_norm_epsilon"
@@ -70,13 +70,14 @@ def embed(m, x: np.ndarray, tokens) -> None:
     layer_norm(x, x, g["token_embd_norm.weight"].data, g["token_embd_norm.bias"].data, m.hp.norm_eps)
 
 
-def _linear(W, b, y, x) -> None:
-    W.rows(y, x)
+def _linear(W, b, y, x, batch: Batch | None) -> None:
+    W.rows(y, x, batch)
     y += b.data
 
 
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
-    """The n tokens in s.x (the sequences of seq_bounds, each from position 0) through the layers, in place."""
+def forward(m, s, n: int, pos0: int, out: slice | None = None, batch: Batch | None = None) -> None:
+    """The n tokens in s.x (the sequences of seq_bounds, each from position 0) through the layers, in place
+    (batch: as llama.forward)."""
     hp, w = m.hp, m.weights
     eps = m.hp.norm_eps
     x, xb = s.x[:n], s.xb[:n]
@@ -85,16 +86,16 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     kq_scale = 1.0 / math.sqrt(float(hp.head_dim_k))
     for il in range(*m.layers):
         with w.layer(il) as L:
-            _linear(L.attn_q, L.attn_q_bias, q.reshape(n, -1), x)
-            _linear(L.attn_k, L.attn_k_bias, k.reshape(n, -1), x)
-            _linear(L.attn_v, L.attn_v_bias, v.reshape(n, -1), x)
+            _linear(L.attn_q, L.attn_q_bias, q.reshape(n, -1), x, batch)
+            _linear(L.attn_k, L.attn_k_bias, k.reshape(n, -1), x, batch)
+            _linear(L.attn_v, L.attn_v_bias, v.reshape(n, -1), x, batch)
             encoder_attention(att, q, k, v, bounds, np.float32(kq_scale))
-            _linear(L.attn_output, L.attn_output_bias, xb, att.reshape(n, -1))
+            _linear(L.attn_output, L.attn_output_bias, xb, att.reshape(n, -1), batch)
             xb += x                                                 # re-add the layer input
             layer_norm(x, xb, L.attn_output_norm.data, L.attn_output_norm_bias.data, eps)
-            _linear(L.ffn_up, L.ffn_up_bias, up, x)
+            _linear(L.ffn_up, L.ffn_up_bias, up, x, batch)
             gelu(up)
-            _linear(L.ffn_down, L.ffn_down_bias, xb, up)
+            _linear(L.ffn_down, L.ffn_down_bias, xb, up, batch)
             xb += x                                                 # the attention block bypasses the FFN
             layer_norm(x, xb, L.layer_output_norm.data, L.layer_output_norm_bias.data, eps)
 
@@ -108,22 +109,21 @@ def rank_head(m, h: np.ndarray) -> np.ndarray:
     """llama.cpp's rank pooling head on the first tokens' states h f32[k, n_embd]: cls (+ bias), tanh,
     cls.output (+ bias); f32[k, n_cls_out]."""
     g = _globals(m)
-    cur = h
-    with batch_view(h.shape[0], 0):
-        if g["cls.weight"] is not None:
-            W = g["cls.weight"]
-            y = np.empty((h.shape[0], W.dims[1]), np.float32)
-            W.rows(y, cur)
-            if g["cls.bias"] is not None:
-                y += g["cls.bias"].data
-            cur = tanh(y)
-        if g["cls.output.weight"] is not None:
-            W = g["cls.output.weight"]
-            y = np.empty((h.shape[0], W.dims[1]), np.float32)
-            W.rows(y, cur)
-            if g["cls.output.bias"] is not None:
-                y += g["cls.output.bias"].data
-            cur = y
+    cur, batch = h, Batch(h.shape[0], 0)             # the first tokens' rows, a batch of their own
+    if g["cls.weight"] is not None:
+        W = g["cls.weight"]
+        y = np.empty((h.shape[0], W.dims[1]), np.float32)
+        W.rows(y, cur, batch)
+        if g["cls.bias"] is not None:
+            y += g["cls.bias"].data
+        cur = tanh(y)
+    if g["cls.output.weight"] is not None:
+        W = g["cls.output.weight"]
+        y = np.empty((h.shape[0], W.dims[1]), np.float32)
+        W.rows(y, cur, batch)
+        if g["cls.output.bias"] is not None:
+            y += g["cls.output.bias"].data
+        cur = y
     return cur
 
 

@@ -12,6 +12,7 @@ for the sliding layers). NEOX-style RoPE.
 from __future__ import annotations
 
 from ..kernels.attention import attention
+from ..kernels.batch import Batch
 from ..kernels.ops import rope
 from . import gemma3
 from .arch import Arch, SoftCaps
@@ -22,9 +23,9 @@ LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "post
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
 
 
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+def forward(m, s, n: int, pos0: int, out: slice | None = None, batch: Batch | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
-    (out: as llama.forward)."""
+    (out, batch: as llama.forward)."""
     hp, w, kv = m.hp, m.weights, m.kv
     pos = kv.positions(pos0, n)                                 # i32[n]
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
@@ -36,17 +37,16 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
         base, scale = ARCH.layer_rope(hp, il)          # rope_freq_base_train_swa: the base unless given
         with w.layer(il) as L:
             rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)),
-                    norm=(x, L.attn_norm.data, hp.rms_eps))         # of xb = RMSNorm(x)
+                    norm=(x, L.attn_norm.data, hp.rms_eps), batch=batch)     # of xb = RMSNorm(x)
             rope(q, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
             rope(k, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
             q *= q_scale
             kv.store(il, pos0, k, v)
             win = hp.sliding_window if swa else 0
-            attention(att, q, *kv.layer(il), pos0, 1.0, win, hp.attn_softcap, cells=kv.visible(win))
-            L.attn_output.rows(xb, att.reshape(n, -1))
-            x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
-            with rows:
-                gemma3.ffn(L, hp, x, xb, gate, up)                 # as Gemma 3 (sandwich norms, GeGLU)
+            attention(att, q, *kv.layer(il), pos0, 1.0, win, hp.attn_softcap, cells=kv.visible(win), batch=batch)
+            L.attn_output.rows(xb, att.reshape(n, -1), batch)
+            x, xb, gate, up, fb = output_rows(hp, il, out, batch, x, xb, gate, up)    # fb: the FFN's batch
+            gemma3.ffn(L, hp, x, xb, gate, up, fb)                 # as Gemma 3 (sandwich norms, GeGLU)
 
 
 ARCH = Arch("gemma2", forward, gemma3.embed, LAYER_TENSORS, rope_neox=True, k_shift=True,

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from ..kernels.attention import attention
+from ..kernels.batch import Batch
 from ..kernels.ops import geglu, rms_norm, rope
 from .arch import Arch, SoftCaps
 from .weights import output_rows, rows_of
@@ -37,21 +38,22 @@ def embed(m, x: np.ndarray, tokens) -> None:
     x *= np.float32(math.sqrt(m.hp.n_embd))
 
 
-def ffn(L, hp, x, xb, gate, up) -> None:
+def ffn(L, hp, x, xb, gate, up, batch: Batch | None = None) -> None:
     """The block after attention (xb: its output), in place on x f32[n, n_embd]: post-attention norm,
-    residual, norm, GeGLU FFN (gate, up f32[n, n_ff]), post-FFN norm, residual (Gemma 2 and 3)."""
+    residual, norm, GeGLU FFN (gate, up f32[n, n_ff]), post-FFN norm, residual (Gemma 2 and 3); its
+    rows in the arithmetic of `batch` (as llama.forward's)."""
     rms_norm(xb, xb, L.post_attention_norm.data, hp.rms_eps)
     x += xb                                                     # sa_out
-    rows_of(xb, (L.ffn_gate, gate), (L.ffn_up, up), norm=(x, L.ffn_norm.data, hp.rms_eps))
+    rows_of(xb, (L.ffn_gate, gate), (L.ffn_up, up), norm=(x, L.ffn_norm.data, hp.rms_eps), batch=batch)
     geglu(gate, gate, up)
-    L.ffn_down.rows(xb, gate)
+    L.ffn_down.rows(xb, gate, batch)
     rms_norm(xb, xb, L.post_ffw_norm.data, hp.rms_eps)
     x += xb
 
 
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+def forward(m, s, n: int, pos0: int, out: slice | None = None, batch: Batch | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
-    (out: as llama.forward)."""
+    (out, batch: as llama.forward)."""
     hp, w, kv = m.hp, m.weights, m.kv
     pos = kv.positions(pos0, n)                                 # i32[n]
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
@@ -63,7 +65,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
         base, scale = ARCH.layer_rope(hp, il)                  # sliding layers: their own base, unscaled
         with w.layer(il) as L:
             rows_of(xb, (L.attn_q, q.reshape(n, -1)), (L.attn_k, k.reshape(n, -1)), (L.attn_v, v.reshape(n, -1)),
-                    norm=(x, L.attn_norm.data, hp.rms_eps))         # of xb = RMSNorm(x)
+                    norm=(x, L.attn_norm.data, hp.rms_eps), batch=batch)     # of xb = RMSNorm(x)
             rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
             rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
             rope(q, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
@@ -71,11 +73,10 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             q *= q_scale
             kv.store(il, pos0, k, v)
             win = hp.sliding_window if swa else 0
-            attention(att, q, *kv.layer(il), pos0, 1.0, win, cells=kv.visible(win))
-            L.attn_output.rows(xb, att.reshape(n, -1))
-            x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
-            with rows:
-                ffn(L, hp, x, xb, gate, up)
+            attention(att, q, *kv.layer(il), pos0, 1.0, win, cells=kv.visible(win), batch=batch)
+            L.attn_output.rows(xb, att.reshape(n, -1), batch)
+            x, xb, gate, up, fb = output_rows(hp, il, out, batch, x, xb, gate, up)    # fb: the FFN's batch
+            ffn(L, hp, x, xb, gate, up, fb)
 
 
 ARCH = Arch("gemma3", forward, embed, LAYER_TENSORS, rope_neox=True, k_shift=True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.attention import attention
+from ..kernels.batch import Batch
 from ..kernels.ops import rms_norm, rope
 from ..kernels.moe import Gating
 from . import llama, moe
@@ -28,9 +29,9 @@ def embed(m, x: np.ndarray, tokens) -> None:
     m.weights.embed(tokens, x)
 
 
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+def forward(m, s, n: int, pos0: int, out: slice | None = None, batch: Batch | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
-    (out: as llama.forward)."""
+    (out, batch: as llama.forward)."""
     hp, w, kv = m.hp, m.weights, m.kv
     pos = kv.positions(pos0, n)                                 # i32[n]
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
@@ -42,20 +43,20 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
         base, scale = ARCH.layer_rope(hp, il)          # both kinds of layer scaled
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
-            project_qkv(L, xb, q, k, v)
+            project_qkv(L, xb, q, k, v, batch=batch)
             rope(q, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
             rope(k, pos, hp.rope_dim, base, ARCH.rope_neox, None, scale)
             kv.store(il, pos0, k, v)
             win = hp.sliding_window if swa else 0
-            attention(att, q, *kv.layer(il), pos0, kq_scale, win, sinks=L.attn_sinks.data, cells=kv.visible(win))
-            L.attn_output.rows(xb, att.reshape(n, -1))
+            attention(att, q, *kv.layer(il), pos0, kq_scale, win, sinks=L.attn_sinks.data, cells=kv.visible(win),
+                      batch=batch)
+            L.attn_output.rows(xb, att.reshape(n, -1), batch)
             xb += L.attn_output_bias.data
-            x, xb, rows = output_rows(hp, il, out, x, xb)
-            with rows:
-                x += xb                                         # residual
-                rms_norm(xb, x, L.post_attention_norm.data, hp.rms_eps)
-                moe.ffn(m, s, il, L, xb, x)
-                x += xb                                         # residual
+            x, xb, fb = output_rows(hp, il, out, batch, x, xb)   # fb: the FFN's batch
+            x += xb                                             # residual
+            rms_norm(xb, x, L.post_attention_norm.data, hp.rms_eps)
+            moe.ffn(m, s, il, L, xb, x, batch=fb)
+            x += xb                                             # residual
 
 
 ARCH = Arch("gpt-oss", forward, embed, LAYER_TENSORS, optional=llama.BIASES,

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ..kernels.attention import attention
+from ..kernels.batch import Batch
 from ..kernels.ops import rms_norm, rope
 from . import moe
 from .arch import Arch, MoEArch
@@ -38,10 +39,12 @@ def embed(m, x: np.ndarray, tokens) -> None:
     m.weights.embed(tokens, x)
 
 
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+def forward(m, s, n: int, pos0: int, out: slice | None = None, batch: Batch | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place.
     out: the rows wanted from the model's last layer; after its attention only they go on (llama.cpp's
-    inp_out_ids), computed as a batch of their own. RoPE normal or NEOX as m.arch says (qwen*: NEOX)."""
+    inp_out_ids), computed as a batch of their own. batch: the llama.cpp batch the n rows belong to
+    (kernels.batch; None: a batch of their own), which picks the matmuls' and attention's arithmetic. RoPE
+    normal or NEOX as m.arch says (qwen*: NEOX)."""
     hp, w, kv, neox = m.hp, m.weights, m.kv, m.arch.rope_neox
     pos = kv.positions(pos0, n)                                 # i32[n]
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
@@ -51,24 +54,24 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     ff = w.rope_freqs.data if w.rope_freqs is not None else None
     for il in range(*m.layers):
         with w.layer(il) as L:
-            project_qkv(L, xb, q, k, v, norm=(x, L.attn_norm.data, hp.rms_eps))     # of xb = RMSNorm(x)
+            project_qkv(L, xb, q, k, v, norm=(x, L.attn_norm.data, hp.rms_eps), batch=batch)     # of xb = RMSNorm(x)
             if L.attn_q_norm is not None:                       # qwen3: per-head RMSNorm of q and k
                 rms_norm(q, q, L.attn_q_norm.data, hp.rms_eps)
                 rms_norm(k, k, L.attn_k_norm.data, hp.rms_eps)
             rope(q, pos, hp.rope_dim, hp.rope_base, neox, ff, hp.rope_scale)
             rope(k, pos, hp.rope_dim, hp.rope_base, neox, ff, hp.rope_scale)
             kv.store(il, pos0, k, v)
-            attention(att, q, *kv.layer(il), pos0, kq_scale, cells=kv.visible(0))
-            add_rows(x, L.attn_output, att.reshape(n, -1), xb)  # residual: x += the output projection (xb)
-            x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
-            with rows:
-                if L.ffn_gate_inp is not None:                  # experts: xb <- their mixture
-                    rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-                    moe.ffn(m, s, il, L, xb, x)
-                    x += xb                                     # residual
-                else:                                           # gate <- silu(gate) * up, of xb = RMSNorm(x)
-                    rows_of(xb, (L.ffn_gate, gate), (L.ffn_up, up), norm=(x, L.ffn_norm.data, hp.rms_eps), glu=True)
-                    add_rows(x, L.ffn_down, gate, xb)           # residual: x += the FFN's output (xb)
+            attention(att, q, *kv.layer(il), pos0, kq_scale, cells=kv.visible(0), batch=batch)
+            add_rows(x, L.attn_output, att.reshape(n, -1), xb, batch)   # residual: x += the output projection (xb)
+            x, xb, gate, up, fb = output_rows(hp, il, out, batch, x, xb, gate, up)    # fb: the FFN's batch
+            if L.ffn_gate_inp is not None:                      # experts: xb <- their mixture
+                rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
+                moe.ffn(m, s, il, L, xb, x, batch=fb)
+                x += xb                                         # residual
+            else:                                               # gate <- silu(gate) * up, of xb = RMSNorm(x)
+                rows_of(xb, (L.ffn_gate, gate), (L.ffn_up, up), norm=(x, L.ffn_norm.data, hp.rms_eps), glu=True,
+                        batch=fb)
+                add_rows(x, L.ffn_down, gate, xb, fb)           # residual: x += the FFN's output (xb)
 
 
 # Mixtral (llama.expert_count > 0) has a router and experts where llama has its FFN

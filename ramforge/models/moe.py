@@ -20,7 +20,7 @@ import numpy as np
 
 from ..gguf.constants import GGMLType
 from ..kernels import fused_moe
-from ..kernels.batch import current_view
+from ..kernels.batch import Batch
 from ..kernels.matmul import matmul
 from ..kernels.moe import expert_matmul, route, router_token, shared_expert_gate, weighted_sum
 from ..kernels.ops import rms_norm, swiglu, swiglu_oai
@@ -32,19 +32,20 @@ BIASES = ("ffn_gate_inp_bias", "ffn_gate_exps_bias", "ffn_up_exps_bias", "ffn_do
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0        # gpt-oss's clamped SwiGLU (LLM_FFN_SWIGLU_OAI_MOE)
 
 
-def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
+def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray, batch: Batch | None = None) -> None:
     """xb f32[n, n_embd] <- layer il's mixture of experts of xb (plus its shared expert, if any).
     x f32[n, n_embd], the residual xb was normed from, predicts the next layer's experts (read ahead
-    when they stream; the answer never depends on the guess)."""
+    when they stream; the answer never depends on the guess). batch: the llama.cpp batch xb's rows
+    belong to (kernels.batch), for the router's and the shared expert's matmuls."""
     hp, w = m.hp, m.weights
     n = xb.shape[0]
     logits, sel, wts = s.router[:n], s.sel[:n], s.wts[:n]      # f32[n, n_expert], i32[n, k], f32[n, k]
     ex = s.ex[:n]                                              # f32[n, k, n_embd]
     router, spec = L.ffn_gate_inp, m.arch.moe                  # spec: norm_w and gating (models.arch.MoEArch)
-    if n == 1 and router.ggml_type == GGMLType.F32 and L.ffn_gate_inp_bias is None and current_view() in _ONE_TOKEN:
+    if n == 1 and router.ggml_type == GGMLType.F32 and L.ffn_gate_inp_bias is None and batch in _ONE_TOKEN:
         _router_token(sel, wts, logits, xb, router.data.view(np.float32), spec.norm_w, spec.gating)
     else:
-        router.rows(logits, xb)
+        router.rows(logits, xb, batch)
         if L.ffn_gate_inp_bias is not None:                    # gpt-oss: router, experts and down have biases
             logits += L.ffn_gate_inp_bias.data
         route(sel, wts, logits, spec.norm_w, spec.gating)
@@ -56,7 +57,7 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
         mix = s.xe[:1] if hp.n_ff_shexp else xb
         _token_experts(kern, L, s, xb, mix)
         if hp.n_ff_shexp:                                      # the shared expert reads xb: then mix + it
-            shexp = _shared_expert(L, s, xb, n)
+            shexp = _shared_expert(L, s, xb, n, batch)
             np.add(mix, shexp, out=xb)
         return
     experts = np.unique(sel)                                   # ascending, as mul_mat_id's loop
@@ -64,7 +65,7 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
         experts = _batch_experts(kern, L, s, xb, sel, ex.reshape(n * sel.shape[1], -1))   # of too many rows
     with w.experts(il, experts, n) as E:
         if E.wants_prediction:
-            E.predict(_predict(w.predictors[il + 1], x, s.xe[:n], logits, hp))
+            E.predict(_predict(w.predictors[il + 1], x, s.xe[:n], logits, hp, batch))
         if n == 1 and fuse and E.pool is not None:             # a lone token: the cached experts at once
             _cached_experts(E, s, xb, ex[0])
         for e, (gate, up, down) in E:                          # cached experts first: any order is exact
@@ -91,27 +92,27 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray) -> None:
                 ye += biases[2][e]
             ex[tok, slot] = ye
     if hp.n_ff_shexp:                                          # qwen2moe's shared expert, gated
-        shexp = _shared_expert(L, s, xb, n)
+        shexp = _shared_expert(L, s, xb, n, batch)
         weighted_sum(xb, ex, wts)
         xb += shexp                                            # ... added to the mixture
     else:
         weighted_sum(xb, ex, wts)
 
 
-def _shared_expert(L, s, xb: np.ndarray, n: int) -> np.ndarray:
+def _shared_expert(L, s, xb: np.ndarray, n: int, batch: Batch | None) -> np.ndarray:
     """qwen2moe's shared expert of xb f32[n, n_embd], times its sigmoid gate, into s.ye[:n] (ffn_shexp_out)."""
     gate, up, g = s.gate[:n], s.up[:n], s.shgate[:n]           # f32[n, n_ff_shexp] x2, f32[n, 1]
     v = L.ffn_gate_inp_shexp.data                              # f32[n_embd]: a one-row F32 matmul
-    matmul(g, xb, L.ffn_gate_inp_shexp.ggml_type, v.view(np.uint8), 1, v.size)
+    matmul(g, xb, L.ffn_gate_inp_shexp.ggml_type, v.view(np.uint8), 1, v.size, batch=batch)
     shared_expert_gate(g)
-    rows_of(xb, (L.ffn_gate_shexp, gate), (L.ffn_up_shexp, up))
+    rows_of(xb, (L.ffn_gate_shexp, gate), (L.ffn_up_shexp, up), batch=batch)
     swiglu(gate, gate, up)
-    shexp = L.ffn_down_shexp.rows(s.ye[:n], gate)
+    shexp = L.ffn_down_shexp.rows(s.ye[:n], gate, batch)
     np.multiply(shexp, g, out=shexp)
     return shexp
 
 
-_ONE_TOKEN = (None, (1, 0))                                   # batch views in which a token is a batch of its own
+_ONE_TOKEN = (None, Batch(1, 0))                              # batches in which a token is a batch of its own
 
 
 @timed("router")
@@ -204,13 +205,13 @@ def _expert_bias(L, name: str) -> np.ndarray | None:
     return None if t is None else t.data.view(np.float32).reshape(t.dims[1], t.dims[0])
 
 
-def _predict(predictor, x: np.ndarray, xn: np.ndarray, logits: np.ndarray, hp) -> np.ndarray:
+def _predict(predictor, x: np.ndarray, xn: np.ndarray, logits: np.ndarray, hp, batch: Batch | None) -> np.ndarray:
     """The next layer's likely experts, most picked first: its router applied to this layer's residual
     x f32[n, n_embd], normed with its ffn_norm (into xn), logits into f32[n, n_expert] scratch; each
     row's top k (a guess: its arithmetic need not be llama.cpp's)."""
     norm, router = predictor
     rms_norm(xn, x, norm.data, hp.rms_eps)
-    router.rows(logits, xn)
+    router.rows(logits, xn, batch)
     k = hp.n_expert_used
     top = np.argpartition(-logits, k - 1, axis=1)[:, :k] if k < hp.n_expert else np.tile(np.arange(k), (len(x), 1))
     ids, counts = np.unique(top, return_counts=True)

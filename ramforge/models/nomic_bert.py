@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from ..errors import ModelFileError
+from ..kernels.batch import Batch
 from ..kernels.encoder import encoder_attention, layer_norm
 from ..kernels.ops import rope
 from .arch import Arch
@@ -52,7 +53,7 @@ def _qkv_scratch(s, n: int, width: int) -> np.ndarray:
     return flat[:n * width].reshape(n, width) if flat.size >= n * width else np.empty((n, width), np.float32)
 
 
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+def forward(m, s, n: int, pos0: int, out: slice | None = None, batch: Batch | None = None) -> None:
     """The n tokens in s.x (the sequences of seq_bounds, each from position 0) through the layers, in place."""
     hp, w = m.hp, m.weights
     eps = hp.norm_eps
@@ -65,7 +66,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
     for il in range(*m.layers):
         with w.layer(il) as L:
             qkv = _qkv_scratch(s, n, nq + nk + nv)              # f32[n, q | k | v]
-            L.attn_qkv.rows(qkv, x)
+            L.attn_qkv.rows(qkv, x, batch)
             if L.attn_qkv_bias is not None:
                 qkv += L.attn_qkv_bias.data
             q.reshape(n, -1)[:] = qkv[:, :nq]
@@ -74,13 +75,13 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             rope(q, pos, hp.rope_dim, hp.rope_base, True, None, hp.rope_scale)
             rope(k, pos, hp.rope_dim, hp.rope_base, True, None, hp.rope_scale)
             encoder_attention(att, q, k, v, bounds, kq_scale)
-            L.attn_output.rows(xb, att.reshape(n, -1))
+            L.attn_output.rows(xb, att.reshape(n, -1), batch)
             if L.attn_output_bias is not None:
                 xb += L.attn_output_bias.data
             xb += x                                                 # re-add the layer input
             layer_norm(x, xb, L.attn_output_norm.data, L.attn_output_norm_bias.data, eps)
-            rows_of(x, (L.ffn_gate, gate), (L.ffn_up, up), glu=True)    # gate = silu(gate) * up
-            L.ffn_down.rows(xb, gate)
+            rows_of(x, (L.ffn_gate, gate), (L.ffn_up, up), glu=True, batch=batch)    # gate = silu(gate) * up
+            L.ffn_down.rows(xb, gate, batch)
             xb += x                                                 # the attention block bypasses the FFN
             layer_norm(x, xb, L.layer_output_norm.data, L.layer_output_norm_bias.data, eps)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.attention import attention
+from ..kernels.batch import Batch
 from ..kernels.ops import rms_norm, rope, swiglu
 from ..flags import KV_PAD
 from .arch import Arch
@@ -40,9 +41,9 @@ def _scratch(s, rows: int, width: int) -> np.ndarray:
     return s.fused[:rows * width].reshape(rows, width)
 
 
-def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
+def forward(m, s, n: int, pos0: int, out: slice | None = None, batch: Batch | None = None) -> None:
     """Run the n hidden states in s.x (f32[n, n_embd]) at positions pos0.. through m's layers, in place
-    (out: as llama.forward)."""
+    (out, batch: as llama.forward)."""
     hp, w, kv = m.hp, m.weights, m.kv
     pos = kv.positions(pos0, n)                                 # i32[n]
     x, xb = s.x[:n], s.xb[:n]                                   # f32[n, n_embd]
@@ -55,7 +56,7 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
         with w.layer(il) as L:
             rms_norm(xb, x, L.attn_norm.data, hp.rms_eps)
             qkv = _scratch(s, n, nq + nk + nv)                  # f32[n, q | k | v]
-            L.attn_qkv.rows(qkv, xb)
+            L.attn_qkv.rows(qkv, xb, batch)
             q.reshape(n, -1)[:] = qkv[:, :nq]
             k.reshape(n, -1)[:] = qkv[:, nq:nq + nk]
             v.reshape(n, -1)[:] = qkv[:, nq + nk:]
@@ -63,18 +64,17 @@ def forward(m, s, n: int, pos0: int, out: slice | None = None) -> None:
             rope(k, pos, hp.rope_dim, hp.rope_base, ARCH.rope_neox, ff, hp.rope_scale)
             q *= q_scale
             kv.store(il, pos0, k, v)
-            attention(att, q, *kv.layer(il), pos0, 1.0, cells=kv.visible(0))
-            L.attn_output.rows(xb, att.reshape(n, -1))
-            x, xb, gate, up, rows = output_rows(hp, il, out, x, xb, gate, up)
-            with rows:
-                x += xb                                         # residual
-                rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
-                gu = _scratch(s, xb.shape[0], 2 * hp.n_ff)
-                L.ffn_up.rows(gu, xb)                           # f32[rows, gate | up]
-                gate[:], up[:] = gu[:, :hp.n_ff], gu[:, hp.n_ff:]
-                swiglu(gate, gate, up)
-                L.ffn_down.rows(xb, gate)
-                x += xb                                         # residual
+            attention(att, q, *kv.layer(il), pos0, 1.0, cells=kv.visible(0), batch=batch)
+            L.attn_output.rows(xb, att.reshape(n, -1), batch)
+            x, xb, gate, up, fb = output_rows(hp, il, out, batch, x, xb, gate, up)    # fb: the FFN's batch
+            x += xb                                             # residual
+            rms_norm(xb, x, L.ffn_norm.data, hp.rms_eps)
+            gu = _scratch(s, xb.shape[0], 2 * hp.n_ff)
+            L.ffn_up.rows(gu, xb, fb)                           # f32[rows, gate | up]
+            gate[:], up[:] = gu[:, :hp.n_ff], gu[:, hp.n_ff:]
+            swiglu(gate, gate, up)
+            L.ffn_down.rows(xb, gate, fb)
+            x += xb                                             # residual
 
 
 ARCH = Arch("phi3", forward, embed, LAYER_TENSORS,

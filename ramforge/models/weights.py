@@ -5,7 +5,6 @@ reads like the graph in llama.cpp's src/models/*.cpp. ramforge.stream.weights la
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,7 +14,8 @@ from ..gguf.constants import GGMLType
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels import fused
 from ..kernels.dequant import dequantize
-from ..kernels.matmul import batch_view, matmul, shared_input
+from ..kernels.batch import Batch
+from ..kernels.matmul import SharedInput, matmul
 from ..kernels.ops import rms_norm, swiglu
 from ..kernels.registry import kernels_for
 from ..profiling import timed
@@ -35,10 +35,12 @@ class QTensor:
     data: np.ndarray                  # uint8 packed rows, or f32[dims[0]] for a vector
     repacked: int = 0                 # rows in kernels.repack's groups of this many (0: in file order)
 
-    @timed(lambda self, y, x: f"matvec {self.ggml_type.name}")
-    def rows(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """y f32[n_tok, dims[1]] = x f32[n_tok, dims[0]] @ W^T."""
-        return matmul(y, x, self.ggml_type, self.data, self.dims[1], self.dims[0], self.repacked)
+    @timed(lambda self, y, x, batch=None, shared=None: f"matvec {self.ggml_type.name}")
+    def rows(self, y: np.ndarray, x: np.ndarray, batch: Batch | None = None,
+             shared: SharedInput | None = None) -> np.ndarray:
+        """y f32[n_tok, dims[1]] = x f32[n_tok, dims[0]] @ W^T, in the arithmetic of `batch` (the llama.cpp
+        batch x's rows belong to; None: their own); shared: x's quantization, shared (kernels.matmul)."""
+        return matmul(y, x, self.ggml_type, self.data, self.dims[1], self.dims[0], self.repacked, batch, shared)
 
     @timed("embedding")
     def get_rows(self, ids, out: np.ndarray) -> np.ndarray:
@@ -114,56 +116,59 @@ def _outs(pairs) -> list:
     return [(y, w.ggml_type, w.data, w.dims[1], w.repacked) for w, y in pairs]
 
 
-def rows_of(x: np.ndarray, *pairs, norm: tuple | None = None, glu: bool = False) -> None:
+def rows_of(x: np.ndarray, *pairs, norm: tuple | None = None, glu: bool = False, batch: Batch | None = None) -> None:
     """y = x @ W^T for each (W, y) pair: QTensors of one input x f32[n, W.dims[0]], y f32[n, W.dims[1]];
     x quantized once for all of them. norm (src f32[n, n_in], w f32[n_in], eps): first x = rms_norm(src) * w.
     glu: the pairs are (ffn_gate, gate), (ffn_up, up), and gate = silu(gate) * up after. A lone token's
-    (up to kernels.fused.MAX_WEIGHTS weights) is one compiled call where kernels.fused applies."""
+    (up to kernels.fused.MAX_WEIGHTS weights) is one compiled call where kernels.fused applies.
+    batch: the llama.cpp batch x's rows belong to (QTensor.rows)."""
     if x.shape[0] == 1 and (len(pairs) > 1 or norm is not None):
         outs, epi = _outs(pairs), fused.Epilogue.SWIGLU if glu else fused.Epilogue.NONE
-        plan = fused.fusable(x, outs, norm=norm, epi=epi)
+        plan = fused.fusable(x, outs, norm=norm, epi=epi, batch=batch)
         if plan is not None:
             return _fused_rows(plan, x, outs, pairs, norm, epi)
     if norm is not None:
         rms_norm(x, norm[0], norm[1], norm[2])
-    with shared_input(x):
-        for w, y in pairs:
-            w.rows(y, x)
+    shared = SharedInput(x)
+    for w, y in pairs:
+        w.rows(y, x, batch, shared)
     if glu:
         swiglu(pairs[0][1], pairs[0][1], pairs[1][1])
 
 
-def add_rows(res: np.ndarray, w: QTensor, a: np.ndarray, y: np.ndarray) -> None:
+def add_rows(res: np.ndarray, w: QTensor, a: np.ndarray, y: np.ndarray, batch: Batch | None = None) -> None:
     """res += a @ W^T (a residual after a projection): res, y f32[n, W.dims[1]] (y holds the product);
-    a f32[n, W.dims[0]]. A lone token's is one compiled call where kernels.fused applies."""
+    a f32[n, W.dims[0]] (rows of `batch`, QTensor.rows). A lone token's is one compiled call where
+    kernels.fused applies."""
     if a.shape[0] == 1:
         outs = _outs(((w, y),))
-        plan = fused.fusable(a, outs, epi=fused.Epilogue.ADD, res=res)
+        plan = fused.fusable(a, outs, epi=fused.Epilogue.ADD, res=res, batch=batch)
         if plan is not None:
             return _fused_rows(plan, a, outs, ((w, y),), None, fused.Epilogue.ADD, res)
-    w.rows(y, a)
+    w.rows(y, a, batch)
     res += y
 
 
-def project_qkv(L, xb: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, norm: tuple | None = None) -> None:
+def project_qkv(L, xb: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, norm: tuple | None = None,
+                batch: Batch | None = None) -> None:
     """q, k, v f32[n, heads, head_dim] = xb f32[n, n_embd] through attn_q/k/v (+ their biases where the
-    file has them), xb quantized once for the three; norm: xb = rms_norm first (rows_of)."""
+    file has them), xb quantized once for the three; norm: xb = rms_norm first; batch: as rows_of's."""
     n = xb.shape[0]
     qf, kf, vf = q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)
-    rows_of(xb, (L.attn_q, qf), (L.attn_k, kf), (L.attn_v, vf), norm=norm)
+    rows_of(xb, (L.attn_q, qf), (L.attn_k, kf), (L.attn_v, vf), norm=norm, batch=batch)
     for bias, flat in ((L.attn_q_bias, qf), (L.attn_k_bias, kf), (L.attn_v_bias, vf)):
         if bias is not None:
             flat += bias.data
 
 
-def output_rows(hp, il: int, out: slice | np.ndarray | None, *arrays):
+def output_rows(hp, il: int, out: slice | np.ndarray | None, batch: Batch | None, *arrays):
     """After the last layer's attention llama.cpp keeps only the rows whose logits are wanted
     (inp_out_ids) and runs the rest of the layer as a batch of those rows: the arrays narrowed to
-    `out` at layer il = n_layer - 1, and the batch view to run them under (else unchanged, and a
-    no-op context). out: a slice (views of those rows), or row indices i64[k] (several sequences'
+    `out` at layer il = n_layer - 1, and the batch to run them as, Batch(k, 0) (else the arrays and
+    `batch` unchanged). out: a slice (views of those rows), or row indices i64[k] (several sequences'
     last tokens in one ubatch): those rows gathered, in order, into the arrays' first k rows."""
     if out is None or il != hp.n_layer - 1:
-        return (*arrays, contextlib.nullcontext())
+        return (*arrays, batch)
     if isinstance(out, slice):
         narrowed = tuple(a[out] for a in arrays)
     else:
@@ -171,7 +176,7 @@ def output_rows(hp, il: int, out: slice | np.ndarray | None, *arrays):
         for a in arrays:
             a[:k] = a[out]                     # (fancy indexing copies first: overlapping rows are safe)
         narrowed = tuple(a[:k] for a in arrays)
-    return (*narrowed, batch_view(narrowed[0].shape[0], 0))
+    return (*narrowed, Batch(narrowed[0].shape[0], 0))
 
 
 # Tensor suffix -> expected GGUF dims, as a function of the hyperparameters (models.config.HParams, not

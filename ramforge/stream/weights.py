@@ -394,10 +394,11 @@ class Weights:
             raise InternalError(f"the experts of layer {il} were asked for outside `layer({il})`")
         yield Experts(self, il, [(il, int(e)) for e in ids], None, LayerExperts(layer))
 
-    def output_rows(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """logits y f32[n, n_vocab] = x f32[n, n_embd] @ output^T, resident or in streamed row chunks."""
+    def output_rows(self, y: np.ndarray, x: np.ndarray, batch=None) -> np.ndarray:
+        """logits y f32[n, n_vocab] = x f32[n, n_embd] @ output^T, resident or in streamed row chunks; in
+        the arithmetic of `batch` (a kernels.batch.Batch; None: x's rows are a batch of their own)."""
         if self.output is not None:
-            return self.output.rows(y, x)
+            return self.output.rows(y, x, batch)
         t = self.f.tensors[self.out_name]
         rb = block_row_bytes(t)
         for r0, r1 in self._out_chunks():
@@ -406,7 +407,7 @@ class Weights:
                 skip = t.offset + r0 * rb - lo
                 rep = repack_group(r1 - r0) if self._out_repack(t, r0, r1, skip) else 0
                 part = QTensor(t.name, t.ggml_type, (t.dims[0], r1 - r0), buf[skip:skip + (r1 - r0) * rb], rep)
-                part.rows(y[:, r0:r1], x)
+                part.rows(y[:, r0:r1], x, batch)
         return y
 
     def embed(self, tokens, out: np.ndarray) -> np.ndarray:
