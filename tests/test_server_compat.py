@@ -66,7 +66,7 @@ def _ids(s):
 
 
 def test_infill_arranges_the_prompt_as_llama_server():
-    from ramforge.server.fim import infill_ids
+    from ramforge.generation.fim import infill_ids
 
     extra = [{"filename": "a.py", "text": "x=1"}]
     got = infill_ids(_Tok(), "def f(", "):", extra, [7], n_ctx=4096)          # room beyond a 2048 batch: extra kept
@@ -83,7 +83,7 @@ def test_infill_arranges_the_prompt_as_llama_server():
 
 def test_infill_without_fim_tokens_names_them():
     from ramforge.errors import InvalidArgument
-    from ramforge.server.fim import infill_ids
+    from ramforge.generation.fim import infill_ids
 
     tok = _Tok()
     tok.vocab.special["fim_mid"] = None

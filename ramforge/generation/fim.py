@@ -1,26 +1,89 @@
-"""Fill-in-the-middle prompts: the model's FIM tokens around a prefix and a suffix, as llama.cpp's infill
-(llama-server's format_infill without extra context: [BOS] <FIM_PRE> prefix <FIM_SUF> suffix <FIM_MID>)."""
+"""Fill-in-the-middle: the prompt llama-server's /infill builds (tools/server format_prompt_infill),
+token for token, from the model's FIM tokens (`tokenizer.ggml.fim_pre_token_id` etc., or the texts
+llama.cpp recognises: ramforge.tokenizer.vocab).
+
+    [extra context]  [BOS]  FIM_PRE prefix prompt  FIM_SUF suffix  FIM_MID
+
+The extra context (the repo-level pattern) is `FIM_REP "myproject\\n"`, then per chunk `FIM_SEP
+"{filename}\\n" text` (without FIM_SEP: a "--- snippet ---" separator), then `FIM_SEP "filename\\n"`;
+it takes what the context leaves beyond a batch and twice n_predict, its last tokens first. The
+prefix keeps its last 3/4 of a batch, the suffix its first n_batch/4 - 2 - len(prompt) tokens.
+Prefix, suffix and chunks are tokenized with no special tokens parsed. spm_infill (suffix first) is
+llama-server's --spm-infill. /api/generate's and /v1/completions' `suffix` use it with the request's
+prompt as the prefix and no extra context; `Llama(...)(prompt, suffix=)` too (fim_prompt), refusing a model
+without FIM tokens with NoFIMTokens where the servers answer 400 (check_fim).
+"""
 from __future__ import annotations
 
-from ..errors import Unsupported
+from ..errors import Unsupported, UnsupportedField
+
+N_BATCH = 2048            # llama-server's default --batch-size, which sizes the prefix and suffix taken
+_SNIPPET = "\n\n--- snippet ---\n\n"
 
 
 class NoFIMTokens(Unsupported):
     """The model's vocabulary has no fill-in-the-middle tokens, so a `suffix` cannot be honoured."""
 
 
-def fim_prompt(tokenizer, prefix: str, suffix: str) -> list[int]:
-    """The token ids of an infill prompt; NoFIMTokens when the vocabulary lacks FIM prefix/suffix/middle."""
-    sp = tokenizer.vocab.special
-    pre, suf, mid = sp.get("fim_pre"), sp.get("fim_suf"), sp.get("fim_mid")
-    if None in (pre, suf, mid):
+def fim_ids(tok) -> dict[str, int | None]:
+    """The FIM token ids of a tokenizer: pre, suf, mid (needed), rep and sep (optional)."""
+    sp = tok.vocab.special
+    return {k: sp.get(f"fim_{k}") for k in ("pre", "suf", "mid", "rep", "sep")}
+
+
+def has_fim(tok) -> bool:
+    ids = fim_ids(tok)
+    return all(ids[k] is not None for k in ("pre", "suf", "mid"))
+
+
+def check_fim(tok, field: str = "suffix") -> None:
+    """UnsupportedField (400) naming the missing tokens when the model cannot fill in the middle."""
+    ids = fim_ids(tok)
+    missing = [n for n, k in (("prefix", "pre"), ("suffix", "suf"), ("middle", "mid")) if ids[k] is None]
+    if missing:
+        raise UnsupportedField(f"{field}: fill-in-the-middle is not supported by this model: its vocabulary has no "
+                               f"{', '.join(missing)} token (tokenizer.ggml.fim_pre/suf/mid_token_id); use a code "
+                               f"model with FIM tokens")
+
+
+def infill_ids(tok, prefix: str, suffix: str, extra: list[dict] | None = None, prompt: list[int] | None = None, *,
+               n_ctx: int, n_predict: int = -1, n_batch: int = N_BATCH, spm: bool = False) -> list[int]:
+    """format_prompt_infill's token ids (see the module doc); check_fim first."""
+    check_fim(tok, "input_suffix")
+    ids, prompt = fim_ids(tok), list(prompt or [])
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special=False, parse_special=False)
+
+    extra_ids: list[int] = []
+    if ids["rep"] is not None:
+        extra_ids += [ids["rep"]] + enc("myproject\n")
+    for chunk in extra or []:
+        if ids["sep"] is not None:
+            extra_ids += [ids["sep"]] + enc(chunk.get("filename", "tmp") + "\n")
+        else:
+            extra_ids += enc(_SNIPPET)
+        extra_ids += enc(chunk.get("text", ""))
+    if ids["sep"] is not None:
+        extra_ids += [ids["sep"]] + enc("filename\n")
+
+    pre, suf = enc(prefix), enc(suffix)
+    n_pre = min(len(pre), 3 * (n_batch // 4))
+    n_suf = min(len(suf), max(0, n_batch // 4 - (2 + len(prompt))))
+    n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_ids))
+    pre = [ids["pre"]] + pre[len(pre) - n_pre:] + prompt
+    suf = [ids["suf"]] + suf[:n_suf]
+    first, last = (suf, pre) if spm else (pre, suf)
+    if tok.add_bos and tok.bos_id is not None:
+        first = [tok.bos_id] + first
+    return extra_ids[len(extra_ids) - n_extra:] + first + last + [ids["mid"]]
+
+
+def fim_prompt(tok, prefix: str, suffix: str, n_batch: int = N_BATCH) -> list[int]:
+    """The library's infill prompt (Llama's `suffix`): infill_ids without extra context; NoFIMTokens when
+    the vocabulary lacks FIM prefix/suffix/middle tokens."""
+    if not has_fim(tok):
         raise NoFIMTokens("this model has no fill-in-the-middle tokens (tokenizer.ggml.fim_pre/suf/mid_token_id "
                           "or <|fim_prefix|>-style tokens), so `suffix` cannot be used; use a code model with FIM "
                           "(e.g. Qwen2.5-Coder, CodeGemma) or leave suffix out")
-    ids = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
-    ids.append(pre)
-    ids += tokenizer.encode(prefix, add_special=False, parse_special=False) if prefix else []
-    ids.append(suf)
-    ids += tokenizer.encode(suffix, add_special=False, parse_special=False) if suffix else []
-    ids.append(mid)
-    return ids
+    return infill_ids(tok, prefix, suffix, n_ctx=n_batch, n_batch=n_batch)

@@ -28,7 +28,7 @@ from ..errors import InvalidArgument, RequestTooLarge, Unsupported, UnsupportedF
 from ..generation.logprobs import MAX_TOP, SERVER, chat_logprobs
 from ..structured import for_request
 from .common import MAX_CTX, MAX_PREDICT, MAX_TOP_K, log, request_sampling, sampler_fields, stop_list
-from .fim import infill_ids
+from ..generation.fim import infill_ids
 from .manager import Job, manager_of, stream_job
 
 router = APIRouter()

@@ -7,7 +7,7 @@ are honoured; num_ctx, num_predict, stop, num_keep too; num_thread, num_batch an
 knobs (a model loaded with others is reloaded, as Ollama reloads its runner); num_gpu, main_gpu and
 draft_num_predict are accepted and change nothing; any other key is logged and ignored, as Ollama's
 Options.FromMap does. think takes true, false, "low", "medium", "high" and "max". `suffix` is
-fill-in-the-middle with the model's FIM tokens (server.fim; a 400 naming them where the model has
+fill-in-the-middle with the model's FIM tokens (generation.fim; a 400 naming them where the model has
 none); images and Go templates are a 400; `format` ("json" or a JSON schema) constrains the answer
 (ramforge.structured). num_ctx above the model's trained context (or `serve --max-ctx`) is clamped
 to it, as Ollama does. A chat longer than num_ctx loses its oldest messages first, as Ollama's
@@ -40,7 +40,7 @@ from ..generation.tools_call import ToolSession, ollama_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, Runner, check_messages, clamp_num_ctx, details_of,
                      fit_messages, iso, log, now_iso, parse_keep_alive, read_info, request_sampling, sampler_fields,
                      stop_list)
-from .fim import infill_ids
+from ..generation.fim import infill_ids
 from .showinfo import parameters_text, show_extras
 from .manager import Job, ModelManager, list_models, manager_of, modelfile_of, stream_job
 from .models_api import apply_modelfile
@@ -320,7 +320,7 @@ async def generate(req: GenerateRequest, request: Request):
         [{"role": "user", "content": req.prompt or ""}]
 
     def text_of(model) -> str:
-        if req.suffix:                                  # fill-in-the-middle: the model's FIM tokens (server.fim)
+        if req.suffix:                                  # fill-in-the-middle: the model's FIM tokens (generation.fim)
             return model.detokenize(build(model), special=True).decode("utf-8", "replace")
         return (req.prompt or "") if req.raw else model.render_chat(messages, **kwargs)
 

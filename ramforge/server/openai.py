@@ -29,7 +29,7 @@ max_tokens beyond the room left is cut to it (the answer then ends with finish_r
 llama-server does. A model name that reaches no model means the loaded one (else the startup one), as
 llama-server serves any name (ModelManager.locate_lenient). reasoning_effort "none" turns thinking off,
 "xhigh" is harmony's "high"; parallel_tool_calls false keeps the first call only. /v1/completions'
-`suffix` is fill-in-the-middle (server.fim).
+`suffix` is fill-in-the-middle (generation.fim).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from ..structured import for_request
 from ..generation.tools_call import ToolSession, openai_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, check_messages, error_body, error_status,
                      model_sampling_defaults, request_sampling, sampler_fields, stop_list)
-from .fim import infill_ids
+from ..generation.fim import infill_ids
 from .manager import Job, list_models, manager_of, stream_job
 
 router = APIRouter()
@@ -363,7 +363,7 @@ async def completions(req: CompletionRequest, request: Request):
     sampling = req.generation(await anyio.to_thread.run_sync(model_sampling_defaults, path))
 
     def build(model):
-        if req.suffix:                          # fill-in-the-middle with the model's FIM tokens (server.fim)
+        if req.suffix:                          # fill-in-the-middle with the model's FIM tokens (generation.fim)
             prefix = prompt if isinstance(prompt, str) else model.detokenize(prompt).decode("utf-8", "replace")
             return infill_ids(model.tokenizer, prefix, req.suffix, n_ctx=model.n_ctx)
         return model.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else prompt

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..generation.reasoning import parser_for
 from .common import read_info
-from .fim import has_fim
+from ..generation.fim import has_fim
 
 
 @lru_cache(maxsize=8)
