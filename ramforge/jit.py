@@ -12,9 +12,28 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable
 
 from numba.core import event
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One outermost compilation: the kernel's name, its argument types, its seconds (wall) and the
+    process's CPU seconds (user + system, every thread) spent meanwhile."""
+    kernel: str
+    args: str
+    seconds: float
+    cpu_s: float
+
+
+def _kernel_name(ev) -> tuple[str, str]:
+    data = ev.data or {}
+    disp = data.get("dispatcher")
+    fn = getattr(disp, "py_func", None)
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}" if fn else repr(disp)
+    return name, str(data.get("args", ""))
 
 
 class CompileClock(event.Listener):
@@ -25,7 +44,8 @@ class CompileClock(event.Listener):
         self.seconds = 0.0            # total, outermost compilations only
         self.kernels = 0              # outermost compilations
         self._depth = 0
-        self._t0 = 0.0
+        self._t0 = self._cpu0 = 0.0
+        self.records: list[Compiled] = []    # each outermost compilation, in order
         self._lock = threading.Lock()
         self.begin_hook: Callable[[], None] | None = None          # called as a compilation starts
         self.end_hook: Callable[[float], None] | None = None       # called with its seconds
@@ -35,7 +55,7 @@ class CompileClock(event.Listener):
             self._depth += 1
             first = self._depth == 1
             if first:
-                self._t0 = time.perf_counter()
+                self._t0, self._cpu0 = time.perf_counter(), time.process_time()
         if first and self.begin_hook is not None:
             self.begin_hook()
 
@@ -47,6 +67,7 @@ class CompileClock(event.Listener):
             dt = time.perf_counter() - self._t0
             self.seconds += dt
             self.kernels += 1
+            self.records.append(Compiled(*_kernel_name(ev), dt, time.process_time() - self._cpu0))
         if self.end_hook is not None:
             self.end_hook(dt)
 
@@ -128,3 +149,131 @@ def prepare_in_background() -> threading.Thread | None:
     t = threading.Thread(target=prepare, name="ramforge-numba-prepare", daemon=True)
     t.start()
     return t
+
+
+# ---------------------------------------------------------------- compiling in worker processes
+# A cold compile is CPU-bound and holds the GIL for long stretches. Kernels compiled in child processes
+# land in the shared on-disk cache (every kernel is cache=True; ramforge.paths), and this process then
+# loads them from there in milliseconds: the work runs on the other cores, and this process's threads
+# (an event loop, a prefill) go on meanwhile.
+@dataclass(frozen=True)
+class WarmJob:
+    """A warm function to call in a worker: module.function(*args) (args picklable; function may be
+    dotted, e.g. "Class.method")."""
+    module: str
+    function: str
+    args: tuple = ()
+
+    def run(self):
+        import importlib
+
+        fn = importlib.import_module(self.module)
+        for name in self.function.split("."):
+            fn = getattr(fn, name)
+        return fn(*self.args)
+
+
+def worker_count(reserve: int = 0) -> int:
+    """The cores this process may run on, less `reserve` (at least 1)."""
+    import os
+
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, n - reserve)
+
+
+class Warmup:
+    """Jobs compiling in worker processes (`python -c ...`, jobs pickled on stdin), dealt round-robin in
+    order, so the first jobs finish first. wait() blocks until all have ended (ok: every job ran)."""
+
+    def __init__(self, jobs: list[WarmJob], workers: int):
+        import os
+        import pickle
+        import subprocess
+        import sys
+
+        self.jobs = list(jobs)
+        self.ok: bool | None = None
+        self._cancelled = False
+        self._done = threading.Event()
+        self._procs = []
+        n = max(1, min(workers, len(self.jobs)))
+        env = dict(os.environ, RAMFORGE_WARM_WORKER="1")
+        for i in range(n if self.jobs else 0):
+            p = subprocess.Popen([sys.executable, "-c", "from ramforge.jit import _worker; _worker()"], env=env,
+                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self._procs.append(p)
+            p.stdin.write(pickle.dumps(self.jobs[i::n]))
+            p.stdin.close()
+        threading.Thread(target=self._reap, name="ramforge-warm-reaper", daemon=True).start()
+
+    def _reap(self) -> None:
+        ok = True
+        for p in self._procs:
+            err = p.stderr.read()
+            if p.wait() != 0:
+                ok = False
+                if self._cancelled:
+                    continue
+                import logging
+
+                logging.getLogger("ramforge").warning("a kernel warm-up worker failed (exit %s): %s", p.returncode,
+                                                      err.decode(errors="replace")[-2000:])
+        self.ok = ok
+        self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether every worker has ended within timeout."""
+        return self._done.wait(timeout)
+
+    def cancel(self) -> None:
+        """Stop the workers (what they saved stays in the cache) and wait for them to end."""
+        self._cancelled = True
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+        self._done.wait()
+
+
+def _worker() -> None:
+    """A warm-up worker's main: run the pickled WarmJobs from stdin (into the on-disk kernel cache)."""
+    import pickle
+    import sys
+
+    for job in pickle.loads(sys.stdin.buffer.read()):
+        job.run()
+
+
+def warm_jobs(engine, prefill: bool = True) -> list[WarmJob]:
+    """The warm-up jobs of an engine's kernels, first needed first: the sampler's, the fused decode
+    kernels (one job per distinct group of a layer's matrices, so workers share them out), the MoE
+    kernels and, with prefill, the matmul kernels of every batch size (one job per weight type).
+    An engine without local weights (a pipeline on Ray) gets the sampler's only."""
+    jobs = [WarmJob("ramforge.sampling", "warm", (int(engine.hp.n_vocab),))]
+    weights = getattr(engine, "weights", None)
+    if weights is None:
+        return jobs
+    parts: dict = {}
+    for layer in weights.layer_matrices():
+        groups = [names for names in (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"),
+                                      ("ffn_gate_shexp", "ffn_up_shexp")) if all(n in layer for n in names)]
+        rest = [n for n in layer if not any(n in g for g in groups)]
+        for names in groups + [(n,) for n in rest]:
+            part = tuple((n, layer[n]) for n in names)
+            parts.setdefault(part, None)
+    # the largest groups first: a first pass reaches the single matrices' kernels first (see cli run)
+    jobs += [WarmJob("ramforge.kernels.fused", "warm", ([dict(p)],)) for p in sorted(parts, key=len, reverse=True)]
+    moe = list(set(weights.expert_shapes()))
+    if moe:
+        jobs.append(WarmJob("ramforge.kernels.fused_moe", "warm", (moe,)))
+    if prefill:
+        by_type: dict = {}
+        for shape in weights.matmul_shapes():
+            by_type.setdefault(shape[0], []).append(shape)
+        jobs += [WarmJob("ramforge.kernels.qmatmul", "warm", (s,)) for s in by_type.values()]
+    return jobs

@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
@@ -196,6 +196,9 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        if manager.warming:     # llama-server's answer while it loads; Ollama's / and /api/version answer at once
+            return JSONResponse({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
+                                status_code=503)
         cur = manager.current
         return {"status": "ok", "model": cur.name if cur else None, "busy": manager.lock.locked(),
                 "waiting": manager.waiting, "generating": manager.busy}

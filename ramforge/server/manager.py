@@ -45,6 +45,7 @@ class Loaded:
     ctx_key: int | None        # the n_ctx it was asked for (None: the default)
     runner: tuple = ()         # Runner.resolved: the threads, I/O mode and ubatch it was loaded with
     config: Any = None         # a created model's store.modelfile.ModelConfig (its TEMPLATE loaded with it)
+    warming: Warming | None = None   # its kernels' warm-up (None: a model that needs none)
     loaded_at: float = field(default_factory=time.time)
     expires: float = FOREVER   # time.monotonic() deadline
     expires_wall: float = FOREVER
@@ -70,20 +71,62 @@ def _served_name(model: str | None, alias: str | None = None) -> tuple[str, set[
     return model, {model}
 
 
-def _warm(model) -> None:
-    """Compile, or load from the disk cache, the sampler's kernels and the matmul kernels any batch of
-    this model may take: a kernel compiled under a request would hold the GIL, and the event loop with
-    it (/health, the read deadlines), for seconds. A pipeline on Ray warms in its stages."""
-    from ..kernels import fused, fused_moe
-    from ..kernels.qmatmul import warm
-    from ..sampling import warm as warm_sampler
+WARM_WAIT_S = 600.0     # the longest a generation waits for a model's kernels to compile (a first run)
 
-    warm_sampler(model.engine.hp.n_vocab)
-    weights = getattr(model.engine, "weights", None)
-    if weights is not None:
-        n = (warm(weights.matmul_shapes()) + fused.warm(weights.layer_matrices())
-             + fused_moe.warm(weights.expert_shapes()))
-        log.debug("%d matmul kernels ready", n)
+
+class Warming:
+    """The kernel warm-up of a loaded model, in the background: compile, or load from the disk cache,
+    the sampler's kernels and the matmul kernels any batch of this model may take (ramforge.jit.warm_jobs),
+    so that no request compiles one under the model lock (a kernel compiling holds the GIL, and the event
+    loop with it, for seconds). Jobs run here one by one while they load from the cache; at the first
+    that compiled (a cold cache), the rest compile in worker processes (ramforge.jit.Warmup, one per
+    core) and are then loaded from the cache here. `done` is set at the end, success or not."""
+
+    def __init__(self, model):
+        self.model = model
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._workers = None
+        self._closed = False
+        threading.Thread(target=self._run, name="ramforge-warm", daemon=True).start()
+
+    def _run(self) -> None:
+        from ..jit import COMPILE, Warmup, warm_jobs, worker_count
+
+        t0 = time.perf_counter()
+        try:
+            jobs = warm_jobs(self.model.engine)
+            k0 = COMPILE.kernels
+            while jobs and COMPILE.kernels == k0 and not self._closed:
+                jobs.pop(0).run()
+            if jobs and not self._closed:
+                log.info("compiling kernels for this CPU in %d processes (first run only)", worker_count())
+                self._workers = Warmup(jobs, worker_count())
+                self._workers.wait()
+                for job in jobs:                    # from the cache now (or compiled here if a worker failed)
+                    if self._closed:
+                        break
+                    job.run()
+            log.info("kernels ready in %.1f s (%d compiled in this process)", time.perf_counter() - t0,
+                     COMPILE.kernels - k0)
+        except BaseException as e:                  # noqa: BLE001 - kept for the requests that wait
+            self.error = e
+            log.warning("warming the kernels failed: %s: %s", type(e).__name__, e)
+        finally:
+            self.done.set()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._workers is not None:
+            self._workers.cancel()
+
+    async def wait(self, timeout: float | None = None) -> None:
+        """Until the warm-up has ended; ServerBusy after `timeout` seconds (default WARM_WAIT_S)."""
+        timeout = WARM_WAIT_S if timeout is None else timeout
+        if not self.done.is_set() and not await anyio.to_thread.run_sync(self.done.wait, timeout,
+                                                                          abandon_on_cancel=True):
+            raise ServerBusy(f"the model's kernels are still compiling (a first run) after {timeout:.0f} s; "
+                             f"retry later")
 
 
 @dataclass
@@ -179,11 +222,6 @@ class ModelManager:
                       n_threads=n_threads, io=io, draft_model=drafter,
                       ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
                       **self._kv_types())
-        try:
-            _warm(model)
-        except BaseException:
-            model.close()
-            raise
         if self.cfg.cache_ram:                      # one per loaded model: states fit only their model
             from ..generation.session import PromptCache
 
@@ -206,6 +244,8 @@ class ModelManager:
         if cur is not None and cur.path == path and cur.config == config \
                 and num_ctx in (None, cur.ctx_key, cur.model.n_ctx) and (want is None or want == cur.runner):
             cur.name = served
+            if cur.warming is not None:
+                await cur.warming.wait()
             return cur, 0.0
         if self.busy:
             raise ServerBusy(f"{self.busy} parallel requests are generating with {cur.name}; another model or "
@@ -214,23 +254,33 @@ class ModelManager:
         t0 = time.perf_counter()
         want = want or Runner().resolved(self.cfg)
         model = await self.call(self._load, path, num_ctx, want, config)
-        self.current = Loaded(model, served, path, num_ctx, runner=want, config=config)
+        self.current = Loaded(model, served, path, num_ctx, runner=want, config=config, warming=Warming(model))
         self.current.keep(self.cfg.keep_alive)
         log.info("loaded %s (%s) in %.2f s", served, path, time.perf_counter() - t0)
+        await self.current.warming.wait()
         return self.current, time.perf_counter() - t0
 
     def preload(self) -> None:
-        """Load the startup model now (from the CLI, before serving): errors surface as they are."""
+        """Load the startup model now (from the CLI, before serving): errors surface as they are. Its
+        kernels warm up in the background (Warming): /health answers 503 until they are ready."""
         served, path = self.run_sync(self.locate, None)
         runner = Runner().resolved(self.cfg)
         config = modelfile_of(served)
         model = self.run_sync(self._load, path, None, runner, config)
-        self.current = Loaded(model, served, path, None, runner=runner, config=config)
+        self.current = Loaded(model, served, path, None, runner=runner, config=config, warming=Warming(model))
         self.current.keep(self.cfg.keep_alive)
+
+    @property
+    def warming(self) -> bool:
+        """Whether the loaded model's kernels are still warming up (llama-server's "Loading model")."""
+        cur = self.current
+        return cur is not None and cur.warming is not None and not cur.warming.done.is_set()
 
     async def unload(self) -> None:
         cur, self.current = self.current, None
         if cur is not None:
+            if cur.warming is not None:
+                cur.warming.close()
             if cur.model.cache is not None:
                 cur.model.cache.close()
             await self.call(cur.model.close)
@@ -277,6 +327,8 @@ class ModelManager:
     async def shutdown(self) -> None:
         try:
             cur, self.current = self.current, None
+            if cur is not None and cur.warming is not None:
+                cur.warming.close()
             if cur is not None:                     # queued behind any step still running on the worker
                 await self.call(cur.model.close)
         finally:

@@ -1,0 +1,137 @@
+"""A first run that does not make people wait: kernels warm up in worker processes (ramforge.jit.Warmup),
+`serve` answers /health 503 (llama-server's "Loading model") while they do, and requests wait for them."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from ramforge import jit
+from ramforge.jit import Warmup, WarmJob, warm_jobs
+from ramforge.server.app import create_app
+from ramforge.server.common import ServerConfig
+
+LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+
+
+def test_warmup_runs_its_jobs_in_worker_processes(tmp_path):
+    marks = [tmp_path / f"m{i}" for i in range(3)]
+    w = Warmup([WarmJob("os", "mkdir", (str(m),)) for m in marks], workers=2)
+    assert w.wait(60) and w.ok and w.done()
+    assert all(m.exists() for m in marks)
+    assert len(w._procs) == 2 and all(p.pid != os.getpid() for p in w._procs)
+
+
+def test_a_failing_worker_is_reported_and_a_cancelled_one_is_not(caplog):
+    w = Warmup([WarmJob("math", "sqrt", (-1.0,))], workers=1)
+    assert w.wait(60) and w.ok is False
+    assert "warm-up worker failed" in caplog.text and "math domain error" in caplog.text
+    caplog.clear()
+    w = Warmup([WarmJob("time", "sleep", (60,))], workers=1)
+    t0 = time.monotonic()
+    w.cancel()
+    assert w.done() and time.monotonic() - t0 < 30 and "failed" not in caplog.text
+
+
+@pytest.fixture(scope="module")
+def engine(default_model):
+    from ramforge.engine.engine import Engine
+
+    eng = Engine.load(default_model, n_ctx=64, n_threads=1)
+    yield eng
+    eng.close()
+
+
+def test_warm_jobs_first_needed_first_and_none_twice(engine):
+    jobs = warm_jobs(engine)
+    assert jobs[0] == WarmJob("ramforge.sampling", "warm", (engine.hp.n_vocab,))
+    fused = [j for j in jobs if j.module == "ramforge.kernels.fused"]
+    parts = [tuple(j.args[0][0].items()) for j in fused]
+    assert len(set(parts)) == len(parts) and len(parts) >= 3
+    assert list(parts[0][i][0] for i in range(3)) == ["attn_q", "attn_k", "attn_v"]    # largest groups first
+    covered = {n for p in parts for n, _ in p}
+    assert covered == {n for layer in engine.weights.layer_matrices() for n in layer}
+    decode = warm_jobs(engine, prefill=False)
+    assert decode == jobs[:len(decode)] and all(j.module != "ramforge.kernels.qmatmul" for j in decode)
+    assert any(j.module == "ramforge.kernels.qmatmul" for j in jobs)
+    for j in jobs:
+        j.run()                                         # every job runs (from the warm cache here)
+
+
+def test_health_is_503_while_the_kernels_warm_then_200_and_requests_wait(monkeypatch):
+    gate, ran = threading.Event(), []
+
+    def slow_jobs(engine, prefill=True):           # a warm-up held open until the test lets it end
+        ran.append(engine)
+        return [WarmJob("threading", "Event.wait", (gate, 60))]
+
+    monkeypatch.setattr(jit, "warm_jobs", slow_jobs)
+    app = create_app(ServerConfig(model="default", ram="400M", n_ctx=256, n_threads=1))
+    app.state.manager.preload()
+    with TestClient(app) as client:
+        r = client.get("/health")
+        assert r.status_code == 503 and r.json() == LOADING
+        assert client.get("/").status_code == 200                   # Ollama's probes answer at once
+        assert client.get("/api/version").status_code == 200
+        answer = {}
+        body = {"model": "default", "prompt": "Why is the sky blue?", "stream": False,
+                "options": {"temperature": 0, "num_predict": 4}}
+        t = threading.Thread(target=lambda: answer.update(r=client.post("/api/generate", json=body)))
+        t.start()
+        time.sleep(1.0)
+        assert "r" not in answer                                    # waiting for the warm-up
+        gate.set()
+        t.join(120)
+        assert answer["r"].status_code == 200 and answer["r"].json()["eval_count"] == 4
+        r = client.get("/health")
+        assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["model"] == "default"
+    assert len(ran) == 1
+
+
+def test_a_request_that_outwaits_the_warm_up_is_told_to_retry(monkeypatch):
+    from ramforge.server import manager as mgr
+
+    gate = threading.Event()
+    monkeypatch.setattr(jit, "warm_jobs", lambda engine, prefill=True: [WarmJob("threading", "Event.wait",
+                                                                                (gate, 60))])
+    monkeypatch.setattr(mgr, "WARM_WAIT_S", 0.5)
+    app = create_app(ServerConfig(model="default", ram="400M", n_ctx=256, n_threads=1))
+    app.state.manager.preload()
+    try:
+        with TestClient(app) as client:
+            r = client.post("/api/generate", json={"model": "default", "prompt": "hi", "stream": False,
+                                                   "options": {"num_predict": 1}})
+            assert r.status_code == 503 and "still compiling" in r.json()["error"]
+    finally:
+        gate.set()
+
+
+@pytest.mark.slow
+def test_a_cold_serve_answers_health_at_once(tmp_path):
+    """A real cold compile (a fresh kernel cache): /health answers (503) within 30 s, then 200."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "kernels"))
+    port = 18000 + os.getpid() % 1000
+    p = subprocess.Popen([sys.executable, "-m", "ramforge", "serve", "default", "--port", str(port)], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         cwd=Path(__file__).resolve().parents[1])
+    try:
+        t0, seen = time.monotonic(), []
+        while time.monotonic() - t0 < 900 and 200 not in seen:
+            try:
+                seen.append(httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code)
+                if len(seen) == 1:
+                    assert time.monotonic() - t0 < 30
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        assert seen[0] == 503 and seen[-1] == 200
+    finally:
+        p.terminate()
+        p.wait(60)
