@@ -34,8 +34,8 @@ from .. import cancel
 from .._version import __version__
 from ..errors import RamforgeError
 from .browser import CORS_METHODS, DEFAULT_ORIGINS, BrowserGate, origin_regex, send_error as _send_error
-from .common import (MAX_JSON_DEPTH, OPEN_PATHS, ServerConfig, body_error, error_response, error_status, json_depth, log,
-                     validation_message)
+from .common import (MAX_JSON_DEPTH, OPEN_PATHS, ServerConfig, body_error, error_response, error_status, json_depth,
+                     loading_response, log, validation_message)
 from .manager import ModelManager
 
 
@@ -197,8 +197,7 @@ def create_app(cfg: ServerConfig | None = None, **kwargs) -> FastAPI:
     @app.get("/health")
     async def health():
         if manager.warming:     # llama-server's answer while it loads; Ollama's / and /api/version answer at once
-            return JSONResponse({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
-                                status_code=503)
+            return loading_response()
         cur = manager.current
         return {"status": "ok", "model": cur.name if cur else None, "busy": manager.lock.locked(),
                 "waiting": manager.waiting, "generating": manager.busy}

@@ -429,3 +429,9 @@ def fit_messages(msgs: list[dict], n_ctx: int, count) -> list[dict]:
         else:                              # k does not fit, nor does anything before it
             lo = k + 1
     return best if best is not None else kept(last)[1]
+
+
+def loading_response() -> JSONResponse:
+    """llama-server's answer to /health while the model loads (here: while its kernels warm)."""
+    return JSONResponse({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
+                        status_code=503)

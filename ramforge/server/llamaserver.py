@@ -27,7 +27,8 @@ from .._version import __version__
 from ..errors import InvalidArgument, RequestTooLarge, Unsupported, UnsupportedField, check_token_ids
 from ..generation.logprobs import MAX_TOP, SERVER, chat_logprobs
 from ..structured import for_request
-from .common import MAX_CTX, MAX_PREDICT, MAX_TOP_K, log, request_sampling, sampler_fields, stop_list
+from .common import (MAX_CTX, MAX_PREDICT, MAX_TOP_K, loading_response, log, request_sampling, sampler_fields,
+                     stop_list)
 from ..generation.fim import infill_ids
 from .manager import Job, manager_of, stream_job
 
@@ -212,6 +213,8 @@ async def metrics(request: Request):
 
 @router.get("/v1/health")
 async def v1_health(request: Request):
+    if manager_of(request).warming:             # as /health: llama-server's answer while it loads
+        return loading_response()
     return {"status": "ok"}
 
 
