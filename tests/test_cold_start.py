@@ -76,8 +76,9 @@ def test_health_is_503_while_the_kernels_warm_then_200_and_requests_wait(monkeyp
     app = create_app(ServerConfig(model="default", ram="400M", n_ctx=256, n_threads=1))
     app.state.manager.preload()
     with TestClient(app) as client:
-        r = client.get("/health")
-        assert r.status_code == 503 and r.json() == LOADING
+        for path in ("/health", "/v1/health"):
+            r = client.get(path)
+            assert r.status_code == 503 and r.json() == LOADING, path
         assert client.get("/").status_code == 200                   # Ollama's probes answer at once
         assert client.get("/api/version").status_code == 200
         answer = {}
