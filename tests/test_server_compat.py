@@ -98,8 +98,6 @@ uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 import json  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
@@ -294,23 +292,9 @@ console.log(JSON.stringify(out));
 @pytest.mark.slow
 def test_npm_ollama_client(srv):
     """The npm `ollama` client (installed once into the git-ignored fixture cache) against the server."""
-    from tools._fixtures import cache_dir
+    from tests.npm import run_node
 
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node or npm is not installed")
-    where = cache_dir() / "npm-ollama"
-    if not (where / "node_modules" / "ollama").is_dir():
-        where.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([npm, "install", "--prefix", str(where), "--no-audit", "--no-fund", "--prefer-offline",
-                               "ollama"], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            pytest.skip(f"the npm package ollama cannot be installed here (offline?): {done.stderr[-300:]}")
-    script = where / "check.mjs"
-    script.write_text(_NODE)
-    run = subprocess.run([node, str(script), srv.url], capture_output=True, text=True, timeout=600, cwd=where)
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = json.loads(run.stdout)
+    out = run_node(_NODE, srv.url)
     assert out["version"]["version"] == "0.12.11"
     assert "completion" in out["show"]["capabilities"]
     assert out["generate"]["done"] and out["chat"]["message"]["role"] == "assistant" and out["chunks"] >= 2
