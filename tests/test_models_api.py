@@ -1,6 +1,6 @@
-"""Ollama's model management over HTTP (server/models_api.py) through the official `ollama` client:
-pull from a local http source, blobs, create (JSON and Modelfile forms), copy, delete, list, show, and
-that a created model's TEMPLATE / SYSTEM / PARAMETERs take effect; `ramforge create`."""
+"""Ollama's model management over HTTP (server/models_api.py) through the official `ollama` clients (Python;
+npm's in a slow test): pull from a local http source, blobs, create (JSON and Modelfile forms), copy, delete,
+list, show, and that a created model's TEMPLATE / SYSTEM / PARAMETERs take effect; `ramforge create`."""
 from __future__ import annotations
 
 import hashlib
@@ -42,7 +42,7 @@ def home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def source(tiny):
-    """A plain http server of the tiny model's file."""
+    """A plain http server of the tiny model's file (under two names: one per client)."""
     data = tiny.read_bytes()
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -50,7 +50,7 @@ def source(tiny):
             pass
 
         def do_GET(self):
-            if self.path != "/tiny-llama.gguf":
+            if self.path not in ("/tiny-llama.gguf", "/tiny-npm.gguf"):
                 return self.send_error(404)
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
@@ -93,6 +93,62 @@ def test_pull_streams_ollamas_progress_and_lists_the_model(server, source, home,
     with pytest.raises(ollama.ResponseError) as e:
         client.pull(f"{source}/missing.gguf", insecure=True)
     assert e.value.status_code >= 400 and "404" in str(e.value)
+
+
+_NODE = r"""
+import { Ollama } from 'ollama';
+const c = new Ollama({ host: process.argv[2] });
+const source = process.argv[3];
+const names = async () => (await c.list()).models.map((m) => m.name);
+const refusal = async (call) => { try { await call(); return null; }
+                                  catch (e) { return { status: e.status_code, error: e.error }; } };
+const out = { progress: [] };
+for await (const p of await c.pull({ model: source, insecure: true, stream: true })) {
+  out.progress.push({ status: p.status, total: p.total ?? null, completed: p.completed ?? null,
+                      digest: p.digest ?? null });
+}
+out.created = await c.create({ model: 'npm-sys', from: 'tiny-npm', system: 'Be brief.',
+                               parameters: { num_predict: 3, temperature: 0, stop: ['\n\n'] } });
+out.copied = await c.copy({ source: 'npm-sys', destination: 'npm-sys-copy' });
+out.listed = await names();
+out.shown = await c.show({ model: 'npm-sys-copy' });
+out.deleted = await c.delete({ model: 'npm-sys-copy' });
+out.after = await names();
+out.delete_again = await refusal(() => c.delete({ model: 'npm-sys-copy' }));
+out.copy_missing = await refusal(() => c.copy({ source: 'no-such-model', destination: 'x' }));
+out.create_missing = await refusal(() => c.create({ model: 'y', from: 'no-such-model' }));
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.slow
+def test_npm_ollama_client_manages_models(server, source, home, tiny):
+    """The npm `ollama` client (tests/npm.py: installed once into the fixture cache) pulls with streamed
+    progress, creates from a pulled model with SYSTEM and PARAMETERs, copies, lists, shows and deletes."""
+    from tests.npm import run_node
+
+    _, http = server
+    out = run_node(_NODE, str(http.base_url).rstrip("/"), f"{source}/tiny-npm.gguf")
+    size, digest = tiny.stat().st_size, "sha256:" + hashlib.sha256(tiny.read_bytes()).hexdigest()
+    statuses = [p["status"] for p in out["progress"]]
+    assert statuses[0] == "pulling manifest"
+    assert statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
+    moving = [p for p in out["progress"] if p["status"] == f"pulling {source}/tiny-npm.gguf"]
+    assert moving and {p["total"] for p in moving} == {size}
+    done = [p["completed"] for p in moving]
+    assert done == sorted(done) and done[-1] == size                    # monotone, to the whole file
+    assert out["progress"][-3]["digest"] == digest and out["progress"][-3]["completed"] == size
+    assert out["created"]["status"] == out["copied"]["status"] == out["deleted"]["status"] == "success"
+    assert {"tiny-npm", "npm-sys", "npm-sys-copy"} <= set(out["listed"])
+    assert "npm-sys-copy" not in out["after"] and {"tiny-npm", "npm-sys"} <= set(out["after"])
+    shown = out["shown"]
+    params = [line.split(None, 1) for line in shown["parameters"].splitlines()]
+    assert shown["system"] == "Be brief." and ["num_predict", "3"] in params and ["temperature", "0"] in params
+    assert ["stop", '"\\n\\n"'] in params and 'SYSTEM """Be brief."""' in shown["modelfile"]
+    assert shown["details"]["family"] == "llama"
+    assert out["delete_again"]["status"] == out["copy_missing"]["status"] == out["create_missing"]["status"] == 404
+    assert "no-such-model" in out["copy_missing"]["error"]
+    assert Store().get("npm-sys").config["system"] == "Be brief."       # what the store kept, not just what show says
 
 
 def test_blobs_are_checked_and_bounded(server, home, tiny, monkeypatch):
