@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ggufbuild import GGUFBuilder
+from tools.ggufbuild import GGUFBuilder
 from ramforge.cli import main
 from ramforge.gguf.constants import GGMLType, GGUFValueType as VT
 from ramforge.gguf.reader import GGUFFile

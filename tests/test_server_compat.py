@@ -311,7 +311,7 @@ def gguf_with(src: Path, dst: Path, extra: list[tuple[str, int, object]]) -> Pat
 
     from ramforge.gguf.constants import GGUFValueType as VT
     from ramforge.gguf.reader import GGUFFile
-    from tests.ggufbuild import _str, encode_value
+    from tools.ggufbuild import _str, encode_value
 
     with GGUFFile(src) as f:
         align, data_at = f.alignment, f.data_offset

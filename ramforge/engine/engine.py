@@ -415,7 +415,7 @@ class Engine:
         self.reset()
         self.seq_bounds = bounds
         try:
-            return self._pass(n, lambda x: self.arch.embed(self, x, toks), slice(0, n), (n, 0), embd=True), bounds
+            return self._pass(n, lambda x: self.arch.embed(self, x, toks), slice(0, n), Batch(n, 0), embd=True), bounds
         finally:
             self.seq_bounds = None
             self.reset()
