@@ -11,25 +11,20 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
-from ..errors import InvalidArgument, RamforgeError
+from ..errors import InvalidArgument
 from ..flags import DEFAULT_CTX, N_UBATCH
 from ..memory import MemoryBudget, parse_memory_size
 from .logprobs import LCPP as LCPP_LOGPROBS, Recorder, check_top
 from .logprobs import chat_from_legacy as chat_logprobs_lcpp
 from .logprobs import legacy as legacy_logprobs
 from ..sampling.params import sampler_params, stop_strings
+from .model_chat import _DEFAULT_MODEL_TEMPLATE, is_default_model, model_chat_template  # noqa: F401 (re-exported)
 from .reasoning import parser_for
 from ..store.resolve import resolve_model
 from .tools_call import ToolSession, openai_calls
 from ..sampling import LCPP, Sampler
-
-# Google's gemma-3 chat template, used for the embedded default model, whose GGUF has none (as
-# Ollama ships a template beside a model). Any other model without one gets llama.cpp's ChatML.
-_DEFAULT_MODEL_TEMPLATE = Path(__file__).parents[1] / "templates" / "gemma3.jinja"   # ramforge/templates
-
 
 @dataclass
 class Response:
@@ -168,38 +163,21 @@ class Model:
     # ---- embeddings (generation/embed.py) ------------------------------------------------------
     def embedder(self, pooling_type=None):
         """An embed.Embedder of this model: pooling from the file ({arch}.pooling_type), or pooling_type."""
-        from .embed import Embedder, pooling_of
-        from ..gguf.reader import GGUFFile
-        if getattr(self, "_pooling_md", None) is None:
-            with GGUFFile(self.path) as f:
-                self._pooling_md = {k: v for k, v in f.metadata.items() if k.endswith(".pooling_type")}
-        return Embedder(self.engine, pooling_of(self._pooling_md, self.engine.hp.arch, pooling_type))
+        from .embed import model_embedder
+        return model_embedder(self, pooling_type)
 
     def embed(self, input, normalize: bool = False, truncate: bool = True, return_count: bool = False,
               pooling_type=None):
         """llama-cpp-python's Llama.embed: a list of floats for a string, a list of them for a list
         (pooling none: a list per token); normalize: each vector scaled to unit length as
         llama-cpp-python does (float64); truncate: inputs cut to the batch (512 tokens)."""
-        import numpy as np
-        emb = self.embedder(pooling_type)
-        inputs = [input] if isinstance(input, (str, bytes)) else list(input)
-        out, toks = [], [emb.tokens(item, truncate) for item in inputs]
-        total = sum(len(t) for t in toks)
-        for v in emb.embed_many(toks):              # packed several to a pass, as llama-cpp-python's embed
-            rows = v.reshape(-1, v.shape[-1]).tolist()
-            if normalize:
-                rows = [r if (n := float(np.linalg.norm(r))) == 0.0 else [x / n for x in r] for r in rows]
-            out.append(rows if v.ndim == 2 else rows[0])
-        out = out[0] if isinstance(input, (str, bytes)) else out
-        return (out, total) if return_count else out
+        from .embed import embed_inputs
+        return embed_inputs(self, input, normalize, truncate, return_count, pooling_type)
 
     def create_embedding(self, input, model: str | None = None, pooling_type=None) -> dict:
         """llama-cpp-python's create_embedding: OpenAI's list of embedding objects, with usage."""
-        data, total = self.embed(input if isinstance(input, list) else [input], return_count=True,
-                                 pooling_type=pooling_type)
-        return {"object": "list", "model": model if model is not None else self.path,
-                "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
-                "usage": {"prompt_tokens": total, "total_tokens": total}}
+        from .embed import create_embedding
+        return create_embedding(self, input, model, pooling_type)
 
     # ---- tokens ------------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -459,25 +437,8 @@ class Model:
     def chat_template(self, tools: bool = False):
         """The model's chat.ChatTemplate (loaded once). tools: a request with tools gets the GGUF's
         `tokenizer.chat_template.tool_use` where it has one (and no template was given), as llama.cpp."""
-        if tools and self._chat_override is None:
-            if self._chat_tool is None:
-                from .chat import ChatTemplate
-                from ..gguf.reader import GGUFFile
-
-                with GGUFFile(self.path) as f:
-                    md = f.metadata
-                self._chat_tool = (ChatTemplate.from_metadata(md, md["tokenizer.chat_template.tool_use"])
-                                   if isinstance(md.get("tokenizer.chat_template.tool_use"), str) else False)
-            if self._chat_tool:
-                return self._chat_tool
-        if self._chat is None:
-            from .chat import ChatTemplate
-            from ..gguf.reader import GGUFFile
-
-            with GGUFFile(self.path) as f:
-                md = f.metadata
-            self._chat = model_chat_template(md, self._is_default(), self._chat_override)
-        return self._chat
+        from .model_chat import model_template
+        return model_template(self, tools)
 
     def _is_default(self) -> bool:
         return is_default_model(self.name, self.path)
@@ -505,26 +466,6 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def model_chat_template(md: dict, is_default: bool, override: str | None = None):
-    """A model's chat.ChatTemplate from its GGUF metadata: override (a template's text) wins, then the GGUF's,
-    then for the embedded default model its gemma-3 template (its GGUF ships none), else llama.cpp's ChatML."""
-    from .chat import ChatTemplate
-
-    if override is None and "tokenizer.chat_template" not in md and is_default:
-        override = _DEFAULT_MODEL_TEMPLATE.read_text()
-    return ChatTemplate.from_metadata(md, override)
-
-
-def is_default_model(name, path) -> bool:
-    """Whether name / path is the embedded default model."""
-    from ..store.resolve import DEFAULT_NAMES, default_model_path
-
-    try:
-        return name in DEFAULT_NAMES or str(path) == str(default_model_path())
-    except RamforgeError:
-        return False
 
 
 def _pipeline(model, ray, stages, stage_ram, n_ctx, io, n_threads):

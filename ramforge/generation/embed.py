@@ -244,3 +244,40 @@ class Embedder:
                                f" = 4), and this model's pooling is {self.pooling.name.lower()}")
         toks = [self.rerank_tokens(query, d)[:self.max_tokens] for d in docs]
         return [float(v[0]) for v in self.embed_many(toks)]
+
+
+# ---- api.Model's embedding methods (llama-cpp-python's Llama.embed / create_embedding) ---------
+def model_embedder(model, pooling_type=None) -> Embedder:
+    """An Embedder of an api.Model: pooling from the file ({arch}.pooling_type), or pooling_type."""
+    from ..gguf.reader import GGUFFile
+    if getattr(model, "_pooling_md", None) is None:
+        with GGUFFile(model.path) as f:
+            model._pooling_md = {k: v for k, v in f.metadata.items() if k.endswith(".pooling_type")}
+    return Embedder(model.engine, pooling_of(model._pooling_md, model.engine.hp.arch, pooling_type))
+
+
+def embed_inputs(model, input, normalize: bool = False, truncate: bool = True, return_count: bool = False,
+                 pooling_type=None):
+    """Model.embed: a list of floats for a string, a list of them for a list (pooling none: a list per
+    token); normalize: each vector scaled to unit length as llama-cpp-python does (float64); truncate:
+    inputs cut to the batch (512 tokens)."""
+    emb = model.embedder(pooling_type)
+    inputs = [input] if isinstance(input, (str, bytes)) else list(input)
+    out, toks = [], [emb.tokens(item, truncate) for item in inputs]
+    total = sum(len(t) for t in toks)
+    for v in emb.embed_many(toks):              # packed several to a pass, as llama-cpp-python's embed
+        rows = v.reshape(-1, v.shape[-1]).tolist()
+        if normalize:
+            rows = [r if (n := float(np.linalg.norm(r))) == 0.0 else [x / n for x in r] for r in rows]
+        out.append(rows if v.ndim == 2 else rows[0])
+    out = out[0] if isinstance(input, (str, bytes)) else out
+    return (out, total) if return_count else out
+
+
+def create_embedding(model, input, model_name: str | None = None, pooling_type=None) -> dict:
+    """Model.create_embedding: OpenAI's list of embedding objects, with usage."""
+    data, total = model.embed(input if isinstance(input, list) else [input], return_count=True,
+                              pooling_type=pooling_type)
+    return {"object": "list", "model": model_name if model_name is not None else model.path,
+            "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
+            "usage": {"prompt_tokens": total, "total_tokens": total}}

@@ -6,7 +6,7 @@ was expected.
 
 Split models (llama.cpp's gguf-split: NAME-00001-of-0000N.gguf, each shard with `split.no`,
 `split.count`, `split.tensors.count`; the metadata in the first) open as one GGUFFile from any
-shard: its shards are found by name, checked to belong together (SplitShardMissing, SplitMismatch)
+shard (gguf.split): its shards are found by name, checked to belong together (SplitShardMissing, SplitMismatch)
 and their tensors joined. Each tensor knows its shard (`TensorInfo.file`); its `offset` is an
 address in one space where shard k's bytes start at `bases[k]` (0 for the first, so a single file's
 addresses are its file offsets), far enough apart that no read span crosses from one shard into
@@ -15,7 +15,6 @@ the next. `stream.io.ModelFile` maps an address back to (shard, file offset).
 from __future__ import annotations
 
 import os
-import re
 import struct
 from bisect import bisect_right
 from array import array
@@ -24,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GGUFError, SplitMismatch, SplitShardMissing
+from ..errors import GGUFError, SplitMismatch
+from . import split as _split
+from .split import SHARD_GAP, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS, Split, split_path, split_prefix  # noqa: F401 (re-exported)
 from .constants import (GGML_BLOCK, GGML_MAX_DIMS, GGML_MAX_NAME, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC,
                         GGUF_MAX_ALIGNMENT, GGUF_SCALAR, GGUF_VERSIONS, GGMLType, GGUFValueType, Keys)
 
@@ -46,34 +47,6 @@ _TYPED_KEYS = {
     Keys.CHAT_TEMPLATE: (GGUFValueType.STRING, None),
 }
 _PARALLEL_ARRAYS = (Keys.SCORES, Keys.TOKEN_TYPE)  # must have as many entries as TOKENS
-
-# llama.cpp's split keys (LLM_KV_SPLIT_*) and shard names (llama_split_path: "%s-%05d-of-%05d.gguf")
-SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
-_SPLIT_NAME = re.compile(r"(.+)-(\d{5,})-of-(\d{5,})\.gguf", re.S)
-_INT_TYPES = (GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16, GGUFValueType.UINT32,
-              GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64)
-SHARD_GAP = 1 << 30             # shard k's addresses start at least this far past shard k-1's last byte
-
-
-def split_path(prefix: str, no: int, count: int) -> str:
-    """llama_split_path: shard `no` (1-based) of `count` of the model named by prefix."""
-    return f"{prefix}-{no:05d}-of-{count:05d}.gguf"
-
-
-def split_prefix(path: str) -> tuple[str, int, int] | None:
-    """(prefix, shard no, count) of a shard's path (llama_split_prefix), None for another name."""
-    m = _SPLIT_NAME.fullmatch(os.fspath(path))
-    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
-
-
-@dataclass(frozen=True)
-class Split:
-    """A shard's split keys: no is 0-based as in the file (split.no)."""
-
-    no: int
-    count: int
-    tensors: int | None
-
 
 @dataclass(frozen=True)
 class Field:
@@ -276,16 +249,7 @@ class GGUFFile:
     @property
     def split(self) -> Split | None:
         """This file's split keys where split.count > 1 (a shard of a split model), else None."""
-        count = self.fields.get(SPLIT_COUNT)
-        for f in (count, self.fields.get(SPLIT_NO), self.fields.get(SPLIT_TENSORS)):
-            if f is not None and (f.type not in _INT_TYPES or f.value < 0):
-                raise self._err(f.key, f.value, f.offset, "a non-negative integer (llama.cpp writes u16, u16, i32)")
-        if count is None or count.value <= 1:
-            return None
-        no, n_t = self.fields.get(SPLIT_NO), self.fields.get(SPLIT_TENSORS)
-        if no is None:
-            raise SplitMismatch(self.path, f"{SPLIT_COUNT} = {count.value} but no {SPLIT_NO}: not a gguf-split shard")
-        return Split(no.value, count.value, None if n_t is None else n_t.value)
+        return _split.read_split(self)
 
     @property
     def paths(self) -> list[str]:
@@ -349,63 +313,12 @@ class GGUFFile:
         except Exception:
             pass
 
-    # ---- split models ---------------------------------------------------------------------
+    # ---- split models (gguf.split) ----------------------------------------------------------
     def _join_split(self) -> None:
-        """Open every shard of the split model this file belongs to (from its first, whichever was
-        given), found by llama.cpp's names, and join them (`_join`)."""
-        sp = self.split
-        named = split_prefix(self.path)
-        if named is None or named[1:] != (sp.no + 1, sp.count):
-            raise SplitMismatch(self.path, f"{SPLIT_NO} = {sp.no}, {SPLIT_COUNT} = {sp.count}, but the name does not end "
-                                           f"in -{sp.no + 1:05d}-of-{sp.count:05d}.gguf, so its other shards cannot be "
-                                           f"found; rename the shards as gguf-split names them")
-        paths = [split_path(named[0], k + 1, sp.count) for k in range(sp.count)]
-        if sp.no != 0:                                   # a later shard given: read the set from its first
-            self.close()
-            self._open(self._shard_file(paths, 0))
-        self._join([self.path, *(self._shard_file(paths, k) for k in range(1, sp.count))])
+        _split.join_split(self)
 
     def _join(self, given: list) -> None:
-        """Join shards given in order (this file is the first, opened from given[0]): each checked to
-        belong with the first (llama_model_loader's rules) and its tensors added at its base address."""
-        sp = self.split
-        count = len(given) if sp is None else sp.count
-        if len(given) != count:
-            raise SplitMismatch(self.path, f"{SPLIT_COUNT} = {count}, but {len(given)} files were given")
-        first = self._check_shard(self, 0, count, None)
-        arch = self.architecture
-        for k in range(1, count):
-            shard = GGUFFile(given[k], join_split=False)
-            self.shards.append(shard)
-            self._check_shard(shard, k, count, arch)
-            self.bases.append(-(-(self.bases[-1] + self.shards[-2].size + SHARD_GAP) // SHARD_GAP) * SHARD_GAP)
-            for name, t in shard.tensors.items():
-                if name in self.tensors:
-                    raise SplitMismatch(shard.path, f"tensor {name} is in shard {self.tensors[name].file + 1} too")
-                self.tensors[name] = TensorInfo(t.name, t.ggml_type, t.dims, self.bases[k] + t.offset, t.nbytes, k)
-        if first.tensors is not None and first.tensors != len(self.tensors):
-            raise SplitMismatch(self.path, f"{SPLIT_TENSORS} = {first.tensors}, but the {count} shards hold "
-                                           f"{len(self.tensors)} tensors")
-
-    def _shard_file(self, paths: list[str], k: int) -> str:
-        if not os.path.isfile(paths[k]):
-            raise SplitShardMissing(paths[k], k + 1, len(paths), paths[0])
-        return paths[k]
-
-    def _check_shard(self, shard: "GGUFFile", k: int, count: int, arch: str | None) -> Split:
-        sp = shard.split
-        if sp is None or sp.count != count or sp.no != k:
-            got = "no split keys" if sp is None else f"{SPLIT_NO} = {sp.no}, {SPLIT_COUNT} = {sp.count}"
-            raise SplitMismatch(shard.path, f"shard {k + 1} of {count} has {got} (expected {SPLIT_NO} = {k}, "
-                                            f"{SPLIT_COUNT} = {count}): it belongs to another model")
-        first = self.fields.get(SPLIT_TENSORS)
-        if k and sp.tensors is not None and first is not None and sp.tensors != first.value:
-            raise SplitMismatch(shard.path, f"{SPLIT_TENSORS} = {sp.tensors}, but the first shard says {first.value}: "
-                                            f"it belongs to another model")
-        if k and shard.architecture is not None and shard.architecture != arch:
-            raise SplitMismatch(shard.path, f"architecture {shard.architecture!r}, but the first shard's is {arch!r}: "
-                                            f"it belongs to another model")
-        return sp
+        _split.join(self, given)
 
     # ---- parsing ------------------------------------------------------------------------
     def _pread(self, offset: int, n: int) -> bytes:

@@ -241,112 +241,127 @@ def _status(r, calls) -> str:
     return "incomplete" if r.finish_reason == "length" and not calls else "completed"
 
 
+class _Stream:
+    """The events of one streamed Response: its output items opened, grown and closed as the chunks come."""
+
+    def __init__(self, shape: _Shape, run):
+        self.shape, self.run, self.tools = shape, run, run.tools
+        self.seq = 0
+        self.output: list[dict] = []
+        self.msg: dict | None = None           # the message item, open while text streams
+        self.reasoning: dict | None = None
+
+    def event(self, kind: str, **fields) -> str:
+        self.seq += 1
+        data = json.dumps({"type": kind, "sequence_number": self.seq - 1, **fields}, ensure_ascii=False)
+        return f"event: {kind}\ndata: {data}\n\n"
+
+    def close_reasoning(self) -> list[str]:
+        if self.reasoning is None:
+            return []
+        i, item, self.reasoning = self.output.index(self.reasoning), self.reasoning, None
+        text = item["content"][0]["text"]
+        return [self.event("response.reasoning_text.done", item_id=item["id"], output_index=i, content_index=0,
+                           text=text),
+                self.event("response.output_item.done", output_index=i, item=item)]
+
+    def reasoning_delta(self, thinking: str) -> list[str]:
+        out = []
+        if self.reasoning is None:
+            self.reasoning = _reasoning(_new_id("rs"), "")
+            self.reasoning["status"] = "in_progress"
+            self.output.append(self.reasoning)
+            out.append(self.event("response.output_item.added", output_index=len(self.output) - 1,
+                                  item={**self.reasoning, "content": []}))
+        self.reasoning["content"][0]["text"] += thinking
+        out.append(self.event("response.reasoning_text.delta", item_id=self.reasoning["id"],
+                              output_index=self.output.index(self.reasoning), content_index=0, delta=thinking))
+        return out
+
+    def text_delta(self, text: str) -> list[str]:
+        out = self.close_reasoning()
+        if self.msg is None:
+            msg = self.msg = _message(_new_id("msg"), "", "in_progress")
+            self.output.append(msg)
+            i = len(self.output) - 1
+            out += [self.event("response.output_item.added", output_index=i, item={**msg, "content": []}),
+                    self.event("response.content_part.added", item_id=msg["id"], output_index=i, content_index=0,
+                               part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+        if text:
+            self.msg["content"][0]["text"] += text
+            out.append(self.event("response.output_text.delta", item_id=self.msg["id"],
+                                  output_index=self.output.index(self.msg), content_index=0, delta=text, logprobs=[]))
+        return out
+
+    def close_message(self) -> list[str]:
+        msg = self.msg
+        if msg is None or msg["status"] == "completed":
+            return []
+        msg["status"] = "completed"
+        i, part = self.output.index(msg), msg["content"][0]
+        return [self.event("response.output_text.done", item_id=msg["id"], output_index=i, content_index=0,
+                           text=part["text"], logprobs=[]),
+                self.event("response.content_part.done", item_id=msg["id"], output_index=i, content_index=0,
+                           part=part),
+                self.event("response.output_item.done", output_index=i, item=msg)]
+
+    def call_events(self, calls) -> list[str]:
+        out = []
+        for c in calls:
+            item = _call(c, self.tools.fmt)
+            self.output.append(item)
+            i = len(self.output) - 1
+            out += [self.event("response.output_item.added", output_index=i,
+                               item={**item, "status": "in_progress", "arguments": ""}),
+                    self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
+                               delta=item["arguments"]),
+                    self.event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
+                               name=item["name"], arguments=item["arguments"]),
+                    self.event("response.output_item.done", output_index=i, item=item)]
+        return out
+
+    def finish(self, r) -> list[str]:
+        """The last chunk's events: the items closed, the tool calls, and the Response's final status."""
+        tools = self.tools
+        calls = self.run.calls(tools.stream.calls if tools.stream is not None else [])
+        out = self.text_delta("") if self.msg is None and not calls else []   # an empty answer is still a message
+        out += self.close_reasoning() + self.close_message() + self.call_events(calls)
+        status = _status(r, calls)
+        out.append(self.event(f"response.{status}", response=self.shape.response(status, self.output, r)))
+        return out
+
+    def lines(self, r) -> list[str]:
+        out = []
+        if self.seq == 0:
+            out += [self.event("response.created", response=self.shape.response("in_progress", [])),
+                    self.event("response.in_progress", response=self.shape.response("in_progress", []))]
+        if r.thinking:
+            out += self.reasoning_delta(r.thinking)
+        text, stream = r.text, self.tools.stream
+        if stream is not None:                        # the answer through the tool-call parser
+            text, _ = stream.feed(r.text)
+            if r.done:
+                text += stream.finish()[0]
+        if text:
+            out += self.text_delta(text)
+        return out + self.finish(r) if r.done else out
+
+    def on_error(self, e: BaseException) -> str:
+        return self.event("error", code=str(error_status(e)), message=str(e), param=None)
+
+
 @router.post("/v1/responses")
 async def responses(req: ResponsesRequest, request: Request):
     run = await start_chat(req.chat(), request)
     shape, tools = _Shape(req, run.name), run.tools
-
-    if not req.stream:
-        r = await run.job.collect(request)
-        content, calls = tools.parse(r.text)
-        calls = run.calls(calls)
-        output = [_reasoning(_new_id("rs"), r.thinking)] if r.thinking else []
-        if content or not calls:
-            output.append(_message(_new_id("msg"), content))
-        output += [_call(c, tools.fmt) for c in calls]
-        return shape.response(_status(r, calls), output, r)
-
-    seq = 0
-    output: list[dict] = []
-    msg: dict | None = None           # the message item, open while text streams
-    reasoning: dict | None = None
-
-    def event(kind: str, **fields) -> str:
-        nonlocal seq
-        seq += 1
-        data = json.dumps({"type": kind, "sequence_number": seq - 1, **fields}, ensure_ascii=False)
-        return f"event: {kind}\ndata: {data}\n\n"
-
-    def close_reasoning() -> list[str]:
-        nonlocal reasoning
-        if reasoning is None:
-            return []
-        i, item, reasoning = output.index(reasoning), reasoning, None
-        text = item["content"][0]["text"]
-        return [event("response.reasoning_text.done", item_id=item["id"], output_index=i, content_index=0, text=text),
-                event("response.output_item.done", output_index=i, item=item)]
-
-    def text_delta(text: str) -> list[str]:
-        nonlocal msg
-        out = close_reasoning()
-        if msg is None:
-            msg = _message(_new_id("msg"), "", "in_progress")
-            output.append(msg)
-            i = len(output) - 1
-            out += [event("response.output_item.added", output_index=i, item={**msg, "content": []}),
-                    event("response.content_part.added", item_id=msg["id"], output_index=i, content_index=0,
-                          part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
-        if text:
-            msg["content"][0]["text"] += text
-            out.append(event("response.output_text.delta", item_id=msg["id"], output_index=output.index(msg),
-                             content_index=0, delta=text, logprobs=[]))
-        return out
-
-    def close_message() -> list[str]:
-        if msg is None or msg["status"] == "completed":
-            return []
-        msg["status"] = "completed"
-        i, part = output.index(msg), msg["content"][0]
-        return [event("response.output_text.done", item_id=msg["id"], output_index=i, content_index=0,
-                      text=part["text"], logprobs=[]),
-                event("response.content_part.done", item_id=msg["id"], output_index=i, content_index=0, part=part),
-                event("response.output_item.done", output_index=i, item=msg)]
-
-    def lines(r) -> list[str]:
-        nonlocal reasoning
-        out = []
-        if seq == 0:
-            out += [event("response.created", response=shape.response("in_progress", [])),
-                    event("response.in_progress", response=shape.response("in_progress", []))]
-        if r.thinking:
-            if reasoning is None:
-                reasoning = _reasoning(_new_id("rs"), "")
-                reasoning["status"] = "in_progress"
-                output.append(reasoning)
-                out.append(event("response.output_item.added", output_index=len(output) - 1,
-                                 item={**reasoning, "content": []}))
-            reasoning["content"][0]["text"] += r.thinking
-            out.append(event("response.reasoning_text.delta", item_id=reasoning["id"],
-                             output_index=output.index(reasoning), content_index=0, delta=r.thinking))
-        text = r.text
-        if tools.stream is not None:                  # the answer through the tool-call parser
-            text, _ = tools.stream.feed(r.text)
-            if r.done:
-                text += tools.stream.finish()[0]
-        if text:
-            out += text_delta(text)
-        if not r.done:
-            return out
-        calls = run.calls(tools.stream.calls if tools.stream is not None else [])
-        if msg is None and not calls:
-            out += text_delta("")                     # an empty answer is still a message
-        out += close_reasoning() + close_message()
-        for c in calls:
-            item = _call(c, tools.fmt)
-            output.append(item)
-            i = len(output) - 1
-            out += [event("response.output_item.added", output_index=i,
-                          item={**item, "status": "in_progress", "arguments": ""}),
-                    event("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
-                          delta=item["arguments"]),
-                    event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
-                          name=item["name"], arguments=item["arguments"]),
-                    event("response.output_item.done", output_index=i, item=item)]
-        status = _status(r, calls)
-        out.append(event(f"response.{status}", response=shape.response(status, output, r)))
-        return out
-
-    def on_error(e: BaseException) -> str:
-        return event("error", code=str(error_status(e)), message=str(e), param=None)
-
-    return stream_job(run.job, lines, on_error, SSE)
+    if req.stream:
+        st = _Stream(shape, run)
+        return stream_job(run.job, st.lines, st.on_error, SSE)
+    r = await run.job.collect(request)
+    content, calls = tools.parse(r.text)
+    calls = run.calls(calls)
+    output = [_reasoning(_new_id("rs"), r.thinking)] if r.thinking else []
+    if content or not calls:
+        output.append(_message(_new_id("msg"), content))
+    output += [_call(c, tools.fmt) for c in calls]
+    return shape.response(_status(r, calls), output, r)

@@ -13,12 +13,12 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..gguf.reader import GGUFFile, split_path, split_prefix
+from ..gguf.reader import GGUFFile
 from ..paths import cache_dir
 from .names import (CHUNK, DEFAULT_TIMEOUT, GGUF_MAGIC, _HEX64, BlobChanged, BlobMissing, CorruptManifest, DigestMismatch,
                     InsecureSource, InvalidModelName, NotGGUF, NotInStore, Progress, PullError, default_name,
                     expand_source, is_valid_name, normalize_name)
-from .transfer import hash_file, _PartLock, _download, _drop_if_empty, drop_part_meta
+from .transfer import hash_file, _PartLock, _download, _drop_if_empty, drop_part_meta, split_urls
 
 
 # ------------------------------------------------------------------------------------------ store
@@ -488,15 +488,3 @@ class Store:
             _fsync_dir(self.blobs)
         return hx, size, verified, blob.stat().st_mtime_ns
 
-
-def split_urls(url: str) -> list[str]:
-    """The URLs of a split GGUF's shards from one shard's URL (llama.cpp's PREFIX-0000K-of-0000N.gguf, the
-    query kept); [url] for any other file."""
-    u = urllib.parse.urlsplit(url)
-    head, _, last = u.path.rpartition("/")
-    named = split_prefix(urllib.parse.unquote(last))
-    if named is None or named[2] <= 1:
-        return [url]
-    prefix, _, count = named
-    return [urllib.parse.urlunsplit(u._replace(path=f"{head}/{urllib.parse.quote(split_path(prefix, k, count))}"))
-            for k in range(1, count + 1)]

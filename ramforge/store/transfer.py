@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from ..gguf.split import split_path, split_prefix
 from .names import (CHUNK, Progress, GGUF_MAGIC, USER_AGENT, _CONTENT_RANGE, DigestMismatch, DownloadIncomplete,
                     InvalidSource, NotGGUF, PullError, StoreBusy, _etag_sha256)
 
@@ -302,3 +303,16 @@ def _finish(url, h, size, expected, tag) -> tuple[str, int, bool]:
                                  f"the download does not match {where}; the partial file was deleted, "
                                  f"run the pull again (or check --sha256)")
     return hx, size, bool(expected or tag)
+
+
+def split_urls(url: str) -> list[str]:
+    """The URLs of a split GGUF's shards from one shard's URL (llama.cpp's PREFIX-0000K-of-0000N.gguf, the
+    query kept); [url] for any other file."""
+    u = urllib.parse.urlsplit(url)
+    head, _, last = u.path.rpartition("/")
+    named = split_prefix(urllib.parse.unquote(last))
+    if named is None or named[2] <= 1:
+        return [url]
+    prefix, _, count = named
+    return [urllib.parse.urlunsplit(u._replace(path=f"{head}/{urllib.parse.quote(split_path(prefix, k, count))}"))
+            for k in range(1, count + 1)]
