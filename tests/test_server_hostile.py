@@ -366,7 +366,8 @@ def test_closing_a_job_while_its_step_runs_on_another_thread(caplog):
 
     import anyio.to_thread
 
-    from ramforge.server.manager import Job, ModelManager
+    from ramforge.server.jobs import Job
+    from ramforge.server.manager import ModelManager
 
     started, closed_by = threading.Event(), []
 
@@ -383,7 +384,7 @@ def test_closing_a_job_while_its_step_runs_on_another_thread(caplog):
             closed_by.append(threading.current_thread().name)
 
     async def main():
-        from ramforge.server.manager import Steps
+        from ramforge.server.jobs import Steps
 
         manager = ModelManager(ServerConfig())
         job = Job(manager, keep_alive=None)

@@ -15,7 +15,7 @@
   for ramforge.cancel.
 - Errors map to HTTP statuses by exception type (`error_status`), never by message; bodies are
   Ollama's `{"error": "..."}`, or OpenAI's `{"error": {"message": ..., "type": ...}}` under /v1.
-`ModelManager` and `Job` live in server.manager; limits, config, errors and helpers in server.common.
+`ModelManager` lives in server.manager, `Job` in server.jobs; limits, config, errors and helpers in server.common.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 

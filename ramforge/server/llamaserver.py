@@ -16,7 +16,7 @@ import json
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Request
@@ -30,7 +30,8 @@ from ..structured import for_request
 from .common import (MAX_CTX, MAX_PREDICT, MAX_TOP_K, loading_response, log, request_sampling, sampler_fields,
                      stop_list)
 from ..generation.fim import infill_ids
-from .manager import Job, manager_of, stream_job
+from .jobs import Job, stream_job
+from .manager import manager_of
 
 router = APIRouter()
 MAX_TOKENIZE_CHARS = 1 << 18           # characters a /tokenize or /apply-template may send

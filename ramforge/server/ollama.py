@@ -40,7 +40,8 @@ from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, Runner, check_me
                      stop_list)
 from ..generation.fim import infill_ids
 from .showinfo import locate_for_show, model_digest, show_response
-from .manager import Job, ModelManager, list_models, manager_of, modelfile_of, stream_job
+from .jobs import Job, stream_job
+from .manager import ModelManager, list_models, manager_of, modelfile_of
 from .models_api import apply_modelfile
 
 router = APIRouter()

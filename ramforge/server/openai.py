@@ -51,7 +51,8 @@ from ..generation.tools_call import ToolSession, openai_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, check_messages, error_body, error_status,
                      model_sampling_defaults, request_sampling, sampler_fields, stop_list)
 from ..generation.fim import infill_ids
-from .manager import Job, list_models, manager_of, stream_job
+from .jobs import Job, stream_job
+from .manager import list_models, manager_of
 
 router = APIRouter()
 SSE = "text/event-stream"

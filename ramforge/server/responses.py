@@ -33,7 +33,7 @@ from pydantic import Field, ValidationError
 from ..errors import InvalidArgument, UnsupportedField
 from ..sampling.params import PARAMS
 from .common import MAX_NAME, MAX_PREDICT, error_status, validation_message
-from .manager import stream_job
+from .jobs import stream_job
 from .openai import SSE, ChatRequest, Strict, _SamplerFields, start_chat
 
 router = APIRouter()
