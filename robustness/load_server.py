@@ -285,10 +285,11 @@ def free_port() -> int:
 
 
 def start_server(port: int, log_path: str, *flags: str) -> subprocess.Popen:
-    """`ramforge serve` on the default model at 127.0.0.1:port (400M, ctx 512) with these further flags,
-    its output to log_path; every harness's server (stop_server ends it)."""
+    """`ramforge serve` on the default model at 127.0.0.1:port (400M, ctx 512, Ollama's 404 for an unknown
+    model name on every API: --strict-names) with these further flags, its output to log_path; every
+    harness's server (stop_server ends it)."""
     cmd = [sys.executable, "-m", "ramforge", "serve", "--host", "127.0.0.1", "--port", str(port), "--ram", "400M",
-           "--ctx", "512", "--log-level", "warning", *flags]
+           "--ctx", "512", "--log-level", "warning", "--strict-names", *flags]
     return subprocess.Popen(cmd, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
@@ -304,7 +305,8 @@ def stop_server(proc: subprocess.Popen | None, log_path: str | None) -> None:
         os.unlink(log_path)
 
 
-def wait_up(url: str, proc: subprocess.Popen | None, timeout: float = 120) -> None:
+def wait_up(url: str, proc: subprocess.Popen | None, timeout: float = 300) -> None:
+    """Until /health answers 200: the model loaded and its kernels warm (503 meanwhile)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:

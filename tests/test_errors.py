@@ -41,7 +41,9 @@ def category(cls) -> tuple[type, int]:
 
 # Errors that no request and no model file can trigger: they keep the fallback 500.
 FALLBACK_OK = {"InternalError", "MissingExtra", "StoreError", "PullError", "DownloadIncomplete", "StoreBusy",
-               "DequantError"}
+               "DequantError",
+               "AuthRequired", "RangeUnsupported",          # a pull's upstream failures (PullError's)
+               "ServerUnreachable", "ServerRefused"}        # the CLI's ps / stop, never served
 
 
 def test_every_typed_error_has_a_category():

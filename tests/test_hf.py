@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tools.ggufbuild import GGUFBuilder
-from ramforge.cli import main
+from tests.test_store import run  # noqa: F401  (`ramforge ARGS` in-process: code, stdout, stderr)
 from ramforge.gguf.constants import GGMLType, GGUFValueType as VT
 from ramforge.gguf.reader import GGUFFile
 from ramforge.store import DigestMismatch, InvalidSource, Store
@@ -185,14 +185,6 @@ def env(hub_server, tmp_path, monkeypatch):
     return hub_server
 
 
-def run(capsys, *args):
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 # ------------------------------------------------------------------------ llama.cpp's choice

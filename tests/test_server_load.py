@@ -29,7 +29,7 @@ REQUEST_TIMEOUT = 1.5
 
 @pytest.fixture(scope="module")
 def server():
-    app = create_app(ServerConfig(ram="400M", n_ctx=512, keep_alive=600))
+    app = create_app(ServerConfig(ram="400M", n_ctx=512, keep_alive=600, lenient_names=False))   # as the harness serves
     srv = uvicorn.Server(uvicorn_config(app, request_timeout=REQUEST_TIMEOUT, timeout_keep_alive=1,
                                         log_level="warning"))
     with serving(srv) as (url, thread):

@@ -108,7 +108,18 @@ def test_bad_requests_are_400_by_name(srv, body, words):
     assert words in r.json()["error"]["message"]
 
 
+def test_text_format_json_schema_constrains_the_answer(srv):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = srv.openai.responses.create(model="default", input="Is water wet? Answer in JSON.", temperature=0,
+                                    max_output_tokens=40, text={"format": {"type": "json_schema", "name": "answer",
+                                                                           "schema": schema, "strict": True}})
+    assert r.status == "completed", r.output_text
+    assert isinstance(json.loads(r.output_text)["ok"], bool)
+
+
 # ------------------------------------------------------------------------- tools, on a scripted model
+# (after every test of the real model: `tooled` patches Model for the rest of the module)
 
 from tests import test_server_tools as scripted  # noqa: E402
 
@@ -186,13 +197,3 @@ def test_chat_parallel_tool_calls_false_keeps_the_first(tooled, script):
     assert list(got) == [0] and scripted._valid(got[0]) == {"city": "Oslo", "days": 2}
     both = tooled.openai.chat.completions.create(model="default", messages=ask, tools=[scripted.WEATHER])
     assert len(both.choices[0].message.tool_calls) == 2
-
-
-def test_text_format_json_schema_constrains_the_answer(srv):
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}
-    r = srv.openai.responses.create(model="default", input="Is water wet? Answer in JSON.", temperature=0,
-                                    max_output_tokens=40, text={"format": {"type": "json_schema", "name": "answer",
-                                                                           "schema": schema, "strict": True}})
-    assert r.status == "completed", r.output_text
-    assert isinstance(json.loads(r.output_text)["ok"], bool)

@@ -364,7 +364,7 @@ def calibrate_routers(spec: Spec, path: Path, profile, progress: bool = True) ->
 
     routers, fits, ffn, segments = {}, {}, moe.ffn, []
 
-    def fitted(m, s, il, L, xb, x):
+    def fitted(m, s, il, L, xb, x, batch=None):
         if il not in routers:
             t = L.ffn_gate_inp
             name = f"blk.{il}.ffn_gate_inp.weight"
@@ -381,7 +381,7 @@ def calibrate_routers(spec: Spec, path: Path, profile, progress: bool = True) ->
                 print(f"layer {il}: g {f['g']:.2f} lam {f['lam']:.2f} -> top 40 % {f['top40']:.1%} "
                       f"(want {profile.top40:.1%}), reuse {f['reuse']:.1%} (want {profile.reuse:.1%})",
                       file=sys.stderr, flush=True)
-        ffn(m, s, il, L, xb, x)
+        ffn(m, s, il, L, xb, x, batch=batch)
 
     moe.ffn = fitted
     try:

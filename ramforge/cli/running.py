@@ -12,13 +12,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import flags
-from ..errors import RamforgeError
+from ..errors import ModelNotFound, RamforgeError
 from ..memory.size import format_bytes
 from .console import client_url, err, out
 
 
 class ServerUnreachable(RamforgeError):
     """No `ramforge serve` answers at the address."""
+
+
+class ServerRefused(RamforgeError):
+    """The server answered a `ps` / `stop` request with an error status."""
 
 
 def _request(method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> dict:
@@ -41,7 +45,7 @@ def _request(method: str, path: str, body: dict | None = None, timeout: float = 
         data = {}
     if r.status_code >= 400:
         reason = data.get("error") if isinstance(data, dict) else None
-        raise RamforgeError(f"{method} {url}: HTTP {r.status_code}: {reason or r.text[:200]}")
+        raise ServerRefused(f"{method} {url}: HTTP {r.status_code}: {reason or r.text[:200]}")
     return data
 
 
@@ -84,7 +88,7 @@ def stop(model):
     """Unload MODEL from a running `ramforge serve` now (a keep_alive 0 request), as ollama stop."""
     loaded = [m.get("name") for m in _request("GET", "/api/ps").get("models", [])]
     if model not in loaded and not any(n and n.split(":")[0] == model for n in loaded):
-        raise RamforgeError(f"couldn't find model {model!r} to stop: the server holds "
+        raise ModelNotFound(f"couldn't find model {model!r} to stop: the server holds "
                             f"{', '.join(map(repr, loaded)) if loaded else 'no model'}")
     _request("POST", "/api/generate", {"model": model, "keep_alive": 0})
     err.print(f"stopped {escape(model)}")
