@@ -110,20 +110,15 @@ def rank_head(m, h: np.ndarray) -> np.ndarray:
     cls.output (+ bias); f32[k, n_cls_out]."""
     g = _globals(m)
     cur, batch = h, Batch(h.shape[0], 0)             # the first tokens' rows, a batch of their own
-    if g["cls.weight"] is not None:
-        W = g["cls.weight"]
+    for weight, bias, act in (("cls", "cls.bias", tanh), ("cls.output", "cls.output.bias", None)):
+        W = g[f"{weight}.weight"]
+        if W is None:
+            continue
         y = np.empty((h.shape[0], W.dims[1]), np.float32)
         W.rows(y, cur, batch)
-        if g["cls.bias"] is not None:
-            y += g["cls.bias"].data
-        cur = tanh(y)
-    if g["cls.output.weight"] is not None:
-        W = g["cls.output.weight"]
-        y = np.empty((h.shape[0], W.dims[1]), np.float32)
-        W.rows(y, cur, batch)
-        if g["cls.output.bias"] is not None:
-            y += g["cls.output.bias"].data
-        cur = y
+        if g[bias] is not None:
+            y += g[bias].data
+        cur = act(y) if act is not None else y
     return cur
 
 
