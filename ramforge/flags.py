@@ -72,7 +72,8 @@ def parse(flag: Flag, text: str):
 
 HOME = Flag("RAMFORGE_HOME", str, None, "the model store's and the kernel cache's root (default: "
             "`$XDG_CACHE_HOME/ramforge`, else `~/.cache/ramforge`)")
-THREADS = Flag("RAMFORGE_THREADS", int, None, "default kernel threads (else the physical cores)")
+THREADS = Flag("RAMFORGE_THREADS", int, None, "default kernel threads (else the physical cores, at most "
+               "$NUMBA_NUM_THREADS)")
 KV_TYPE = Flag("RAMFORGE_KV_TYPE", str, None, "default KV cache type, `q8_0` or `q8_0,f16` for K,V (else f16; "
                "`serve` also reads Ollama's `OLLAMA_KV_CACHE_TYPE`)")
 API_KEY = Flag("RAMFORGE_API_KEY", str, None, "`serve --api-key` (and what `ps`/`stop` send)")
@@ -92,8 +93,8 @@ NO_REPACK = Flag("RAMFORGE_NO_REPACK", bool, False, "keep every matrix in file o
 REPACK_STREAMED = Flag("RAMFORGE_REPACK_STREAMED", bool, False, "also repack streamed layers (for A/B runs; "
                        "out of core it costs more than it gains)")
 
-FLAGS: tuple[Flag, ...] = (HOME, THREADS, KV_TYPE, API_KEY, HOST, PORT, RAM, CREATE_DIRS, MAX_BLOB, DEBUG, PORTABLE, NO_VNNI, NO_REPACK,
-                           REPACK_STREAMED)
+FLAGS: tuple[Flag, ...] = (HOME, THREADS, KV_TYPE, API_KEY, HOST, PORT, RAM, CREATE_DIRS, MAX_BLOB, DEBUG, PORTABLE,
+                           NO_VNNI, NO_REPACK, REPACK_STREAMED)
 
 FOREIGN: tuple[Flag, ...] = (
     Flag("OLLAMA_ORIGINS", str, None, "`serve --origins` (read by server.browser)"),

@@ -63,6 +63,18 @@ def test_threads_default_reads_the_flag(monkeypatch):
         default_threads()
 
 
+def test_threads_default_never_exceeds_numbas(monkeypatch):
+    """With NUMBA_NUM_THREADS below the cores, the default is numba's count (set_threads accepts it)."""
+    import numba
+    import psutil
+
+    from ramforge.engine import runtime
+
+    monkeypatch.delenv("RAMFORGE_THREADS", raising=False)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: numba.config.NUMBA_NUM_THREADS + 3)
+    assert runtime.default_threads() == numba.config.NUMBA_NUM_THREADS
+
+
 def test_usage_table_is_the_flags_table():
     text = (ROOT / "docs/USAGE.md").read_text(encoding="utf-8")
     m = re.search(r"<!-- switches: [^\n]*-->\n(.*?)\n<!-- end switches -->", text, re.S)

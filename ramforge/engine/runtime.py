@@ -20,9 +20,14 @@ from ..errors import InvalidArgument
 
 
 def default_threads() -> int:
-    """RAMFORGE_THREADS, else the number of physical cores (as llama.cpp's default)."""
+    """RAMFORGE_THREADS, else the number of physical cores (as llama.cpp's default), at most the threads
+    numba was started with ($NUMBA_NUM_THREADS): a default never exceeds what can run."""
+    import numba
+
     n = flags.THREADS.get()
-    return n if n is not None else psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    if n is not None:
+        return n
+    return min(psutil.cpu_count(logical=False) or os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS)
 
 
 def set_threads(n: int | None = None) -> int:
