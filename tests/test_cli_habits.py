@@ -139,3 +139,26 @@ def test_ps_and_stop_without_a_server_say_so(monkeypatch):
         with pytest.raises(SystemExit) as e:
             _main(args)
         assert e.value.code == 1
+
+
+def test_ps_and_stop_against_a_running_server(monkeypatch):
+    """`ps` lists the loaded model and `stop` unloads it, over HTTP as ollama ps / stop do."""
+    import uvicorn
+
+    from ramforge.server import ServerConfig, create_app
+    from tests.serving import serving
+
+    app = create_app(ServerConfig(model="default", ram="400M", n_ctx=256, keep_alive=600))
+    app.state.manager.preload()
+    with serving(uvicorn.Server(uvicorn.Config(app, log_level="warning"))) as (url, _):
+        host, port = url.rsplit("//", 1)[1].rsplit(":", 1)
+        monkeypatch.setenv("RAMFORGE_HOST", host)
+        monkeypatch.setenv("RAMFORGE_PORT", port)
+        r = CliRunner().invoke(cli, ["ps", "--json"])
+        assert r.exit_code == 0, r.output
+        assert [m["name"] for m in json.loads(r.output)["models"]] == ["default"]
+        r = CliRunner().invoke(cli, ["stop", "nothing-loaded"])
+        assert "couldn't find model 'nothing-loaded'" in str(r.exception)        # ModelNotFound: main prints one line
+        r = CliRunner().invoke(cli, ["stop", "default"])
+        assert r.exit_code == 0, r.output
+        assert app.state.manager.current is None

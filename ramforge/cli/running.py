@@ -4,7 +4,6 @@ $OLLAMA_HOST, else 127.0.0.1:11434; $RAMFORGE_API_KEY is sent as the bearer toke
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime, timezone
 
 import click
@@ -26,27 +25,34 @@ class ServerRefused(RamforgeError):
 
 
 def _request(method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> dict:
-    import httpx
+    """One JSON request to the running server (the standard library's HTTP client: no extra needed)."""
+    import urllib.error
+    import urllib.request
 
     url = client_url() + path
-    headers = {}
+    headers = {"Content-Type": "application/json"}
     key = flags.API_KEY.get()
     if key:
         headers["Authorization"] = f"Bearer {key}"
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
-        r = httpx.request(method, url, json=body, headers=headers, timeout=timeout)
-    except httpx.HTTPError as e:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, text = r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as e:
         raise ServerUnreachable(f"no ramforge serve answers at {client_url()} ({type(e).__name__}); start one with "
                                 f"`ramforge serve`, or set RAMFORGE_HOST / RAMFORGE_PORT or OLLAMA_HOST to "
                                 f"where it runs") from None
     try:
-        data = r.json()
+        answer = json.loads(text)
     except ValueError:
-        data = {}
-    if r.status_code >= 400:
-        reason = data.get("error") if isinstance(data, dict) else None
-        raise ServerRefused(f"{method} {url}: HTTP {r.status_code}: {reason or r.text[:200]}")
-    return data
+        answer = {}
+    if status >= 400:
+        reason = answer.get("error") if isinstance(answer, dict) else None
+        raise ServerRefused(f"{method} {url}: HTTP {status}: {reason or text[:200]}")
+    return answer
 
 
 def _until(expires: str | None) -> str:
