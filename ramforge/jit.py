@@ -247,33 +247,3 @@ def _worker() -> None:
 
     for job in pickle.loads(sys.stdin.buffer.read()):
         job.run()
-
-
-def warm_jobs(engine, prefill: bool = True) -> list[WarmJob]:
-    """The warm-up jobs of an engine's kernels, first needed first: the sampler's, the fused decode
-    kernels (one job per distinct group of a layer's matrices, so workers share them out), the MoE
-    kernels and, with prefill, the matmul kernels of every batch size (one job per weight type).
-    An engine without local weights (a pipeline on Ray) gets the sampler's only."""
-    jobs = [WarmJob("ramforge.sampling", "warm", (int(engine.hp.n_vocab),))]
-    weights = getattr(engine, "weights", None)
-    if weights is None:
-        return jobs
-    parts: dict = {}
-    for layer in weights.layer_matrices():
-        groups = [names for names in (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"),
-                                      ("ffn_gate_shexp", "ffn_up_shexp")) if all(n in layer for n in names)]
-        rest = [n for n in layer if not any(n in g for g in groups)]
-        for names in groups + [(n,) for n in rest]:
-            part = tuple((n, layer[n]) for n in names)
-            parts.setdefault(part, None)
-    # the largest groups first: a first pass reaches the single matrices' kernels first (see cli run)
-    jobs += [WarmJob("ramforge.kernels.fused", "warm", ([dict(p)],)) for p in sorted(parts, key=len, reverse=True)]
-    moe = list(set(weights.expert_shapes()))
-    if moe:
-        jobs.append(WarmJob("ramforge.kernels.fused_moe", "warm", (moe,)))
-    if prefill:
-        by_type: dict = {}
-        for shape in weights.matmul_shapes():
-            by_type.setdefault(shape[0], []).append(shape)
-        jobs += [WarmJob("ramforge.kernels.qmatmul", "warm", (s,)) for s in by_type.values()]
-    return jobs

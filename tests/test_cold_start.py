@@ -13,8 +13,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from ramforge import jit
-from ramforge.jit import Warmup, WarmJob, warm_jobs
+from ramforge.engine import warmup
+from ramforge.engine.warmup import warm_jobs
+from ramforge.jit import Warmup, WarmJob
 from ramforge.server.app import create_app
 from ramforge.server.common import ServerConfig
 
@@ -72,7 +73,7 @@ def test_health_is_503_while_the_kernels_warm_then_200_and_requests_wait(monkeyp
         ran.append(engine)
         return [WarmJob("threading", "Event.wait", (gate, 60))]
 
-    monkeypatch.setattr(jit, "warm_jobs", slow_jobs)
+    monkeypatch.setattr(warmup, "warm_jobs", slow_jobs)
     app = create_app(ServerConfig(model="default", ram="400M", n_ctx=256, n_threads=1))
     app.state.manager.preload()
     with TestClient(app) as client:
@@ -100,7 +101,7 @@ def test_a_request_that_outwaits_the_warm_up_is_told_to_retry(monkeypatch):
     from ramforge.server import manager as mgr
 
     gate = threading.Event()
-    monkeypatch.setattr(jit, "warm_jobs", lambda engine, prefill=True: [WarmJob("threading", "Event.wait",
+    monkeypatch.setattr(warmup, "warm_jobs", lambda engine, prefill=True: [WarmJob("threading", "Event.wait",
                                                                                 (gate, 60))])
     monkeypatch.setattr(mgr, "WARM_WAIT_S", 0.5)
     app = create_app(ServerConfig(model="default", ram="400M", n_ctx=256, n_threads=1))

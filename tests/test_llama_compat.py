@@ -35,7 +35,7 @@ def oracle(default_model):
 def test_keywords_warn_once_and_refuse_what_changes_output():
     with pytest.warns(UserWarning, match="main_gpu, n_gpu_layers") as got:
         m = Llama(model_path="default", n_ctx=64, n_gpu_layers=-1, main_gpu=1, use_mlock=False, verbose=False)
-    assert len(got) == 1
+    assert len([w for w in got if "ramforge.Llama ignores" in str(w.message)]) == 1   # one warning, all names
     assert m.n_ctx() == 64
     m.close()
     with pytest.raises(Unsupported, match="lora_path"):

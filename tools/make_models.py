@@ -303,6 +303,20 @@ def _copy_vocab(writer, vocab_file: Path) -> int:
     return len(tokens[1])
 
 
+def write_published(w, tmp: Path, out: Path) -> Path:
+    """Write a GGUFWriter holding its tensors in memory to tmp and publish it as out (_publish); tmp is
+    removed whatever happens."""
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        _publish(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
 def _publish(tmp: Path, dst: Path) -> None:
     """Give a finished build (tmp) its name dst, unless a concurrent build (another pytest-xdist worker)
     published it first: then that file stays, as another process may have it open (a replaced file
@@ -469,14 +483,10 @@ def write_lowbit_model(src: Path, out: Path, qtype: str) -> Path:
             rows = x.reshape(-1, shape[-1]).astype(np.float32)
             q = quantize_rows(rows, int(QT[ty]), importance(stable_seed("imatrix", t.name), shape[-1]))
             w.add_tensor(t.name, q.reshape(*shape[:-1], q.shape[-1]), raw_dtype=QT[ty])
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        _publish(tmp, out)
-    finally:
+    except BaseException:
         tmp.unlink(missing_ok=True)
-    return out
+        raise
+    return write_published(w, tmp, out)
 
 
 _BASE = {"Q2_K": "Q2_K", "Q3_K_M": "Q3_K", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K"}

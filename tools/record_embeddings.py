@@ -17,7 +17,6 @@ len(TEXTS) sequences (the arithmetic of ramforge's Embedder.embed_many).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before llama_cpp is firs
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools._fixtures import ORACLE_DIR, models_dir, sha256_file, stable_seed, vocab_dir  # noqa: E402
-from tools.make_models import _copy_vocab, _publish, ensure_model, quantize  # noqa: E402
+from tools.make_models import _copy_vocab, ensure_model, quantize, write_published  # noqa: E402
 from tools.record_oracle import _cpu_name, dumps  # noqa: E402
 
 FORMAT = 1
@@ -116,15 +115,7 @@ def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert") -> Path:
     for name, a in t.items():
         half = ftype == "F16" and a.ndim == 2 and name != "token_types.weight"   # (ggml adds only an f32 row)
         w.add_tensor(name, a.astype(np.float16) if half else a)
-    try:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        _publish(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+    return write_published(w, tmp, out)
 
 
 def model_file(mid: str) -> Path:

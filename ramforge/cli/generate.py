@@ -132,7 +132,8 @@ def decode_kernels_in_background(eng, cold: bool, say: bool):
     in worker processes (ramforge.jit.Warmup, on the cores this process leaves) while this one evaluates
     the prompt: whichever of the two reaches a kernel first compiles it into the disk cache, and the
     other loads it from there. Returns the Warmup (the caller cancels it at the end), or None when warm."""
-    from ..jit import Warmup, warm_jobs, worker_count
+    from ..engine.warmup import warm_jobs
+    from ..jit import Warmup, worker_count
 
     if not cold:
         return None

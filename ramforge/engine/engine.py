@@ -347,14 +347,14 @@ class Engine:
         """One sequence's final hidden states f32[n, n_embd] (t_embd, every token an output), from
         position 0 (the cache reset first), as one llama_decode of it computes them. An encoder
         (non-causal attention) takes the sequence in one pass, as llama.cpp's encoder takes one ubatch."""
+        if not self.causal:
+            return self.hidden_batch([tokens])[0]                # checks and resets there
         toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if toks.size == 0:
             raise EmptyPrompt("an embedding needs at least one token")
         check_token_ids(toks, self.hp.n_vocab)
         self.reset()
-        if self.causal:
-            return self.eval(toks, all_logits=True, aligned=True, outputs_all=True, embd=True)
-        return self.hidden_batch([toks])[0]
+        return self.eval(toks, all_logits=True, aligned=True, outputs_all=True, embd=True)
 
     def hidden_batch(self, seqs) -> tuple[np.ndarray, np.ndarray]:
         """An encoder's (non-causal) hidden states of several sequences in one pass over the weights, as

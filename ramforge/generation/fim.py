@@ -31,19 +31,24 @@ def fim_ids(tok) -> dict[str, int | None]:
     return {k: sp.get(f"fim_{k}") for k in ("pre", "suf", "mid", "rep", "sep")}
 
 
+def _missing(tok) -> list[str]:
+    """The FIM tokens a fill-in-the-middle prompt needs that the vocabulary lacks."""
+    ids = fim_ids(tok)
+    return [n for n, k in (("prefix", "pre"), ("suffix", "suf"), ("middle", "mid")) if ids[k] is None]
+
+
 def has_fim(tok) -> bool:
-    ids = fim_ids(tok)
-    return all(ids[k] is not None for k in ("pre", "suf", "mid"))
+    return not _missing(tok)
 
 
-def check_fim(tok, field: str = "suffix") -> None:
-    """UnsupportedField (400) naming the missing tokens when the model cannot fill in the middle."""
-    ids = fim_ids(tok)
-    missing = [n for n, k in (("prefix", "pre"), ("suffix", "suf"), ("middle", "mid")) if ids[k] is None]
+def check_fim(tok, field: str = "suffix", error: type[Exception] = UnsupportedField) -> None:
+    """`error` (a request's UnsupportedField, 400; the library's NoFIMTokens) naming the missing tokens when
+    the model cannot fill in the middle."""
+    missing = _missing(tok)
     if missing:
-        raise UnsupportedField(f"{field}: fill-in-the-middle is not supported by this model: its vocabulary has no "
-                               f"{', '.join(missing)} token (tokenizer.ggml.fim_pre/suf/mid_token_id); use a code "
-                               f"model with FIM tokens")
+        raise error(f"{field}: fill-in-the-middle is not supported by this model: its vocabulary has no "
+                    f"{', '.join(missing)} token (tokenizer.ggml.fim_pre/suf/mid_token_id); use a code model with "
+                    f"FIM tokens (e.g. Qwen2.5-Coder, CodeGemma) or leave {field} out")
 
 
 def infill_ids(tok, prefix: str, suffix: str, extra: list[dict] | None = None, prompt: list[int] | None = None, *,
@@ -82,8 +87,5 @@ def infill_ids(tok, prefix: str, suffix: str, extra: list[dict] | None = None, p
 def fim_prompt(tok, prefix: str, suffix: str, n_batch: int = N_BATCH) -> list[int]:
     """The library's infill prompt (Llama's `suffix`): infill_ids without extra context; NoFIMTokens when
     the vocabulary lacks FIM prefix/suffix/middle tokens."""
-    if not has_fim(tok):
-        raise NoFIMTokens("this model has no fill-in-the-middle tokens (tokenizer.ggml.fim_pre/suf/mid_token_id "
-                          "or <|fim_prefix|>-style tokens), so `suffix` cannot be used; use a code model with FIM "
-                          "(e.g. Qwen2.5-Coder, CodeGemma) or leave suffix out")
+    check_fim(tok, "suffix", NoFIMTokens)
     return infill_ids(tok, prefix, suffix, n_ctx=n_batch, n_batch=n_batch)

@@ -281,6 +281,7 @@ _GROUPS = ((_QKV, Prologue.NORM, Epilogue.NONE), (_QKV, Prologue.NONE, Epilogue.
            (_GU, Prologue.NORM, Epilogue.SWIGLU), (_GU, Prologue.NONE, Epilogue.NONE),
            (("ffn_gate_shexp", "ffn_up_shexp"), Prologue.NONE, Epilogue.NONE))
 _ADDED = ("attn_output", "ffn_down")
+GROUPED = tuple(dict.fromkeys(names for names, _, _ in _GROUPS))    # matrices of one input, decoded together
 
 
 def signature() -> tuple:

@@ -73,7 +73,7 @@ WARM_WAIT_S = 600.0     # the longest a generation waits for a model's kernels t
 
 class Warming:
     """The kernel warm-up of a loaded model, in the background: compile, or load from the disk cache,
-    the sampler's kernels and the matmul kernels any batch of this model may take (ramforge.jit.warm_jobs),
+    the sampler's kernels and the matmul kernels any batch of this model may take (engine.warmup.warm_jobs),
     so that no request compiles one under the model lock (a kernel compiling holds the GIL, and the event
     loop with it, for seconds). Jobs run here one by one while they load from the cache; at the first
     that compiled (a cold cache), the rest compile in worker processes (ramforge.jit.Warmup, one per
@@ -88,7 +88,8 @@ class Warming:
         threading.Thread(target=self._run, name="ramforge-warm", daemon=True).start()
 
     def _run(self) -> None:
-        from ..jit import COMPILE, Warmup, warm_jobs, worker_count
+        from ..engine.warmup import warm_jobs
+        from ..jit import COMPILE, Warmup, worker_count
 
         t0 = time.perf_counter()
         try:
