@@ -90,11 +90,13 @@ PORTABLE = Flag("RAMFORGE_PORTABLE", bool, False, "plain-loop kernels instead of
 NO_VNNI = Flag("RAMFORGE_NO_VNNI", bool, False, "the generic integer-dot IR instead of `vpdpbusd`",
                affects_kernels=True)
 NO_REPACK = Flag("RAMFORGE_NO_REPACK", bool, False, "keep every matrix in file order (for A/B runs)")
+NO_REPACK_EXPERTS = Flag("RAMFORGE_NO_REPACK_EXPERTS", bool, False, "keep experts read into the expert cache "
+                         "in file order (for A/B runs)")
 REPACK_STREAMED = Flag("RAMFORGE_REPACK_STREAMED", bool, False, "also repack streamed layers (for A/B runs; "
                        "out of core it costs more than it gains)")
 
 FLAGS: tuple[Flag, ...] = (HOME, THREADS, KV_TYPE, API_KEY, HOST, PORT, RAM, CREATE_DIRS, MAX_BLOB, DEBUG, PORTABLE,
-                           NO_VNNI, NO_REPACK, REPACK_STREAMED)
+                           NO_VNNI, NO_REPACK, NO_REPACK_EXPERTS, REPACK_STREAMED)
 
 FOREIGN: tuple[Flag, ...] = (
     Flag("OLLAMA_ORIGINS", str, None, "`serve --origins` (read by server.browser)"),

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ramforge.engine.engine import Engine
+from ramforge.gguf.reader import GGUFFile
 from ramforge.errors import InvalidArgument, RamforgeError
 from ramforge.memory import MemoryBudget
 from ramforge.models.weights import EXPERT_TENSORS
@@ -287,3 +288,53 @@ def test_a_running_wasted_read_ahead_keeps_its_slot(cache, monkeypatch):
         for tensor, raw in zip(t, got[e]):
             per = tensor.nbytes // tensor.dims[2]
             assert np.array_equal(raw, np.fromfile(cache.f.path, np.uint8, count=per, offset=tensor.offset + e * per))
+
+
+# ---- repacked on arrival ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def moe_q4k(tmp_path_factory):
+    """Two layers of the Qwen3-30B-A3B shape, small (tools/make_direct: Q4_K gate/up, Q4_K or Q6_K down)."""
+    from tools import make_direct as md
+
+    p = md.resolve("qwen3moe-30b-a3b", layers=2, shape={"n_embd": 256, "n_head": 4, "n_head_kv": 2,
+                                                       "head_dim": 64, "n_ff_exp": 256, "n_expert": 16})
+    return md.write_direct(p, tmp_path_factory.mktemp("direct") / md.default_name(p), progress=False)
+
+
+@pytest.mark.parametrize("repacked", [True, pytest.param(False, marks=pytest.mark.slow)])   # (file order: its own compiles)
+def test_cached_experts_are_repacked_and_every_logit_stays(moe_q4k, repacked, monkeypatch):
+    """The cache's reader repacks each Q4_K expert matrix in its slot (kernels.repack's layout, as a pinned
+    layer's), the kernels read it so, and the logits equal the in-RAM engine's bit for bit, as they do with
+    the experts left in file order (RAMFORGE_NO_REPACK_EXPERTS)."""
+    from ramforge.gguf.constants import GGMLType
+    from ramforge.kernels.repack import repack_group
+    from ramforge.stream import weights
+
+    monkeypatch.setattr(weights, "REPACK_EXPERTS", repacked)
+    toks = [1, 17, 300, 4000, 52, 9, 77, 1000]
+    with Engine.load(moe_q4k, n_ctx=64, batch=64) as eng:
+        want = [eng.eval(toks, all_logits=True)] + [eng.eval([t]) for t in (5, 6, 7, 8, 9)]
+    with GGUFFile(moe_q4k) as f:
+        p = plan_for_budget(f, None, 64, batch=64)
+        b = MemoryBudget(plan_for_budget(f, p.min_budget, 64, batch=64).min_budget + (1 << 20))
+    with Engine.load(moe_q4k, n_ctx=64, budget=b, batch=64) as eng:
+        c = eng.weights.expert_cache
+        assert c is not None and c.n_slots < eng.hp.n_layer * eng.hp.n_expert
+        for il, ts in c.tensors.items():
+            want_reps = tuple(repack_group(t.dims[1]) if repacked and t.ggml_type == GGMLType.Q4_K else 0 for t in ts)
+            assert c.reps[il] == want_reps and (not repacked or want_reps[0] == 16)
+        got = [eng.eval(toks, all_logits=True)] + [eng.eval([t]) for t in (5, 6, 7, 8, 9)]
+        assert c.totals.misses > 0 and c.totals.hits > 0
+        rec = ExpertRecord(0)
+        c.layer(0, np.array([3]), 1, rec)
+        try:
+            gate = c.take((0, 3), rec)[0]
+            assert gate.repacked == c.reps[0][0]
+            raw = np.fromfile(moe_q4k, np.uint8, count=gate.data.size, offset=c.tensors[0][0].offset + 3 * gate.data.size)
+            assert np.array_equal(gate.data, raw) != repacked      # repacked in the slot, or the file's bytes
+        finally:
+            c.end(rec)
+    assert b.current == 0 and b.charges() == []
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)

@@ -50,6 +50,17 @@ def test_layout_round_trips(t, n_out, n_in):
         assert np.array_equal(back, raw[r0 * rb:(r0 + 8) * rb]), r0
 
 
+@pytest.mark.parametrize("n_out,n_in,G", [(48, 512, 16), (40, 256, 8), (64, 768, 16), (64, 768, 8)])
+def test_q4k_fast_path_is_the_generic_layout(n_out, n_in, G):
+    # repack's Q4_K path (u32 quads, for 4-aligned buffers) writes the bytes the per-byte _pack_group writes
+    raw = weight(Q4_K, n_out, n_in, seed=G + n_out)
+    rb = n_in // 256 * 144
+    slow, fast = raw.copy(), raw.copy()
+    rp._repack_in_place(rp.KINDS[Q4_K], slow, n_out, rb, G)
+    rp._repack_q4k_in_place(fast, fast.view(np.uint32), n_out, rb, G)
+    assert not np.array_equal(fast, raw) and np.array_equal(fast, slow)
+
+
 # the portable kernels (vector=False) of Q4_K in CI, of every type with -m slow (~8 s of compiles a type)
 @pytest.mark.parametrize("t,vector", [pytest.param(t, v, id=f"{t.name}-{'vector' if v else 'portable'}",
                                                    marks=[] if v or t == Q4_K else [pytest.mark.slow])

@@ -146,10 +146,42 @@ def _repack_in_place(kind, raw, n_out, row_bytes, G):
         _pack_group(kind, tmp, raw, o, G, n_sb)
 
 
+@njit(cache=True, nogil=True)
+def _repack_q4k_in_place(raw8, raw32, n_out, row_bytes, G):
+    # _repack_in_place for Q4_K: raw8 u8[n_out * row_bytes] and raw32, its u32 view (4-aligned). The quads
+    # (8 of every 9 bytes) move as u32, d, dmin and the scale planes byte by byte; ~1.3x _pack_group's speed
+    n_sb, rw = row_bytes // 144, row_bytes // 4
+    tmp32 = np.empty(G * rw, dtype=np.uint32)                    # the group's rows, in row order
+    tmp8 = tmp32.view(np.uint8)
+    for g in range(n_out // G):
+        o = g * G * row_bytes
+        tmp32[:] = raw32[o // 4:o // 4 + G * rw]
+        for b in range(n_sb):
+            d0 = o + b * G * 144                                 # the group's super-block b
+            for r in range(G):
+                s0 = r * row_bytes + b * 144
+                raw8[d0 + 2 * r] = tmp8[s0]                      # d
+                raw8[d0 + 2 * r + 1] = tmp8[s0 + 1]
+                raw8[d0 + 2 * G + 2 * r] = tmp8[s0 + 2]          # dmin
+                raw8[d0 + 2 * G + 2 * r + 1] = tmp8[s0 + 3]
+                for p in range(12):                              # scale plane p
+                    raw8[d0 + (4 + p) * G + r] = tmp8[s0 + 4 + p]
+            q0 = d0 // 4 + 4 * G                                 # quad vector v: G u32 from q0 + v * G
+            for r in range(G):
+                s32 = r * rw + b * 36 + 4
+                for v in range(32):
+                    raw32[q0 + v * G + r] = tmp32[s32 + v]
+
+
 def repack(ggml_type, raw: np.ndarray, dims: tuple[int, ...]) -> int:
     """Repack a weight's rows (raw: writable u8 bytes of a `repackable` weight) in place; its G."""
     n_in, n_out = dims
     G = repack_group(n_out)
     k = KINDS[ggml_type]
-    _repack_in_place(k, raw.reshape(-1), n_out, n_in // _ELEMS[k] * _BLOCK[k], G)
+    flat = raw.reshape(-1)
+    row_bytes = n_in // _ELEMS[k] * _BLOCK[k]
+    if ggml_type == Q4_K and flat.ctypes.data % 4 == 0:        # (the aligned buffers ramforge reads into)
+        _repack_q4k_in_place(flat, flat.view(np.uint32), n_out, row_bytes, G)
+    else:
+        _repack_in_place(k, flat, n_out, row_bytes, G)
     return G

@@ -124,18 +124,18 @@ _AT_ZERO = (np.zeros(1, np.int64),) * 3                      # one expert's rows
 _ONE = np.ones(1, np.float32)
 
 
-def _kernels(g, u, d) -> fused_moe.ExpertKernels | None:
-    """The expert kernels (kernels.fused_moe) for gate, up, down QTensors (3-D, or one expert's 2-D), or
-    None where their types take the expert-by-expert path. An expert's arithmetic depends on its row count
-    alone (mul_mat_id), never on a batch view."""
-    reps = tuple(getattr(t, "repacked", 0) for t in (g, u, d))    # (a cache's TensorInfo: file order)
+def _kernels(g, u, d, reps: tuple | None = None) -> fused_moe.ExpertKernels | None:
+    """The expert kernels (kernels.fused_moe) for gate, up, down QTensors (3-D, or one expert's 2-D) or
+    TensorInfos with their repacked groups reps, or None where their types take the expert-by-expert path.
+    An expert's arithmetic depends on its row count alone (mul_mat_id), never on a batch view or layout."""
+    reps = tuple(t.repacked for t in (g, u, d)) if reps is None else reps
     return fused_moe.plan(g.ggml_type, u.ggml_type, d.ggml_type, g.dims[0], g.dims[1], reps)
 
 
 def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
     """ex0 f32[k, n_embd][j] = slot j's expert output, for the slots whose experts the cache holds now (one
     token, xb f32[1, n_embd]): two compiled calls over the cache's pool; the others are left to E's loop."""
-    kern = _kernels(*E.tensors)
+    kern = _kernels(*E.tensors, E.reps)
     ready = E.take_ready() if kern is not None else []
     if not ready:
         return

@@ -15,6 +15,10 @@ has not begun). Every guess is scored; reads ahead are made only while recent gu
 READ_AHEAD_FROM of the picks (on random-weight models they name about a third, and reading them ahead
 was slower than not).
 
+An expert whose matrices take kernels.repack's layout (Q4_0, Q4_K, Q8_0) is repacked in its slot by the
+reader thread once read, as llama.cpp repacks its expert tensors at load, so cached experts run the
+repacked kernels (about 2-3x faster per use than rows in file order) for the one repack of each read.
+
 Eviction (`Policy`): LRU, or LFU, a frequency-aware policy: the fewest uses, each use's weight
 halving every `HALF_LIFE` tokens, the least recently used among equals.
 """
@@ -28,7 +32,8 @@ import numpy as np
 
 from ..errors import InternalError, InvalidArgument
 from ..gguf.reader import GGUFFile
-from ..models.weights import EXPERT_TENSORS, QTensor, gguf_name
+from ..kernels.repack import repack, repack_group, repackable
+from ..models.weights import EXPERT_TENSORS, LayerExperts, QTensor, gguf_name
 from .layout import Span, expert_span
 from ..profiling import ExpertRecord
 from .io import ModelFile, aligned_empty
@@ -60,13 +65,16 @@ class ExpertCache:
     """Experts (layer, id) in n_slots buffers of slot_bytes, read by reader threads."""
 
     def __init__(self, f: GGUFFile, file: ModelFile, layers: range, n_slots: int, slot_bytes: int,
-                 policy: Policy | str = DEFAULT_POLICY, prefetch: bool = True, readers: int = READERS):
+                 policy: Policy | str = DEFAULT_POLICY, prefetch: bool = True, readers: int = READERS,
+                 repacked: bool = True):
         if n_slots < 1:
             raise InternalError("the expert cache needs at least one slot")
         self.file, self.layers = file, layers
         self.policy = Policy.parse(policy)
         self.tensors = {il: [f.tensors[gguf_name(s, il)] for s in EXPERT_TENSORS] for il in layers}
         self.n_expert = self.tensors[layers[0]][0].dims[2]
+        self.reps = {il: tuple(repack_group(t.dims[1]) if repacked and repackable(t.ggml_type, t.dims[:2]) else 0
+                               for t in ts) for il, ts in self.tensors.items()}   # (gate, up, down) groups, 0: file order
         self.pool = aligned_empty(n_slots * slot_bytes)     # every slot's buffer, one after another
         self.buffers = [self.pool[i * slot_bytes:(i + 1) * slot_bytes] for i in range(n_slots)]
         self.slot_bytes = slot_bytes
@@ -281,15 +289,20 @@ class ExpertCache:
         self._slot[key], self._key[slot] = slot, key
         self._protected[slot] = True                        # until taken, or its layer's turn
         self._where[slot] = il - self.layers[0], e
-        self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], span)
+        self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], span, il)
         return True
 
-    def _read(self, buf: np.ndarray, span: Span) -> tuple[int, float]:
-        """On a reader thread: the expert's aligned segments into its slot."""
+    def _read(self, buf: np.ndarray, span: Span, il: int) -> tuple[int, float]:
+        """On a reader thread: the expert's aligned segments into its slot, then its repackable matrices
+        repacked there (kernels.repack; nogil, so beside the compute threads)."""
         t0, n = time.perf_counter(), 0
         for off, length, at in span.segments:
             n += self.file.read_into(off, buf[at:at + length])
             self.file.drop_cache(off, length)
+        for t, g in zip(self.tensors[il], self.reps[il]):
+            if g:
+                at = span.offsets[t.name]
+                repack(t.ggml_type, buf[at:at + t.nbytes // t.dims[2]], t.dims[:2])
         return n, time.perf_counter() - t0
 
     def _wait(self, key, rec: ExpertRecord) -> int:
@@ -336,9 +349,9 @@ class ExpertCache:
         il, e = key
         buf, span = self.buffers[slot], self._spans[key]
         out = []
-        for t in self.tensors[il]:
+        for t, g in zip(self.tensors[il], self.reps[il]):
             at = span.offsets[t.name]
-            out.append(QTensor(f"{t.name}[{e}]", t.ggml_type, t.dims[:2], buf[at:at + t.nbytes // t.dims[2]]))
+            out.append(QTensor(f"{t.name}[{e}]", t.ggml_type, t.dims[:2], buf[at:at + t.nbytes // t.dims[2]], g))
         return tuple(out)
 
     # ---- the end --------------------------------------------------------------------------
@@ -363,3 +376,62 @@ class ExpertCache:
         t = self.totals
         return {"policy": self.policy.value, "slots": self.n_slots, "slot_bytes": self.slot_bytes,
                 "prefetch": self.prefetch, **t.as_dict()}
+
+
+class Experts:
+    """One layer's picked experts for the forward pass (Weights.experts): iterate for (e, (gate, up,
+    down)); `predict` names the next layer's likely experts so the cache can read them meanwhile."""
+
+    def __init__(self, w: "Weights", il: int, order: list[tuple[int, int]], rec: ExpertRecord | None,
+                 resident: LayerExperts | None = None):
+        self.w, self.il, self.order, self.rec, self.resident = w, il, order, rec, resident
+        self._ready: list[tuple[int, int]] = []             # keys take_ready gave, until release
+
+    def __iter__(self):
+        for key in self.order:
+            e = key[1]
+            yield e, (self.resident[e] if self.resident is not None else self.w.expert_cache.take(key, self.rec))
+
+    @property
+    def pool(self) -> np.ndarray | None:
+        """The expert cache's buffer of every slot (take_ready's offsets are into it); None when resident."""
+        return None if self.w.expert_cache is None else self.w.expert_cache.pool
+
+    @property
+    def tensors(self) -> list:
+        """The layer's expert tensors (gate, up, down): the file's TensorInfo (cached), else the layer's."""
+        c = self.w.expert_cache
+        return c.tensors[self.il] if c is not None else [self.resident.layer.tensors[s] for s in EXPERT_TENSORS]
+
+    @property
+    def reps(self) -> tuple[int, int, int]:
+        """The repacked groups (gate, up, down) of the experts as computed (0: file order)."""
+        c = self.w.expert_cache
+        return c.reps[self.il] if c is not None else tuple(t.repacked for t in self.tensors)
+
+    def take_ready(self) -> list[tuple[int, tuple[int, int, int]]]:
+        """The picked experts already in the cache, as (expert, (gate, up, down) byte offsets into `pool`);
+        iterating then yields only the others. Call `release` once they are computed. [] when resident."""
+        c = self.w.expert_cache
+        if c is None:
+            return []
+        ready = c.take_ready(self.order, self.rec)
+        self._ready = [k for k, _ in ready]
+        self.order = [k for k in self.order if k not in self._ready]
+        return [(k[1], offs) for k, offs in ready]
+
+    def release(self) -> None:
+        """The experts take_ready gave are computed: their slots may be reused."""
+        keys, self._ready = self._ready, []
+        if keys:
+            self.w.expert_cache.release(keys, self.rec)
+
+    @property
+    def wants_prediction(self) -> bool:
+        c = self.w.expert_cache
+        return c is not None and c.prefetch and self.il + 1 in self.w.predictors
+
+    def predict(self, ids) -> None:
+        """Read ahead the next layer's experts ids (best first), where the budget leaves slots."""
+        if self.wants_prediction:
+            self.w.expert_cache.predict(self.il + 1, ids, self.rec)

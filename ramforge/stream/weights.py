@@ -29,11 +29,12 @@ from ..models.weights import EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_
 from .layout import ALIGN, SMALL, block_row_bytes, is_expert_tensor, span_of
 from .plan import Plan
 from ..profiling import ExpertRecord, LayerRecord, PassRecord
-from .experts import DEFAULT_POLICY, ExpertCache, Policy
+from .experts import DEFAULT_POLICY, ExpertCache, Experts, Policy
 from .io import IOMode, ModelFile, aligned_empty
 
 REPACK_OFF = flags.NO_REPACK.get()                              # keep file order (A/B runs)
 REPACK_STREAMED = not REPACK_OFF and flags.REPACK_STREAMED.get()
+REPACK_EXPERTS = not REPACK_OFF and not flags.NO_REPACK_EXPERTS.get()     # the expert cache's reads (stream.experts)
 
 
 class Reader(threading.Thread):
@@ -157,7 +158,7 @@ class Weights:
         if self.apart:
             self._charge("expert cache", p.expert_slots * p.expert_slot_bytes)
             self.expert_cache = ExpertCache(f, self.file, range(a, b), p.expert_slots, p.expert_slot_bytes,
-                                            self.expert_policy, self.expert_prefetch)
+                                            self.expert_policy, self.expert_prefetch, repacked=REPACK_EXPERTS)
             for il in range(a + 1, b):       # what predicts layer il's experts from layer il-1 (plan.predictor_bytes)
                 self.predictors[il] = (self._vector(gguf_name(self.arch.ffn_norm, il)),
                                        self._matrix(gguf_name("ffn_gate_inp", il)))
@@ -242,10 +243,10 @@ class Weights:
             ts = [self.f.tensors.get(gguf_name(s, il)) for s in EXPERT_TENSORS]
             if None in ts:
                 continue
-            repacked = (il in self.pinned or REPACK_STREAMED) and not self.mmap and not self.apart
+            repacked = (il in self.pinned or REPACK_STREAMED) and not self.mmap
             g, u, d = ts
             out.add((g.ggml_type, u.ggml_type, d.ggml_type, g.dims[0], g.dims[1],
-                     tuple(self._groups(il, t, repacked) for t in ts)))
+                     self.expert_cache.reps[il] if self.apart else tuple(self._groups(il, t, repacked) for t in ts)))
         return out
 
     def layer_matrices(self) -> list[dict]:
@@ -445,56 +446,3 @@ class Weights:
         self._charges.clear()
         self.pinned, self.resident = {}, {}
         self.file.close()
-
-
-class Experts:
-    """One layer's picked experts for the forward pass (Weights.experts): iterate for (e, (gate, up,
-    down)); `predict` names the next layer's likely experts so the cache can read them meanwhile."""
-
-    def __init__(self, w: Weights, il: int, order: list[tuple[int, int]], rec: ExpertRecord | None,
-                 resident: LayerExperts | None = None):
-        self.w, self.il, self.order, self.rec, self.resident = w, il, order, rec, resident
-        self._ready: list[tuple[int, int]] = []             # keys take_ready gave, until release
-
-    def __iter__(self):
-        for key in self.order:
-            e = key[1]
-            yield e, (self.resident[e] if self.resident is not None else self.w.expert_cache.take(key, self.rec))
-
-    @property
-    def pool(self) -> np.ndarray | None:
-        """The expert cache's buffer of every slot (take_ready's offsets are into it); None when resident."""
-        return None if self.w.expert_cache is None else self.w.expert_cache.pool
-
-    @property
-    def tensors(self) -> list:
-        """The layer's expert tensors (gate, up, down): the file's TensorInfo (cached), else the layer's."""
-        c = self.w.expert_cache
-        return c.tensors[self.il] if c is not None else [self.resident.layer.tensors[s] for s in EXPERT_TENSORS]
-
-    def take_ready(self) -> list[tuple[int, tuple[int, int, int]]]:
-        """The picked experts already in the cache, as (expert, (gate, up, down) byte offsets into `pool`);
-        iterating then yields only the others. Call `release` once they are computed. [] when resident."""
-        c = self.w.expert_cache
-        if c is None:
-            return []
-        ready = c.take_ready(self.order, self.rec)
-        self._ready = [k for k, _ in ready]
-        self.order = [k for k in self.order if k not in self._ready]
-        return [(k[1], offs) for k, offs in ready]
-
-    def release(self) -> None:
-        """The experts take_ready gave are computed: their slots may be reused."""
-        keys, self._ready = self._ready, []
-        if keys:
-            self.w.expert_cache.release(keys, self.rec)
-
-    @property
-    def wants_prediction(self) -> bool:
-        c = self.w.expert_cache
-        return c is not None and c.prefetch and self.il + 1 in self.w.predictors
-
-    def predict(self, ids) -> None:
-        """Read ahead the next layer's experts ids (best first), where the budget leaves slots."""
-        if self.wants_prediction:
-            self.w.expert_cache.predict(self.il + 1, ids, self.rec)
