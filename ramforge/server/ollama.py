@@ -38,7 +38,7 @@ from ..generation.tools_call import ToolSession, ollama_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, Runner, check_messages, clamp_num_ctx, details_of,
                      fit_messages, iso, log, now_iso, parse_keep_alive, request_sampling, sampler_fields,
                      stop_list)
-from ..generation.fim import infill_ids
+from ..generation.fim import fim_prompt
 from .showinfo import locate_for_show, model_digest, show_response
 from .jobs import Job, stream_job
 from .manager import ModelManager, list_models, manager_of, modelfile_of
@@ -325,7 +325,7 @@ async def generate(req: GenerateRequest, request: Request):
 
     def build(model):
         if req.suffix:
-            ids = context + infill_ids(model.tokenizer, req.prompt or "", req.suffix, n_ctx=model.n_ctx)
+            ids = context + fim_prompt(model.tokenizer, req.prompt or "", req.suffix, error=UnsupportedField)
         elif context:
             ids = context + model.tokenize(text_of(model), add_bos=False, special=True)
         else:

@@ -50,7 +50,7 @@ from ..structured import for_request
 from ..generation.tools_call import ToolSession, openai_calls
 from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, check_messages, error_body, error_status,
                      model_sampling_defaults, request_sampling, sampler_fields, stop_list)
-from ..generation.fim import infill_ids
+from ..generation.fim import fim_prompt
 from .jobs import Job, stream_job
 from .manager import list_models, manager_of
 
@@ -366,7 +366,7 @@ async def completions(req: CompletionRequest, request: Request):
     def build(model):
         if req.suffix:                          # fill-in-the-middle with the model's FIM tokens (generation.fim)
             prefix = prompt if isinstance(prompt, str) else model.detokenize(prompt).decode("utf-8", "replace")
-            return infill_ids(model.tokenizer, prefix, req.suffix, n_ctx=model.n_ctx)
+            return fim_prompt(model.tokenizer, prefix, req.suffix, error=UnsupportedField)
         return model.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else prompt
 
     job = await Job.start(m, model=model_name, num_ctx=None, keep_alive=None, build=build,
