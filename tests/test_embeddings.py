@@ -34,11 +34,18 @@ RECORDS = [json.loads(p.read_text()) for p in sorted(EMBED_DIR.glob("*.json"))]
 BOUND_ULPS = 1024
 F16_BOUND_ULPS = 4096                 # F16 weights: their inputs rounded to half (see above)
 FLOAT_TYPES = {"F32", "F16"}          # written by gguf alone: no llama.cpp needed to make them
-ENCODERS = {"bert", "nomic-bert"}     # WordPiece tokenizers, packed passes (Engine.hidden_batch)
+ENCODERS = {"bert", "nomic-bert", "gemma-embedding"}     # non-causal: packed passes (Engine.hidden_batch)
+
+
+# gemma-embedding with F16 weights: six layers of RMS norms amplify those half roundings further; measured
+# up to ~6400 ulps of the maximum one-at-a-time (F32 weights: ~530, within BOUND_ULPS), so two half ulps
+GEMMA_F16_BOUND_ULPS = 8192
 
 
 def _bound_ulps(rec) -> int:
-    return F16_BOUND_ULPS if rec["model"]["type"] == "F16" else BOUND_ULPS
+    if rec["model"]["type"] != "F16":
+        return BOUND_ULPS
+    return GEMMA_F16_BOUND_ULPS if rec["model"]["kind"] == "gemma-embedding" else F16_BOUND_ULPS
 
 
 def _reference_normalize(x: np.ndarray, mode: int) -> np.ndarray:

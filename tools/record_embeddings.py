@@ -7,7 +7,10 @@ tests/fixtures/embeddings/<model-id>.json, and write the synthetic BERT models t
 Models: synthetic `bert` files (random weights, llama.cpp's BGE WordPiece vocabulary, written with
 gguf's writer; a Q8_0 one by llama.cpp's quantizer; a reranker with a classifier head), synthetic
 `nomic-bert` ones (nomic-embed-text's tensors and mean pooling, F32, F16 and Q8_0) and a causal
-one (qwen3-tiny-f16, tools/make_models.py). Per pooling type, per text: llama-cpp-python's tokens and
+one (qwen3-tiny-f16, tools/make_models.py); from make_models Specs (write_spec_model) a `gemma-embedding`
+model (EmbeddingGemma's traits: a window of 8, dense_2/dense_3 projections) and a Qwen3-Reranker
+(qwen3-rerank-f16: qwen3-tiny's weights plus the yes/no cls.output rows, labels and rerank template,
+its prompts as llama-server's format_prompt_rerank builds them; both softmax outputs recorded). Per pooling type, per text: llama-cpp-python's tokens and
 `Llama(embedding=True, pooling_type=p, n_ctx=512).embed(text)` (normalize=False, one text per call,
 so each is a llama_decode of its own) as float32 values (shortest decimals); for rank pooling the
 classifier's output. Pooling none: every token's vector, for the first two texts. Pooled types also
@@ -17,6 +20,7 @@ len(TEXTS) sequences (the arithmetic of ramforge's Embedder.embed_many).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -28,7 +32,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before llama_cpp is firs
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools._fixtures import ORACLE_DIR, models_dir, sha256_file, stable_seed, vocab_dir  # noqa: E402
-from tools.make_models import _copy_vocab, ensure_model, quantize, write_published  # noqa: E402
+from tools.make_models import (  # noqa: E402
+    SPECS, Spec, _copy_vocab, add_hparams, encode, ensure_model, quantize, tensor_plan, tensor_values, write_published,
+)
 from tools.record_oracle import _cpu_name, dumps  # noqa: E402
 
 FORMAT = 1
@@ -49,8 +55,12 @@ MODELS = {
     "nomic-bert-tiny-f32": ("nomic-bert", "F32", 1, (1, 2)),
     "nomic-bert-tiny-f16": ("nomic-bert", "F16", 1, (0, 1, 2, 3)),
     "nomic-bert-tiny-q8_0": ("nomic-bert", "Q8_0", 1, (1,)),
+    "gemma-embedding-tiny-f32": ("gemma-embedding", "F32", 1, (0, 1, 2, 3)),
+    "gemma-embedding-tiny-f16": ("gemma-embedding", "F16", 1, (1, 3)),
+    "qwen3-rerank-f16": ("qwen3-rerank", "F16", 4, (4,)),
 }
 ENCODERS = ("bert", "nomic-bert")                 # written here with gguf's writer (WordPiece vocabulary)
+SPEC_MODELS = ("gemma-embedding", "qwen3-rerank")  # written here from a make_models Spec (write_spec_model)
 BERT_VOCAB = "ggml-vocab-bert-bge.gguf"          # llama.cpp's BGE WordPiece vocabulary (with goldens)
 BERT = dict(n_embd=128, n_head=2, n_layer=2, n_ff=512, n_ctx=512, eps=1e-12)
 NOMIC_ROPE_BASE = 1000.0                          # nomic-embed-text v1.5's rope_theta
@@ -118,13 +128,68 @@ def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert") -> Path:
     return write_published(w, tmp, out)
 
 
+# EmbeddingGemma's traits, small: gemma3's layers (six: five sliding, one global), a window of 8 (each token
+# sees 4 on either side), mean pooling, and the sentence-transformers projections (dense_2 128 -> 256,
+# dense_3 256 -> 128); gemma's SPM vocabulary stands in (llama-spm)
+GEMMA_EMBEDDING = Spec("gemma-embedding", "llama-spm", n_embd=128, n_layer=6, n_head=4, n_head_kv=2, head_dim=64,
+                       n_ff=256, tied=True, post_norms=True, qk_norm=True, eps=1e-6, rope_base=1e6,
+                       extra_kv=(("attention.sliding_window", 8), ("rope.freq_base_swa", 10000.0),
+                                 ("pooling_type", 1), ("dense_2_feat_in", 128), ("dense_2_feat_out", 256),
+                                 ("dense_3_feat_in", 256), ("dense_3_feat_out", 128)))
+# Qwen3-Reranker as llama.cpp's converter writes it: rank pooling, labels yes/no, cls.output = the lm head's
+# rows of "yes" and "no" (tied: token_embd's), and the "rerank" chat template
+QWEN3_RERANK = dataclasses.replace(SPECS["qwen3"], name="rerank", extra_kv=(("pooling_type", 4),))
+RERANK_TEMPLATE = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and "
+                   "the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+                   "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer "
+                   "the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+                   "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def write_spec_model(out: Path, kind: str, ftype: str) -> Path:
+    """A float model of a make_models Spec with the tensors and keys of its own: gemma-embedding's dense
+    projections, Qwen3-Reranker's classifier head, labels and rerank template."""
+    import gguf
+    from tools._fixtures import vocab_path
+    spec = GEMMA_EMBEDDING if kind == "gemma-embedding" else QWEN3_RERANK
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    w = gguf.GGUFWriter(tmp, spec.arch)
+    w.add_name(out.stem)
+    add_hparams(w, spec)
+    w.add_file_type(1 if ftype == "F16" else 0)
+    vocab = vocab_path(spec.vocab)
+    n_vocab = _copy_vocab(w, vocab)
+    tensors = {name: tensor_values(spec, name, shape, k) for name, shape, k in tensor_plan(spec, n_vocab)}
+    if kind == "gemma-embedding":
+        rng = np.random.default_rng(stable_seed(kind, "dense"))
+        tensors["dense_2.weight"] = (rng.standard_normal((256, 128)) / np.sqrt(128)).astype(np.float32)
+        tensors["dense_3.weight"] = (rng.standard_normal((128, 256)) / np.sqrt(256)).astype(np.float32)
+    else:
+        w.add_array(f"{spec.arch}.classifier.output_labels", ["yes", "no"])
+        w.add_string("tokenizer.chat_template.rerank", RERANK_TEMPLATE)
+        words = [bytes(t).decode() if not isinstance(t, str) else t for t in _vocab_tokens(vocab)]
+        tensors["cls.output.weight"] = tensors["token_embd.weight"][[words.index("yes"), words.index("no")]]
+    for name, a in tensors.items():
+        data, raw = encode(a, ftype, name)
+        w.add_tensor(name, data, raw_dtype=raw)
+    return write_published(w, tmp, out)
+
+
+def _vocab_tokens(vocab: Path) -> list:
+    from tools.make_models import _vocab_kv
+    return list(dict(_vocab_kv(vocab))["tokenizer.ggml.tokens"][1])
+
+
 def model_file(mid: str) -> Path:
     kind, ftype, pooling, _ = MODELS[mid]
-    if kind not in ENCODERS:
+    if kind not in ENCODERS + SPEC_MODELS:
         return ensure_model(kind, ftype)
     path = models_dir() / f"{mid}.gguf"
     if path.is_file():
         return path
+    if kind in SPEC_MODELS:
+        return write_spec_model(path, kind, ftype)
     if ftype in ("F32", "F16"):
         return write_bert(path, ftype, pooling, kind)
     src = model_file(mid.rsplit("-", 1)[0] + "-f16")
@@ -141,14 +206,19 @@ def record_model(mid: str) -> dict:
         items = []
         if pt == 4:
             for text in TEXTS:
-                toks = llm.tokenize(QUERY.encode(), add_bos=False), llm.tokenize(text.encode(), add_bos=False)
-                pair = _rerank_tokens(llm, *toks)
+                if MODELS[mid][0] == "qwen3-rerank":            # llama-server's format_prompt_rerank: the template
+                    prompt = RERANK_TEMPLATE.replace("{query}", QUERY).replace("{document}", text)
+                    pair = llm.tokenize(prompt.encode(), add_bos=False, special=True)
+                else:
+                    toks = llm.tokenize(QUERY.encode(), add_bos=False), llm.tokenize(text.encode(), add_bos=False)
+                    pair = _rerank_tokens(llm, *toks)
                 llm._batch.reset()                      # as Llama.embed decodes one sequence
                 llm._batch.add_sequence(pair, 0, True)
                 llm._ctx.kv_cache_clear()
                 llm._ctx.decode(llm._batch)
                 ptr = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)
-                items.append({"text": text, "tokens": pair, "scores": [f32(ptr[0])]})
+                n_out = llama_cpp.llama_model_n_cls_out(llm._model.model)
+                items.append({"text": text, "tokens": pair, "scores": [f32(ptr[i]) for i in range(n_out)]})
         else:
             for text in TEXTS[:2] if pt == 0 else TEXTS:      # pooling none: a vector per token, two texts
                 v = np.asarray(llm.embed(text), np.float32)

@@ -161,8 +161,10 @@ class Model:
         self.cache = None                    # a session.PromptCache (set_cache)
 
     # ---- embeddings (generation/embed.py) ------------------------------------------------------
+    pooling = None      # the embedding pooling when a call names none (`ramforge serve --pooling`); None: the file's
+
     def embedder(self, pooling_type=None):
-        """An embed.Embedder of this model: pooling from the file ({arch}.pooling_type), or pooling_type."""
+        """An embed.Embedder of this model: pooling_type, else `pooling`, else the file's ({arch}.pooling_type)."""
         from .embed import model_embedder
         return model_embedder(self, pooling_type)
 

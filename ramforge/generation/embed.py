@@ -91,39 +91,50 @@ def parse_pooling(value) -> Pooling:
     raise InvalidArgument(f"pooling {value!r}: one of none, mean, cls, last, rank (or llama.cpp's ids 0-4)")
 
 
-def pool_batch(engine, hidden: np.ndarray, bounds: np.ndarray, pooling: Pooling) -> list[np.ndarray]:
-    """A packed batch's hidden states f32[n, n_embd] pooled per sequence (bounds i64[n_seq, 2]), as
-    llama.cpp's build_pooling over a batch of sequences: mean as one matmul over the batch's tokens, cls
-    and last as rows, rank the first rows through the head together."""
-    if pooling == Pooling.NONE:
-        return [hidden[a:b] for a, b in bounds]
-    if pooling == Pooling.MEAN:
-        return list(mean_rows(hidden, [(int(a), int(b)) for a, b in bounds]))
-    if pooling == Pooling.CLS:
-        return [hidden[a].copy() for a, _ in bounds]
-    if pooling == Pooling.LAST:
-        return [hidden[b - 1].copy() for _, b in bounds]
+def _rank_rows(engine, bounds) -> np.ndarray:
+    """The rows rank pooling reads (llm_graph_input_cls): each sequence's first token, a causal model's
+    last (a Qwen3-Reranker's)."""
+    return bounds[:, 1] - 1 if engine.causal else bounds[:, 0]
+
+
+def _rank(engine, rows: np.ndarray) -> list[np.ndarray]:
     head = engine.arch.rank_head
     if head is None:
         raise NoEmbeddings(f"rank pooling needs a classifier head, and ramforge's {engine.hp.arch} has none")
-    return list(head(engine, np.ascontiguousarray(hidden[bounds[:, 0]])))
+    return list(head(engine, np.ascontiguousarray(rows)))
+
+
+def _projected(engine, vecs: list[np.ndarray]) -> list[np.ndarray]:
+    """llama.cpp's build_dense_out after pooling (Arch.pooled_out): the batch's pooled vectors as one
+    matrix (t_embd_pooled), or with pooling none each sequence's token rows (t_embd's)."""
+    own = engine.arch.pooled_out
+    if own is None or not vecs:
+        return vecs
+    if vecs[0].ndim == 2:
+        return [own(engine, v) for v in vecs]
+    return list(own(engine, np.stack(vecs)))
+
+
+def pool_batch(engine, hidden: np.ndarray, bounds: np.ndarray, pooling: Pooling) -> list[np.ndarray]:
+    """A packed batch's hidden states f32[n, n_embd] pooled per sequence (bounds i64[n_seq, 2]), as
+    llama.cpp's build_pooling over a batch of sequences: mean as one matmul over the batch's tokens, cls
+    and last as rows, rank the first rows (a causal model's last) through the head together; then the
+    architecture's projections (build_dense_out)."""
+    if pooling == Pooling.NONE:
+        return _projected(engine, [hidden[a:b] for a, b in bounds])
+    if pooling == Pooling.MEAN:
+        return _projected(engine, list(mean_rows(hidden, [(int(a), int(b)) for a, b in bounds])))
+    if pooling == Pooling.CLS:
+        return _projected(engine, [hidden[a].copy() for a, _ in bounds])
+    if pooling == Pooling.LAST:
+        return _projected(engine, [hidden[b - 1].copy() for _, b in bounds])
+    return _rank(engine, hidden[_rank_rows(engine, np.asarray(bounds))])
 
 
 def pool(engine, hidden: np.ndarray, pooling: Pooling) -> np.ndarray:
     """One sequence's hidden states f32[n, n_embd] pooled: f32[n_embd] (rank: the classifier's scores;
     none: the hidden states themselves, f32[n, n_embd])."""
-    if pooling == Pooling.NONE:
-        return hidden
-    if pooling == Pooling.MEAN:
-        return mean_rows(hidden, [(0, hidden.shape[0])])[0]
-    if pooling == Pooling.CLS:
-        return hidden[0].copy()
-    if pooling == Pooling.LAST:
-        return hidden[-1].copy()
-    head = engine.arch.rank_head
-    if head is None:
-        raise NoEmbeddings(f"rank pooling needs a classifier head, and ramforge's {engine.hp.arch} has none")
-    return head(engine, hidden[:1])[0]
+    return pool_batch(engine, hidden, np.array([[0, hidden.shape[0]]], np.int64), pooling)[0]
 
 
 @dataclass
@@ -133,6 +144,7 @@ class Embedder:
     engine: object
     pooling: Pooling
     n_batch: int = 512           # llama-cpp-python's n_batch: an input's tokens are cut to it (truncate)
+    rerank_template: str | None = None   # tokenizer.chat_template.rerank (Qwen3-Reranker's), {query} {document}
 
     @property
     def n_embd(self) -> int:
@@ -219,9 +231,14 @@ class Embedder:
                                f"load it with a pooling type (mean, cls, last) or use llama-server's /embedding")
 
     def rerank_tokens(self, query: str, doc: str) -> list[int]:
-        """llama.cpp's format_rerank: [BOS] query [EOS] [SEP] doc [EOS] (EOS falling back to SEP), each part
-        as the vocabulary adds it, the texts tokenized without special tokens."""
+        """llama-server's format_prompt_rerank: the file's "rerank" chat template with {query} and {document}
+        replaced, tokenized with special tokens parsed and none added; else [BOS] query [EOS] [SEP] doc
+        [EOS] (EOS falling back to SEP), each part as the vocabulary adds it, the texts tokenized without
+        special tokens."""
         tok = self.engine.tokenizer
+        if self.rerank_template is not None:
+            prompt = self.rerank_template.replace("{query}", query).replace("{document}", doc)
+            return tok.encode(prompt, add_special=False, parse_special=True)
         v = tok.vocab
         q = tok.encode(query, add_special=False)
         d = tok.encode(doc, add_special=False)
@@ -247,13 +264,22 @@ class Embedder:
 
 
 # ---- api.Model's embedding methods (llama-cpp-python's Llama.embed / create_embedding) ---------
+RERANK_TEMPLATE_KEY = "tokenizer.chat_template.rerank"
+
+
 def model_embedder(model, pooling_type=None) -> Embedder:
-    """An Embedder of an api.Model: pooling from the file ({arch}.pooling_type), or pooling_type."""
+    """An Embedder of an api.Model: pooling from pooling_type, else the model's `pooling` (the server's
+    --pooling), else the file's ({arch}.pooling_type); the file's rerank template."""
     from ..gguf.reader import GGUFFile
     if getattr(model, "_pooling_md", None) is None:
         with GGUFFile(model.path) as f:
-            model._pooling_md = {k: v for k, v in f.metadata.items() if k.endswith(".pooling_type")}
-    return Embedder(model.engine, pooling_of(model._pooling_md, model.engine.hp.arch, pooling_type))
+            model._pooling_md = {k: v for k, v in f.metadata.items()
+                                 if k.endswith(".pooling_type") or k == RERANK_TEMPLATE_KEY}
+    if pooling_type is None:
+        pooling_type = getattr(model, "pooling", None)
+    template = model._pooling_md.get(RERANK_TEMPLATE_KEY)
+    return Embedder(model.engine, pooling_of(model._pooling_md, model.engine.hp.arch, pooling_type),
+                    rerank_template=template if isinstance(template, str) else None)
 
 
 def embed_inputs(model, input, normalize: bool = False, truncate: bool = True, return_count: bool = False,

@@ -80,16 +80,23 @@ def gelu(x: np.ndarray) -> np.ndarray:
 @functools.cache
 def _attention_kernel(tb: bool):
     @njit(cache=True, parallel=True)
-    def _attend(out, qf, kf, vt, seq_of, bounds, n, H, D, kq_scale, f16):
-        # out f32[n, H, D]; qf, kf: q, k f32[n, H, D] flat; vt: v as f32[H, D, n] flat; seq_of i64[n]
+    def _attend(out, qf, kf, vt, seq_of, bounds, n, H, Hk, D, kq_scale, half, f16):
+        # out f32[n, H, D]; qf: q f32[n, H, D] flat; kf: k f32[n, Hk, D] flat; vt: v as f32[Hk, D, n] flat;
+        # seq_of i64[n]; query head h reads key head h // (H / Hk) (ggml's broadcast); half >= 0: keys
+        # within half positions of the query only (a symmetric window; positions are rows from the
+        # sequence's start), the rest masked as outside the sequence
         e16 = np.empty(0, np.uint16)
+        g = H // Hk
         for job in prange(H * n):
             h, i = job // n, job % n
+            hk = h // g
             a, b = bounds[seq_of[i], 0], bounds[seq_of[i], 1]
+            if half >= 0:
+                a, b = max(a, i - half), min(b, i + half + 1)
             p = np.zeros(n, np.float32)
             mx = -np.inf
             for j in range(a, b):
-                s = _row_dot(0, False, kf, e16, (j * H + h) * D, qf, (i * H + h) * D, D, f16) * kq_scale
+                s = _row_dot(0, False, kf, e16, (j * Hk + hk) * D, qf, (i * H + h) * D, D, f16) * kq_scale
                 p[j] = s
                 mx = max(mx, s)
             total = _softmax_exp(p, a, b - 1, np.float32(mx))
@@ -97,22 +104,28 @@ def _attention_kernel(tb: bool):
             for j in range(a, b):
                 p[j] = p[j] * inv
             for d in range(D):
-                out[i, h, d] = _row_dot(0, tb, vt, e16, (h * D + d) * n, p, 0, n, f16)
+                out[i, h, d] = _row_dot(0, tb, vt, e16, (hk * D + d) * n, p, 0, n, f16)
     return _attend
 
 
 def encoder_attention(out: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, bounds: np.ndarray,
-                      kq_scale: float) -> np.ndarray:
-    """out f32[n, H, D] = softmax(q k^T * kq_scale, masked to each token's sequence) v, for q, k, v
-    f32[n, H, D] (as many key heads as query heads) and bounds i64[n_seq, 2]: the sequences' rows [a, b)."""
+                      kq_scale: float, window: int = 0) -> np.ndarray:
+    """out f32[n, H, D] = softmax(q k^T * kq_scale, masked to each token's sequence) v, for q f32[n, H, D],
+    k, v f32[n, Hk, D] (H a multiple of Hk: grouped-query heads) and bounds i64[n_seq, 2]: the sequences'
+    rows [a, b). window > 0: llama.cpp's symmetric sliding window (LLAMA_SWA_TYPE_SYMMETRIC), each token
+    seeing the keys at most window // 2 positions away on either side."""
     n, H, D = q.shape
+    Hk = k.shape[1]
+    if H % Hk:
+        raise ValueError(f"{H} query heads are not a multiple of {Hk} key heads")
     seq_of = np.empty(n, np.int64)
     for s, (a, b) in enumerate(bounds):
         seq_of[a:b] = s
     vt = np.ascontiguousarray(v.transpose(1, 2, 0)).reshape(-1)
     tb = n >= 2 and n % 16 == 0 and D % 4 == 0
     _attention_kernel(tb)(out, np.ascontiguousarray(q).reshape(-1), np.ascontiguousarray(k).reshape(-1), vt,
-                          seq_of, np.asarray(bounds, np.int64), n, H, D, np.float32(kq_scale), F16_TO_F32)
+                          seq_of, np.asarray(bounds, np.int64), n, H, Hk, D, np.float32(kq_scale),
+                          window // 2 if window > 0 else -1, F16_TO_F32)
     return out
 
 

@@ -90,3 +90,16 @@ def mean_rows(h: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
     ht = np.ascontiguousarray(np.asarray(h, np.float32).T)        # n_embd rows of n_tok
     y = np.empty((len(bounds), n_embd), np.float32)
     return float_matmul(y, inp_mean, GGMLType.F32, ht.view(np.uint8).reshape(-1), n_embd, n_tok, len(bounds))
+
+
+def softmax_rows(x: np.ndarray) -> np.ndarray:
+    """ggml_soft_max of short rows x f32[k, n] (n < 16: ggml_vec_soft_max_f32's scalar leftovers): each
+    value expf(x - max) (glibc's, correctly rounded), summed in float64, times float32(1 / sum)."""
+    x = np.asarray(x, np.float32)
+    out = np.empty_like(x)
+    for r in range(x.shape[0]):
+        d = x[r] - x[r].max()                                       # float32
+        e = np.array([math.exp(float(v)) for v in d], np.float64).astype(np.float32)
+        s = sum(float(v) for v in e)
+        out[r] = e * np.float32(1.0 / s)
+    return out

@@ -83,6 +83,9 @@ class Arch:
     hidden_out: Callable | None = None           # hidden_out(m, x): the hidden state (llama.cpp's t_embd) from
                                 # the last layer's output; None: the output norm of it
     rank_head: Callable | None = None            # rank_head(m, h f32[k, n_embd]) -> scores: rank pooling's head
+                                # (on the first token of each sequence; a causal model's: the last)
+    pooled_out: Callable | None = None           # pooled_out(m, v f32[k, n_embd]) -> f32[k, d]: projections after
+                                # pooling (llama.cpp's build_dense_out: gemma-embedding's dense_2, dense_3)
 
     @property
     def iswa(self) -> bool:

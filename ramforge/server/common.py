@@ -71,6 +71,8 @@ class ServerConfig:
     chat_template: str | None = None  # --chat-template: template text (a file's, or a named one) over the GGUF's
     lenient_names: bool = True        # /v1 and llama-server's routes: an unknown model name means the loaded
                                       # (or startup) model, as llama-server; False (--strict-names): 404, as Ollama
+    pooling: str | None = None        # --pooling (llama-server's): none/mean/cls/last/rank over the files' own
+                                      # {arch}.pooling_type for the embedding endpoints; None: the file's
 
 
 @dataclass(frozen=True)

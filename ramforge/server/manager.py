@@ -220,6 +220,7 @@ class ModelManager:
                       n_threads=n_threads, io=io, draft_model=drafter,
                       ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
                       **self._kv_types())
+        model.pooling = self.cfg.pooling            # --pooling: the embedding endpoints' (generation/embed.py)
         if self.cfg.cache_ram:                      # one per loaded model: states fit only their model
             from ..generation.session import PromptCache
 
