@@ -28,9 +28,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from ramforge.errors import InternalError
 from ramforge.gguf.constants import GGMLType
 
 from .llvmir import I32, dtypes_are, target_has_512
@@ -147,30 +148,78 @@ def _repack_in_place(kind, raw, n_out, row_bytes, G):
 
 
 @njit(cache=True, nogil=True)
-def _repack_q4k_in_place(raw8, raw32, n_out, row_bytes, G):
-    # _repack_in_place for Q4_K: raw8 u8[n_out * row_bytes] and raw32, its u32 view (4-aligned). The quads
-    # (8 of every 9 bytes) move as u32, d, dmin and the scale planes byte by byte; ~1.3x _pack_group's speed
+def _q4k_group(tmp8, tmp32, raw8, raw32, o, G, row_bytes):
+    # the group of G Q4_K rows at raw8[o:] (o 4-aligned; raw32 the u32 view of raw8), copied to tmp8 (tmp32
+    # its u32 view) first, into the group layout: the quads (8 of every 9 bytes) as u32, d, dmin and the
+    # scale planes byte by byte; ~1.3x _pack_group's speed
     n_sb, rw = row_bytes // 144, row_bytes // 4
-    tmp32 = np.empty(G * rw, dtype=np.uint32)                    # the group's rows, in row order
+    tmp32[:G * rw] = raw32[o // 4:o // 4 + G * rw]
+    for b in range(n_sb):
+        d0 = o + b * G * 144                                     # the group's super-block b
+        for r in range(G):
+            s0 = r * row_bytes + b * 144
+            raw8[d0 + 2 * r] = tmp8[s0]                          # d
+            raw8[d0 + 2 * r + 1] = tmp8[s0 + 1]
+            raw8[d0 + 2 * G + 2 * r] = tmp8[s0 + 2]              # dmin
+            raw8[d0 + 2 * G + 2 * r + 1] = tmp8[s0 + 3]
+            for p in range(12):                                  # scale plane p
+                raw8[d0 + (4 + p) * G + r] = tmp8[s0 + 4 + p]
+        q0 = d0 // 4 + 4 * G                                     # quad vector v: G u32 from q0 + v * G
+        for r in range(G):
+            s32 = r * rw + b * 36 + 4
+            for v in range(32):
+                raw32[q0 + v * G + r] = tmp32[s32 + v]
+
+
+@njit(cache=True, nogil=True)
+def _repack_q4k_in_place(raw8, raw32, n_out, row_bytes, G):
+    # _repack_in_place for a 4-aligned Q4_K weight raw8 (raw32: its u32 view)
+    tmp32 = np.empty(G * row_bytes // 4, dtype=np.uint32)
     tmp8 = tmp32.view(np.uint8)
     for g in range(n_out // G):
-        o = g * G * row_bytes
-        tmp32[:] = raw32[o // 4:o // 4 + G * rw]
-        for b in range(n_sb):
-            d0 = o + b * G * 144                                 # the group's super-block b
-            for r in range(G):
-                s0 = r * row_bytes + b * 144
-                raw8[d0 + 2 * r] = tmp8[s0]                      # d
-                raw8[d0 + 2 * r + 1] = tmp8[s0 + 1]
-                raw8[d0 + 2 * G + 2 * r] = tmp8[s0 + 2]          # dmin
-                raw8[d0 + 2 * G + 2 * r + 1] = tmp8[s0 + 3]
-                for p in range(12):                              # scale plane p
-                    raw8[d0 + (4 + p) * G + r] = tmp8[s0 + 4 + p]
-            q0 = d0 // 4 + 4 * G                                 # quad vector v: G u32 from q0 + v * G
-            for r in range(G):
-                s32 = r * rw + b * 36 + 4
-                for v in range(32):
-                    raw32[q0 + v * G + r] = tmp32[s32 + v]
+        _q4k_group(tmp8, tmp32, raw8, raw32, g * G * row_bytes, G, row_bytes)
+
+
+@njit(cache=True, parallel=True)
+def _repack_many(raw8, raw32, offs, kinds, n_outs, row_bytes, groups, n_threads):
+    # weights m = 0.. at raw8[offs[m]:] (kind kinds[m], n_outs[m] rows of row_bytes[m] in groups of groups[m]),
+    # every one repacked in place; the groups of all of them split evenly over n_threads
+    m = offs.shape[0]
+    first = np.zeros(m + 1, dtype=np.int64)                      # weight i's groups: first[i]..first[i+1]
+    most = 0
+    for i in range(m):
+        first[i + 1] = first[i] + n_outs[i] // groups[i]
+        most = max(most, groups[i] * row_bytes[i])
+    total = first[m]
+    for c in prange(n_threads):
+        tmp32 = np.empty((most + 3) // 4, dtype=np.uint32)
+        tmp8 = tmp32.view(np.uint8)
+        i = 0
+        for j in range(total * c // n_threads, total * (c + 1) // n_threads):
+            while j >= first[i + 1]:
+                i += 1
+            G, rb = groups[i], row_bytes[i]
+            o = offs[i] + (j - first[i]) * G * rb
+            if kinds[i] == 0 and o % 4 == 0:
+                _q4k_group(tmp8, tmp32, raw8, raw32, o, G, rb)
+            else:
+                tmp8[:G * rb] = raw8[o:o + G * rb]
+                _pack_group(kinds[i], tmp8, raw8, o, G, rb // _BLOCK[kinds[i]])
+
+
+def repack_many(raw: np.ndarray, weights: list[tuple], n_threads: int) -> None:
+    """Repack several `repackable` weights lying in one writable u8 array raw (size a multiple of 4), in
+    place, over n_threads threads: weights (ggml type, byte offset in raw, GGUF dims (row length, rows))."""
+    if not weights:
+        return
+    if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size % 4 or raw.ctypes.data % 4:
+        raise InternalError(f"repack_many: raw must be 4-aligned u8 of a size divisible by 4, got {raw.dtype}{raw.shape}")
+    types_, offs, dims = zip(*weights)
+    kinds = np.array([KINDS[t] for t in types_], np.int64)
+    n_outs = np.array([d[1] for d in dims], np.int64)
+    rbs = np.array([d[0] // _ELEMS[k] * _BLOCK[k] for d, k in zip(dims, kinds)], np.int64)
+    groups = np.array([repack_group(d[1]) for d in dims], np.int64)
+    _repack_many(raw, raw.view(np.uint32), np.array(offs, np.int64), kinds, n_outs, rbs, groups, n_threads)
 
 
 def repack(ggml_type, raw: np.ndarray, dims: tuple[int, ...]) -> int:

@@ -15,9 +15,11 @@ has not begun). Every guess is scored; reads ahead are made only while recent gu
 READ_AHEAD_FROM of the picks (on random-weight models they name about a third, and reading them ahead
 was slower than not).
 
-An expert whose matrices take kernels.repack's layout (Q4_0, Q4_K, Q8_0) is repacked in its slot by the
-reader thread once read, as llama.cpp repacks its expert tensors at load, so cached experts run the
-repacked kernels (about 2-3x faster per use than rows in file order) for the one repack of each read.
+An expert whose matrices take kernels.repack's layout (Q4_0, Q4_K, Q8_0) is repacked in its slot when
+first taken after its read, as llama.cpp repacks its expert tensors at load: by the compute threads
+together (kernels.repack.repack_many; on a reader thread it slowed the compute threads' parallel
+regions more than it saved), so every use runs the repacked kernels, 2-3x faster than rows in file
+order: the repack costs about one file-order use.
 
 Eviction (`Policy`): LRU, or LFU, a frequency-aware policy: the fewest uses, each use's weight
 halving every `HALF_LIFE` tokens, the least recently used among equals.
@@ -26,13 +28,15 @@ from __future__ import annotations
 
 import enum
 import time
+
+import numba
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
 from ..errors import InternalError, InvalidArgument
 from ..gguf.reader import GGUFFile
-from ..kernels.repack import repack, repack_group, repackable
+from ..kernels.repack import repack_group, repack_many, repackable
 from ..models.weights import EXPERT_TENSORS, LayerExperts, QTensor, gguf_name
 from .layout import Span, expert_span
 from ..profiling import ExpertRecord
@@ -85,6 +89,7 @@ class ExpertCache:
         self._loading: dict[int, Future] = {}               # slot -> its read, until taken
         self._protected = np.zeros(n_slots, bool)          # in use by this layer, or a pending prefetch
         self._used = np.zeros(n_slots)                      # clock of the last use (LRU)
+        self._packed = np.zeros(n_slots, bool)             # its expert repacked (self.reps) since its read
         self._where = np.zeros((n_slots, 2), np.int64)      # slot -> (layer - layers[0], expert), for LFU
         self._freq = np.zeros((len(layers), self.n_expert))  # decayed use counts, at _freq_t
         self._freq_t = np.zeros((len(layers), self.n_expert))
@@ -161,6 +166,7 @@ class ExpertCache:
         if key in self._todo:
             self._todo.remove(key)
         slot = self._wait(key, rec)
+        self._pack([slot])
         self._use(slot)
         self._taken = slot
         return self._tensors(key, slot)
@@ -184,6 +190,7 @@ class ExpertCache:
             span = self._spans[k]
             base = slot * self.slot_bytes
             out.append((k, tuple(base + span.offsets[t.name] for t in self.tensors[k[0]])))
+        self._pack([self._slot[k] for k, _ in out])
         return out
 
     def release(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> None:
@@ -288,22 +295,32 @@ class ExpertCache:
             return False
         self._slot[key], self._key[slot] = slot, key
         self._protected[slot] = True                        # until taken, or its layer's turn
+        self._packed[slot] = False
         self._where[slot] = il - self.layers[0], e
-        self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], span, il)
+        self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], span)
         return True
 
-    def _read(self, buf: np.ndarray, span: Span, il: int) -> tuple[int, float]:
-        """On a reader thread: the expert's aligned segments into its slot, then its repackable matrices
-        repacked there (kernels.repack; nogil, so beside the compute threads)."""
+    def _read(self, buf: np.ndarray, span: Span) -> tuple[int, float]:
+        """On a reader thread: the expert's aligned segments into its slot."""
         t0, n = time.perf_counter(), 0
         for off, length, at in span.segments:
             n += self.file.read_into(off, buf[at:at + length])
             self.file.drop_cache(off, length)
-        for t, g in zip(self.tensors[il], self.reps[il]):
-            if g:
-                at = span.offsets[t.name]
-                repack(t.ggml_type, buf[at:at + t.nbytes // t.dims[2]], t.dims[:2])
         return n, time.perf_counter() - t0
+
+    def _pack(self, slots: list[int]) -> None:
+        """Repack the repackable matrices (self.reps) of the experts in slots read since their last repack,
+        all at once on the compute threads."""
+        todo = []
+        for slot in slots:
+            if self._packed[slot]:
+                continue
+            self._packed[slot] = True
+            key = self._key[slot]
+            span, base = self._spans[key], slot * self.slot_bytes
+            todo += [(t.ggml_type, base + span.offsets[t.name], t.dims[:2])
+                     for t, g in zip(self.tensors[key[0]], self.reps[key[0]]) if g]
+        repack_many(self.pool, todo, numba.get_num_threads())
 
     def _wait(self, key, rec: ExpertRecord) -> int:
         while key not in self._slot:                       # not started yet: every slot was busy
