@@ -61,6 +61,29 @@ def test_q4k_fast_path_is_the_generic_layout(n_out, n_in, G):
     assert not np.array_equal(fast, raw) and np.array_equal(fast, slow)
 
 
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_repack_many_is_repack_of_each(n_threads):
+    # several weights of every kind in one array (an expert cache's pool), repacked at once by threads that
+    # split their groups, give each weight's own repack; a weight at an offset not 4-aligned too
+    ws, at, parts = [], 0, []
+    for i, (t, n_out, n_in) in enumerate([(Q4_K, 48, 512), (GGMLType.Q8_0, 40, 256), (Q4_K, 64, 768),
+                                          (GGMLType.Q4_0, 24, 256), (Q4_K, 16, 256)]):
+        raw = weight(t, n_out, n_in, seed=i)
+        ws.append((t, at, (n_in, n_out)))
+        parts.append(raw)
+        at += raw.size + (2 if i == 1 else 0)         # the Q4_0 after it starts 2 bytes past a multiple of 4
+        parts.append(np.zeros(2 if i == 1 else 0, np.uint8))
+    pool = np.concatenate(parts + [np.zeros(-at % 4, np.uint8)])
+    want = pool.copy()
+    for t, o, dims in ws:
+        n = dims[1] * (dims[0] // rp._ELEMS[rp.KINDS[t]]) * rp.BLOCKS[t]
+        rp.repack(t, want[o:o + n], dims)
+    rp.repack_many(pool, ws, n_threads)
+    assert np.array_equal(pool, want)
+    with pytest.raises(Exception, match="4-aligned"):
+        rp.repack_many(pool[1:], ws[:1], n_threads)
+
+
 # the portable kernels (vector=False) of Q4_K in CI, of every type with -m slow (~8 s of compiles a type)
 @pytest.mark.parametrize("t,vector", [pytest.param(t, v, id=f"{t.name}-{'vector' if v else 'portable'}",
                                                    marks=[] if v or t == Q4_K else [pytest.mark.slow])
