@@ -159,7 +159,7 @@ def first_run_estimate(cores: int) -> float:
     return FIRST_PASS_CPU_S if cores > 1 else FIRST_PASS_CPU_S + SAMPLER_CPU_S
 
 
-FIRST_PASS_CPU_S = 12.0     # a first pass's per-matrix kernels (matmuls, attention, quantizing): CPU s, measured (gemma-3 270m)
+FIRST_PASS_CPU_S = 16.0     # a first pass's per-matrix kernels (matmuls, attention, quantizing): CPU s after load, measured 13-19 (gemma-3 270m)
 SAMPLER_CPU_S = 8.0         # the sampler's (top-k's sort), CPU s, measured
 
 
