@@ -186,42 +186,62 @@ def worker_count(reserve: int = 0) -> int:
 
 class Warmup:
     """Jobs compiling in worker processes (`python -c ...`, jobs pickled on stdin), dealt round-robin in
-    order, so the first jobs finish first. wait() blocks until all have ended (ok: every job ran)."""
+    order, so the first jobs finish first. wait() blocks until all have ended (ok: every job ran).
+    on_job(job) is called (from a reader thread) as each job ends in its worker, then on_job(None) once
+    every worker has ended, however they ended (cancelled, failed)."""
 
-    def __init__(self, jobs: list[WarmJob], workers: int):
+    def __init__(self, jobs: list[WarmJob], workers: int, on_job: Callable[[WarmJob | None], None] | None = None):
         import os
         import pickle
         import subprocess
         import sys
+        import tempfile
 
         self.jobs = list(jobs)
         self.ok: bool | None = None
+        self.finished: list[WarmJob] = []       # the jobs ended so far, in the order they ended
+        self._on_job = on_job
         self._cancelled = False
         self._done = threading.Event()
         self._procs = []
         n = max(1, min(workers, len(self.jobs)))
         env = dict(os.environ, RAMFORGE_WARM_WORKER="1")
+        readers = []
         for i in range(n if self.jobs else 0):
+            err = tempfile.TemporaryFile()
             p = subprocess.Popen([sys.executable, "-c", "from ramforge.jit import _worker; _worker()"], env=env,
-                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            self._procs.append(p)
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
             p.stdin.write(pickle.dumps(self.jobs[i::n]))
             p.stdin.close()
-        threading.Thread(target=self._reap, name="ramforge-warm-reaper", daemon=True).start()
+            self._procs.append(p)
+            readers.append(threading.Thread(target=self._read, args=(p, err, self.jobs[i::n]), daemon=True,
+                                            name="ramforge-warm-reader"))
+        for t in readers:
+            t.start()
+        threading.Thread(target=self._reap, args=(readers,), name="ramforge-warm-reaper", daemon=True).start()
 
-    def _reap(self) -> None:
-        ok = True
-        for p in self._procs:
-            err = p.stderr.read()
-            if p.wait() != 0:
-                ok = False
-                if self._cancelled:
-                    continue
-                import logging
+    def _read(self, p, err, jobs: list[WarmJob]) -> None:
+        # the worker writes one line as each of its jobs ends
+        for line, job in zip(p.stdout, jobs):
+            if line.strip() != b"done":
+                break
+            self.finished.append(job)
+            if self._on_job is not None:
+                self._on_job(job)
+        if p.wait() != 0 and not self._cancelled:
+            import logging
 
-                logging.getLogger("ramforge").warning("a kernel warm-up worker failed (exit %s): %s", p.returncode,
-                                                      err.decode(errors="replace")[-2000:])
-        self.ok = ok
+            err.seek(0)
+            logging.getLogger("ramforge").warning("a kernel warm-up worker failed (exit %s): %s", p.returncode,
+                                                  err.read().decode(errors="replace")[-2000:])
+        err.close()
+
+    def _reap(self, readers) -> None:
+        for t in readers:
+            t.join()
+        self.ok = all(p.returncode == 0 for p in self._procs)
+        if self._on_job is not None:
+            self._on_job(None)
         self._done.set()
 
     def done(self) -> bool:
@@ -242,8 +262,15 @@ class Warmup:
 
 def _worker() -> None:
     """A warm-up worker's main: run the pickled WarmJobs from stdin (into the on-disk kernel cache)."""
+    import os
     import pickle
     import sys
 
-    for job in pickle.loads(sys.stdin.buffer.read()):
+    jobs = pickle.loads(sys.stdin.buffer.read())
+    marks = os.fdopen(os.dup(1), "w")       # the progress lines; whatever a job prints goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for job in jobs:
         job.run()
+        marks.write("done\n")              # Warmup._read: this job has ended
+        marks.flush()

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -137,3 +138,62 @@ def test_a_cold_serve_answers_health_at_once(tmp_path):
     finally:
         p.terminate()
         p.wait(60)
+
+
+def test_each_job_is_reported_as_it_ends_then_the_end(tmp_path):
+    done, order = threading.Event(), []
+    jobs = [WarmJob("os", "mkdir", (str(tmp_path / "a"),)), WarmJob("builtins", "print", ("to stderr",)),
+            WarmJob("os", "mkdir", (str(tmp_path / "b"),))]
+    w = Warmup(jobs, workers=2, on_job=lambda j: (order.append(j), j is None and done.set()))
+    assert done.wait(60) and w.ok
+    assert order[-1] is None and sorted(map(id, order[:-1])) == sorted(map(id, jobs))
+    assert w.finished and len(w.finished) == 3
+    order.clear()
+    w = Warmup([WarmJob("time", "sleep", (60,))], workers=1, on_job=order.append)
+    w.cancel()
+    assert order == [None]                               # a cancelled warm-up ends too
+
+
+def test_a_deferral_holds_the_fused_kernels_until_their_job_ends(engine):
+    from ramforge.kernels import fused
+
+    jobs = warm_jobs(engine, prefill=False)
+    fused_jobs = [j for j in jobs if j.module == "ramforge.kernels.fused"]
+    fused._plan.cache_clear()                            # fresh dispatchers: none compiled in this process
+    fused._fused_kernel.cache_clear()
+    first = fused.kernels(fused_jobs[0].args[0])
+    with warmup.Deferral(jobs) as d:
+        assert all(fused.held(k) for k in first)
+        d.on_job(jobs[0])                                # the sampler's: no fused kernel
+        assert all(fused.held(k) for k in first)
+        d.on_job(fused_jobs[0])
+        assert not any(fused.held(k) for k in first)
+        assert all(fused.held(k) for k in fused.kernels(fused_jobs[1].args[0]) - first)
+        d.on_job(None)                                   # the workers' end: all
+        assert not fused._held
+    assert not fused._held
+
+
+def test_a_held_decode_gives_the_fused_decodes_logits(engine):
+    # a cold run's first tokens take the per-matrix kernels while the fused ones compile: the same logits
+    from ramforge.kernels import fused
+
+    ids = engine.tokenizer.encode("Why is the sky blue?", add_special=True)
+
+    def logits():
+        engine.reset()
+        out = [engine.eval(ids).copy()]
+        for tok in (236743, 1597, 563):
+            out.append(engine.eval([tok]).copy())
+        return out
+
+    fused_run = logits()
+    fused._plan.cache_clear()
+    fused._fused_kernel.cache_clear()
+    fused.hold()
+    try:
+        held_run = logits()
+        assert all(not k.signatures for k in fused.kernels(engine.weights.layer_matrices()))   # none ran
+    finally:
+        fused.unhold()
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(fused_run, held_run))

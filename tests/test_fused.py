@@ -182,8 +182,50 @@ def test_warm_compiles_the_kernels_a_decode_takes():
     layer = {"attn_q": (G.Q4_K, 256, N_IN, 0), "attn_k": (G.Q4_K, 32, N_IN, 0), "attn_v": (G.Q6_K, 32, N_IN, 0),
              "attn_output": (G.Q4_K, N_IN, 256, 0), "ffn_gate": (G.Q4_K, 256, N_IN, 0),
              "ffn_up": (G.Q4_K, 256, N_IN, 0), "ffn_down": (G.Q6_K, N_IN, 256, 0)}
-    assert fused.warm([layer]) == 8                    # 4 groups; Q4_K and Q6_K alone, plain and + residual
+    assert fused.warm([layer]) == 9                    # 5 groups; Q4_K and Q6_K alone, plain and + residual
     kernel = fused._plan(((G.Q4_K, 256, N_IN, 0), (G.Q4_K, 32, N_IN, 0), (G.Q6_K, 32, N_IN, 0)), True,
                          fused.Prologue.NORM, fused.Epilogue.NONE).kernel
     assert kernel.signatures == [fused.signature()]
     assert fused.warm([{"attn_output": (G.Q4_K, N_IN, 100, 0)}]) == 0     # a shape qmatmul refuses: skipped
+
+
+def test_held_kernels_run_as_the_separate_ops_until_ready():
+    # a cold run (engine.warmup.Deferral) holds the fused kernels a worker compiles: fusable refuses them,
+    # rows_of and add_rows take the separate ops (the same rows, bit for bit), until they are ready
+    fused._plan.cache_clear()                            # fresh dispatchers: none compiled in this process
+    fused._fused_kernel.cache_clear()
+    rng = np.random.default_rng(11)
+    src = rng.standard_normal((1, N_IN)).astype(np.float32)
+    nw = rng.standard_normal(N_IN).astype(np.float32)
+    wg, wu = (QTensor(n, G.Q4_K, (N_IN, 256), weight(G.Q4_K, 256, N_IN, s)) for n, s in (("g", 1), ("u", 2)))
+    wd = QTensor("d", G.Q6_K, (256, N_IN), weight(G.Q6_K, N_IN, 256, 3))
+    shapes = {"ffn_gate": (G.Q4_K, 256, N_IN, 0), "ffn_up": (G.Q4_K, 256, N_IN, 0), "ffn_down": (G.Q6_K, N_IN, 256, 0)}
+    ks = fused.kernels([shapes])
+
+    def layer():
+        xb, g, u = np.empty_like(src), np.empty((1, 256), np.float32), np.empty((1, 256), np.float32)
+        rows_of(xb, (wg, g), (wu, u), norm=(src, nw, 1e-6), glu=True)
+        x, y = src.copy(), np.empty_like(src)
+        add_rows(x, wd, g, y)
+        return xb, g, x
+
+    def plan(xb, g):
+        return fused.fusable(xb, [(g, G.Q4_K, wg.data, 256, 0), (g.copy(), G.Q4_K, wu.data, 256, 0)],
+                             norm=(src, nw, 1e-6), epi=fused.Epilogue.SWIGLU)
+
+    fused.hold()
+    try:
+        held = layer()
+        assert plan(held[0], held[1]) is None and all(not k.signatures for k in ks)     # nothing fused ran
+        fused.ready(ks)
+        assert plan(held[0], held[1]) is not None
+        ready = layer()
+        assert any(k.signatures for k in ks)             # now fused (loaded, or compiled here)
+    finally:
+        fused.unhold()
+    assert all(_same(a, b) for a, b in zip(held, ready))
+    fused.hold()                                         # what this process has compiled is never held
+    try:
+        assert plan(held[0], held[1]) is not None
+    finally:
+        fused.unhold()

@@ -128,11 +128,13 @@ def run(model, prompt_arg, prompt, raw, max_tokens, ctx, ram, io, threads, exper
 
 
 def decode_kernels_in_background(eng, cold: bool, say: bool):
-    """On a cold kernel cache (the load compiled kernels), compile the sampler's and the decode kernels
-    in worker processes (ramforge.jit.Warmup, on the cores this process leaves) while this one evaluates
-    the prompt: whichever of the two reaches a kernel first compiles it into the disk cache, and the
-    other loads it from there. Returns the Warmup (the caller cancels it at the end), or None when warm."""
-    from ..engine.warmup import warm_jobs
+    """On a cold kernel cache (the load compiled kernels), compile the sampler's and the fused decode
+    kernels in worker processes (ramforge.jit.Warmup, on the cores this process leaves) while this one
+    evaluates the prompt; until each fused kernel's job has ended, decode runs the per-matrix kernels
+    the prefill compiled (engine.warmup.Deferral: the same arithmetic, bit for bit). A kernel both
+    reach compiles once into the disk cache, and the other loads it from there. Returns the Warmup (the
+    caller cancels it at the end, which releases the deferred kernels), or None when warm."""
+    from ..engine.warmup import Deferral, warm_jobs
     from ..jit import Warmup, worker_count
 
     if not cold:
@@ -140,19 +142,25 @@ def decode_kernels_in_background(eng, cold: bool, say: bool):
     jobs = warm_jobs(eng, prefill=False)
     if say:
         click.echo(f"first run: compiling this model's kernels for this CPU, once (about "
-                   f"{first_run_estimate(len(jobs), worker_count()):.0f} s; later runs load them from the cache)",
-                   err=True)
-    return Warmup(jobs, worker_count(reserve=1))
+                   f"{first_run_estimate(worker_count()):.0f} s before the first token; later runs load them "
+                   f"from the cache)", err=True)
+    deferral = Deferral(jobs)
+    try:
+        return Warmup(jobs, worker_count(reserve=1), on_job=deferral.on_job)
+    except BaseException:
+        deferral.release()
+        raise
 
 
-def first_run_estimate(n_jobs: int, cores: int) -> float:
-    """Seconds a first run compiles before its first token on a quiet machine, roughly: the first pass's
-    kernels in this process (FIRST_PASS_CPU_S) while the workers compile the sampler's; on one core, both."""
+def first_run_estimate(cores: int) -> float:
+    """Seconds from this notice to the first token of a first run on a quiet machine, roughly: the first
+    pass's per-matrix kernels in this process (FIRST_PASS_CPU_S) while a worker compiles the sampler's;
+    on one core, both."""
     return FIRST_PASS_CPU_S if cores > 1 else FIRST_PASS_CPU_S + SAMPLER_CPU_S
 
 
-FIRST_PASS_CPU_S = 30.0     # a first pass's kernels (matmuls, attention, quantizing, fused): CPU s, measured (gemma-3 270m)
-SAMPLER_CPU_S = 7.0         # the sampler's (top-k's sort), CPU s, measured
+FIRST_PASS_CPU_S = 16.0     # a first pass's per-matrix kernels (matmuls, attention, quantizing): CPU s after load, measured 13-19 (gemma-3 270m)
+SAMPLER_CPU_S = 8.0         # the sampler's (top-k's sort), CPU s, measured
 
 
 @click.command()

@@ -33,3 +33,30 @@ def warm_jobs(engine, prefill: bool = True) -> list[WarmJob]:
             by_type.setdefault(shape[0], []).append(shape)
         jobs += [WarmJob("ramforge.kernels.qmatmul", "warm", (s,)) for s in by_type.values()]
     return jobs
+
+
+class Deferral:
+    """A cold process's fused decode kernels left to the warm-up workers: kernels.fused.hold keeps them
+    off (decode runs the per-matrix kernels, the same arithmetic bit for bit, which the prefill has
+    compiled already) and each is made ready as the worker job that compiles it ends (`on_job`,
+    jit.Warmup's callback; None, the workers' end: all). As a context manager, it unholds at exit."""
+
+    def __init__(self, jobs: list[WarmJob]):
+        self._kernels = {id(j): fused.kernels(j.args[0]) for j in jobs
+                         if j.module == fused.__name__ and j.function == "warm"}
+        fused.hold()
+
+    def on_job(self, job: WarmJob | None) -> None:
+        if job is None:
+            fused.unhold()
+        else:
+            fused.ready(self._kernels.get(id(job), ()))
+
+    def release(self) -> None:
+        fused.unhold()
+
+    def __enter__(self) -> "Deferral":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

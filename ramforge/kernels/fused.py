@@ -18,6 +18,11 @@ rows_of and add_rows use them; a llama layer's decode is then four compiled matm
 It applies where qmatmul would take that path for the token: the vector kernels, a weight type with
 packed-row intrinsics for its one-token variant, one token that is not a row of a larger batch.
 `matvecs` answers False elsewhere, and the caller runs the weights through qmatmul and the separate ops.
+
+On a cold kernel cache a fused kernel costs seconds to compile, where the per-matrix kernels a prefill
+compiles anyway cost nothing more: while warm-up workers compile them (engine.warmup.Deferral), `hold`
+makes `fusable` answer None for the fused kernels not yet `ready` (the separate ops run: the same
+arithmetic, bit for bit).
 """
 from __future__ import annotations
 
@@ -239,7 +244,7 @@ def fusable(x: np.ndarray, outs: list, vector: bool | None = None, norm: tuple |
         return None
     plan = _plan(tuple((t, n_out, n_in, rep) for _, t, _, n_out, rep in outs), vec,
                  Prologue.NONE if norm is None else Prologue.NORM, epi)
-    if plan is None:
+    if plan is None or _held and held(plan.kernel):
         return None
     for (y, _, raw, n_out, _), rb in zip(outs, plan.row_bytes):
         if (not _row(y, n_out, True) or not isinstance(raw, np.ndarray) or raw.dtype != np.uint8
@@ -278,7 +283,8 @@ def matvecs(x: np.ndarray, outs: list, vector: bool | None = None, norm: tuple |
 # epilogue), and the single matrices that add their product to the residual stream (weights.add_rows)
 _QKV, _GU = ("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")
 _GROUPS = ((_QKV, Prologue.NORM, Epilogue.NONE), (_QKV, Prologue.NONE, Epilogue.NONE),
-           (_GU, Prologue.NORM, Epilogue.SWIGLU), (_GU, Prologue.NONE, Epilogue.NONE),
+           (_GU, Prologue.NORM, Epilogue.SWIGLU), (_GU, Prologue.NORM, Epilogue.NONE),     # (gemma's GeGLU: after)
+           (_GU, Prologue.NONE, Epilogue.NONE),
            (("ffn_gate_shexp", "ffn_up_shexp"), Prologue.NONE, Epilogue.NONE))
 _ADDED = ("attn_output", "ffn_down")
 GROUPED = tuple(dict.fromkeys(names for names, _, _ in _GROUPS))    # matrices of one input, decoded together
@@ -291,10 +297,10 @@ def signature() -> tuple:
     return (f2, f2, u8, f2, u8, f2, u8) + (numba.int64,) * 4 + (f2, f1, numba.float32, f2)
 
 
-def warm(layers, vector: bool | None = None) -> int:
-    """Compile, or load from numba's disk cache, the fused kernels a decode token of these layers takes
-    (layers: per layer, {tensor suffix: (type, n_out, n_in, repacked)} of its matrices; a dict
-    {"output": ...} for the output matrix); returns how many. See qmatmul.warm."""
+def kernels(layers, vector: bool | None = None) -> set:
+    """The fused kernels (numba dispatchers, not compiled) a decode token of these layers takes (layers:
+    per layer, {tensor suffix: (type, n_out, n_in, repacked)} of its matrices; a dict {"output": ...}
+    for the output matrix)."""
     vec = VECTOR if vector is None else bool(vector)
     plans = set()
     for d in layers:
@@ -305,7 +311,50 @@ def warm(layers, vector: bool | None = None) -> int:
             plans.add(_plan((shape,), vec, Prologue.NONE, Epilogue.NONE))
             if name in _ADDED:
                 plans.add(_plan((shape,), vec, Prologue.NONE, Epilogue.ADD))
-    kernels = {p.kernel for p in plans if p is not None}
-    for k in kernels:
+    return {p.kernel for p in plans if p is not None}
+
+
+def warm(layers, vector: bool | None = None) -> int:
+    """Compile, or load from numba's disk cache, the fused kernels of `kernels(layers, vector)`; returns
+    how many. See qmatmul.warm."""
+    ks = kernels(layers, vector)
+    for k in ks:
         k.compile(signature())
-    return len(kernels)
+    return len(ks)
+
+
+# while warm-up workers compile the fused kernels (a cold cache, engine.warmup.Deferral): which may run
+_held = False               # holding: only the kernels in _ready, or compiled here already, run
+_ready: set = set()
+
+
+def hold() -> None:
+    """From now on fusable answers None (the separate ops run instead: the same arithmetic, bit for bit)
+    for any fused kernel this process has not compiled or loaded yet and `ready` has not named, until
+    `unhold`: a cold process leaves their compilation to a worker and goes on meanwhile."""
+    global _held
+    _ready.clear()
+    _held = True
+
+
+def ready(ks) -> None:
+    """These kernels (from `kernels`) may run again: their next call loads each from the disk cache,
+    where the worker has put it (or compiles it, where the worker did not)."""
+    _ready.update(ks)
+
+
+def unhold() -> None:
+    """Every fused kernel may run again (as before `hold`)."""
+    global _held
+    _held = False
+    _ready.clear()
+
+
+def held(kernel) -> bool:
+    """Whether fusable leaves this kernel out now."""
+    if not _held or kernel in _ready:
+        return False
+    if kernel.signatures:               # compiled or loaded in this process already
+        _ready.add(kernel)
+        return False
+    return True
