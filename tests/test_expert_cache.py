@@ -304,9 +304,10 @@ def moe_q4k(tmp_path_factory):
 
 @pytest.mark.parametrize("repacked", [True, pytest.param(False, marks=pytest.mark.slow)])   # (file order: its own compiles)
 def test_cached_experts_are_repacked_and_every_logit_stays(moe_q4k, repacked, monkeypatch):
-    """The cache's reader repacks each Q4_K expert matrix in its slot (kernels.repack's layout, as a pinned
-    layer's), the kernels read it so, and the logits equal the in-RAM engine's bit for bit, as they do with
-    the experts left in file order (RAMFORGE_NO_REPACK_EXPERTS)."""
+    """The cache repacks each Q4_K expert matrix in its slot at the expert's second use since its read
+    (kernels.repack's layout, as a pinned layer's), the kernels read each expert as it lies, and the logits
+    equal the in-RAM engine's bit for bit, as they do with the experts left in file order
+    (RAMFORGE_NO_REPACK_EXPERTS)."""
     from ramforge.gguf.constants import GGMLType
     from ramforge.kernels.repack import repack_group
     from ramforge.stream import weights
@@ -326,15 +327,19 @@ def test_cached_experts_are_repacked_and_every_logit_stays(moe_q4k, repacked, mo
             assert c.reps[il] == want_reps and (not repacked or want_reps[0] == 16)
         got = [eng.eval(toks, all_logits=True)] + [eng.eval([t]) for t in (5, 6, 7, 8, 9)]
         assert c.totals.misses > 0 and c.totals.hits > 0
-        rec = ExpertRecord(0)
-        c.layer(0, np.array([3]), 1, rec)
-        try:
-            gate = c.take((0, 3), rec)[0]
-            assert gate.repacked == c.reps[0][0]
-            raw = np.fromfile(moe_q4k, np.uint8, count=gate.data.size, offset=c.tensors[0][0].offset + 3 * gate.data.size)
-            assert np.array_equal(gate.data, raw) != repacked      # repacked in the slot, or the file's bytes
-        finally:
-            c.end(rec)
+        held = [sl for sl in range(c.n_slots) if c._key[sl] is not None]
+        assert any(c.layout(sl) != (0, 0, 0) for sl in held) == repacked   # experts used twice: repacked
+        for il, e in (c._key[held[0]], c._key[held[-1]]):
+            rec = ExpertRecord(il)
+            c.layer(il, np.array([e]), 1, rec)
+            try:
+                gate = c.take((il, e), rec)[0]
+                assert gate.repacked == c.layout(c._slot[(il, e)])[0] == (c.reps[il][0] if repacked else 0)
+                t = c.tensors[il][0]
+                raw = np.fromfile(moe_q4k, np.uint8, count=gate.data.size, offset=t.offset + e * gate.data.size)
+                assert np.array_equal(gate.data, raw) != repacked      # repacked in the slot, or the file's bytes
+            finally:
+                c.end(rec)
     assert b.current == 0 and b.charges() == []
     for g, w in zip(got, want):
         assert np.array_equal(g, w)

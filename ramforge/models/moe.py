@@ -134,19 +134,24 @@ def _kernels(g, u, d, reps: tuple | None = None) -> fused_moe.ExpertKernels | No
 
 def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
     """ex0 f32[k, n_embd][j] = slot j's expert output, for the slots whose experts the cache holds now (one
-    token, xb f32[1, n_embd]): two compiled calls over the cache's pool; the others are left to E's loop."""
-    kern = _kernels(*E.tensors, E.reps)
-    ready = E.take_ready() if kern is not None else []
+    token, xb f32[1, n_embd]): two compiled calls over the cache's pool for those repacked, two for those
+    in file order; the others are left to E's loop."""
+    kerns = {reps: _kernels(*E.tensors, reps) for reps in {E.reps, (0, 0, 0)}}
+    ready = E.take_ready() if None not in kerns.values() else []
     if not ready:
         return
     try:
         sel = s.sel[0]
-        slots = np.array([int(np.flatnonzero(sel == e)[0]) for e, _ in ready])
-        offs = tuple(np.array([o[i] for _, o in ready], np.int64) for i in range(3))
-        c = len(ready)
-        part = ex0[:c]                                     # (then moved to their slots; numpy copies overlaps)
-        _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part, s.ye[:1])
-        ex0[slots] = part.copy()
+        for reps, kern in kerns.items():
+            these = [(e, o) for e, o, r in ready if r == reps]
+            if not these:
+                continue
+            slots = np.array([int(np.flatnonzero(sel == e)[0]) for e, _ in these])
+            offs = tuple(np.array([o[i] for _, o in these], np.int64) for i in range(3))
+            c = len(these)
+            part = np.empty((c, ex0.shape[1]), np.float32)     # (then moved to their slots)
+            _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part, s.ye[:1])
+            ex0[slots] = part
     finally:
         E.release()
 

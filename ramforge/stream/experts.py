@@ -15,11 +15,12 @@ has not begun). Every guess is scored; reads ahead are made only while recent gu
 READ_AHEAD_FROM of the picks (on random-weight models they name about a third, and reading them ahead
 was slower than not).
 
-An expert whose matrices take kernels.repack's layout (Q4_0, Q4_K, Q8_0) is repacked in its slot when
-first taken after its read, as llama.cpp repacks its expert tensors at load: by the compute threads
-together (kernels.repack.repack_many; on a reader thread it slowed the compute threads' parallel
-regions more than it saved), so every use runs the repacked kernels, 2-3x faster than rows in file
-order: the repack costs about one file-order use.
+An expert whose matrices take kernels.repack's layout (Q4_0, Q4_K, Q8_0) is repacked in its slot at its
+second use after its read (PACK_AT_USE), as llama.cpp repacks its expert tensors at load, by the compute
+threads together (kernels.repack.repack_many): its later uses run the repacked kernels, 2-3x faster than
+rows in file order. The repack costs about one file-order use, so an expert used once per read (at 1/4
+of a random-routed model, many are) is not repacked; on a reader thread the repacks slowed the compute
+threads' parallel regions more than they saved.
 
 Eviction (`Policy`): LRU, or LFU, a frequency-aware policy: the fewest uses, each use's weight
 halving every `HALF_LIFE` tokens, the least recently used among equals.
@@ -46,6 +47,7 @@ HALF_LIFE = 64.0        # tokens: a use's weight in LFU halves over this many to
 READ_AHEAD_FROM = 0.5   # read ahead only while at least this share of recent picks was guessed ...
 ACCURACY_TURNS = 32     # ... recent: a moving average over about this many layer turns
 READERS = 2             # reader threads: more than one read in flight keeps a fast SSD busy
+PACK_AT_USE = 2         # an expert's use (since its read) at which it is repacked
 
 
 class Policy(str, enum.Enum):
@@ -90,6 +92,7 @@ class ExpertCache:
         self._protected = np.zeros(n_slots, bool)          # in use by this layer, or a pending prefetch
         self._used = np.zeros(n_slots)                      # clock of the last use (LRU)
         self._packed = np.zeros(n_slots, bool)             # its expert repacked (self.reps) since its read
+        self._uses = np.zeros(n_slots, np.int64)           # its expert's uses since its read
         self._where = np.zeros((n_slots, 2), np.int64)      # slot -> (layer - layers[0], expert), for LFU
         self._freq = np.zeros((len(layers), self.n_expert))  # decayed use counts, at _freq_t
         self._freq_t = np.zeros((len(layers), self.n_expert))
@@ -166,15 +169,15 @@ class ExpertCache:
         if key in self._todo:
             self._todo.remove(key)
         slot = self._wait(key, rec)
-        self._pack([slot])
         self._use(slot)
+        self._pack([slot])
         self._taken = slot
         return self._tensors(key, slot)
 
-    def take_ready(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> list[tuple[tuple[int, int], tuple]]:
+    def take_ready(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> list[tuple[tuple[int, int], tuple, tuple]]:
         """Of this turn's keys, those whose bytes are in their slot now (cached, or read ahead and done),
-        each with its gate, up and down byte offsets in `pool`; marked used. They stay protected until
-        `release`."""
+        each with its gate, up and down byte offsets in `pool` and their repacked groups (0: file order);
+        marked used. They stay protected until `release`."""
         out = []
         for k in keys:
             slot = self._slot.get(k)
@@ -191,7 +194,11 @@ class ExpertCache:
             base = slot * self.slot_bytes
             out.append((k, tuple(base + span.offsets[t.name] for t in self.tensors[k[0]])))
         self._pack([self._slot[k] for k, _ in out])
-        return out
+        return [(k, offs, self.layout(self._slot[k])) for k, offs in out]
+
+    def layout(self, slot: int) -> tuple[int, int, int]:
+        """The repacked groups (gate, up, down) of the expert in slot as it is now (0: file order)."""
+        return self.reps[self._key[slot][0]] if self._packed[slot] else (0, 0, 0)
 
     def release(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> None:
         """The keys taken by take_ready are computed: their slots may be reused (as `take` gives up the one
@@ -296,6 +303,7 @@ class ExpertCache:
         self._slot[key], self._key[slot] = slot, key
         self._protected[slot] = True                        # until taken, or its layer's turn
         self._packed[slot] = False
+        self._uses[slot] = 0
         self._where[slot] = il - self.layers[0], e
         self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], span)
         return True
@@ -309,11 +317,11 @@ class ExpertCache:
         return n, time.perf_counter() - t0
 
     def _pack(self, slots: list[int]) -> None:
-        """Repack the repackable matrices (self.reps) of the experts in slots read since their last repack,
-        all at once on the compute threads."""
+        """Repack the repackable matrices (self.reps) of the experts in slots at their PACK_AT_USE'th use
+        since their read (or later, not yet repacked), all at once on the compute threads."""
         todo = []
         for slot in slots:
-            if self._packed[slot]:
+            if self._packed[slot] or self._uses[slot] < PACK_AT_USE:
                 continue
             self._packed[slot] = True
             key = self._key[slot]
@@ -355,6 +363,7 @@ class ExpertCache:
     def _use(self, slot: int) -> None:
         self._tick += 1
         self._used[slot] = self._tick
+        self._uses[slot] += 1
 
     def _count(self, il: int, ids) -> None:
         """One use of each of ids at layer il, now: the LFU counts."""
@@ -366,7 +375,7 @@ class ExpertCache:
         il, e = key
         buf, span = self.buffers[slot], self._spans[key]
         out = []
-        for t, g in zip(self.tensors[il], self.reps[il]):
+        for t, g in zip(self.tensors[il], self.layout(slot)):
             at = span.offsets[t.name]
             out.append(QTensor(f"{t.name}[{e}]", t.ggml_type, t.dims[:2], buf[at:at + t.nbytes // t.dims[2]], g))
         return tuple(out)
@@ -422,20 +431,21 @@ class Experts:
 
     @property
     def reps(self) -> tuple[int, int, int]:
-        """The repacked groups (gate, up, down) of the experts as computed (0: file order)."""
+        """The repacked groups (gate, up, down) of the layer's experts once repacked (0: file order)."""
         c = self.w.expert_cache
         return c.reps[self.il] if c is not None else tuple(t.repacked for t in self.tensors)
 
-    def take_ready(self) -> list[tuple[int, tuple[int, int, int]]]:
-        """The picked experts already in the cache, as (expert, (gate, up, down) byte offsets into `pool`);
-        iterating then yields only the others. Call `release` once they are computed. [] when resident."""
+    def take_ready(self) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
+        """The picked experts already in the cache, as (expert, (gate, up, down) byte offsets into `pool`,
+        their repacked groups); iterating then yields only the others. Call `release` once they are
+        computed. [] when resident."""
         c = self.w.expert_cache
         if c is None:
             return []
         ready = c.take_ready(self.order, self.rec)
-        self._ready = [k for k, _ in ready]
+        self._ready = [k for k, _, _ in ready]
         self.order = [k for k in self.order if k not in self._ready]
-        return [(k[1], offs) for k, offs in ready]
+        return [(k[1], offs, reps) for k, offs, reps in ready]
 
     def release(self) -> None:
         """The experts take_ready gave are computed: their slots may be reused."""
