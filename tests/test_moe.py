@@ -149,17 +149,18 @@ def test_float_expert_rows_take_vec_dot():
         assert np.array_equal(y[r], one[0])
 
 
-def test_weighted_sum_adds_slot_by_slot():
+@pytest.mark.parametrize("n", [1, 4, 9])          # the serial kernel (up to SERIAL_ROWS rows), the parallel one
+def test_weighted_sum_adds_slot_by_slot(n):
     rng = np.random.default_rng(5)
-    ex = rng.standard_normal((4, 3, 64)).astype(np.float32) * np.float32(1e3)
-    w = rng.random((4, 3)).astype(np.float32)
-    out = weighted_sum(np.empty((4, 64), np.float32), ex, w)
+    ex = rng.standard_normal((n, 3, 64)).astype(np.float32) * np.float32(1e3)
+    w = rng.random((n, 3)).astype(np.float32)
+    out = weighted_sum(np.empty((n, 64), np.float32), ex, w)
     want = ex[:, 0] * w[:, :1]
     for j in (1, 2):
         want = want + ex[:, j] * w[:, j:j + 1]               # float32 products, added in slot order
     assert np.array_equal(out, want)
     with pytest.raises(RamforgeError):
-        weighted_sum(np.empty((4, 63), np.float32), ex, w)
+        weighted_sum(np.empty((n, 63), np.float32), ex, w)
 
 
 # ---- models: refusals, budget, streaming -------------------------------------------------------

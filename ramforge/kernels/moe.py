@@ -241,19 +241,31 @@ def shared_expert_gate(g: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- the weighted sum of the slots
 
+@njit(cache=True, inline="always")
+def _weighted_row(out, ex, wts, t):
+    # out f32[n, d][t] = ((ex[t, 0] * w0 + ex[t, 1] * w1) + ex[t, 2] * w2) + ..., each product rounded to
+    # float before it is added (ggml_mul, then one ggml_add per slot); ex f32[n, k, d], wts f32[n, k]
+    k, d = ex.shape[1], ex.shape[2]
+    for i in range(d):
+        out[t, i] = ex[t, 0, i] * wts[t, 0]
+    for j in range(1, k):
+        w = wts[t, j]
+        for i in range(d):
+            p = ex[t, j, i] * w
+            out[t, i] = out[t, i] + p
+
+
 @njit(cache=True, parallel=True)
 def _weighted_sum(out, ex, wts):
-    # out f32[n, d] = ((ex[:, 0] * w0 + ex[:, 1] * w1) + ex[:, 2] * w2) + ..., each product rounded to
-    # float before it is added (ggml_mul, then one ggml_add per slot); ex f32[n, k, d], wts f32[n, k]
-    n, k, d = ex.shape
-    for t in prange(n):
-        for i in range(d):
-            out[t, i] = ex[t, 0, i] * wts[t, 0]
-        for j in range(1, k):
-            w = wts[t, j]
-            for i in range(d):
-                p = ex[t, j, i] * w
-                out[t, i] = out[t, i] + p
+    for t in prange(ex.shape[0]):
+        _weighted_row(out, ex, wts, t)
+
+
+@njit(cache=True)
+def _weighted_sum_serial(out, ex, wts):
+    # a few rows: less work than waking the threads
+    for t in range(ex.shape[0]):
+        _weighted_row(out, ex, wts, t)
 
 
 def weighted_sum(out: np.ndarray, ex: np.ndarray, wts: np.ndarray) -> np.ndarray:
@@ -261,5 +273,8 @@ def weighted_sum(out: np.ndarray, ex: np.ndarray, wts: np.ndarray) -> np.ndarray
     n, k, d = ex.shape
     if out.shape != (n, d) or wts.shape != (n, k):
         raise RamforgeError(f"weighted_sum: out {out.shape}, experts {ex.shape}, weights {wts.shape}")
-    _weighted_sum(out, ex, wts)
+    (_weighted_sum_serial if n <= SERIAL_ROWS else _weighted_sum)(out, ex, wts)
     return out
+
+
+SERIAL_ROWS = 4         # weighted sums of up to this many rows run on the calling thread

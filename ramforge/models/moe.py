@@ -216,7 +216,10 @@ def _predict(predictor, x: np.ndarray, xn: np.ndarray, logits: np.ndarray, hp, b
     row's top k (a guess: its arithmetic need not be llama.cpp's)."""
     norm, router = predictor
     rms_norm(xn, x, norm.data, hp.rms_eps)
-    router.rows(logits, xn, batch)
+    if router.ggml_type == GGMLType.F32:                       # (numpy's BLAS: a guess needs no ggml arithmetic)
+        np.matmul(xn, router.data.view(np.float32).reshape(router.dims[1], router.dims[0]).T, out=logits)
+    else:
+        router.rows(logits, xn, batch)
     k = hp.n_expert_used
     top = np.argpartition(-logits, k - 1, axis=1)[:, :k] if k < hp.n_expert else np.tile(np.arange(k), (len(x), 1))
     ids, counts = np.unique(top, return_counts=True)

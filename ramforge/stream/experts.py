@@ -89,6 +89,7 @@ class ExpertCache:
         self._free = list(range(n_slots - 1, -1, -1))      # slots holding no expert (popped from the end)
         self._spans: dict[tuple[int, int], Span] = {}            # key -> its read plan, made on first read
         self._loading: dict[int, Future] = {}               # slot -> its read, until taken
+        self._failed: list[Future] = []                     # reads that ended in an error or were cancelled
         self._protected = np.zeros(n_slots, bool)          # in use by this layer, or a pending prefetch
         self._used = np.zeros(n_slots)                      # clock of the last use (LRU)
         self._packed = np.zeros(n_slots, bool)             # its expert repacked (self.reps) since its read
@@ -305,7 +306,8 @@ class ExpertCache:
         self._packed[slot] = False
         self._uses[slot] = 0
         self._where[slot] = il - self.layers[0], e
-        self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], span)
+        fut = self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], span)
+        fut.add_done_callback(self._note_failed)
         return True
 
     def _read(self, buf: np.ndarray, span: Span) -> tuple[int, float]:
@@ -352,13 +354,21 @@ class ExpertCache:
             rec.read_s += read_s
         return slot
 
+    def _note_failed(self, fut: Future) -> None:
+        """A read's done-callback (on its reader thread, or here for one cancelled): failures are noted for
+        _settle_failed (list.append is atomic), so it never scans every read in flight."""
+        if fut.cancelled() or fut.exception() is not None:
+            self._failed.append(fut)
+
     def _settle_failed(self) -> None:
         """Reads that finished with an error free their slots (the error was or will be raised)."""
-        for slot, fut in list(self._loading.items()):
-            if fut.done() and (fut.cancelled() or fut.exception() is not None):
-                self._prefetched.pop(self._key[slot], None)
-                self._evict(slot)
-                self._protected[slot] = False
+        while self._failed:
+            fut = self._failed.pop()
+            for slot, f in list(self._loading.items()):
+                if f is fut:
+                    self._prefetched.pop(self._key[slot], None)
+                    self._evict(slot)
+                    self._protected[slot] = False
 
     def _use(self, slot: int) -> None:
         self._tick += 1
