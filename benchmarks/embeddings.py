@@ -1,7 +1,8 @@
 """Embedding throughput: docs/s of ramforge in RAM and under a budget of 1/4 of the file, beside
 llama-cpp-python in RAM, on the same model and the same synthetic documents (~200 tokens each).
 
-    python benchmarks/embeddings.py [--model M.gguf] [--docs 1000] [--tokens 200] [--threads 2] [--fraction 0.25] [--json]
+    python benchmarks/embeddings.py [--model M.gguf] [--docs 1000] [--tokens 200] [--threads 2] [--fraction 0.25]
+        [--pooling mean|cls|last] [--json]
 
 The model defaults to the synthetic bert fixture (tools/record_embeddings.py, bert-tiny-f16). Each side
 is warmed up on a few documents first (numba's compilation, llama.cpp's first graph), then times
@@ -47,7 +48,7 @@ def documents(n: int, n_tokens: int, tokenizer, seed: int = 0) -> list[str]:
     return out
 
 
-def run_ramforge(path: str, docs: list[str], budget: int | None, threads: int) -> dict:
+def run_ramforge(path: str, docs: list[str], budget: int | None, threads: int, pooling: str | None = None) -> dict:
     from ramforge.engine.engine import Engine
     from ramforge.errors import BudgetTooSmall
     from ramforge.gguf.reader import GGUFFile
@@ -62,7 +63,7 @@ def run_ramforge(path: str, docs: list[str], budget: int | None, threads: int) -
         budget = e.minimum
         eng = Engine.load(path, n_ctx=512, budget=MemoryBudget(budget), n_threads=threads)
     with GGUFFile(path) as f, eng:
-        emb = Embedder(eng, pooling_of(f.metadata, eng.hp.arch, None))
+        emb = Embedder(eng, pooling_of(f.metadata, eng.hp.arch, pooling))
         emb.embed_many([emb.tokens(d) for d in docs[:4]], 2)                      # warm-up
         stats = EmbedStats()
         t0 = time.perf_counter()
@@ -74,9 +75,10 @@ def run_ramforge(path: str, docs: list[str], budget: int | None, threads: int) -
             "first": np.asarray(vecs[0], np.float32)}
 
 
-def run_llama_cpp(path: str, docs: list[str], threads: int) -> dict:
+def run_llama_cpp(path: str, docs: list[str], threads: int, pooling: str | None = None) -> dict:
     import llama_cpp
-    llm = llama_cpp.Llama(path, embedding=True, n_ctx=512, n_batch=512, n_threads=threads, verbose=False)
+    kw = {} if pooling is None else {"pooling_type": getattr(llama_cpp, f"LLAMA_POOLING_TYPE_{pooling.upper()}")}
+    llm = llama_cpp.Llama(path, embedding=True, n_ctx=512, n_batch=512, n_threads=threads, verbose=False, **kw)
     try:
         llm.embed(docs[:4], normalize=True)                                        # warm-up
         t0 = time.perf_counter()
@@ -94,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=200, help="tokens per document (about)")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("RAMFORGE_THREADS", "2")))
     ap.add_argument("--fraction", type=float, default=0.25, help="the out-of-core budget as a part of the file")
+    ap.add_argument("--pooling", choices=["mean", "cls", "last"], default=None,
+                    help="over the file's pooling type (a causal model's file often has none)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.model is None:
@@ -105,9 +109,9 @@ def main(argv=None) -> int:
         tok = load_tokenizer(f.metadata)
     docs = documents(a.docs, a.tokens, tok)
     size = Path(a.model).stat().st_size
-    ram = run_ramforge(a.model, docs, None, a.threads)
-    ooc = run_ramforge(a.model, docs, int(size * a.fraction), a.threads)
-    ref = run_llama_cpp(a.model, docs, a.threads)
+    ram = run_ramforge(a.model, docs, None, a.threads, a.pooling)
+    ooc = run_ramforge(a.model, docs, int(size * a.fraction), a.threads, a.pooling)
+    ref = run_llama_cpp(a.model, docs, a.threads, a.pooling)
     d = float(np.abs(ram["first"] - ref["first"]).max())
     res = {"model": a.model, "file_bytes": size, "docs": a.docs, "threads": a.threads,
            "ramforge_ram": {k: v for k, v in ram.items() if k != "first"},
