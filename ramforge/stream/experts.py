@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import enum
 import time
-
-import numba
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+import numba
 import numpy as np
 
 from ..errors import InternalError, InvalidArgument
