@@ -2,8 +2,8 @@
 without a KV cache over float32 keys and values, each token seeing every token of its own sequence.
 
 Attention is build_attn_mha's graph on the CPU backend: KQ = mul_mat(k, q) (q permuted, not
-contiguous: ggml_vec_dot_f32 per key), soft_max_ext with the mask (-inf outside the sequence: its
-lanes add exact zeros to the sum, kernels.ops._softmax_exp), KQV = mul_mat(v^T, kq) over every key of
+contiguous: ggml_vec_dot_f32 per key), soft_max_ext with the mask over a row of every key of the batch
+(n_kv = n_tokens, unpadded: -inf outside the sequence; _softmax_row), KQV = mul_mat(v^T, kq) over every key of
 the batch (tinyBLAS where n_kv is a multiple of 16 and the batch has 2+ tokens, else ggml_vec_dot_f32).
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ from numba import njit, prange
 
 from .fmatmul import _row_dot
 from .glu import _GELU
-from .ops import _softmax_exp
+from .ops import _expf
 from .scalars import F16_TO_F32, _f32_to_half_bits
+from .vexp import _exp_sub16
 
 
 @njit(cache=True, parallel=True)
@@ -77,6 +78,37 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return x
 
 
+@njit(cache=True)
+def _softmax_row(p, a, b, n, mx):
+    # p[a:b] <- exp(p - mx) for the unmasked keys [a, b) of a row of n keys (the rest masked: exp 0); returns
+    # their sum as ggml_vec_soft_max_f32 adds it over the row: per whole block of 16 keys ggml's vector exp,
+    # the lanes summed pairwise (_mm512_reduce_add_ps, masked lanes exact zeros) into a float64 sum; the
+    # n % 16 keys after the last whole block through libm's expf, added one by one (the no-cache mask is
+    # n x n, unpadded: a lone short sequence is all tail)
+    total = 0.0
+    n16 = n - n % 16
+    lanes = np.zeros(16, np.float32)
+    for k in range(a - a % 16, min(b, n16), 16):
+        if k >= a and k + 16 <= b:
+            total += np.float64(_exp_sub16(p, k, mx))
+            continue
+        for i in range(16):
+            j = k + i
+            e = np.float32(0.0)
+            if a <= j < b:
+                e = _expf(p[j] - mx)
+                p[j] = e
+            lanes[i] = e
+        x = lanes
+        total += np.float64((((x[0] + x[8]) + (x[4] + x[12])) + ((x[2] + x[10]) + (x[6] + x[14])))
+                            + (((x[1] + x[9]) + (x[5] + x[13])) + ((x[3] + x[11]) + (x[7] + x[15]))))
+    for j in range(max(a, n16), b):
+        e = math.exp(p[j] - mx)                 # a float32 argument: libm's expf, as ggml's scalar tail
+        p[j] = e
+        total += np.float64(e)
+    return total
+
+
 @functools.cache
 def _attention_kernel(tb: bool):
     @njit(cache=True, parallel=True)
@@ -99,7 +131,7 @@ def _attention_kernel(tb: bool):
                 s = _row_dot(0, False, kf, e16, (j * Hk + hk) * D, qf, (i * H + h) * D, D, f16) * kq_scale
                 p[j] = s
                 mx = max(mx, s)
-            total = _softmax_exp(p, a, b - 1, np.float32(mx))
+            total = _softmax_row(p, a, b, n, np.float32(mx))
             inv = np.float32(1.0 / total)
             for j in range(a, b):
                 p[j] = p[j] * inv

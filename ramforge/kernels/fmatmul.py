@@ -7,10 +7,10 @@ summed pairwise (_mm512_reduce_add_ps). For one token, or where tinyBLAS decline
 a multiple of its step, rows not a multiple of 4), it runs ggml_vec_dot_{f32,f16,bf16}: several
 accumulators by turns (F32/F16: 4 of 16 lanes, joined lanewise (0+2)+(1+3); BF16: 2 of 32
 elements, each summed on its own into float64), then the leftover elements one by one (F32 in
-float, F16/BF16 in float64). `fmatmul` reproduces both, op for op; the tests compare it with
-llama.cpp live (-m oracle) and with the float reference of kernels.matmul. One case is not
-reproduced bit for bit: F32 weights through ggml_vec_dot_f32 with a row length that is not a
-multiple of 64 (its float leftovers round differently here in some rows; within float rounding).
+float, F16/BF16 in float64; F32's `sumf += x[i]*y[i]` as gcc compiled it: 8 at a time an in-order sum of rounded
+products (its vectorized fold-left reduction), the last (n % 64) % 8 an fma chain). `fmatmul` reproduces
+both, op for op; the tests compare it with llama.cpp live (-m oracle) and with the float reference of
+kernels.matmul.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from numba.extending import intrinsic
 
 from .llvmir import half_to_float
 from .naming import made_for
-from .scalars import _bits_to_f32
+from .scalars import _bits_to_f32, _fma
 
 _W = 16                      # f32 lanes
 
@@ -152,10 +152,13 @@ def _row_dot(kind, tb, w32, w16, wo, a, ao, n, f16):
     if tb:
         return np.float32(s)
     step = 64
-    if kind == F32:                                  # float sum (see the docstring: not bit for bit)
+    if kind == F32:                                  # gcc's leftovers: see the module docstring
         r = np.float32(s)
-        for i in range(n - n % step, n):
+        cut = n - n % 8
+        for i in range(n - n % step, cut):
             r = r + w32[wo + i] * a[ao + i]
+        for i in range(max(cut, n - n % step), n):
+            r = _fma(w32[wo + i], a[ao + i], r)
         return r
     for i in range(n - n % step, n):                 # float64 sum of float products
         s += np.float64(_widen(kind, w16, wo + i, f16) * a[ao + i])
