@@ -105,7 +105,8 @@ def build_independent(eng, op: str) -> bool:
 
 def check_layer(eng, il: int, g: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
     """Layer il's MoE ops of a loaded Engine, each fed llama.cpp's inputs `g`: op -> (equal share, max |d|)."""
-    from ramforge.kernels.matmul import batch_view, matmul
+    from ramforge.kernels.batch import Batch
+    from ramforge.kernels.matmul import matmul
     from ramforge.kernels.moe import _softmax, expert_matmul, route, shared_expert_gate, weighted_sum
     from ramforge.kernels.ops import swiglu
 
@@ -118,9 +119,10 @@ def check_layer(eng, il: int, g: dict[str, np.ndarray]) -> dict[str, tuple[float
     wname = f"ffn_moe_weights_norm-{il}" if eng.arch.moe.norm_w else f"ffn_moe_weights-{il}"
     w_l = g[wname].reshape(n, k).astype(np.float32)
     out: dict[str, tuple[float, float]] = {}
-    with eng.weights.layer(il) as L, batch_view(n, 0):
+    batch = Batch(n, 0)                                            # the llama.cpp batch of llama.cpp's n rows
+    with eng.weights.layer(il) as L:
         lg = np.empty((n, hp.n_expert), np.float32)
-        L.ffn_gate_inp.rows(lg, x)
+        L.ffn_gate_inp.rows(lg, x, batch)
         out["router logits"] = _cmp(lg, logits)
         probs = np.empty_like(logits)
         for t in range(n):
@@ -142,12 +144,12 @@ def check_layer(eng, il: int, g: dict[str, np.ndarray]) -> dict[str, tuple[float
                 xe = np.ascontiguousarray(x[tok])
                 for t, dst in ((gate, G), (up, U)):
                     y = np.empty((tok.size, t.dims[1]), np.float32)
-                    dst[tok, slot] = expert_matmul(y, xe, t.ggml_type, t.data, t.dims[1], t.dims[0])
+                    dst[tok, slot] = expert_matmul(y, xe, t.ggml_type, t.data, t.dims[1], t.dims[0], t.repacked)
                 s = np.empty((tok.size, gl.shape[2]), np.float32)
                 S[tok, slot] = swiglu(s, np.ascontiguousarray(gl[tok, slot]), np.ascontiguousarray(ul[tok, slot]))
                 y = np.empty((tok.size, down.dims[1]), np.float32)
                 D[tok, slot] = expert_matmul(y, np.ascontiguousarray(sl[tok, slot]), down.ggml_type, down.data,
-                                             down.dims[1], down.dims[0])
+                                             down.dims[1], down.dims[0], down.repacked)   # (a pinned layer's: repacked)
         for name, ours, theirs in (("expert gate", G, gl), ("expert up", U, ul), ("swiglu", S, sl), ("expert down", D, dl)):
             out[name] = _cmp(ours, theirs)
         mix = weighted_sum(np.empty((n, hp.n_embd), np.float32), np.ascontiguousarray(dl), w_l)
@@ -155,7 +157,8 @@ def check_layer(eng, il: int, g: dict[str, np.ndarray]) -> dict[str, tuple[float
         if hp.n_ff_shexp:
             gi = g[f"ffn_shexp_gate_inp-{il}"].reshape(n, 1).astype(np.float32)
             v = L.ffn_gate_inp_shexp.data
-            ours = matmul(np.empty((n, 1), np.float32), x, L.ffn_gate_inp_shexp.ggml_type, v.view(np.uint8), 1, v.size)
+            ours = matmul(np.empty((n, 1), np.float32), x, L.ffn_gate_inp_shexp.ggml_type, v.view(np.uint8), 1, v.size,
+                          batch=batch)
             out["shexp gate logit"] = _cmp(ours, gi)
             gate = g[f"ffn_shexp_gate-{il}"].reshape(n, 1)
             out["shexp sigmoid"] = _cmp(shared_expert_gate(gi.copy()), gate)
