@@ -16,9 +16,8 @@ from numba import njit, prange
 
 from .fmatmul import _row_dot
 from .glu import _GELU
-from .ops import _expf
+from .ops import _softmax_exp
 from .scalars import F16_TO_F32, _f32_to_half_bits
-from .vexp import _exp_sub16
 
 
 @njit(cache=True, parallel=True)
@@ -85,23 +84,8 @@ def _softmax_row(p, a, b, n, mx):
     # the lanes summed pairwise (_mm512_reduce_add_ps, masked lanes exact zeros) into a float64 sum; the
     # n % 16 keys after the last whole block through libm's expf, added one by one (the no-cache mask is
     # n x n, unpadded: a lone short sequence is all tail)
-    total = 0.0
     n16 = n - n % 16
-    lanes = np.zeros(16, np.float32)
-    for k in range(a - a % 16, min(b, n16), 16):
-        if k >= a and k + 16 <= b:
-            total += np.float64(_exp_sub16(p, k, mx))
-            continue
-        for i in range(16):
-            j = k + i
-            e = np.float32(0.0)
-            if a <= j < b:
-                e = _expf(p[j] - mx)
-                p[j] = e
-            lanes[i] = e
-        x = lanes
-        total += np.float64((((x[0] + x[8]) + (x[4] + x[12])) + ((x[2] + x[10]) + (x[6] + x[14])))
-                            + (((x[1] + x[9]) + (x[5] + x[13])) + ((x[3] + x[11]) + (x[7] + x[15]))))
+    total = _softmax_exp(p, a, min(b, n16) - 1, mx)          # the whole blocks' keys (ops: a KV row's rule)
     for j in range(max(a, n16), b):
         e = math.exp(p[j] - mx)                 # a float32 argument: libm's expf, as ggml's scalar tail
         p[j] = e

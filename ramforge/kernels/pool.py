@@ -16,6 +16,7 @@ from numba import njit
 from ..errors import InvalidArgument
 from ..gguf.constants import GGMLType
 from .matmul import float_matmul
+from .moe import _softmax
 
 NORM_NONE, NORM_MAX_ABS, NORM_TAXICAB, NORM_EUCLIDEAN = -1, 0, 1, 2
 
@@ -93,13 +94,9 @@ def mean_rows(h: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
 
 
 def softmax_rows(x: np.ndarray) -> np.ndarray:
-    """ggml_soft_max of short rows x f32[k, n] (n < 16: ggml_vec_soft_max_f32's scalar leftovers): each
-    value expf(x - max) (glibc's, correctly rounded), summed in float64, times float32(1 / sum)."""
-    x = np.asarray(x, np.float32)
+    """ggml_soft_max of each row of x f32[k, n] (kernels.moe's, the router's: ggml_vec_soft_max_f32)."""
+    x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
     for r in range(x.shape[0]):
-        d = x[r] - x[r].max()                                       # float32
-        e = np.array([math.exp(float(v)) for v in d], np.float64).astype(np.float32)
-        s = sum(float(v) for v in e)
-        out[r] = e * np.float32(1.0 / s)
+        _softmax(out[r], x[r])
     return out

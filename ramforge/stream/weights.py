@@ -245,8 +245,9 @@ class Weights:
                 continue
             repacked = (il in self.pinned or REPACK_STREAMED) and not self.mmap
             g, u, d = ts
-            out.add((g.ggml_type, u.ggml_type, d.ggml_type, g.dims[0], g.dims[1],
-                     self.expert_cache.reps[il] if self.apart else tuple(self._groups(il, t, repacked) for t in ts)))
+            layouts = ({self.expert_cache.reps[il], (0, 0, 0)} if self.apart      # a cached expert: file order
+                       else {tuple(self._groups(il, t, repacked) for t in ts)})  # until its second use
+            out |= {(g.ggml_type, u.ggml_type, d.ggml_type, g.dims[0], g.dims[1], reps) for reps in layouts}
         return out
 
     def layer_matrices(self) -> list[dict]:
