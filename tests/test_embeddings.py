@@ -302,7 +302,8 @@ def _jina_params():
 def test_jina_bert_v2_bit_for_bit(rec):
     """jina-bert-v2 (ALiBi over 12 heads, whose slopes 8-11 are inexact; GEGLU; n_embd 192, where ggml_norm's
     float32 mean division matters; the F32 record with q/k norms, attn_norm_2 and ffn_up's bias; a
-    jina-reranker-v1 head) equals llama.cpp's every value, alone and packed: 0 ulps."""
+    jina-reranker-v1 head; jina-v2-code's BPE pre-tokenizer, its tokens checked by test_embeddings_equal_llama_cpp)
+    equals llama.cpp's every value, alone and packed: 0 ulps."""
     from ramforge.generation.embed import Embedder
     eng = _engine(rec)
     for run in rec["runs"]:

@@ -8,7 +8,8 @@ Models: synthetic `bert` files (random weights, llama.cpp's BGE WordPiece vocabu
 gguf's writer; a Q8_0 one by llama.cpp's quantizer; a reranker with a classifier head), synthetic
 `nomic-bert` ones (nomic-embed-text's tensors and mean pooling, F32, F16 and Q8_0), `jina-bert-v2` ones
 (jina-embeddings-v2-base-en's tensors, 12 heads of ALiBi, mean pooling; F32 with every optional tensor, F16,
-Q8_0, and a jina-reranker-v1 head with rank pooling) and a causal
+Q8_0, a jina-reranker-v1 head with rank pooling, and jina-v2-code's BPE pre-tokenizer over GPT-2's
+vocabulary) and a causal
 one (qwen3-tiny-f16, tools/make_models.py); from make_models Specs (write_spec_model) a `gemma-embedding`
 model (EmbeddingGemma's traits: a window of 8, dense_2/dense_3 projections) and a Qwen3-Reranker
 (qwen3-rerank-f16: qwen3-tiny's weights plus the yes/no cls.output rows, labels and rerank template,
@@ -64,6 +65,7 @@ MODELS = {
     "jina-bert-v2-tiny-f16": ("jina-bert-v2", "F16", 1, (0, 1, 2, 3)),
     "jina-bert-v2-tiny-q8_0": ("jina-bert-v2", "Q8_0", 1, (1,)),
     "jina-bert-v2-rank-f16": ("jina-bert-v2", "F16", 4, (4,)),
+    "jina-bert-v2-code-f16": ("jina-bert-v2", "F16", 1, (1,)),
 }
 ENCODERS = ("bert", "nomic-bert", "jina-bert-v2")  # written here with gguf's writer (WordPiece vocabulary)
 SPEC_MODELS = ("gemma-embedding", "qwen3-rerank")  # written here from a make_models Spec (write_spec_model)
@@ -75,13 +77,17 @@ NOMIC_ROPE_BASE = 1000.0                          # nomic-embed-text v1.5's rope
 # jina-embeddings-v2-base-en's tensors only
 JINA = dict(n_embd=192, n_head=12, n_layer=2, n_ff=384, n_ctx=512, eps=1e-12)
 JINA_ALL_TENSORS = ("jina-bert-v2-tiny-f32",)
+# jina-embeddings-v2-base-code's tokenizer: BPE with pre-tokenizer jina-v2-code (GPT-2's regex; a SEP added),
+# GPT-2's vocabulary standing in for jina's own
+OTHER_VOCAB = {"jina-bert-v2-code-f16": ("ggml-vocab-gpt-2.gguf", "jina-v2-code")}
 
 
 def f32(v) -> float:
     return float(np.format_float_positional(np.float32(v), unique=True, trim="-"))
 
 
-def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert", every_tensor: bool = False) -> Path:
+def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert", every_tensor: bool = False,
+               vocab: tuple[str, str] | None = None) -> Path:
     """A random-weight bert model (BGE's vocabulary) with `pooling` as bert.pooling_type; pooling 4
     (rank) adds a classifier head (cls, cls.output) as BGE rerankers have. arch "nomic-bert": the
     tensors of nomic-embed-text's GGUF (gguf's MODEL_TENSORS[NOMIC_BERT]: a fused attn_qkv, SwiGLU
@@ -89,7 +95,8 @@ def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert", every_te
     arch "jina-bert-v2": jina-embeddings-v2-base-en's tensors as llama.cpp's converter writes them (no position
     embeddings: ALiBi; ffn_up = gated_layers, gate | up, 2 * n_ff rows, no bias; ffn_down = mlp.wo with
     bias); every_tensor adds the optional ones (attn_q_norm / attn_k_norm and attn_norm_2 with biases,
-    ffn_up's bias); rank pooling: jina-reranker-v1's head, cls {n_embd, 1} and its bias, no cls.output."""
+    ffn_up's bias); rank pooling: jina-reranker-v1's head, cls {n_embd, 1} and its bias, no cls.output.
+    vocab: (llama.cpp's vocab file, tokenizer.ggml.pre) in place of BGE's WordPiece."""
     import gguf
     nomic, jina = arch == "nomic-bert", arch == "jina-bert-v2"
     hp = JINA if jina else BERT
@@ -107,11 +114,21 @@ def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert", every_te
     if nomic:
         w.add_float32(f"{arch}.rope.freq_base", NOMIC_ROPE_BASE)
     w.add_file_type(1 if ftype == "F16" else 0)
-    vocab = vocab_dir() / BERT_VOCAB
-    if not vocab.is_file():
+    vocab_file = vocab_dir() / (vocab[0] if vocab else BERT_VOCAB)
+    if not vocab_file.is_file():
         from tools.fetch_vocab import fetch_vocab          # llama.cpp's vocab files, once
         fetch_vocab(vocab_dir())
-    n_vocab = _copy_vocab(w, vocab)
+    if vocab is None:
+        n_vocab = _copy_vocab(w, vocab_file)
+    else:
+        from tools.make_models import _add_kv, _vocab_kv
+        for key, (vt, val, st) in _vocab_kv(vocab_file):
+            if key != "tokenizer.ggml.pre":
+                _add_kv(w, key, vt, val, st)
+        w.add_string("tokenizer.ggml.pre", vocab[1])
+        if "tokenizer.ggml.token_type_count" not in dict(_vocab_kv(vocab_file)):
+            w.add_token_type_count(2)                      # (the converter's, for a RobertaTokenizer)
+        n_vocab = len(dict(_vocab_kv(vocab_file))["tokenizer.ggml.tokens"][1])
 
     def mat(rows, cols, std=None):
         return (rng.standard_normal((rows, cols)) * (std or 1.0 / np.sqrt(cols))).astype(np.float32)
@@ -218,7 +235,7 @@ def model_file(mid: str) -> Path:
     if kind in SPEC_MODELS:
         return write_spec_model(path, kind, ftype)
     if ftype in ("F32", "F16"):
-        return write_bert(path, ftype, pooling, kind, every_tensor=mid in JINA_ALL_TENSORS)
+        return write_bert(path, ftype, pooling, kind, every_tensor=mid in JINA_ALL_TENSORS, vocab=OTHER_VOCAB.get(mid))
     src = model_file(mid.rsplit("-", 1)[0] + "-f16")
     return quantize(src, path, ftype)
 
