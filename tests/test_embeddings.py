@@ -403,6 +403,19 @@ def test_jina_bert_v2_streamed_equals_llama_cpp():
     assert all(np.array_equal(g, np.asarray(b, np.float32)) for g, b in zip(got, run["batch"]))
 
 
+@pytest.mark.parametrize("mid", ["jina-bert-v2-tiny-f16", "bert-tiny-f16"])
+def test_encoder_refuses_to_generate(mid):
+    """An encoder has no output layer (llama.cpp's graph has no logits): a completion is refused by name
+    (Unsupported), not an AttributeError."""
+    from ramforge.errors import Unsupported
+    from ramforge.generation.api import Model
+    from tools.record_embeddings import model_file
+    with Model(str(model_file(mid)), n_ctx=512, n_threads=1) as m:
+        with pytest.raises(Unsupported, match="embedding model"):
+            m.create_completion("Hello", max_tokens=2)
+        assert len(m.embed("Hello")) == m.engine.hp.n_embd          # the model still embeds after the refusal
+
+
 # ------------------------------------------------------------------------ surfaces
 @pytest.fixture(scope="module")
 def bert_client():
