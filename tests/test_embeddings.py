@@ -10,7 +10,9 @@ encoders' attention: the no-cache KQ mask is n_tokens x n_tokens, unpadded, so g
 takes the keys after the last whole 16 through libm's expf, added one by one (kernels.encoder
 ._softmax_row), and P.V over fewer than 64 keys is ggml_vec_dot_f32's leftovers as gcc compiled them
 (kernels/fmatmul.py); before, a 3-token text was up to ~530 ulps off (gemma-embedding, F32) and up to
-~6400 with F16 weights.
+~6400 with F16 weights. jina-bert-v2 (n_embd 192) added two more: ggml_norm divides its mean in float32
+(sum/ne00 of a float), which differs from a float64 division rounded where n_embd is not a power of 2
+(MiniLM's 384, BGE-base's 768), and ggml_tanh is libm's tanhf, which glibc does not round correctly.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ RECORDS = [json.loads(p.read_text()) for p in sorted(EMBED_DIR.glob("*.json"))]
 BOUND_ULPS = 1024
 F16_BOUND_ULPS = 4096                 # F16 weights: their inputs rounded to half (see above)
 FLOAT_TYPES = {"F32", "F16"}          # written by gguf alone: no llama.cpp needed to make them
-ENCODERS = {"bert", "nomic-bert", "gemma-embedding"}     # non-causal: packed passes (Engine.hidden_batch)
+ENCODERS = {"bert", "nomic-bert", "gemma-embedding", "jina-bert-v2"}     # non-causal: packed passes (Engine.hidden_batch)
 
 
 def _bound_ulps(rec) -> int:
@@ -287,6 +289,131 @@ def test_nomic_bert_streamed_equals_in_ram():
     finally:
         eng.close()
     assert st.passes == 1 and all(np.array_equal(a, b) for a, b in zip(got, ram))
+
+
+def _jina_params():
+    for rec in RECORDS:
+        if rec["model"]["kind"] == "jina-bert-v2":
+            marks = [] if rec["model"]["type"] in FLOAT_TYPES else [pytest.mark.oracle]
+            yield pytest.param(rec, id=rec["model"]["id"], marks=marks)
+
+
+@pytest.mark.parametrize("rec", list(_jina_params()))
+def test_jina_bert_v2_bit_for_bit(rec):
+    """jina-bert-v2 (ALiBi over 12 heads, whose slopes 8-11 are inexact; GEGLU; n_embd 192, where ggml_norm's
+    float32 mean division matters; the F32 record with q/k norms, attn_norm_2 and ffn_up's bias; a
+    jina-reranker-v1 head; jina-v2-code's BPE pre-tokenizer, its tokens checked by test_embeddings_equal_llama_cpp)
+    equals llama.cpp's every value, alone and packed: 0 ulps."""
+    from ramforge.generation.embed import Embedder
+    eng = _engine(rec)
+    for run in rec["runs"]:
+        emb = Embedder(eng, Pooling(run["pooling_type"]))
+        toks = [it["tokens"] for it in run["items"]]
+        for t, item in zip(toks, run["items"]):
+            ref = np.asarray(item.get("embedding", item.get("scores")), np.float32)
+            assert np.array_equal(emb.embed_tokens(t), ref), (run["pooling_type"], item["text"])
+        for g, ref in zip(emb.embed_many(toks) if "batch" in run else (), run.get("batch", ())):
+            assert np.array_equal(g, np.asarray(ref, np.float32)), run["pooling_type"]
+
+
+def test_alibi_slopes_as_ggml():
+    """ggml_compute_forward_soft_max_f32's slopes: n_head_log2 = 2^floor(log2(n_head)), m0 = 2^(-8/n_head_log2),
+    m1 = 2^(-4/n_head_log2), through libm's powf (called here through ctypes)."""
+    import ctypes
+    import ctypes.util
+    from ramforge.kernels.encoder import alibi_slopes
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.powf.restype, libm.powf.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+    assert alibi_slopes(2, 8.0).tolist() == [2.0 ** -4, 2.0 ** -8]
+    m1 = libm.powf(2.0, -0.5)
+    got = alibi_slopes(12, 8.0)
+    assert got.dtype == np.float32
+    assert got.tolist() == [2.0 ** -(h + 1) for h in range(8)] + [libm.powf(m1, 2 * k + 1) for k in range(4)]
+
+
+def test_jina_bert_v2_tensors_are_the_converters():
+    """The jina-bert-v2 records hold only tensors gguf's converter writes for JINA_BERT_V2 (the F32 one every
+    optional tensor llama.cpp reads)."""
+    import gguf
+    from ramforge.gguf.reader import GGUFFile
+    from ramforge.models import arch_of
+    from ramforge.models.weights import gguf_name
+    from tools.record_embeddings import model_file
+    C = gguf.constants
+    real = {C.TENSOR_NAMES[t].format(bid=0) for t in C.MODEL_TENSORS[C.MODEL_ARCH.JINA_BERT_V2]}
+    a = arch_of("jina-bert-v2")
+    assert {gguf_name(t, 0).rsplit(".", 1)[0] for t in a.tensors} <= real and not a.causal
+    src = model_file("jina-bert-v2-tiny-f32")
+    f = GGUFFile(src)
+    assert {n.rsplit(".", 1)[0].replace("blk.1.", "blk.0.") for n in f.tensors} <= real
+    assert "blk.0.attn_norm_2.weight" in f.tensors and "blk.0.attn_q_norm.bias" in f.tensors
+
+
+def test_jina_bert_v2_split_ffn_is_refused(tmp_path):
+    """A file with the split FFN llama.cpp's converter no longer writes (ffn_gate, ffn_up n_ff wide) is
+    refused (its ffn_gate is a tensor the forward pass does not read), not run wrong."""
+    import gguf
+    from ramforge.engine.engine import Engine
+    from ramforge.models.weights import ModelError
+    from tools.record_embeddings import model_file
+    r = gguf.GGUFReader(model_file("jina-bert-v2-tiny-f32"))
+    out = tmp_path / "split.gguf"
+    w = gguf.GGUFWriter(out, "jina-bert-v2")
+    for fld in r.fields.values():
+        if not fld.name.startswith("GGUF.") and fld.name != "general.architecture":
+            vt = fld.types[0]
+            w.add_key_value(fld.name, fld.contents(), vt,
+                            **({"sub_type": fld.types[-1]} if vt == gguf.GGUFValueType.ARRAY else {}))
+    for t in r.tensors:
+        data = np.asarray(t.data)
+        if t.name.endswith("ffn_up.weight"):
+            n_ff = data.shape[0] // 2
+            w.add_tensor(t.name.replace("ffn_up", "ffn_gate"), data[:n_ff].copy())
+            w.add_tensor(t.name, data[n_ff:].copy())
+        elif not t.name.endswith("ffn_up.bias"):
+            w.add_tensor(t.name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelError, match=r"blk\.0\.ffn_gate\.weight is not used by ramforge's jina-bert-v2"):
+        Engine.load(out, n_ctx=512, n_threads=1)
+
+
+def test_jina_bert_v2_streamed_equals_llama_cpp():
+    """At its plan's minimum budget (no layer resident) the jina-bert-v2 model's packed vectors are still
+    llama.cpp's, bit for bit, in one weight pass."""
+    from ramforge.engine.engine import Engine
+    from ramforge.generation.embed import EmbedStats, Embedder
+    from ramforge.memory.budget import MemoryBudget
+    from tools.record_embeddings import model_file
+    run = _record("jina-bert-v2-tiny-f16", 1)
+    path = model_file("jina-bert-v2-tiny-f16")
+    probe = Engine.load(path, n_ctx=512, n_threads=1)
+    floor = probe.plan.min_budget
+    probe.close()
+    eng = Engine.load(path, n_ctx=512, n_threads=1, budget=MemoryBudget(floor))
+    try:
+        assert eng.plan.verdict == "streaming" and not eng.plan.pinned
+        st = EmbedStats()
+        got = Embedder(eng, Pooling.MEAN).embed_many([it["tokens"] for it in run["items"]], stats=st)
+    finally:
+        eng.close()
+    assert st.passes == 1
+    assert all(np.array_equal(g, np.asarray(b, np.float32)) for g, b in zip(got, run["batch"]))
+
+
+@pytest.mark.parametrize("mid", ["jina-bert-v2-tiny-f16", "bert-tiny-f16"])
+def test_encoder_refuses_to_generate(mid):
+    """An encoder has no output layer (llama.cpp's graph has no logits): a completion is refused by name
+    (Unsupported), not an AttributeError."""
+    from ramforge.errors import Unsupported
+    from ramforge.generation.api import Model
+    from tools.record_embeddings import model_file
+    with Model(str(model_file(mid)), n_ctx=512, n_threads=1) as m:
+        with pytest.raises(Unsupported, match="embedding model"):
+            m.create_completion("Hello", max_tokens=2)
+        assert len(m.embed("Hello")) == m.engine.hp.n_embd          # the model still embeds after the refusal
 
 
 # ------------------------------------------------------------------------ surfaces

@@ -127,8 +127,8 @@ def tiny(request):
 def test_unsupported_architecture_is_named(tmp_path, tiny):
     gguf = pytest.importorskip("gguf")
     p = _edit(tmp_path, tiny, kv={"general.architecture": ("falcon", gguf.GGUFValueType.STRING)})
-    with pytest.raises(UnsupportedArch, match=r"'falcon'.*executable: bert, gemma-embedding, gemma2, gemma3, gpt-oss, llama, "
-                                              r"nomic-bert, phi3, qwen2, qwen2moe, qwen3, qwen3moe"):
+    with pytest.raises(UnsupportedArch, match=r"'falcon'.*executable: bert, gemma-embedding, gemma2, gemma3, gpt-oss, "
+                                              r"jina-bert-v2, llama, nomic-bert, phi3, qwen2, qwen2moe, qwen3, qwen3moe"):
         Engine.load(p)
 
 

@@ -6,7 +6,10 @@ tests/fixtures/embeddings/<model-id>.json, and write the synthetic BERT models t
 
 Models: synthetic `bert` files (random weights, llama.cpp's BGE WordPiece vocabulary, written with
 gguf's writer; a Q8_0 one by llama.cpp's quantizer; a reranker with a classifier head), synthetic
-`nomic-bert` ones (nomic-embed-text's tensors and mean pooling, F32, F16 and Q8_0) and a causal
+`nomic-bert` ones (nomic-embed-text's tensors and mean pooling, F32, F16 and Q8_0), `jina-bert-v2` ones
+(jina-embeddings-v2-base-en's tensors, 12 heads of ALiBi, mean pooling; F32 with every optional tensor, F16,
+Q8_0, a jina-reranker-v1 head with rank pooling, and jina-v2-code's BPE pre-tokenizer over GPT-2's
+vocabulary) and a causal
 one (qwen3-tiny-f16, tools/make_models.py); from make_models Specs (write_spec_model) a `gemma-embedding`
 model (EmbeddingGemma's traits: a window of 8, dense_2/dense_3 projections) and a Qwen3-Reranker
 (qwen3-rerank-f16: qwen3-tiny's weights plus the yes/no cls.output rows, labels and rerank template,
@@ -58,44 +61,74 @@ MODELS = {
     "gemma-embedding-tiny-f32": ("gemma-embedding", "F32", 1, (0, 1, 2, 3)),
     "gemma-embedding-tiny-f16": ("gemma-embedding", "F16", 1, (1, 3)),
     "qwen3-rerank-f16": ("qwen3-rerank", "F16", 4, (4,)),
+    "jina-bert-v2-tiny-f32": ("jina-bert-v2", "F32", 1, (0, 1, 2, 3)),
+    "jina-bert-v2-tiny-f16": ("jina-bert-v2", "F16", 1, (0, 1, 2, 3)),
+    "jina-bert-v2-tiny-q8_0": ("jina-bert-v2", "Q8_0", 1, (1,)),
+    "jina-bert-v2-rank-f16": ("jina-bert-v2", "F16", 4, (4,)),
+    "jina-bert-v2-code-f16": ("jina-bert-v2", "F16", 1, (1,)),
 }
-ENCODERS = ("bert", "nomic-bert")                 # written here with gguf's writer (WordPiece vocabulary)
+ENCODERS = ("bert", "nomic-bert", "jina-bert-v2")  # written here with gguf's writer (WordPiece vocabulary)
 SPEC_MODELS = ("gemma-embedding", "qwen3-rerank")  # written here from a make_models Spec (write_spec_model)
 BERT_VOCAB = "ggml-vocab-bert-bge.gguf"          # llama.cpp's BGE WordPiece vocabulary (with goldens)
 BERT = dict(n_embd=128, n_head=2, n_layer=2, n_ff=512, n_ctx=512, eps=1e-12)
 NOMIC_ROPE_BASE = 1000.0                          # nomic-embed-text v1.5's rope_theta
+# jina-bert-v2: 12 heads as jina-embeddings-v2-base (ALiBi's slopes of heads 8-11 are inexact: powf(2^-0.5, k));
+# the F32 one has every optional tensor llama.cpp reads (q/k norms, attn_norm_2, ffn_up's bias), the others
+# jina-embeddings-v2-base-en's tensors only
+JINA = dict(n_embd=192, n_head=12, n_layer=2, n_ff=384, n_ctx=512, eps=1e-12)
+JINA_ALL_TENSORS = ("jina-bert-v2-tiny-f32",)
+# jina-embeddings-v2-base-code's tokenizer: BPE with pre-tokenizer jina-v2-code (GPT-2's regex; a SEP added),
+# GPT-2's vocabulary standing in for jina's own
+OTHER_VOCAB = {"jina-bert-v2-code-f16": ("ggml-vocab-gpt-2.gguf", "jina-v2-code")}
 
 
 def f32(v) -> float:
     return float(np.format_float_positional(np.float32(v), unique=True, trim="-"))
 
 
-def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert") -> Path:
+def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert", every_tensor: bool = False,
+               vocab: tuple[str, str] | None = None) -> Path:
     """A random-weight bert model (BGE's vocabulary) with `pooling` as bert.pooling_type; pooling 4
     (rank) adds a classifier head (cls, cls.output) as BGE rerankers have. arch "nomic-bert": the
     tensors of nomic-embed-text's GGUF (gguf's MODEL_TENSORS[NOMIC_BERT]: a fused attn_qkv, SwiGLU
-    ffn_gate / ffn_up / ffn_down, no biases but the LayerNorms', no position embeddings; RoPE base 1000)."""
+    ffn_gate / ffn_up / ffn_down, no biases but the LayerNorms', no position embeddings; RoPE base 1000).
+    arch "jina-bert-v2": jina-embeddings-v2-base-en's tensors as llama.cpp's converter writes them (no position
+    embeddings: ALiBi; ffn_up = gated_layers, gate | up, 2 * n_ff rows, no bias; ffn_down = mlp.wo with
+    bias); every_tensor adds the optional ones (attn_q_norm / attn_k_norm and attn_norm_2 with biases,
+    ffn_up's bias); rank pooling: jina-reranker-v1's head, cls {n_embd, 1} and its bias, no cls.output.
+    vocab: (llama.cpp's vocab file, tokenizer.ggml.pre) in place of BGE's WordPiece."""
     import gguf
-    d, f, L, ctx = BERT["n_embd"], BERT["n_ff"], BERT["n_layer"], BERT["n_ctx"]
-    nomic = arch == "nomic-bert"
+    nomic, jina = arch == "nomic-bert", arch == "jina-bert-v2"
+    hp = JINA if jina else BERT
+    d, f, L, ctx = hp["n_embd"], hp["n_ff"], hp["n_layer"], hp["n_ctx"]
     rng = np.random.default_rng(stable_seed(arch, pooling))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     w = gguf.GGUFWriter(tmp, arch)
     w.add_name(out.stem)
     for key, v in (("context_length", ctx), ("embedding_length", d), ("block_count", L), ("feed_forward_length", f),
-                   ("attention.head_count", BERT["n_head"]), ("pooling_type", pooling)):
+                   ("attention.head_count", hp["n_head"]), ("pooling_type", pooling)):
         w.add_uint32(f"{arch}.{key}", v)
-    w.add_float32(f"{arch}.attention.layer_norm_epsilon", BERT["eps"])
+    w.add_float32(f"{arch}.attention.layer_norm_epsilon", hp["eps"])
     w.add_bool(f"{arch}.attention.causal", False)
     if nomic:
         w.add_float32(f"{arch}.rope.freq_base", NOMIC_ROPE_BASE)
     w.add_file_type(1 if ftype == "F16" else 0)
-    vocab = vocab_dir() / BERT_VOCAB
-    if not vocab.is_file():
+    vocab_file = vocab_dir() / (vocab[0] if vocab else BERT_VOCAB)
+    if not vocab_file.is_file():
         from tools.fetch_vocab import fetch_vocab          # llama.cpp's vocab files, once
         fetch_vocab(vocab_dir())
-    n_vocab = _copy_vocab(w, vocab)
+    if vocab is None:
+        n_vocab = _copy_vocab(w, vocab_file)
+    else:
+        from tools.make_models import _add_kv, _vocab_kv
+        for key, (vt, val, st) in _vocab_kv(vocab_file):
+            if key != "tokenizer.ggml.pre":
+                _add_kv(w, key, vt, val, st)
+        w.add_string("tokenizer.ggml.pre", vocab[1])
+        if "tokenizer.ggml.token_type_count" not in dict(_vocab_kv(vocab_file)):
+            w.add_token_type_count(2)                      # (the converter's, for a RobertaTokenizer)
+        n_vocab = len(dict(_vocab_kv(vocab_file))["tokenizer.ggml.tokens"][1])
 
     def mat(rows, cols, std=None):
         return (rng.standard_normal((rows, cols)) * (std or 1.0 / np.sqrt(cols))).astype(np.float32)
@@ -106,7 +139,7 @@ def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert") -> Path:
     t = {"token_embd.weight": mat(n_vocab, d, 0.5), "token_types.weight": mat(2, d, 0.1),
          "position_embd.weight": mat(ctx, d, 0.1), "token_embd_norm.weight": vec(d, 1.0),
          "token_embd_norm.bias": vec(d)}
-    if nomic:
+    if nomic or jina:
         del t["position_embd.weight"]
     for il in range(L):
         p = f"blk.{il}."
@@ -114,13 +147,24 @@ def write_bert(out: Path, ftype: str, pooling: int, arch: str = "bert") -> Path:
             for name, (r, c) in (("attn_qkv", (3 * d, d)), ("attn_output", (d, d)), ("ffn_up", (f, d)),
                                  ("ffn_gate", (f, d)), ("ffn_down", (d, f))):
                 t[p + name + ".weight"] = mat(r, c)
+        elif jina:
+            for name, (r, c) in (("attn_q", (d, d)), ("attn_k", (d, d)), ("attn_v", (d, d)), ("attn_output", (d, d)),
+                                 ("ffn_down", (d, f))):
+                t[p + name + ".weight"], t[p + name + ".bias"] = mat(r, c), vec(r)
+            t[p + "ffn_up.weight"] = mat(2 * f, d)
+            if every_tensor:
+                t[p + "ffn_up.bias"] = vec(2 * f)
+                for name in ("attn_q_norm", "attn_k_norm", "attn_norm_2"):
+                    t[p + name + ".weight"], t[p + name + ".bias"] = vec(d, 1.0), vec(d)
         else:
             for name, (r, c) in (("attn_q", (d, d)), ("attn_k", (d, d)), ("attn_v", (d, d)), ("attn_output", (d, d)),
                                  ("ffn_up", (f, d)), ("ffn_down", (d, f))):
                 t[p + name + ".weight"], t[p + name + ".bias"] = mat(r, c), vec(r)
         for name in ("attn_output_norm", "layer_output_norm"):
             t[p + name + ".weight"], t[p + name + ".bias"] = vec(d, 1.0), vec(d)
-    if pooling == 4:
+    if pooling == 4 and jina:
+        t |= {"cls.weight": mat(1, d), "cls.bias": vec(1)}
+    elif pooling == 4:
         t |= {"cls.weight": mat(d, d), "cls.bias": vec(d), "cls.output.weight": mat(1, d), "cls.output.bias": vec(1)}
     for name, a in t.items():
         half = ftype == "F16" and a.ndim == 2 and name != "token_types.weight"   # (ggml adds only an f32 row)
@@ -191,7 +235,7 @@ def model_file(mid: str) -> Path:
     if kind in SPEC_MODELS:
         return write_spec_model(path, kind, ftype)
     if ftype in ("F32", "F16"):
-        return write_bert(path, ftype, pooling, kind)
+        return write_bert(path, ftype, pooling, kind, every_tensor=mid in JINA_ALL_TENSORS, vocab=OTHER_VOCAB.get(mid))
     src = model_file(mid.rsplit("-", 1)[0] + "-f16")
     return quantize(src, path, ftype)
 

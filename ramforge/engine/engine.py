@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import (BudgetTooSmall, ContextLengthExceeded, EmptyPrompt, InexactWarning, InvalidArgument,
-                      NotReproduced, check_token_ids)
+                      NotReproduced, Unsupported, check_token_ids)
 from ..gguf.constants import Keys
 from ..gguf.reader import GGUFFile
 from ..jit import Stopwatch, prepare_in_background
@@ -324,6 +324,9 @@ class Engine:
     def _logits(self, rows: slice, batch: Batch | None) -> np.ndarray:
         """A new f32[n, n_vocab] array, the caller's (not charged: one row, unless all logits were asked for);
         its matmul in the arithmetic of `batch` (kernels.batch)."""
+        if not self.arch.has_output:              # an encoder (bert, nomic-bert, jina-bert-v2): no logits
+            raise Unsupported(f"{self.hp.arch} is an embedding model (no output layer): it cannot generate; "
+                              f"use its embeddings (Model.embed, /api/embed, /v1/embeddings)")
         s = self.state
         n = rows.stop - rows.start
         rms_norm(s.hn[:n], s.x[rows], self.weights.output_norm.data, self.hp.rms_eps)

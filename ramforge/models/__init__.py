@@ -8,7 +8,8 @@ architecture `llama` and run through ramforge.models.llama, as do Mixtral's (lla
 from __future__ import annotations
 
 from ..errors import UnsupportedArch
-from . import bert, gemma2, gemma3, gemma_embedding, gpt_oss, llama, nomic_bert, phi3, qwen2, qwen2moe, qwen3, qwen3moe
+from . import bert, gemma2, gemma3, gemma_embedding, gpt_oss, jina_bert, llama, nomic_bert, phi3, qwen2, qwen2moe, qwen3, \
+    qwen3moe
 from .arch import Arch
 
 
@@ -26,7 +27,7 @@ def _table(records) -> dict[str, Arch]:
 # GGUF general.architecture -> its record. (None has aliases: llama.cpp builds the phi3, gemma2 and gemma3
 # graphs for those architectures alone; phimoe, gemma, gemma3n have graphs of their own.)
 ARCHS: dict[str, Arch] = _table(m.ARCH for m in (llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen3moe, qwen2moe,
-                                                 gpt_oss, bert, nomic_bert, gemma_embedding))
+                                                 gpt_oss, bert, nomic_bert, gemma_embedding, jina_bert))
 
 
 def arch_of(name) -> Arch:

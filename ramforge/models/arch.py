@@ -86,6 +86,8 @@ class Arch:
                                 # (on the first token of each sequence; a causal model's: the last)
     pooled_out: Callable | None = None           # pooled_out(m, v f32[k, n_embd]) -> f32[k, d]: projections after
                                 # pooling (llama.cpp's build_dense_out: gemma-embedding's dense_2, dense_3)
+    shapes: Callable | None = None               # shapes(hp) -> {suffix: GGUF dims} over models.weights.layer_shapes'
+                                # (jina-bert-v2: n_embd-wide q/k norms, its attn_norm_2)
 
     @property
     def iswa(self) -> bool:

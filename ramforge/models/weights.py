@@ -235,7 +235,7 @@ def gguf_name(suffix: str, il: int | None = None) -> str:
 def validate_tensors(f: GGUFFile, hp, arch, layers: tuple[int, int]) -> None:
     """Every tensor the forward pass of `arch` (a models.arch.Arch) needs is present, of the expected
     shape and of an executable type."""
-    shapes = layer_shapes(hp, arch.fused_projections)
+    shapes = layer_shapes(hp, arch.fused_projections) | (arch.shapes(hp) if arch.shapes is not None else {})
     need = [("token_embd", None, (hp.n_embd, hp.n_vocab))]
     if layers[1] == hp.n_layer and arch.has_output:          # (an encoder has neither)
         need.append(("output_norm", None, (hp.n_embd,)))
