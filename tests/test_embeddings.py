@@ -247,6 +247,10 @@ def test_nomic_bert_needs_layer_norm_epsilon():
     with pytest.raises(ModelFileError, match="encoder only"):
         check({"general.architecture": "nomic-bert", "nomic-bert.attention.layer_norm_epsilon": 1e-12,
                "nomic-bert.attention.causal": True})
+    with pytest.raises(ModelFileError, match="missing: llama.cpp then runs nomic-bert with causal attention"):
+        check({"general.architecture": "nomic-bert", "nomic-bert.attention.layer_norm_epsilon": 1e-12})
+    check({"general.architecture": "nomic-bert", "nomic-bert.attention.layer_norm_epsilon": 1e-12,
+           "nomic-bert.attention.causal": False})
 
 
 def test_nomic_bert_model_embeds_with_the_files_mean_pooling():

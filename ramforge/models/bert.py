@@ -27,14 +27,26 @@ REQUIRED = ("position_embd.weight", "token_embd_norm.weight", "token_embd_norm.b
 
 def check_metadata(md: dict) -> None:
     """The LayerNorm epsilon ({arch}.attention.layer_norm_epsilon, HParams.norm_eps) is required, as in
-    llama.cpp; a causal bert is not this graph."""
+    llama.cpp; a causal bert is not this graph (check_not_causal)."""
     arch = md.get("general.architecture")
     key = EPS_KEY.format(arch=arch)
     if key not in md:
         raise ModelFileError(f"metadata key {key} is missing; it is required for architecture {arch}")
-    causal = md.get(CAUSAL_KEY.format(arch=arch))
+    check_not_causal(md)
+
+
+def check_not_causal(md: dict) -> None:
+    """{arch}.attention.causal must be false: llama.cpp runs the file causally when it is true or missing
+    (llama_hparams.causal_attn defaults to true), and ramforge's encoders are non-causal only."""
+    arch = md.get("general.architecture")
+    key = CAUSAL_KEY.format(arch=arch)
+    causal = md.get(key)
+    if causal is None:
+        raise ModelFileError(f"metadata key {key} is missing: llama.cpp then runs {arch} with causal attention "
+                             f"(its default), which ramforge's {arch} (an encoder only) does not; "
+                             f"convert the model again with llama.cpp's convert_hf_to_gguf.py, which writes it")
     if causal:
-        raise ModelFileError(f"{CAUSAL_KEY.format(arch=arch)} = true: ramforge's {arch} is an encoder only")
+        raise ModelFileError(f"{key} = true: ramforge's {arch} is an encoder only")
 
 
 def _globals(m) -> dict:
