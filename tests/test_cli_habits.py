@@ -162,3 +162,15 @@ def test_ps_and_stop_against_a_running_server(monkeypatch):
         r = CliRunner().invoke(cli, ["stop", "default"])
         assert r.exit_code == 0, r.output
         assert app.state.manager.current is None
+
+
+def test_serve_spm_infill_reaches_the_server_config(monkeypatch):
+    """`serve --spm-infill` (llama-server's flag) sets ServerConfig.spm_infill, off by default."""
+    import ramforge.cli.serve as serve_mod
+
+    seen = []
+    monkeypatch.setattr(serve_mod, "_serve", lambda cfg, *a, **k: seen.append(cfg.spm_infill))
+    for args, want in ((["serve", "--spm-infill"], True), (["serve"], False)):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 0, r.output
+        assert seen.pop() is want

@@ -332,5 +332,6 @@ async def infill(req: InfillRequest, request: Request):
     def build(model):
         prompt = model.tokenize(req.prompt, add_bos=False, special=True) if req.prompt else []
         return infill_ids(model.tokenizer, req.input_prefix, req.input_suffix, req.input_extra, prompt,
-                          n_ctx=model.n_ctx)
+                          n_ctx=model.n_ctx, spm=spm)
+    spm = manager_of(request).cfg.spm_infill
     return await _native(req, request, build)

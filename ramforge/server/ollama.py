@@ -325,7 +325,8 @@ async def generate(req: GenerateRequest, request: Request):
 
     def build(model):
         if req.suffix:
-            ids = context + fim_prompt(model.tokenizer, req.prompt or "", req.suffix, error=UnsupportedField)
+            ids = context + fim_prompt(model.tokenizer, req.prompt or "", req.suffix, error=UnsupportedField,
+                                       spm=m.cfg.spm_infill)
         elif context:
             ids = context + model.tokenize(text_of(model), add_bos=False, special=True)
         else:

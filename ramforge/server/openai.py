@@ -366,7 +366,7 @@ async def completions(req: CompletionRequest, request: Request):
     def build(model):
         if req.suffix:                          # fill-in-the-middle with the model's FIM tokens (generation.fim)
             prefix = prompt if isinstance(prompt, str) else model.detokenize(prompt).decode("utf-8", "replace")
-            return fim_prompt(model.tokenizer, prefix, req.suffix, error=UnsupportedField)
+            return fim_prompt(model.tokenizer, prefix, req.suffix, error=UnsupportedField, spm=m.cfg.spm_infill)
         return model.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else prompt
 
     job = await Job.start(m, model=model_name, num_ctx=None, keep_alive=None, build=build,
