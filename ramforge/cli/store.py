@@ -246,7 +246,9 @@ def _stop_on_server(names) -> None:
     from .running import ServerUnreachable, _request
 
     try:
-        loaded = {m.get("name") for m in _request("GET", "/api/ps", timeout=3.0).get("models", [])}
+        answer = _request("GET", "/api/ps", timeout=3.0)
+        loaded = {m.get("name") for m in answer.get("models", []) if isinstance(m, dict)} \
+            if isinstance(answer, dict) else set()
     except ServerUnreachable:
         return
     except RamforgeError as e:
@@ -259,7 +261,7 @@ def _stop_on_server(names) -> None:
             continue
         if held:
             try:
-                _request("POST", "/api/generate", {"model": name, "keep_alive": 0})
+                _request("POST", "/api/generate", {"model": name, "keep_alive": 0}, timeout=300.0)  # after its turn
             except RamforgeError as e:
                 err.print(f"[yellow]warning:[/] unable to stop model {escape(name)!r}: {escape(str(e))}")
 

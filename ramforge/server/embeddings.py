@@ -10,6 +10,7 @@ import base64
 import time
 from typing import Any
 
+import anyio
 import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
