@@ -209,3 +209,37 @@ def test_records_are_llama_cpp_now(path):
 
     rec = _load(path)
     assert record_model(rec["model"]["id"].rsplit("-", 1)[0]) == rec
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("path", RECORDS, ids=IDS)
+def test_llama_cpp_python_spm_infill_order_is_ours(path):
+    """llama-cpp-python 0.3.36's Llama(spm_infill=True): its prompt is BOS, FIM-suffix, suffix, FIM-prefix,
+    prefix, FIM-middle with id 0 for each FIM token; ramforge's Llama(spm_infill=True) has the same layout
+    and the same prefix tokens, with the model's FIM ids in place of the zeros; its suffix is llama-server's
+    tokens (llama-cpp-python's "☺" space hack drops the suffix's first token), hence no token-for-token
+    parity with llama-cpp-python: ramforge's reference is llama-server's --spm-infill prompt."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from tools.record_fim import lcpp_suffix_prompt
+
+    rec = _load(path)
+    code, ours = _spm_library_prompt(rec)
+    fim = {k: v for k, v in rec["oracle"]["fim_tokens"].items()}
+    lcpp = llama_cpp.Llama(str(_model(rec)), n_ctx=4096, n_batch=512, verbose=False, spm_infill=True)
+    try:
+        theirs = lcpp_suffix_prompt(lcpp, code["prefix"], code["suffix"])
+    finally:
+        lcpp.close()
+
+    def segments(ids, marks):           # the runs between the FIM tokens, and what came before the first
+        cut = [i for i, t in enumerate(ids) if t in marks]
+        assert len(cut) == 3, (ids, marks)
+        return ids[:cut[0]], ids[cut[0] + 1:cut[1]], ids[cut[1] + 1:cut[2]], ids[cut[2] + 1:]
+
+    lead, suf, pre, tail = segments(theirs, {0})
+    o_lead, o_suf, o_pre, o_tail = segments(ours, {fim["suf"], fim["pre"], fim["mid"]})
+    assert [ours[len(o_lead)], ours[len(o_lead) + 1 + len(o_suf)]] == [fim["suf"], fim["pre"]]   # suffix first
+    assert pre == o_pre and tail == o_tail == [] and lead == o_lead
+    # its "☺" hack (tokenize "☺" + suffix, drop 2 tokens) loses the suffix's first token: "▁" on llama's SPM
+    # vocabulary, the leading "\n\n" itself on qwen2's (text of the suffix gone); ours keeps llama-server's
+    assert len(suf) < len(o_suf) and o_suf[len(o_suf) - len(suf):] == suf

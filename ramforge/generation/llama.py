@@ -15,8 +15,9 @@ GPU and other keywords with no effect here are accepted with one warning; keywor
 change the output in ways ramforge does not reproduce (LoRA, rope overrides, kv_overrides, vocab_only,
 a custom tokenizer) are refused with a clear error unless left at their defaults. spm_infill puts a
 `suffix` first, as llama-cpp-python does (BOS SUF suffix PRE prefix MID), with the model's real FIM token
-ids where llama-cpp-python 0.3.36 writes id 0 for each (its TODO): the prompt is llama-server's
---spm-infill prompt (generation/fim.py), held to llama.cpp's record in tests/test_fim_oracle.py.
+ids where llama-cpp-python 0.3.36 writes id 0 for each (its TODO), and the suffix tokenized as llama-server
+does (llama-cpp-python's "☺" space hack drops its first token): the prompt is llama-server's --spm-infill
+prompt (generation/fim.py), held to llama.cpp's record and to llama-cpp-python's layout in tests/test_fim_oracle.py.
 """
 from __future__ import annotations
 
