@@ -162,3 +162,54 @@ def test_ps_and_stop_against_a_running_server(monkeypatch):
         r = CliRunner().invoke(cli, ["stop", "default"])
         assert r.exit_code == 0, r.output
         assert app.state.manager.current is None
+
+
+def test_serve_spm_infill_reaches_the_server_config(monkeypatch):
+    """`serve --spm-infill` (llama-server's flag) sets ServerConfig.spm_infill, off by default."""
+    import ramforge.cli.serve as serve_mod
+
+    seen = []
+    monkeypatch.setattr(serve_mod, "_serve", lambda cfg, *a, **k: seen.append(cfg.spm_infill))
+    for args, want in ((["serve", "--spm-infill"], True), (["serve"], False)):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 0, r.output
+        assert seen.pop() is want
+
+
+def test_rm_of_a_model_a_server_holds_unloads_it_first(tmp_path, monkeypatch):
+    """`ramforge rm NAME` while a `ramforge serve` holds NAME: the server unloads it first (as `ollama rm`
+    stops it), its budget charges released; the next request for NAME is a 404."""
+    import datetime
+    import shutil
+
+    import httpx
+    import uvicorn
+
+    from ramforge.server import ServerConfig, create_app
+    from ramforge.store import Store
+    from ramforge.store.blobs import Manifest
+    from tests.serving import serving
+    from tools.make_models import ensure_model
+
+    tiny = ensure_model("llama", "F16")
+    monkeypatch.setenv("RAMFORGE_HOME", str(tmp_path))
+    store = Store()
+    store._ensure()
+    digest = "sha256:" + hashlib.sha256(open(tiny, "rb").read()).hexdigest()
+    shutil.copyfile(tiny, store.blob_path(digest))
+    store._write_manifest(Manifest("tiny-rm", digest, store.blob_path(digest).stat().st_size, "test",
+                                   datetime.datetime.now(datetime.timezone.utc).isoformat(), True))
+    app = create_app(ServerConfig(ram="400M", n_ctx=256, keep_alive=600))
+    with serving(uvicorn.Server(uvicorn.Config(app, log_level="warning"))) as (url, _):
+        host, port = url.rsplit("//", 1)[1].rsplit(":", 1)
+        monkeypatch.setenv("RAMFORGE_HOST", host)
+        monkeypatch.setenv("RAMFORGE_PORT", port)
+        gen = {"model": "tiny-rm", "prompt": "hi", "stream": False, "options": {"num_predict": 1}}
+        assert httpx.post(f"{url}/api/generate", json=gen, timeout=120).status_code == 200
+        budget = app.state.manager.current.model.budget
+        assert budget.current > 0
+        r = CliRunner().invoke(cli, ["rm", "tiny-rm"])
+        assert r.exit_code == 0, r.output
+        assert app.state.manager.current is None and budget.current == 0 and budget.charges() == []
+        assert not store.manifest_path("tiny-rm").exists() and not store.blob_path(digest).exists()
+        assert httpx.post(f"{url}/api/generate", json=gen, timeout=120).status_code == 404

@@ -116,7 +116,7 @@ def test_server_suffix_and_infill_match_llama_cpp(srv):
             d = r.json()
             if d["choices"][0]["text"] != c["text"] or d["usage"]["prompt_tokens"] != len(c["prompt_tokens"]):
                 bad.append(f"/v1/completions {c['name']}: {d['choices'][0]['text']!r} != {c['text']!r}")
-        elif c["n_ctx"] == 4096 and not c["spm"]:            # the server's context; --spm-infill is not served
+        elif c["n_ctx"] == 4096 and not c["spm"]:            # the server's context; --spm-infill: below
             r = http.post("/infill", json={"input_prefix": c["prefix"], "input_suffix": c["suffix"],
                                            "input_extra": c["input_extra"], "prompt": c["prompt"],
                                            "n_predict": n_gen, "temperature": 0, "return_tokens": True})
@@ -128,6 +128,78 @@ def test_server_suffix_and_infill_match_llama_cpp(srv):
     assert not bad, "\n".join(bad)
 
 
+def _spm_library_prompt(rec: dict) -> tuple[dict, list[int]]:
+    """The `code` case and its prompt in SPM order with no extra context: the tail of llama-server's
+    --spm-infill record (the same prefix and suffix, an empty prompt), after its repo-level extra."""
+    code = next(c for c in rec["cases"] if c["name"] == "code")
+    spm = next(c for c in rec["cases"] if c["spm"])
+    assert (spm["prefix"], spm["suffix"], spm["prompt"]) == (code["prefix"], code["suffix"], "")
+    want = spm["prompt_tokens"][-len(code["prompt_tokens"]):]
+    assert want != code["prompt_tokens"] and sorted(want) == sorted(code["prompt_tokens"])   # reordered only
+    return code, want
+
+
+@pytest.fixture(scope="module", params=RECORDS, ids=IDS)
+def srv_spm(request):
+    """`ramforge serve --spm-infill` on each record's model."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from ramforge.server import ServerConfig, create_app
+
+    rec = _load(request.param)
+    app = create_app(ServerConfig(model=str(_model(rec)), n_ctx=4096, alias="coder", preload=True, spm_infill=True))
+    with TestClient(app) as client:
+        yield SimpleNamespace(http=client, rec=rec)
+
+
+def test_serve_spm_infill_matches_llama_server(srv_spm):
+    """--spm-infill: /infill answers llama-server --spm-infill's record token for token; a `suffix` on
+    /api/generate and /v1/completions takes the same suffix-first prompt (without the extra context)."""
+    rec, http = srv_spm.rec, srv_spm.http
+    n_gen = rec["oracle"]["n_gen"]
+    c = next(c for c in rec["cases"] if c["spm"])
+    r = http.post("/infill", json={"input_prefix": c["prefix"], "input_suffix": c["suffix"],
+                                   "input_extra": c["input_extra"], "prompt": c["prompt"],
+                                   "n_predict": n_gen, "temperature": 0, "return_tokens": True})
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert (d["tokens"], d["tokens_evaluated"]) == (c["tokens"], len(c["prompt_tokens"]))
+    # the record's text is llama-cpp-python's (the bytes of a broken character dropped: errors="ignore"); the
+    # served content replaces them with U+FFFD, as llama-server's JSON (error_handler_t::replace) does
+    assert d["content"].replace("\ufffd", "") == c["text"]
+
+    code, want = _spm_library_prompt(rec)
+    r = http.post("/api/generate", json={"model": "coder", "prompt": code["prefix"], "suffix": code["suffix"],
+                                         "stream": False, "options": {"temperature": 0, "num_predict": n_gen}})
+    assert r.status_code == 200, r.text
+    g = r.json()
+    assert g["context"][:len(want)] == want and g["prompt_eval_count"] == len(want)
+    r = http.post("/v1/completions", json={"model": "coder", "prompt": code["prefix"], "suffix": code["suffix"],
+                                           "max_tokens": n_gen, "temperature": 0})
+    assert r.status_code == 200, r.text
+    o = r.json()
+    assert o["usage"]["prompt_tokens"] == len(want) and o["choices"][0]["text"] == g["response"]
+
+
+def test_llama_spm_infill_puts_the_suffix_first(llm):
+    """Llama(spm_infill=True): llama-cpp-python's suffix-first order (BOS SUF suffix PRE prefix MID) with the
+    model's FIM ids (llama-cpp-python 0.3.36 writes 0 for each: test_records_cover_both_layouts), i.e.
+    llama-server's --spm-infill prompt."""
+    from ramforge import Llama
+
+    code, want = _spm_library_prompt(llm.rec)
+    n_gen = llm.rec["oracle"]["n_gen"]
+    with Llama(str(llm.path), n_ctx=4096, n_batch=512, verbose=False, spm_infill=True) as m:
+        assert m.spm_infill is True
+        out = m(code["prefix"], suffix=code["suffix"], max_tokens=n_gen, temperature=0)
+        assert out["usage"]["prompt_tokens"] == len(want)
+        assert [int(t) for t in m.input_ids[:len(want)]] == want
+    # the default order is unchanged: the record's PSM prompt
+    out = llm.llm(code["prefix"], suffix=code["suffix"], max_tokens=1, temperature=0)
+    assert [int(t) for t in llm.llm.input_ids[:out["usage"]["prompt_tokens"]]] == code["prompt_tokens"]
+
+
 @pytest.mark.oracle
 @pytest.mark.parametrize("path", RECORDS, ids=IDS)
 def test_records_are_llama_cpp_now(path):
@@ -137,3 +209,37 @@ def test_records_are_llama_cpp_now(path):
 
     rec = _load(path)
     assert record_model(rec["model"]["id"].rsplit("-", 1)[0]) == rec
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("path", RECORDS, ids=IDS)
+def test_llama_cpp_python_spm_infill_order_is_ours(path):
+    """llama-cpp-python 0.3.36's Llama(spm_infill=True): its prompt is BOS, FIM-suffix, suffix, FIM-prefix,
+    prefix, FIM-middle with id 0 for each FIM token; ramforge's Llama(spm_infill=True) has the same layout
+    and the same prefix tokens, with the model's FIM ids in place of the zeros; its suffix is llama-server's
+    tokens (llama-cpp-python's "☺" space hack drops the suffix's first token), hence no token-for-token
+    parity with llama-cpp-python: ramforge's reference is llama-server's --spm-infill prompt."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from tools.record_fim import lcpp_suffix_prompt
+
+    rec = _load(path)
+    code, ours = _spm_library_prompt(rec)
+    fim = {k: v for k, v in rec["oracle"]["fim_tokens"].items()}
+    lcpp = llama_cpp.Llama(str(_model(rec)), n_ctx=4096, n_batch=512, verbose=False, spm_infill=True)
+    try:
+        theirs = lcpp_suffix_prompt(lcpp, code["prefix"], code["suffix"])
+    finally:
+        lcpp.close()
+
+    def segments(ids, marks):           # the runs between the FIM tokens, and what came before the first
+        cut = [i for i, t in enumerate(ids) if t in marks]
+        assert len(cut) == 3, (ids, marks)
+        return ids[:cut[0]], ids[cut[0] + 1:cut[1]], ids[cut[1] + 1:cut[2]], ids[cut[2] + 1:]
+
+    lead, suf, pre, tail = segments(theirs, {0})
+    o_lead, o_suf, o_pre, o_tail = segments(ours, {fim["suf"], fim["pre"], fim["mid"]})
+    assert [ours[len(o_lead)], ours[len(o_lead) + 1 + len(o_suf)]] == [fim["suf"], fim["pre"]]   # suffix first
+    assert pre == o_pre and tail == o_tail == [] and lead == o_lead
+    # its "☺" hack (tokenize "☺" + suffix, drop 2 tokens) loses the suffix's first token: "▁" on llama's SPM
+    # vocabulary, the leading "\n\n" itself on qwen2's (text of the suffix gone); ours keeps llama-server's
+    assert len(suf) < len(o_suf) and o_suf[len(o_suf) - len(suf):] == suf

@@ -249,8 +249,9 @@ def test_context_length_is_still_checked_first(tiny):
 
 def test_server_loads_models_with_the_configured_kv_types(tiny):
     from ramforge.server.common import ServerConfig
-    from ramforge.server.manager import ModelManager
-    m = ModelManager(ServerConfig(type_k="q8_0", type_v="q4_0"))._load(str(tiny), 64)
+    from ramforge.server.manager import ModelManager, Target
+    from ramforge.store.modelfile import ModelConfig
+    m = ModelManager(ServerConfig(type_k="q8_0", type_v="q4_0"))._load(Target("tiny", str(tiny), ModelConfig()), 64)
     try:
         assert (m.engine.kv.type_k, m.engine.kv.type_v) == ("q8_0", "q4_0")
     finally:

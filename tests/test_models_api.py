@@ -266,3 +266,57 @@ def test_cli_create(home, tiny, tmp_path):
     r = CliRunner().invoke(cli, ["create", "cli-bad", "-f", str(tmp_path / "Bad")])
     assert r.exit_code != 0 and "ADAPTER" in str(r.exception or r.output)
     assert json.loads((home / "manifests" / "cli-made.json").read_text())["name"] == "cli-made"
+
+
+def test_delete_unloads_the_loaded_model_and_frees_its_budget(home, tiny):
+    """DELETE /api/delete of the loaded model unloads it first (its budget charges released), as `ollama rm`
+    stops it; the next request for the name is a 404. Deleting another name of the same blob leaves it."""
+    app = create_app(ServerConfig(ram="400M", n_ctx=256, keep_alive=600))
+    m = app.state.manager
+    with serving(uvicorn.Server(uvicorn.Config(app, log_level="warning"))) as (url, _):
+        client, http = ollama.Client(host=url), httpx.Client(base_url=url, timeout=120)
+        digest = client.create_blob(tiny)
+        assert client.create(model="tiny-del", files={"tiny.gguf": digest}).status == "success"
+        client.copy("tiny-del", "tiny-del-copy")
+        assert client.generate(model="tiny-del", prompt="hi", options={"num_predict": 1}).eval_count == 1
+        loaded = m.current
+        budget = loaded.model.budget
+        assert loaded.name == "tiny-del" and budget.current > 0
+        client.delete("tiny-del-copy")                   # another name: the blob stays, and the model with it
+        assert m.current is loaded and [x.model for x in client.ps().models] == ["tiny-del"]
+        client.delete("tiny-del")
+        assert m.current is None and client.ps().models == []
+        assert budget.current == 0 and budget.charges() == []
+        r = http.post("/api/generate", json={"model": "tiny-del", "prompt": "hi", "stream": False})
+        assert r.status_code == 404, r.text
+        with pytest.raises(ollama.ResponseError) as e:
+            client.delete("tiny-del")
+        assert e.value.status_code == 404
+
+
+def test_forget_with_parallel_jobs_unloads_when_they_end():
+    """--parallel jobs still generating on a deleted model: marked removed (never reused by a request) and
+    expired, so the reaper unloads it once they end."""
+    import asyncio
+    import time
+
+    from ramforge.server.manager import Loaded, ModelManager
+
+    class Fake:
+        closed = False
+        cache = None
+
+        def close(self):
+            self.closed = True
+
+    m = ModelManager(ServerConfig())
+    model = Fake()
+    m.current = Loaded(model, "gone", "/nonexistent/model.gguf", None)
+    m.current.keep(600)
+    m.busy = 1
+    assert asyncio.run(m.forget("gone"))
+    assert m.current.removed and m.current.expires <= time.monotonic() and not model.closed
+    m.busy = 0
+    assert asyncio.run(m.forget("gone")) and m.current is None and model.closed
+    m.current = Loaded(Fake(), "kept", __file__, None)            # another name, its file still there
+    assert not asyncio.run(m.forget("gone")) and m.current is not None

@@ -38,6 +38,9 @@ def _loopback(host: str) -> bool:
                    f"{flags.DEFAULT_CTX}, or the model's if smaller).")
 @click.option("--pooling", type=click.Choice(["none", "mean", "cls", "last", "rank"]), default=None,
               help="Pooling of the embedding endpoints, over the model file's {arch}.pooling_type (llama-server's).")
+@click.option("--spm-infill", is_flag=True,
+              help="Fill-in-the-middle prompts (/infill, a `suffix`) put the suffix first, the order some code models "
+                   "were trained on (llama-server's --spm-infill).")
 @click.option("--max-ctx", type=click.IntRange(min=1), default=None,
               help="The most a request's num_ctx gets (default: the model's trained context, as Ollama clamps it).")
 @click.option("-t", "--threads", type=int, default=None,
@@ -84,7 +87,7 @@ def _loopback(host: str) -> bool:
 @spill_option
 @speculative_options
 @cluster_options
-def serve(model, host, port, api_key, ram, ctx, pooling, max_ctx, threads, io, keep_alive, max_body, request_timeout,
+def serve(model, host, port, api_key, ram, ctx, pooling, spm_infill, max_ctx, threads, io, keep_alive, max_body, request_timeout,
           write_timeout, max_connections, origins, log_level,
           slot_save_path, cache_ram, parallel, context_shift, alias, strict_names, chat_template, kv_type, kv_type_k,
           kv_type_v,
@@ -161,7 +164,7 @@ def serve(model, host, port, api_key, ram, ctx, pooling, max_ctx, threads, io, k
                        type_k=type_k, type_v=type_v, kv_spill=spill_of(kv_spill), context_shift=context_shift,
                        parallel=parallel,
                        speculative=spec if lookup is not None or draft_model is not None else None,
-                       cluster=cluster, max_ctx=max_ctx, pooling=pooling)
+                       cluster=cluster, max_ctx=max_ctx, pooling=pooling, spm_infill=spm_infill)
     ray = None
     if cluster is not None:                         # Ray connected from this (the main) thread, once for every model
         from ..cluster import connect

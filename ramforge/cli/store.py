@@ -223,8 +223,10 @@ def list_(as_json):
 @click.command()
 @click.argument("names", metavar="NAME...", nargs=-1, required=True)
 def rm(names):
-    """Remove each NAME from the store (its blob too, unless another name refers to it), as ollama rm."""
+    """Remove each NAME from the store (its blob too, unless another name refers to it), as ollama rm; a
+    running `ramforge serve` that holds one unloads it first."""
     store, failed = Store(), []
+    _stop_on_server(names)
     for name in names:
         try:
             _remove_one(store, name)
@@ -235,6 +237,33 @@ def rm(names):
             failed.append(name)
     if failed:
         raise StoreError(f"{len(failed)} of {len(names)} names not removed: {', '.join(failed)}")
+
+
+def _stop_on_server(names) -> None:
+    """As `ollama rm` does first: a running server ($RAMFORGE_HOST / $OLLAMA_HOST, as `ramforge ps`) that
+    holds one of the names loaded unloads it (a keep_alive 0 request), freeing its memory; no server
+    answering: nothing to do; a server that refuses: a warning, and the names are removed all the same."""
+    from .running import ServerUnreachable, _request
+
+    try:
+        answer = _request("GET", "/api/ps", timeout=3.0)
+        loaded = {m.get("name") for m in answer.get("models", []) if isinstance(m, dict)} \
+            if isinstance(answer, dict) else set()
+    except ServerUnreachable:
+        return
+    except RamforgeError as e:
+        err.print(f"[yellow]warning:[/] unable to ask the server which models it holds: {escape(str(e))}")
+        return
+    for name in names:
+        try:
+            held = name in loaded or normalize_name(name) in loaded
+        except RamforgeError:                   # an invalid name: its removal says so
+            continue
+        if held:
+            try:
+                _request("POST", "/api/generate", {"model": name, "keep_alive": 0}, timeout=300.0)  # after its turn
+            except RamforgeError as e:
+                err.print(f"[yellow]warning:[/] unable to stop model {escape(name)!r}: {escape(str(e))}")
 
 
 def _remove_one(store: Store, name: str) -> None:

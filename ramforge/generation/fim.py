@@ -8,8 +8,9 @@ The extra context (the repo-level pattern) is `FIM_REP "myproject\\n"`, then per
 "{filename}\\n" text` (without FIM_SEP: a "--- snippet ---" separator), then `FIM_SEP "filename\\n"`;
 it takes what the context leaves beyond a batch and twice n_predict, its last tokens first. The
 prefix keeps its last 3/4 of a batch, the suffix its first n_batch/4 - 2 - len(prompt) tokens.
-Prefix, suffix and chunks are tokenized with no special tokens parsed. spm_infill (suffix first) is
-llama-server's --spm-infill. /api/generate's and /v1/completions' `suffix` use it with the request's
+Prefix, suffix and chunks are tokenized with no special tokens parsed. spm (suffix first) is
+llama-server's --spm-infill (`ramforge serve --spm-infill`, for /infill and every `suffix`) and
+llama-cpp-python's `Llama(spm_infill=True)`. /api/generate's and /v1/completions' `suffix` use this prompt with the request's
 prompt as the prefix and no extra context (fim_prompt: Ollama's FIM templates have no repo header
 either); `Llama(...)(prompt, suffix=)` too, refusing a model without FIM tokens with NoFIMTokens where
 the servers answer 400 (check_fim). tests/test_fim_oracle.py holds all of it to llama.cpp's records.
@@ -85,10 +86,12 @@ def infill_ids(tok, prefix: str, suffix: str, extra: list[dict] | None = None, p
     return extra_ids[len(extra_ids) - n_extra:] + first + last + [ids["mid"]]
 
 
-def fim_prompt(tok, prefix: str, suffix: str, n_batch: int = N_BATCH, error: type[Exception] = NoFIMTokens) -> list[int]:
+def fim_prompt(tok, prefix: str, suffix: str, n_batch: int = N_BATCH, error: type[Exception] = NoFIMTokens, *,
+               spm: bool = False) -> list[int]:
     """A `suffix`'s infill prompt (Llama's, /api/generate's, /v1/completions'): infill_ids with no extra
     context, i.e. llama-server's where the context leaves it no room (without this, a context above
     n_batch + 2 would bring the repo header's last tokens); `error` when the vocabulary lacks FIM
-    prefix/suffix/middle tokens (the library's NoFIMTokens, a request's UnsupportedField)."""
+    prefix/suffix/middle tokens (the library's NoFIMTokens, a request's UnsupportedField). spm: suffix
+    first (`serve --spm-infill`, `Llama(spm_infill=True)`: BOS SUF suffix PRE prefix MID)."""
     check_fim(tok, "suffix", error)
-    return infill_ids(tok, prefix, suffix, n_ctx=0, n_batch=n_batch)
+    return infill_ids(tok, prefix, suffix, n_ctx=0, n_batch=n_batch, spm=spm)

@@ -13,7 +13,11 @@ functions live in generation/llama_completion.py. What ramforge adds: `ram=` (a 
 other keywords of ramforge.Model (io, kv_spill, expert_policy, expert_prefetch, chat_template).
 GPU and other keywords with no effect here are accepted with one warning; keywords whose values would
 change the output in ways ramforge does not reproduce (LoRA, rope overrides, kv_overrides, vocab_only,
-a custom tokenizer, spm_infill) are refused with a clear error unless left at their defaults.
+a custom tokenizer) are refused with a clear error unless left at their defaults. spm_infill puts a
+`suffix` first, as llama-cpp-python does (BOS SUF suffix PRE prefix MID), with the model's real FIM token
+ids where llama-cpp-python 0.3.36 writes id 0 for each (its TODO), and the suffix tokenized as llama-server
+does (llama-cpp-python's "☺" space hack drops its first token): the prompt is llama-server's --spm-infill
+prompt (generation/fim.py), held to llama.cpp's record and to llama-cpp-python's layout in tests/test_fim_oracle.py.
 """
 from __future__ import annotations
 
@@ -60,7 +64,8 @@ class Llama:
                  last_n_tokens_size: int = 64, chat_format: str | None = None, chat_handler=None, draft_model=None,
                  type_k: int | None = None, type_v: int | None = None, verbose: bool = True,
                  ram: str | int | None = None, io: str | None = None, kv_spill=None, expert_policy: str | None = None,
-                 expert_prefetch: bool = True, chat_template: str | None = None, pooling_type: int = -1, **kwargs):
+                 expert_prefetch: bool = True, chat_template: str | None = None, pooling_type: int = -1,
+                 spm_infill: bool = False, **kwargs):
         from ..gguf.reader import GGUFFile
         from .api import Model
 
@@ -112,6 +117,7 @@ class Llama:
         self._logits_all = bool(logits_all) or draft_model is not None
         self.draft_model = draft_model
         self.embedding = bool(embedding)
+        self.spm_infill = bool(spm_infill)              # a suffix's prompt: suffix first (generation/fim.py)
         self.chat_handler, self.chat_format = chat_handler, chat_format
         self.cache = None
         self._sampler = None                              # generate()'s chain, used by sample() meanwhile

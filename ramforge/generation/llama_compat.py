@@ -14,7 +14,7 @@ NO_OP_KEYWORDS = {"n_gpu_layers": 0, "split_mode": 1, "main_gpu": 0, "tensor_spl
 REFUSED_KEYWORDS = {"vocab_only": False, "kv_overrides": None, "rope_scaling_type": -1,
                     "attention_type": -1, "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0,
                     "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
-                    "lora_base": None, "lora_path": None, "lora_scale": 1.0, "tokenizer": None, "spm_infill": False}
+                    "lora_base": None, "lora_path": None, "lora_scale": 1.0, "tokenizer": None}
 
 
 class _Processed:

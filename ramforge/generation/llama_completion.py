@@ -3,7 +3,8 @@ handler, step for step (the same prompt tokens, stop handling, UTF-8 hold-back, 
 and usage), over `Llama.generate`. Differences, each deliberate:
 
 - `suffix` builds a real fill-in-the-middle prompt from the model's FIM tokens (generation/fim.py);
-  llama-cpp-python 0.3 puts token id 0 in their place. A model without FIM tokens refuses it.
+  llama-cpp-python 0.3 puts token id 0 in their place. A model without FIM tokens refuses it. With
+  `Llama(spm_infill=True)` the suffix comes first, in llama-cpp-python's order (llama-server's --spm-infill).
 - errors are ramforge's typed ones (InvalidArgument, a ValueError, where llama-cpp-python raises ValueError).
 - with no chat template in the GGUF, the chat falls back to ramforge's (the embedded model's gemma-3 template,
   else llama.cpp's ChatML) where llama-cpp-python falls back to its "llama-2" format.
@@ -59,7 +60,7 @@ def _prompt_tokens(llama, prompt, suffix) -> list[int]:
 
         if not isinstance(prompt, str):
             raise InvalidArgument("suffix needs a text prompt (the prefix), not token ids")
-        return fim_prompt(tok, prompt, suffix)
+        return fim_prompt(tok, prompt, suffix, spm=llama.spm_infill)
     bos = llama.token_bos()
     sep = tok.sep_id if tok.sep_id is not None else -1
     bos_tokens = [] if isinstance(prompt, list) or not tok.add_bos or bos == -1 else [bos]

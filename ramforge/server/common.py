@@ -73,6 +73,8 @@ class ServerConfig:
                                       # (or startup) model, as llama-server; False (--strict-names): 404, as Ollama
     pooling: str | None = None        # --pooling (llama-server's): none/mean/cls/last/rank over the files' own
                                       # {arch}.pooling_type for the embedding endpoints; None: the file's
+    spm_infill: bool = False          # --spm-infill (llama-server's): fill-in-the-middle prompts put the suffix
+                                      # first (/infill, `suffix` on /api/generate and /v1/completions)
 
 
 @dataclass(frozen=True)

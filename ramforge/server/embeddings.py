@@ -10,6 +10,7 @@ import base64
 import time
 from typing import Any
 
+import anyio
 import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
@@ -86,9 +87,10 @@ def _inputs(value, what: str, empty_ok: bool = False) -> list:
 async def _run(request: Request, name: str | None, keep_alive, fn):
     """fn(model) on the model's worker thread, holding the model lock; (result, load seconds)."""
     mgr = manager_of(request)
+    target = await anyio.to_thread.run_sync(mgr.resolve, name)   # once, before it queues: an unknown name is 404
     await mgr.acquire()
     try:
-        loaded, load_s = await mgr.ensure(name)
+        loaded, load_s = await mgr.ensure(target)
         return await mgr.call(fn, loaded.model), load_s, loaded.name
     finally:
         await mgr.release(parse_keep_alive(keep_alive) if keep_alive is not None else None)

@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from .. import cancel
 from ..errors import ClientDisconnected, ContextLengthExceeded, EmptyPrompt, RamforgeError, check_token_ids
 from .common import Runner, log
-from .manager import Loaded, ModelManager
+from .manager import Loaded, ModelManager, Target
 
 
 class Steps:
@@ -87,7 +87,7 @@ class Job:
         self.shared = False        # --parallel: the lock is let go once the request has its slot's stream
 
     @classmethod
-    async def start(cls, manager: ModelManager, *, model: str | None, num_ctx: int | None,
+    async def start(cls, manager: ModelManager, *, model: str | None | Target, num_ctx: int | None,
                     keep_alive: float | None, build: Callable, max_tokens: int | None, clamp: bool,
                     sampling: dict, stop: list[str], chat: bool = False, runner: Runner | None = None,
                     length_finish: bool = False, shift: bool = True) -> "Job":
@@ -97,15 +97,16 @@ class Job:
         context is a ContextLengthExceeded (OpenAI), or with length_finish cut to the room left (llama-server:
         the answer then ends with finish_reason "length"). chat: the model's reasoning goes to each
         Response's `thinking` (Model.split_reasoning). runner: the request's load-time knobs. shift False
-        (Ollama's): cut to the room left even where the server shifts the context."""
+        (Ollama's): cut to the room left even where the server shifts the context. model: the Target the
+        request resolved (ModelManager.resolve: once per request), or a name resolved here."""
         job = cls(manager, keep_alive)
         # A bad or unknown name is refused (400 / 404) before the request queues for the model: it must
         # not wait behind generations, take a queue place, or be answered 503 when the queue is full.
-        await anyio.to_thread.run_sync(manager.locate, model)
+        target = model if isinstance(model, Target) else await anyio.to_thread.run_sync(manager.resolve, model)
         await manager.acquire()
         try:
             cancel.check()                          # gone while it queued: nothing to load or evaluate
-            job.loaded, job.load_s = await manager.ensure(model, num_ctx, runner)
+            job.loaded, job.load_s = await manager.ensure(target, num_ctx, runner)
             mdl = job.loaded.model
             job.ids = ids = list(await manager.call(build, mdl))
             if not ids:

@@ -31,7 +31,7 @@ from .common import (MAX_CTX, MAX_PREDICT, MAX_TOP_K, loading_response, log, req
                      stop_list)
 from ..generation.fim import infill_ids
 from .jobs import Job, stream_job
-from .manager import manager_of
+from .manager import Target, manager_of
 
 router = APIRouter()
 MAX_TOKENIZE_CHARS = 1 << 18           # characters a /tokenize or /apply-template may send
@@ -70,12 +70,12 @@ def _vocab(path: str, size: int, mtime_ns: int, override: str | None):
     return load_tokenizer(md), ChatTemplate.from_metadata(md, text), md
 
 
-def vocab_of(m, name: str | None = None):
-    """The tokenizer, chat template and metadata of the model a request names (llama-server: the one)."""
-    served, path = m.locate_lenient(name)
-    st = Path(path).stat()
-    startup = m.locate(None)[1]
-    return _vocab(path, st.st_size, st.st_mtime_ns, m.cfg.chat_template if path == startup else None)
+def vocab_of(m, target: Target | None = None):
+    """The tokenizer, chat template and metadata of a request's resolved model (None: the one llama-server
+    serves, ModelManager.resolve_lenient)."""
+    target = target or m.resolve_lenient(None)
+    st = Path(target.path).stat()
+    return _vocab(target.path, st.st_size, st.st_mtime_ns, m.cfg.chat_template if target.startup else None)
 
 
 class TokenizeRequest(Lenient):
@@ -135,7 +135,7 @@ async def apply_template(request: Request):
     m = manager_of(request)
 
     def run():
-        template = vocab_of(m, req.model)[1]
+        template = vocab_of(m, m.resolve_lenient(req.model))[1]
         tools = ToolSession(req.tools, req.tool_choice)
         msgs, tool_list = tools.prepare(template.text, [x.for_template() for x in req.messages])
         kwargs = {**_effort_kwargs(req.reasoning_effort), **(req.chat_template_kwargs or {})}
@@ -156,10 +156,11 @@ def _defaults(md: dict) -> dict:
 @router.get("/props")
 async def props(request: Request):
     m = manager_of(request)
-    tok, template, md = await anyio.to_thread.run_sync(vocab_of, m)
+    target = await anyio.to_thread.run_sync(m.resolve, None)
+    tok, template, md = await anyio.to_thread.run_sync(vocab_of, m, target)
     cur = m.current
     n_ctx = cur.model.n_ctx if cur is not None else (m.cfg.n_ctx or 4096)
-    path = m.locate(None)[1]
+    path = target.path
     return {"default_generation_settings": {"id": 0, "n_ctx": n_ctx, "is_processing": m.lock.locked(),
                                             "params": {**_defaults(md), "n_predict": -1, "seed": 4294967295}},
             "total_slots": m.cfg.parallel, "model_path": path, "model_alias": m.startup_name,
@@ -272,18 +273,17 @@ class InfillRequest(CompletionRequest):
 async def _native(req: CompletionRequest, request: Request, build):
     m = manager_of(request)
     gbnf = await anyio.to_thread.run_sync(req.check)
-    name, _ = await anyio.to_thread.run_sync(m.locate_lenient, req.model)
-    md = (await anyio.to_thread.run_sync(vocab_of, m, req.model))[2]
+    target = await anyio.to_thread.run_sync(m.resolve_lenient, req.model)     # once per request
+    tok, _, md = await anyio.to_thread.run_sync(vocab_of, m, target)
     from ..sampling.gguf_defaults import gguf_sampling_defaults
 
     sampling = {**req.sampling(gguf_sampling_defaults(md)), "grammar": gbnf}
     if req.n_keep is not None:
         sampling["n_keep"] = req.n_keep
     if req.ignore_eos:                   # llama-server: the end-of-generation tokens get -inf
-        tok = (await anyio.to_thread.run_sync(vocab_of, m, req.model))[0]
         sampling["logit_bias"] = {**dict(sampling.get("logit_bias") or {}), **{t: float("-inf") for t in tok.eog_ids}}
     stops = stop_list(req.stop)
-    job = await Job.start(m, model=name, num_ctx=None, keep_alive=None, build=build,
+    job = await Job.start(m, model=target, num_ctx=None, keep_alive=None, build=build,
                           max_tokens=req.n_predict, clamp=True, sampling=sampling, stop=stops)
     t0, alias = time.perf_counter(), req.model or job.loaded.name
 
@@ -332,5 +332,6 @@ async def infill(req: InfillRequest, request: Request):
     def build(model):
         prompt = model.tokenize(req.prompt, add_bos=False, special=True) if req.prompt else []
         return infill_ids(model.tokenizer, req.input_prefix, req.input_suffix, req.input_extra, prompt,
-                          n_ctx=model.n_ctx)
+                          n_ctx=model.n_ctx, spm=spm)
+    spm = manager_of(request).cfg.spm_infill
     return await _native(req, request, build)

@@ -34,6 +34,17 @@ def modelfile_of(name: str | None) -> ModelConfig:
 
 # ------------------------------------------------------------------------------ model manager
 
+@dataclass(frozen=True)
+class Target:
+    """A request's model, resolved once per request (ModelManager.resolve): the name it is served as, its
+    file, a created model's Modelfile, and whether it is the startup model (which `--chat-template` covers)."""
+
+    name: str
+    path: str
+    config: ModelConfig
+    startup: bool = False
+
+
 @dataclass
 class Loaded:
     model: Any                 # ramforge.generation.api.Model
@@ -42,10 +53,12 @@ class Loaded:
     ctx_key: int | None        # the n_ctx it was asked for (None: the default)
     runner: tuple = ()         # Runner.resolved: the threads, I/O mode and ubatch it was loaded with
     config: Any = None         # a created model's store.modelfile.ModelConfig (its TEMPLATE loaded with it)
+    startup: bool = False      # the startup model (Target.startup)
     warming: Warming | None = None   # its kernels' warm-up (None: a model that needs none)
     loaded_at: float = field(default_factory=time.time)
     expires: float = FOREVER   # time.monotonic() deadline
     expires_wall: float = FOREVER
+    removed: bool = False      # deleted from the store while --parallel jobs used it: unloaded when they end
 
     def keep(self, seconds: float) -> None:
         self.expires = time.monotonic() + seconds
@@ -190,32 +203,40 @@ class ModelManager:
                 return "default", str(default_model_path())
             return canon, str(Store().path_of(canon))   # NotInStore / BlobMissing: ModelNotFound
 
-    def locate_lenient(self, name: str | None) -> tuple[str | None, str]:
-        """llama-server's single-model rule for /v1: a name that reaches no model (unknown, or not a
-        store name, e.g. a client echoing a file path) means the loaded model, else the startup one.
-        Returns (the name to load, or None for the startup model; its path)."""
+    def resolve(self, name: str | None) -> Target:
+        """A request's model, once per request: locate (ModelNotFound, InvalidModelName) and a created
+        model's Modelfile (store.modelfile)."""
+        served, path = self.locate(name)
+        return Target(served, path, modelfile_of(served), startup=served == self.startup_name)
+
+    def resolve_lenient(self, name: str | None) -> Target:
+        """resolve with llama-server's single-model rule for /v1 and its own routes: a name that reaches no
+        model (unknown, or not a store name, e.g. a client echoing a file path) means the loaded model, else
+        the startup one (--strict-names: ModelNotFound, as Ollama)."""
         try:
-            return name, self.locate(name)[1]
+            return self.resolve(name)
         except (ModelNotFound, InvalidModelName):
             if not self.cfg.lenient_names:
                 raise
             cur = self.current
             if cur is not None:
                 log.debug("model %r not found: answering with the loaded %s", name, cur.name)
-                return cur.name, cur.path
-            return None, self.locate(None)[1]
+                return Target(cur.name, cur.path, cur.config or ModelConfig(), cur.startup)
+            return self.resolve(None)
 
     # ---- lifecycle (callers hold the lock, except preload and shutdown)
-    def _load(self, path: str, n_ctx: int | None, runner: tuple | None = None, config=None):
+    def _load(self, target: Target, n_ctx: int | None, runner: tuple | None = None):
         from ..generation.api import Model
         from ..engine.speculative import make_drafter
 
+        path, config = target.path, target.config
+        if not Path(path).is_file():            # removed from the store while the request waited for the model
+            raise ModelNotFound(f"model {target.name!r} not found: its file {path} is gone (removed?)")
         drafter = make_drafter(**self.cfg.speculative) if self.cfg.speculative else None   # one per loaded model
         if n_ctx is None:       # --ctx above the model's trained context: that context, with Ollama's warning
             n_ctx = clamp_num_ctx(self.cfg.n_ctx, path, self.cfg.max_ctx)
         n_threads, io, n_ubatch = runner or Runner().resolved(self.cfg)
-        template = config.template if config is not None and config.template else (
-            self.cfg.chat_template if path == str(resolve_model(self.cfg.model)) else None)
+        template = config.template if config.template else (self.cfg.chat_template if target.startup else None)
         model = Model(path, ram=self.cfg.ram, n_ctx=n_ctx, chat_template=template, n_ubatch=n_ubatch,
                       n_threads=n_threads, io=io, draft_model=drafter,
                       ray=self.cfg.cluster, context_shift=self.cfg.context_shift, n_seq=self.cfg.parallel,
@@ -232,15 +253,16 @@ class ModelManager:
         return {} if self.cfg.cluster else {"type_k": self.cfg.type_k, "type_v": self.cfg.type_v,
                                             "kv_spill": self.cfg.kv_spill}
 
-    async def ensure(self, name: str | None, num_ctx: int | None = None,
+    async def ensure(self, model: str | None | Target, num_ctx: int | None = None,
                      runner: Runner | None = None) -> tuple[Loaded, float]:
-        """The loaded model for `name` (loading or swapping as needed) and the seconds spent loading.
-        runner: a request's load-time knobs; a model loaded with others is reloaded (None: any)."""
-        served, path = await self.call(self.locate, name)
-        config = await self.call(modelfile_of, served)      # a created model: its TEMPLATE, a reload if it changed
+        """The loaded model for `model` (a Target the request resolved, or a name to resolve), loading or
+        swapping as needed, and the seconds spent loading. runner: a request's load-time knobs; a model
+        loaded with others is reloaded (None: any). A created model whose Modelfile changed is reloaded."""
+        target = model if isinstance(model, Target) else await self.call(self.resolve, model)
+        served, path, config = target.name, target.path, target.config
         cur = self.current
         want = runner.resolved(self.cfg) if runner is not None else None
-        if cur is not None and cur.path == path and cur.config == config \
+        if cur is not None and not cur.removed and cur.path == path and cur.config == config \
                 and num_ctx in (None, cur.ctx_key, cur.model.n_ctx) and (want is None or want == cur.runner):
             cur.name = served
             if cur.warming is not None:
@@ -252,8 +274,9 @@ class ModelManager:
         await self.unload()                         # first, so that one model at a time fits the budget
         t0 = time.perf_counter()
         want = want or Runner().resolved(self.cfg)
-        model = await self.call(self._load, path, num_ctx, want, config)
-        self.current = Loaded(model, served, path, num_ctx, runner=want, config=config, warming=Warming(model))
+        model = await self.call(self._load, target, num_ctx, want)
+        self.current = Loaded(model, served, path, num_ctx, runner=want, config=config, warming=Warming(model),
+                              startup=target.startup)
         self.current.keep(self.cfg.keep_alive)
         log.info("loaded %s (%s) in %.2f s", served, path, time.perf_counter() - t0)
         await self.current.warming.wait()
@@ -262,11 +285,11 @@ class ModelManager:
     def preload(self) -> None:
         """Load the startup model now (from the CLI, before serving): errors surface as they are. Its
         kernels warm up in the background (Warming): /health answers 503 until they are ready."""
-        served, path = self.run_sync(self.locate, None)
+        target = self.run_sync(self.resolve, None)
         runner = Runner().resolved(self.cfg)
-        config = modelfile_of(served)
-        model = self.run_sync(self._load, path, None, runner, config)
-        self.current = Loaded(model, served, path, None, runner=runner, config=config, warming=Warming(model))
+        model = self.run_sync(self._load, target, None, runner)
+        self.current = Loaded(model, target.name, target.path, None, runner=runner, config=target.config,
+                              warming=Warming(model), startup=True)
         self.current.keep(self.cfg.keep_alive)
 
     @property
@@ -284,6 +307,22 @@ class ModelManager:
                 cur.model.cache.close()
             await self.call(cur.model.close)
             log.info("unloaded %s", cur.name)
+
+    async def forget(self, name: str) -> bool:
+        """After `name` (canonical) left the store (DELETE /api/delete): unload the loaded model if it was
+        loaded as that name or its file is gone, as `ollama rm` stops a model before deleting it, so its
+        budget charge goes with it; a later request for the name is a 404 (locate). With --parallel jobs
+        still generating on it, it is marked removed (never reused) and unloaded when they end (reap_forever).
+        Callers hold the lock. Whether the loaded model was the one."""
+        cur = self.current
+        if cur is None or (cur.name != name and Path(cur.path).exists()):
+            return False
+        if self.busy:
+            cur.removed = True
+            cur.keep(0)
+        else:
+            await self.unload()
+        return True
 
     async def acquire(self) -> None:
         if self.lock.locked() and self.waiting >= self.cfg.max_queue:

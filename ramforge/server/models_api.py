@@ -14,6 +14,8 @@ HEAD/POST /api/blobs/:digest, and /api/push (501), in Ollama's shapes over ramfo
 - blobs: the body streams to a private temp file in the store's blob folder, hashed on the way and
   renamed to sha256-<hex> only when it is the digest the path names; bounded by the disk's free space
   and $RAMFORGE_MAX_BLOB (413); the app's Guard passes these bodies through unbuffered.
+- delete: the name's manifest (and its blob when no other name keeps it); the model loaded as it (or
+  from a blob that went) is unloaded first, its budget freed, as `ollama rm` stops it (ModelManager.forget).
 A created model's TEMPLATE, SYSTEM and PARAMETERs take effect where the model is used
 (server.manager loads it with its template; server.ollama applies the rest, `apply_modelfile`).
 """
@@ -40,6 +42,7 @@ from ..errors import (ClientDisconnected, InvalidArgument, ModelfileError, PathN
 from ..store import GGUF_MAGIC, Store, expand_source, normalize_name
 from ..store.modelfile import ModelConfig, check_source, checked, copy, create, parse_modelfile
 from .common import MAX_NAME, error_response, log
+from .manager import manager_of
 
 router = APIRouter()
 NDJSON = "application/x-ndjson"
@@ -263,11 +266,20 @@ async def copy_model(req: CopyRequest):
 
 
 @router.delete("/api/delete")
-async def delete_model(req: DeleteRequest):
+async def delete_model(req: DeleteRequest, request: Request):
+    """Remove a name from the store; the model loaded as it is unloaded (ModelManager.forget), under the
+    model lock so that no generation starts on it meanwhile."""
     name = req.model or req.name
     if not name:
         raise InvalidArgument("model is required")
-    await anyio.to_thread.run_sync(Store().remove, name)     # NotInStore: 404
+    m = manager_of(request)
+    await m.acquire()
+    try:
+        removed = await anyio.to_thread.run_sync(Store().remove, name)     # NotInStore: 404
+        if await m.forget(removed["name"]):
+            log.info("deleted %s: unloaded", removed["name"])
+    finally:
+        m.lock.release()
     return Response(status_code=200)
 
 

@@ -41,7 +41,7 @@ from .common import (MAX_CTX, MAX_NAME, MAX_PREDICT, MAX_TOP_K, Runner, check_me
 from ..generation.fim import fim_prompt
 from .showinfo import locate_for_show, model_digest, show_response
 from .jobs import Job, stream_job
-from .manager import ModelManager, list_models, manager_of, modelfile_of
+from .manager import ModelManager, Target, list_models, manager_of
 from .models_api import apply_modelfile
 
 router = APIRouter()
@@ -243,35 +243,34 @@ def _logprobs(req: _Generating, job: Job):
     return add
 
 
-async def _checked(req: _Generating, m: ModelManager) -> tuple[Options, int | None]:
+async def _checked(req: _Generating, m: ModelManager) -> tuple[Options, int | None, Target]:
     """The request's checks (a grammar or schema is converted and parsed: CPU work, so off the event
-    loop) and its num_ctx as Ollama clamps it to the model's trained context (and --max-ctx). A created
-    model's PARAMETERs and SYSTEM go under the request's own (models_api.apply_modelfile)."""
+    loop), its num_ctx as Ollama clamps it to the model's trained context (and --max-ctx), and its model
+    resolved (once per request: the Target the rest of the request uses). A created model's PARAMETERs
+    and SYSTEM go under the request's own (models_api.apply_modelfile)."""
     opts = await anyio.to_thread.run_sync(req.check)
-    served, path = await anyio.to_thread.run_sync(m.locate, req.model)
-    config = await anyio.to_thread.run_sync(modelfile_of, served)
-    if config:
-        apply_modelfile(req, config, Options, Message)
+    target = await anyio.to_thread.run_sync(m.resolve, req.model)
+    if target.config:
+        apply_modelfile(req, target.config, Options, Message)
         opts = await anyio.to_thread.run_sync(req.check)
     if opts.num_ctx is None:
-        return opts, None
-    return opts, await anyio.to_thread.run_sync(clamp_num_ctx, opts.num_ctx, path, m.cfg.max_ctx)
+        return opts, None, target
+    return opts, await anyio.to_thread.run_sync(clamp_num_ctx, opts.num_ctx, target.path, m.cfg.max_ctx), target
 
 
 def _line(obj: dict) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
 
 
-async def _load_or_unload(m: ModelManager, name: str, num_ctx, keep_alive, runner=None) -> tuple[str, str]:
+async def _load_or_unload(m: ModelManager, target: Target, num_ctx, keep_alive, runner=None) -> tuple[str, str]:
     """An empty prompt: load the model (keep_alive as given), or with keep_alive 0 unload it."""
     await m.acquire()
     try:
         if keep_alive == 0:
-            served, path = await m.call(m.locate, name)
-            if m.current is not None and m.current.path == path:
+            if m.current is not None and m.current.path == target.path:
                 await m.unload()
-            return served, "unload"
-        loaded, _ = await m.ensure(name, num_ctx, runner)
+            return target.name, "unload"
+        loaded, _ = await m.ensure(target, num_ctx, runner)
         loaded.keep(m.cfg.keep_alive if keep_alive is None else keep_alive)
         return loaded.name, "load"
     finally:
@@ -293,11 +292,11 @@ def _ollama_truncate(ids: list[int], n_ctx: int, num_keep: int | None, add_bos: 
     return ids[:keep] + ids[keep + discard:]
 
 
-async def _render_only(m: ModelManager, req: _Generating, opts: Options, num_ctx, render) -> dict:
+async def _render_only(m: ModelManager, req: _Generating, opts: Options, num_ctx, target: Target, render) -> dict:
     """Ollama's _debug_render_only: the prompt the request would evaluate, nothing generated."""
     await m.acquire()
     try:
-        loaded, _ = await m.ensure(req.model, num_ctx, opts.runner(m.cfg))
+        loaded, _ = await m.ensure(target, num_ctx, opts.runner(m.cfg))
         text = await m.call(render, loaded.model)
         return {"model": req.model, "created_at": now_iso(),
                 "debug_info": {"rendered_template": text, "image_count": 0}}
@@ -309,9 +308,9 @@ async def _render_only(m: ModelManager, req: _Generating, opts: Options, num_ctx
 async def generate(req: GenerateRequest, request: Request):
     m = manager_of(request)
     keep_alive = parse_keep_alive(req.keep_alive)      # every value checked before the model is looked up
-    opts, num_ctx = await _checked(req, m)
+    opts, num_ctx, target = await _checked(req, m)
     if not req.prompt and not req.system and not req.context and not req.suffix:
-        served, reason = await _load_or_unload(m, req.model, num_ctx, keep_alive, opts.runner(m.cfg))
+        served, reason = await _load_or_unload(m, target, num_ctx, keep_alive, opts.runner(m.cfg))
         return {"model": req.model or served, "created_at": now_iso(), "response": "", "done": True,
                 "done_reason": reason}
     kwargs, context = req.template_kwargs(), list(req.context or [])
@@ -325,7 +324,8 @@ async def generate(req: GenerateRequest, request: Request):
 
     def build(model):
         if req.suffix:
-            ids = context + fim_prompt(model.tokenizer, req.prompt or "", req.suffix, error=UnsupportedField)
+            ids = context + fim_prompt(model.tokenizer, req.prompt or "", req.suffix, error=UnsupportedField,
+                                       spm=m.cfg.spm_infill)
         elif context:
             ids = context + model.tokenize(text_of(model), add_bos=False, special=True)
         else:
@@ -335,8 +335,8 @@ async def generate(req: GenerateRequest, request: Request):
         return ids
 
     if req.debug_render_only:
-        return await _render_only(m, req, opts, num_ctx, text_of)
-    job = await Job.start(m, model=req.model, num_ctx=num_ctx, keep_alive=keep_alive, build=build,
+        return await _render_only(m, req, opts, num_ctx, target, text_of)
+    job = await Job.start(m, model=target, num_ctx=num_ctx, keep_alive=keep_alive, build=build,
                           max_tokens=opts.num_predict, clamp=True, sampling=req.sampling(opts),
                           stop=stop_list(opts.stop), chat=not req.raw and not req.suffix,
                           runner=opts.runner(m.cfg), shift=req.shift is not False)
@@ -374,10 +374,10 @@ async def generate(req: GenerateRequest, request: Request):
 async def chat(req: ChatRequest, request: Request):
     m = manager_of(request)
     keep_alive = parse_keep_alive(req.keep_alive)      # every value checked before the model is looked up
-    opts, num_ctx = await _checked(req, m)
+    opts, num_ctx, target = await _checked(req, m)
     messages = [msg.for_template() for msg in req.messages or []]
     if not messages:
-        served, reason = await _load_or_unload(m, req.model, num_ctx, keep_alive, opts.runner(m.cfg))
+        served, reason = await _load_or_unload(m, target, num_ctx, keep_alive, opts.runner(m.cfg))
         return {"model": req.model or served, "created_at": now_iso(),
                 "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": reason}
     kwargs, tools = req.template_kwargs(), ToolSession(req.tools)
@@ -394,10 +394,10 @@ async def chat(req: ChatRequest, request: Request):
         return ids(fit_messages(messages, model.n_ctx, lambda msgs: len(ids(msgs))))  # oldest first, as Ollama
 
     if req.debug_render_only:
-        d = await _render_only(m, req, opts, num_ctx, lambda model: text(model, messages))
+        d = await _render_only(m, req, opts, num_ctx, target, lambda model: text(model, messages))
         return {**d, "message": {"role": "", "content": ""}, "done": False}
 
-    job = await Job.start(m, model=req.model, num_ctx=num_ctx, keep_alive=keep_alive, build=build,
+    job = await Job.start(m, model=target, num_ctx=num_ctx, keep_alive=keep_alive, build=build,
                           max_tokens=opts.num_predict, clamp=True, sampling=req.sampling(opts),
                           stop=stop_list(opts.stop), chat=True, runner=opts.runner(m.cfg),
                           shift=req.shift is not False)

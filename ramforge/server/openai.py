@@ -27,7 +27,7 @@ request's values), else OpenAI's (temperature 1, top_p 1, no penalties) with Oll
 defaults to 16 for /v1/completions (as OpenAI) and to the room left in the context for chat; a
 max_tokens beyond the room left is cut to it (the answer then ends with finish_reason "length"), as
 llama-server does. A model name that reaches no model means the loaded one (else the startup one), as
-llama-server serves any name (ModelManager.locate_lenient). reasoning_effort "none" turns thinking off,
+llama-server serves any name (ModelManager.resolve_lenient). reasoning_effort "none" turns thinking off,
 "xhigh" is harmony's "high"; parallel_tool_calls false keeps the first call only. /v1/completions'
 `suffix` is fill-in-the-middle (generation.fim).
 """
@@ -280,8 +280,8 @@ async def start_chat(req: ChatRequest, request: Request) -> ChatRun:
     tools = ToolSession(req.tools, req.tool_choice)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     m = manager_of(request)
-    model_name, path = await anyio.to_thread.run_sync(m.locate_lenient, req.model)
-    generation = req.generation(await anyio.to_thread.run_sync(model_sampling_defaults, path))
+    target = await anyio.to_thread.run_sync(m.resolve_lenient, req.model)      # once per request
+    generation = req.generation(await anyio.to_thread.run_sync(model_sampling_defaults, target.path))
 
     def build(model):
         msgs, kwargs["tools"] = tools.prepare(model.chat_template(tools.active).text, messages)
@@ -290,7 +290,7 @@ async def start_chat(req: ChatRequest, request: Request) -> ChatRun:
             generation["grammar"] = forced
         return model.tokenize(model.render_chat(msgs, **kwargs), add_bos=True, special=True)
 
-    job = await Job.start(m, model=model_name, num_ctx=None, keep_alive=None, build=build,
+    job = await Job.start(m, model=target, num_ctx=None, keep_alive=None, build=build,
                           max_tokens=max_tokens, clamp=False, sampling=generation, stop=stop_list(req.stop),
                           chat=True, length_finish=True)
     return ChatRun(job, tools, req.parallel_tool_calls is False, req.model or job.loaded.name)
@@ -360,16 +360,16 @@ async def completions(req: CompletionRequest, request: Request):
     req.check()
     prompt = req.one_prompt()
     m = manager_of(request)
-    model_name, path = await anyio.to_thread.run_sync(m.locate_lenient, req.model)
-    sampling = req.generation(await anyio.to_thread.run_sync(model_sampling_defaults, path))
+    target = await anyio.to_thread.run_sync(m.resolve_lenient, req.model)      # once per request
+    sampling = req.generation(await anyio.to_thread.run_sync(model_sampling_defaults, target.path))
 
     def build(model):
         if req.suffix:                          # fill-in-the-middle with the model's FIM tokens (generation.fim)
             prefix = prompt if isinstance(prompt, str) else model.detokenize(prompt).decode("utf-8", "replace")
-            return fim_prompt(model.tokenizer, prefix, req.suffix, error=UnsupportedField)
+            return fim_prompt(model.tokenizer, prefix, req.suffix, error=UnsupportedField, spm=m.cfg.spm_infill)
         return model.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else prompt
 
-    job = await Job.start(m, model=model_name, num_ctx=None, keep_alive=None, build=build,
+    job = await Job.start(m, model=target, num_ctx=None, keep_alive=None, build=build,
                           max_tokens=req.max_tokens, clamp=False, sampling=sampling, stop=stop_list(req.stop),
                           length_finish=True)
     cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), req.model or job.loaded.name
