@@ -20,7 +20,7 @@ from ..jit import Stopwatch, prepare_in_background
 from ..kernels.batch import Batch
 from ..kernels.ops import rms_norm, softcap
 from ..memory import MemoryBudget
-from ..kv.cells import kv_rows
+from ..kv.cells import PackedPlacement, kv_rows
 from ..kv.cache import KVCache
 from ..stream.kv_spill import SpilledKVCache, spill_dir, spill_mode
 from .. import cancel
@@ -356,25 +356,35 @@ class Engine:
         self.reset()
         return self.eval(toks, all_logits=True, aligned=True, outputs_all=True, embd=True)
 
+    @property
+    def packs_causal(self) -> bool:
+        """Whether hidden_batch can pack a causal model's sequences: a KV cache in RAM of one stream, the
+        whole model (a spilled cache, parallel sequences or a layer range evaluate one at a time)."""
+        return (isinstance(self.kv, KVCache) and self.kv.n_seq == 1 and not self.kv.celled
+                and self.layers == (0, self.hp.n_layer))
+
     def hidden_batch(self, seqs) -> tuple[np.ndarray, np.ndarray]:
-        """An encoder's (non-causal) hidden states of several sequences in one pass over the weights, as
-        one llama_decode of a batch of n_seq sequences: the token lists packed in order, each from
-        position 0, each token attending to its own sequence only. Returns (f32[n, n_embd], bounds
-        i64[n_seq, 2]: each sequence's rows [a, b))."""
-        if self.causal:
-            raise InvalidArgument(f"{self.hp.arch} is causal: its sequences are evaluated one at a time (hidden)")
+        """Hidden states of several sequences in one llama_decode, each from position 0, each token
+        attending to its own sequence only: the token lists packed in order. An encoder takes them in
+        one pass (llama.cpp's n_ubatch >= n_tokens, no KV cache). A causal model takes them as llama.cpp
+        does in its unified KV cache after a clear (llama-cpp-python's embed): cells 0..n-1 in batch
+        order, a causal mask per sequence (kv.cells.PackedPlacement), one ubatch computed in chunks of
+        plan.batch rows (each a pass over the weights). Returns (f32[n, n_embd], bounds i64[n_seq, 2]:
+        each sequence's rows [a, b))."""
         lists = [np.asarray(t, dtype=np.int64).reshape(-1) for t in seqs]
         if not lists or any(t.size == 0 for t in lists):
             raise EmptyPrompt("an embedding needs at least one token in each sequence")
         toks = np.concatenate(lists)
         check_token_ids(toks, self.hp.n_vocab)
-        cap = min(self.plan.batch, self.n_ctx)
+        cap = min(self.ubatch if self.causal else self.plan.batch, self.n_ctx)
         if toks.size > cap:
-            raise ContextLengthExceeded(f"{toks.size} tokens do not fit one encoder pass of {cap} "
-                                        f"(llama.cpp's n_ubatch, the context)")
+            raise ContextLengthExceeded(f"{toks.size} tokens do not fit one {'ubatch' if self.causal else 'encoder pass'}"
+                                        f" of {cap} (llama.cpp's n_ubatch, the context)")
         ends = np.cumsum([t.size for t in lists])
         bounds = np.stack([ends - [t.size for t in lists], ends], axis=1).astype(np.int64)
         n = int(toks.size)
+        if self.causal:
+            return self._hidden_packed(toks, bounds), bounds
         self.reset()
         self.seq_bounds = bounds
         try:
@@ -382,6 +392,27 @@ class Engine:
         finally:
             self.seq_bounds = None
             self.reset()
+
+    def _hidden_packed(self, toks: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+        if not self.packs_causal:
+            raise NotReproduced("this engine's KV cache (spilled, parallel sequences, or a layer range) evaluates "
+                                "a causal model's sequences one at a time (hidden)")
+        n, kv = int(toks.size), self.kv
+        self.reset()
+        pl = PackedPlacement.of(bounds, single=n == 1)
+        out = []
+        with self._kv_room(n):
+            try:
+                for c in chunks(n, 0, self.plan.batch, self.ubatch, all_logits=True, aligned=True, outputs_all=True):
+                    cancel.check()
+                    kv.ub = pl.part(c.start, c.stop)
+                    try:
+                        out.append(self.run_chunk(toks[c.start:c.stop], c, embd=True))
+                    finally:
+                        kv.ub = None
+            finally:
+                self.reset()
+        return np.concatenate(out)
 
     # llama.cpp's memory API over KV cells (parallel.py): several sequences, positions moved and removed
     def eval_batch(self, batch) -> dict:
