@@ -13,7 +13,7 @@ sequence evaluated from position 0.
 most n_batch tokens and N_SEQ_MAX sequences, each batch one llama_decode (Engine.hidden_batch): an
 encoder's one pass over the weights, a causal model's one ubatch in its unified KV cache (each token
 seeing its own sequence's earlier tokens), computed in chunks of the plan's batch, each chunk a pass
-over the weights (the plan sizes it from the budget for embeddings: stream.plan.embed_batch). A packed
+over the weights (an engine loaded for embedding sizes it from the budget: stream.embed_plan). A packed
 input's vector is llama.cpp's for that batch, not bit for bit the one of the input alone: the batch's
 attention (P.V over the batch's keys, zeros outside the sequence: a key's lane is its row in the
 batch) and mean pooling (a dot over the batch's tokens) sum in other lanes, and a 1-token input's
