@@ -8,7 +8,8 @@ The model defaults to the synthetic bert fixture (tools/record_embeddings.py, be
 is warmed up on a few documents first (numba's compilation, llama.cpp's first graph), then times
 tokenizing and embedding all documents, normalized as the servers do (Euclidean). llama-cpp-python's
 `Llama(embedding=True).embed(docs)` packs the documents into batches of n_batch tokens; ramforge's
-Embedder.embed_many packs them the same way (one weight pass per batch). A budget too small for the
+Embedder.embed_many packs them the same way (one llama_decode per batch, in passes over the weights of
+the tokens stream.embed_plan sizes from the budget: Engine.load(embed=True)). A budget too small for the
 model (a tiny model's working set is larger than 1/4 of its file) is raised to the plan's minimum, and
 the line says so.
 """
@@ -57,11 +58,11 @@ def run_ramforge(path: str, docs: list[str], budget: int | None, threads: int, p
 
     note = ""
     try:
-        eng = Engine.load(path, n_ctx=512, budget=MemoryBudget(budget), n_threads=threads)
+        eng = Engine.load(path, n_ctx=512, budget=MemoryBudget(budget), n_threads=threads, embed=True)
     except BudgetTooSmall as e:
         note = f"1/4 of the file ({budget:,} B) is below the plan's minimum; ran at {e.minimum:,} B"
         budget = e.minimum
-        eng = Engine.load(path, n_ctx=512, budget=MemoryBudget(budget), n_threads=threads)
+        eng = Engine.load(path, n_ctx=512, budget=MemoryBudget(budget), n_threads=threads, embed=True)
     with GGUFFile(path) as f, eng:
         emb = Embedder(eng, pooling_of(f.metadata, eng.hp.arch, pooling))
         emb.embed_many([emb.tokens(d) for d in docs[:4]], 2)                      # warm-up
@@ -71,6 +72,7 @@ def run_ramforge(path: str, docs: list[str], budget: int | None, threads: int, p
         s = time.perf_counter() - t0
         resident = eng.plan.verdict
     return {"docs_s": len(docs) / s, "seconds": s, "tokens": stats.tokens, "passes": stats.passes,
+            "tokens_per_pass": eng.plan.batch,
             "docs_per_pass": stats.docs_per_pass, "budget": budget, "plan": resident, "note": note,
             "first": np.asarray(vecs[0], np.float32)}
 
@@ -124,8 +126,9 @@ def main(argv=None) -> int:
         return 0
     print(f"{a.docs} documents of ~{a.tokens} tokens ({ram['tokens']} tokens), {a.threads} threads, {a.model}")
     print(f"  ramforge in RAM          {ram['docs_s']:9.1f} docs/s  ({ram['passes']} weight passes, "
-          f"{ram['docs_per_pass']:.1f} docs/pass, plan {ram['plan']})")
-    print(f"  ramforge at {ooc['budget']:>12,} B {ooc['docs_s']:9.1f} docs/s  ({ooc['passes']} passes, plan "
+          f"{ram['docs_per_pass']:.2f} docs/pass, {ram['tokens_per_pass']} tokens/pass, plan {ram['plan']})")
+    print(f"  ramforge at {ooc['budget']:>12,} B {ooc['docs_s']:9.1f} docs/s  ({ooc['passes']} passes, "
+          f"{ooc['docs_per_pass']:.2f} docs/pass, {ooc['tokens_per_pass']} tokens/pass, plan "
           f"{ooc['plan']}){'; ' + ooc['note'] if ooc['note'] else ''}")
     print(f"  llama-cpp-python in RAM  {ref['docs_s']:9.1f} docs/s")
     print(f"  budget / RAM {res['budget_over_ram']:.2f}x   ramforge RAM / llama-cpp-python {res['ram_over_llama_cpp']:.2f}x"

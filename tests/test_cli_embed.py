@@ -49,7 +49,8 @@ def test_json_lines_from_stdin(model, reference):
     assert [x["line"] for x in rows] == [1, 3, 4]
     for x, ref in zip(rows, reference["mean"]):
         assert np.array_equal(np.asarray(x["embedding"], np.float32), ref)
-    assert "3 documents" in r.stderr and "1 weight passes" in r.stderr and "3.0 documents per pass" in r.stderr
+    assert "3 documents" in r.stderr and "1 weight passes" in r.stderr and "3.00 documents per pass" in r.stderr
+    assert "512 tokens a pass" in r.stderr                   # an encoder: a whole ubatch a pass
 
 
 def test_json_array_and_pooling_override(model, reference, tmp_path):

@@ -33,7 +33,7 @@ RECORDS = [json.loads(p.read_text()) for p in sorted(EMBED_DIR.glob("*.json"))]
 BOUND_ULPS = 1024
 F16_BOUND_ULPS = 4096                 # F16 weights: their inputs rounded to half (see above)
 FLOAT_TYPES = {"F32", "F16"}          # written by gguf alone: no llama.cpp needed to make them
-ENCODERS = {"bert", "nomic-bert", "gemma-embedding", "jina-bert-v2"}     # non-causal: packed passes (Engine.hidden_batch)
+ENCODERS = {"bert", "nomic-bert", "gemma-embedding", "jina-bert-v2"}     # non-causal (WordPiece / their own tokens checked)
 
 
 def _bound_ulps(rec) -> int:
@@ -163,7 +163,7 @@ def test_embeddings_equal_llama_cpp(rec, run):
 def _batch_params():
     for rec in RECORDS:
         for run in rec["runs"]:
-            if "batch" in run and rec["model"]["kind"] in ENCODERS:
+            if "batch" in run:
                 marks = [] if rec["model"]["type"] in FLOAT_TYPES else [pytest.mark.oracle]
                 yield pytest.param(rec, run, id=f"{rec['model']['id']}-{Pooling(run['pooling_type']).name.lower()}",
                                    marks=marks)
@@ -171,23 +171,26 @@ def _batch_params():
 
 @pytest.mark.parametrize("rec,run", list(_batch_params()))
 def test_packed_embeddings_equal_llama_cpp_batch(rec, run):
-    """Several documents in one weight pass (Embedder.embed_many) equal llama-cpp-python's embed(list),
-    which packs them into one llama_decode, within the bound (measured: bit for bit); and equal the
-    one-at-a-time pass within it, or as far from it as llama.cpp's packed pass is from its own alone."""
+    """Several documents in one batch (Embedder.embed_many) equal llama-cpp-python's embed(list), which
+    packs them into one llama_decode (a causal model's in its unified KV cache, rank pooling's pairs as
+    sequences of one decode), bit for bit; and equal the one-at-a-time pass within the bound, or as far
+    from it as llama.cpp's packed pass is from its own alone."""
     from ramforge.generation.embed import EmbedStats, Embedder
     eng = _engine(rec)
     emb = Embedder(eng, Pooling(run["pooling_type"]))
     toks = [it["tokens"] for it in run["items"]]
     st = EmbedStats()
     got = emb.embed_many(toks, stats=st)
-    assert (st.docs, st.passes, st.tokens) == (len(toks), 1, sum(map(len, toks)))
+    n = sum(map(len, toks))
+    assert (st.docs, st.passes, st.tokens) == (len(toks), emb.passes_of(n), n)
+    assert st.passes == (1 if not eng.causal else -(-n // eng.plan.batch))
     exact = 0
     for g, ref, t, item in zip(got, run["batch"], toks, run["items"]):
         ref = np.asarray(ref, np.float32)
         bound = _bound_ulps(rec) * 2.0 ** -23 * float(np.abs(ref).max())
         assert float(np.abs(g - ref).max()) <= bound
         # alone and packed differ as llama.cpp's own two passes do (gemma-embedding-tiny-f16, last: ~4300 ulps)
-        own = float(np.abs(ref - np.asarray(item["embedding"], np.float32)).max())
+        own = float(np.abs(ref - np.asarray(item.get("embedding", item.get("scores")), np.float32)).max())
         assert float(np.abs(g - emb.embed_tokens(t)).max()) <= max(bound, own)
         exact += bool(np.array_equal(g, ref))
     assert exact == len(toks)                    # packed arithmetic is llama.cpp's packed arithmetic
@@ -516,3 +519,30 @@ def test_rerank_orders_by_score():
     for x in res:
         assert abs(x["relevance_score"] - ref[x["index"]]) <= 1e-4 * max(1.0, abs(ref[x["index"]]))
         assert x["document"]["text"] == docs[x["index"]]
+
+
+@pytest.mark.parametrize("mid,pooling", [("qwen3-tiny-f16", 1), ("qwen3-rerank-f16", 4)])
+def test_causal_pack_in_small_chunks_equals_llama_cpp_batch(mid, pooling):
+    """A causal model's packed batch computed in chunks of 16 rows (a small budget's chunk: each chunk a
+    pass over the weights, the batch's keys of earlier chunks read from the KV cache) is still llama.cpp's
+    one-ubatch result, bit for bit, and counts its passes."""
+    import numba
+
+    from ramforge.engine.engine import Engine
+    from ramforge.generation.embed import EmbedStats, Embedder
+    from tools.record_embeddings import model_file
+    rec = next(r for r in RECORDS if r["model"]["id"] == mid)
+    run = next(r for r in rec["runs"] if r["pooling_type"] == pooling)
+    eng = Engine.load(model_file(mid), n_ctx=512, batch=16, n_threads=min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        assert eng.causal and eng.packs_causal and eng.plan.batch == 16
+        toks = [it["tokens"] for it in run["items"]]
+        st = EmbedStats()
+        got = Embedder(eng, Pooling(pooling)).embed_many(toks, stats=st)
+        n = sum(map(len, toks))
+        assert (st.docs, st.passes) == (len(toks), -(-n // 16)) and st.docs_per_pass == len(toks) / st.passes
+        for g, ref in zip(got, run["batch"]):
+            assert np.array_equal(g, np.asarray(ref, np.float32))
+        assert eng.kv.n_past == 0 and eng.tokens == []          # the pack leaves no sequence behind
+    finally:
+        eng.close()

@@ -18,7 +18,9 @@ its prompts as llama-server's format_prompt_rerank builds them; both softmax out
 so each is a llama_decode of its own) as float32 values (shortest decimals); for rank pooling the
 classifier's output. Pooling none: every token's vector, for the first two texts. Pooled types also
 `batch`: `embed(TEXTS)` in one call, which llama-cpp-python packs into one llama_decode of
-len(TEXTS) sequences (the arithmetic of ramforge's Embedder.embed_many).
+len(TEXTS) sequences (the arithmetic of ramforge's Embedder.embed_many; a causal model's sequences in
+its unified KV cache, each token seeing its own sequence's earlier tokens); rank pooling's `batch`:
+every pair in one llama_decode, pair i as sequence i.
 """
 from __future__ import annotations
 
@@ -271,6 +273,8 @@ def record_model(mid: str) -> dict:
         run = {"pooling_type": pt, "items": items}
         if pt in (1, 2, 3):
             run["batch"] = [[f32(x) for x in v] for v in np.asarray(llm.embed(TEXTS), np.float32)]
+        elif pt == 4:
+            run["batch"] = _rank_batch(llm, [it["tokens"] for it in items])
         runs.append(run)
         llm.close()
     return {"format": FORMAT, "model": {"id": mid, "sha256": sha256_file(path), "kind": MODELS[mid][0],
@@ -278,6 +282,20 @@ def record_model(mid: str) -> dict:
             "oracle": {"llama_cpp_python": llama_cpp.__version__, "n_ctx": N_CTX, "n_threads": N_THREADS,
                        "system_info": llama_cpp.llama_print_system_info().decode(), "cpu": _cpu_name()},
             "runs": runs}
+
+
+def _rank_batch(llm, pairs: list[list[int]]) -> list[list[float]]:
+    """The classifier's outputs of every pair decoded in one llama_decode, pair i as sequence i (as
+    llama-server's /rerank batches its documents, and Llama.embed packs inputs)."""
+    import llama_cpp
+    llm._batch.reset()
+    for i, pair in enumerate(pairs):
+        llm._batch.add_sequence(pair, i, True)
+    llm._ctx.kv_cache_clear()
+    llm._ctx.decode(llm._batch)
+    n_out = llama_cpp.llama_model_n_cls_out(llm._model.model)
+    return [[f32(p[j]) for j in range(n_out)] for p in
+            (llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, i) for i in range(len(pairs)))]
 
 
 def _rerank_tokens(llm, q: list[int], d: list[int]) -> list[int]:

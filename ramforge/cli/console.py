@@ -53,11 +53,11 @@ def load_tokenizer_of(model):
 
 
 def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, expert_prefetch=True, drafter=None,
-                cluster=None, kv=(None, None), kv_spill=None):
+                cluster=None, kv=(None, None), kv_spill=None, embed=False):
     """The engine under --ram; a DraftModel drafter is loaded first, resident under the same budget
     (the target then plans with what is left), and closed with the engine. cluster: cluster.Pipeline's
     keywords (--ray, --stages, --stage-ram): the model as stages on Ray instead. kv: the KV cache
-    types (kv_types_of)."""
+    types (kv_types_of). embed: an embedding engine (Engine.load's embed: the chunk sized for embedding)."""
     from ..engine.engine import Engine
     from ..memory import MemoryBudget
     from ..engine.speculative import DraftModel, check_draft_length
@@ -77,7 +77,7 @@ def load_engine(model, ctx, ram, io="direct", threads=None, expert_cache=None, e
     if not isinstance(drafter, DraftModel):
         eng = Engine.load(resolve_model(model), n_ctx=ctx, budget=budget, io=io, n_threads=threads,
                           expert_policy=expert_cache, expert_prefetch=expert_prefetch, type_k=kv[0], type_v=kv[1],
-                          kv_spill=kv_spill)
+                          kv_spill=kv_spill, embed=embed)
         if drafter is not None:
             _checked(eng, lambda: check_draft_length(drafter, eng.n_ctx))
         return eng

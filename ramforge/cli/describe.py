@@ -161,13 +161,19 @@ def support(as_json):
 @spill_option
 @click.option("--hf", "hf", is_flag=True, help="MODEL is a Hugging Face ORG/REPO[:QUANT] (as llama.cpp's -hf).")
 @click.option("--insecure", is_flag=True, help="Allow a plain http:// MODEL URL or HF_ENDPOINT.")
+@click.option("--embed", "embed", is_flag=True,
+              help="Plan for embedding documents (`ramforge embed`): the tokens a pass over the weights takes, "
+                   "sized from the budget (an embedding model's plan, one with a pooling type or an encoder, always).")
+@click.option("--doc-tokens", type=click.IntRange(min=1), default=200, show_default=True,
+              help="With --embed: the document length documents per pass are counted in.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s, net_gbit, latency_ms, kv_type,
-         kv_type_k, kv_type_v, kv_spill, hf, insecure, as_json):
+         kv_type_k, kv_type_v, kv_spill, hf, insecure, embed, doc_tokens, as_json):
     """How MODEL runs under a RAM budget: what stays resident, what streams, the minimum budget.
 
     MODEL may be remote (hf.co/ORG/REPO[:QUANT], an https URL): only its GGUF header(s) are read, by
     HTTP range requests, so the plan comes before a byte of weights moves."""
+    from ..stream.embed_plan import embed_plan
     from ..stream.plan import plan_for_budget
 
     if stages is not None:
@@ -177,17 +183,34 @@ def plan(model, ram, ctx, probe_io, hit_rate, stages, storage_gb_s, compute_gb_s
     tk, tv = kv_types_of(kv_type, kv_type_k, kv_type_v)
     with open_header(model, hf, insecure) as (f, remote):
         spill = spill_of(kv_spill)
-        p = plan_for_budget(f, budget, ctx, hit_rate=hit_rate, type_k=tk, type_v=tv,
-                            kv_spill=None if spill is None else bool(spill))
-    show_plan(p, budget, remote, probe_io, storage_gb_s, as_json)
+        if embed or is_embedding_model(f.metadata):
+            if hit_rate is not None or spill:
+                raise click.UsageError("--hit-rate and --kv-spill plan generation, not embedding")
+            p, eb = embed_plan(f, budget, ctx, doc_tokens, type_k=tk, type_v=tv)
+        else:
+            p, eb = plan_for_budget(f, budget, ctx, hit_rate=hit_rate, type_k=tk, type_v=tv,
+                                    kv_spill=None if spill is None else bool(spill)), None
+    show_plan(p, budget, remote, probe_io, storage_gb_s, as_json, eb)
 
 
-def show_plan(p, budget, remote=None, probe_io=False, storage_gb_s=None, as_json=False) -> None:
+def is_embedding_model(md) -> bool:
+    """A file that embeds rather than generates: a pooling type ({arch}.pooling_type) or a non-causal
+    (encoder) architecture."""
+    from ..models import ARCHS
+    arch = md.get(Keys.ARCHITECTURE)
+    a = ARCHS.get(arch)
+    return md.get(f"{arch}.pooling_type") is not None or (a is not None and not a.causal)
+
+
+def show_plan(p, budget, remote=None, probe_io=False, storage_gb_s=None, as_json=False, embed=None) -> None:
     """Print a plan (rich table or JSON); a remote model's source and the header bytes it cost; the
-    expected seconds per token of I/O from --probe-io or a stated storage speed."""
+    expected seconds per token of I/O from --probe-io or a stated storage speed; embed (an EmbedBatch):
+    the embedding batch the plan was sized for."""
     from ..stream.io import probe_read_speed
 
     info = p.to_json()
+    if embed is not None:
+        info["embed"] = embed.to_json()
     if remote is not None:
         if probe_io:
             raise click.UsageError("--probe-io measures a local file; pass --storage-gb-s for a remote model")
@@ -245,6 +268,11 @@ def show_plan(p, budget, remote=None, probe_io=False, storage_gb_s=None, as_json
         out.print(f"storage at {st['read_gb_s']:g} GB/s{' (assumed; --storage-gb-s states yours)' if st['assumed'] else ''}: "
                   f"about {st['seconds_per_token_io']:.3f} s per token of I/O for "
                   f"{format_bytes(p.expected_bytes_per_token)} streamed")
+    if embed is not None:
+        out.print(f"embedding: {embed.tokens_per_pass} tokens per pass over the weights, about "
+                  f"{embed.docs_per_pass:.2f} documents of {embed.doc_tokens} tokens; batches (one llama_decode) "
+                  f"of up to {embed.pack_tokens} tokens; {format_bytes(embed.streamed_bytes_per_pass)} streamed a pass, "
+                  f"{format_bytes(int(embed.streamed_bytes_per_doc))} a document")
     if remote is not None:
         out.print(f"remote: {remote['source']}, {format_bytes(remote['size'])} to download; this plan read "
                   f"{format_bytes(remote['bytes_fetched'])} of header(s) in {remote['requests']} range requests")

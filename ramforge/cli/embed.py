@@ -1,6 +1,6 @@
 """`ramforge embed MODEL [FILE|-]`: one document per line in, one embedding per document out, as
-llama.cpp's llama-embedding computes them (generation/embed.py: several documents per weight pass for
-an encoder).
+llama.cpp's llama-embedding computes them (generation/embed.py: several documents per llama_decode,
+each decode's tokens in passes over the weights of the size stream.embed_plan picks from --ram).
 
 Output: JSON lines (default: {"line": n, "embedding": [...]} per document, pooling none: a list per
 token), --json (one JSON array of the embeddings, llama-embedding's --embd-output-format array), or
@@ -57,7 +57,7 @@ def embed(model, file, as_json, npy, pooling, normalize, no_truncate, profile, c
     if not docs:
         raise click.UsageError("no documents: FILE (or stdin) has no non-blank line")
     md, path = model_metadata(model)
-    with load_engine(path, ctx, ram, threads=threads) as eng:
+    with load_engine(path, ctx, ram, threads=threads, embed=True) as eng:
         emb = Embedder(eng, pooling_of(md, eng.hp.arch, pooling))
         if npy and emb.pooling == Pooling.NONE:
             raise click.UsageError("--npy needs one vector per document, and the pooling is none "
@@ -76,7 +76,7 @@ def embed(model, file, as_json, npy, pooling, normalize, no_truncate, profile, c
             sys.stdout.write(json.dumps({"line": n, "embedding": v.tolist()}) + "\n")
     if profile:
         err.print(f"{stats.docs} documents, {stats.tokens} tokens, {stats.passes} weight passes "
-                  f"({stats.docs_per_pass:.1f} documents per pass), {seconds:.3f} s, "
+                  f"({stats.docs_per_pass:.2f} documents per pass, {eng.plan.batch} tokens a pass), {seconds:.3f} s, "
                   f"{stats.docs / seconds if seconds else 0.0:.1f} docs/s, pooling {emb.pooling.name.lower()}")
 
 

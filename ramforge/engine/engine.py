@@ -24,10 +24,11 @@ from ..kv.cells import kv_rows
 from ..kv.cache import KVCache
 from ..stream.kv_spill import SpilledKVCache, spill_dir, spill_mode
 from .. import cancel
-from . import parallel
+from . import embedding, parallel
 from ..models import arch_of
 from ..models.arch import Arch
 from ..models.config import HParams
+from ..stream.embed_plan import embed_plan
 from ..stream.plan import UBATCH, Plan, n_vocab_of, plan_for_budget
 from ..profiling import KERNELS, PROFILE, PassRecord
 from .checks import _refuse_unknown_tensors, _refuse_unsupported_keys, kv_types  # noqa: F401 (re-exported)
@@ -94,7 +95,7 @@ class Engine:
              io: IOMode | str = IOMode.DIRECT, layers: tuple[int, int] | None = None,
              n_threads: int | None = None, expert_policy: str | None = None, expert_prefetch: bool = True,
              type_k: str | int | None = None, type_v: str | int | None = None,
-             kv_spill: bool | str | None = None, n_seq: int = 1) -> "Engine":
+             kv_spill: bool | str | None = None, n_seq: int = 1, embed: bool = False) -> "Engine":
         """Plan under the budget, then read what stays resident. layers=(a, b) runs only that range.
         expert_policy ("lru", "lfu"; default stream.experts.DEFAULT_POLICY) and expert_prefetch: the
         expert cache, where experts stream apart from their layers. type_k, type_v: the KV cache types
@@ -103,7 +104,9 @@ class Engine:
         the budget cannot hold it for the whole context; True always; a path: always, its files there;
         False never (growing past what the budget holds fails with KVBudgetExceeded).
         n_seq > 1: that many sequences (parallel.py), each a stream of PAD(n_ctx / n_seq, 256) KV cells
-        as llama.cpp's non-unified cache (llama-server --parallel N); the cache stays in RAM."""
+        as llama.cpp's non-unified cache (llama-server --parallel N); the cache stays in RAM.
+        embed: an engine that embeds documents (`ramforge embed`): the plan of stream.embed_plan, its
+        chunk sized from the budget, its context one packed batch (EmbedBudgetTooSmall if not one fits)."""
         from .runtime import set_threads
         from ..tokenizer import load_tokenizer
 
@@ -123,8 +126,11 @@ class Engine:
             _refuse_unknown_tensors(f, hp, arch)
             if not (isinstance(n_seq, int) and 1 <= n_seq <= 64):
                 raise InvalidArgument(f"n_seq = {n_seq!r}: between 1 and 64 sequences")
-            plan = plan_for_budget(f, budget.available, n_ctx, layers, batch, type_k=type_k, type_v=type_v,
-                                   kv_spill=spill_mode(kv_spill), n_seq=n_seq)
+            if embed and batch is None and layers is None and n_seq == 1 and not kv_spill:
+                plan = embed_plan(f, budget.available, n_ctx, type_k=type_k, type_v=type_v)[0]
+            else:
+                plan = plan_for_budget(f, budget.available, n_ctx, layers, batch, type_k=type_k, type_v=type_v,
+                                       kv_spill=spill_mode(kv_spill), n_seq=n_seq)
             if plan.verdict == "insufficient":
                 raise BudgetTooSmall(budget.available, plan.min_budget, plan.n_ctx)
             # reading the weights releases the GIL: meanwhile build the tokenizer (~0.15 s for a 262k
@@ -347,44 +353,17 @@ class Engine:
         return self.arch.causal
 
     def hidden(self, tokens) -> np.ndarray:
-        """One sequence's final hidden states f32[n, n_embd] (t_embd, every token an output), from
-        position 0 (the cache reset first), as one llama_decode of it computes them. An encoder
-        (non-causal attention) takes the sequence in one pass, as llama.cpp's encoder takes one ubatch."""
-        if not self.causal:
-            return self.hidden_batch([tokens])[0]                # checks and resets there
-        toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        if toks.size == 0:
-            raise EmptyPrompt("an embedding needs at least one token")
-        check_token_ids(toks, self.hp.n_vocab)
-        self.reset()
-        return self.eval(toks, all_logits=True, aligned=True, outputs_all=True, embd=True)
+        """One sequence's final hidden states f32[n, n_embd] (t_embd): see engine/embedding.py."""
+        return embedding.hidden(self, tokens)
 
     def hidden_batch(self, seqs) -> tuple[np.ndarray, np.ndarray]:
-        """An encoder's (non-causal) hidden states of several sequences in one pass over the weights, as
-        one llama_decode of a batch of n_seq sequences: the token lists packed in order, each from
-        position 0, each token attending to its own sequence only. Returns (f32[n, n_embd], bounds
-        i64[n_seq, 2]: each sequence's rows [a, b))."""
-        if self.causal:
-            raise InvalidArgument(f"{self.hp.arch} is causal: its sequences are evaluated one at a time (hidden)")
-        lists = [np.asarray(t, dtype=np.int64).reshape(-1) for t in seqs]
-        if not lists or any(t.size == 0 for t in lists):
-            raise EmptyPrompt("an embedding needs at least one token in each sequence")
-        toks = np.concatenate(lists)
-        check_token_ids(toks, self.hp.n_vocab)
-        cap = min(self.plan.batch, self.n_ctx)
-        if toks.size > cap:
-            raise ContextLengthExceeded(f"{toks.size} tokens do not fit one encoder pass of {cap} "
-                                        f"(llama.cpp's n_ubatch, the context)")
-        ends = np.cumsum([t.size for t in lists])
-        bounds = np.stack([ends - [t.size for t in lists], ends], axis=1).astype(np.int64)
-        n = int(toks.size)
-        self.reset()
-        self.seq_bounds = bounds
-        try:
-            return self._pass(n, lambda x: self.arch.embed(self, x, toks), slice(0, n), Batch(n, 0), embd=True), bounds
-        finally:
-            self.seq_bounds = None
-            self.reset()
+        """Several sequences' hidden states in one llama_decode, and their rows: see engine/embedding.py."""
+        return embedding.hidden_batch(self, seqs)
+
+    @property
+    def packs_causal(self) -> bool:
+        """Whether hidden_batch can pack a causal model's sequences (embedding.packs_causal)."""
+        return embedding.packs_causal(self)
 
     # llama.cpp's memory API over KV cells (parallel.py): several sequences, positions moved and removed
     def eval_batch(self, batch) -> dict:

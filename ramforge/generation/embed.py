@@ -10,12 +10,15 @@ token through the architecture's classifier head: a reranker's scores). Each inp
 sequence evaluated from position 0.
 
 `embed_many` packs inputs as llama-cpp-python's `Llama.embed(list)` does: in order, into batches of at
-most n_batch tokens and N_SEQ_MAX sequences, each batch one pass over the weights (an encoder's:
-Engine.hidden_batch; a causal model's sequences still go one at a time). A packed input's vector is
-llama.cpp's for that batch, not bit for bit the one of the input alone: the batch's attention (P.V
-over all of the batch's keys, zeros outside the sequence) and mean pooling (a dot over the batch's
-tokens) sum in other lanes, and a 1-token input's matmuls take tinyBLAS in a batch (vec_dot alone):
-within float rounding, tests/test_embeddings.py measures it. `embed_tokens` is the one-input pass.
+most n_batch tokens and N_SEQ_MAX sequences, each batch one llama_decode (Engine.hidden_batch): an
+encoder's one pass over the weights, a causal model's one ubatch in its unified KV cache (each token
+seeing its own sequence's earlier tokens), computed in chunks of the plan's batch, each chunk a pass
+over the weights (an engine loaded for embedding sizes it from the budget: stream.embed_plan). A packed
+input's vector is llama.cpp's for that batch, not bit for bit the one of the input alone: the batch's
+attention (P.V over the batch's keys, zeros outside the sequence: a key's lane is its row in the
+batch) and mean pooling (a dot over the batch's tokens) sum in other lanes, and a 1-token input's
+matmuls take tinyBLAS in a batch (vec_dot alone); tests/test_embeddings.py holds both to llama.cpp's
+records, bit for bit. `embed_tokens` is the one-input pass.
 """
 from __future__ import annotations
 
@@ -152,10 +155,13 @@ class Embedder:
 
     @property
     def max_tokens(self) -> int:
-        """The most tokens one input may have: the batch, the context, and an encoder's one pass."""
+        """The most tokens one input may have: the batch, the context, and one pass (an encoder's) or
+        ubatch (a causal model's, packed: llama.cpp's n_ubatch)."""
         e = self.engine
         cap = min(self.n_batch, e.n_ctx)
-        return cap if e.causal else min(cap, e.plan.batch)
+        if not e.causal:
+            return min(cap, e.plan.batch)
+        return min(cap, e.ubatch) if e.packs_causal else cap
 
     def tokens(self, item, truncate: bool = True, add_special: bool = True) -> list[int]:
         """An input (text, or a list of token ids) as tokens, as llama-cpp-python's tokenize(text) (BOS as
@@ -188,6 +194,11 @@ class Embedder:
     def n_seq_max(self) -> int:
         return min(self.n_batch, N_SEQ_MAX)
 
+    def passes_of(self, n_tokens: int) -> int:
+        """The passes over the weights one batch of n_tokens takes: an encoder's one, a causal model's
+        one per chunk of the plan's batch (stream.plan sizes it from the budget)."""
+        return 1 if not self.engine.causal else -(-n_tokens // self.engine.plan.batch)
+
     def packs(self, token_lists: list[list[int]]) -> list[list[int]]:
         """The inputs' indices grouped into batches as llama-cpp-python's embed groups them: in order, a
         batch closed when the next input would pass max_tokens or it holds n_seq_max inputs."""
@@ -202,21 +213,23 @@ class Embedder:
 
     def embed_many(self, token_lists: list[list[int]], normalize: int = -1, pooling: Pooling | None = None,
                    stats: EmbedStats | None = None) -> list[np.ndarray]:
-        """Each input's embedding (as embed_tokens), an encoder's inputs packed several to a weight pass
-        (packs); a causal model's one at a time. stats, if given, counts the docs, tokens and passes."""
+        """Each input's embedding (as embed_tokens), the inputs packed several to a batch (packs), each
+        batch one llama_decode (Engine.hidden_batch); a causal model on an engine that cannot pack
+        (Engine.packs_causal) one at a time. stats, if given, counts the docs, tokens and weight passes."""
         pooling = self.pooling if pooling is None else pooling
         st = EmbedStats()
         out: list = [None] * len(token_lists)
-        if self.engine.causal:
+        e = self.engine
+        if e.causal and not e.packs_causal:
             for i, t in enumerate(token_lists):
                 out[i] = self.embed_tokens(t, normalize, pooling)
-            st.passes = len(token_lists)
+                st.passes += self.passes_of(len(t))
         else:
             for pack in self.packs(token_lists):
-                hidden, bounds = self.engine.hidden_batch([token_lists[i] for i in pack])
-                for i, v in zip(pack, pool_batch(self.engine, hidden, bounds, pooling)):
+                hidden, bounds = e.hidden_batch([token_lists[i] for i in pack])
+                for i, v in zip(pack, pool_batch(e, hidden, bounds, pooling)):
                     out[i] = v if normalize == -1 else embd_normalize(v, normalize)
-                st.passes += 1
+                st.passes += self.passes_of(int(bounds[-1, 1]))
         st.docs, st.tokens = len(token_lists), sum(len(t) for t in token_lists)
         if stats is not None:
             stats.add(st)

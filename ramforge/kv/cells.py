@@ -98,6 +98,38 @@ class Placement:
         return got
 
 
+@dataclass
+class PackedPlacement(Placement):
+    """A batch of whole sequences, each from position 0, in llama.cpp's unified KV cache after a clear
+    (kv_unified = true: what llama-cpp-python's embed() runs): the batch's tokens in cells 0..n-1 in
+    order, all in one stream, token t seeing the cells of its own sequence at positions <= its own (and
+    within the window), so a key's lane is its row in the batch. starts i64[n]: each token's sequence's
+    first row."""
+
+    starts: np.ndarray = None
+
+    @classmethod
+    def of(cls, bounds: np.ndarray, single: bool) -> "PackedPlacement":
+        n = int(bounds[-1, 1])
+        starts = np.repeat(bounds[:, 0], bounds[:, 1] - bounds[:, 0]).astype(np.int64)
+        rows = np.arange(n, dtype=np.int64)
+        return cls(rows, (rows - starts).astype(np.int32), np.zeros(n, np.int32), n, single, starts=starts)
+
+    def part(self, a: int, b: int) -> "PackedPlacement":
+        return PackedPlacement(self.rows[a:b], self.pos[a:b], self.stream[a:b], self.n_ctx_seq, self.single,
+                               starts=self.starts[a:b])
+
+    def visible(self, cell_pos: np.ndarray, window: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        got = self._vis.get(window)
+        if got is None:
+            hi = self.rows + 1
+            lo = np.maximum(self.starts, hi - window) if window > 0 else self.starts
+            ptr = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int32)
+            idx = np.concatenate([np.arange(a, b, dtype=np.int32) for a, b in zip(lo, hi)])
+            got = self._vis[window] = (ptr, idx)
+        return got
+
+
 def place(kv, seqs: list[tuple[int, int]], single: bool, window: int, swa_size: int) -> Placement:
     """Place a ubatch: seqs lists (stream, n_tokens) in ubatch order, each continuing its sequence at
     seq_pos_max + 1. Finds every stream's cells first (ContextLengthExceeded if one is full), then
