@@ -2,6 +2,7 @@
 `serve` answers /health 503 (llama-server's "Loading model") while they do, and requests wait for them."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -197,3 +198,86 @@ def test_a_held_decode_gives_the_fused_decodes_logits(engine):
     finally:
         fused.unhold()
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(fused_run, held_run))
+
+
+def test_a_warmup_takes_jobs_until_sealed_and_gives_queued_ones_back(tmp_path):
+    w = Warmup([], workers=1, more=True)
+    slow = WarmJob("time", "sleep", (1.5,))
+    a, b = (WarmJob("os", "mkdir", (str(tmp_path / n),)) for n in "ab")
+    w.add([slow, a, b])
+    assert w.take(b) is True                             # still queued: the caller's now
+    t0 = time.monotonic()
+    while id(slow) not in w._running:                    # a worker is on it
+        assert time.monotonic() - t0 < 60
+        time.sleep(0.01)
+    assert w.take(slow) is False and slow in w.finished  # waited for it to end
+    assert not w.done()                                  # not sealed: the worker waits for more
+    w.seal()
+    with pytest.raises(ValueError):
+        w.add([WarmJob("os", "getpid")])
+    assert w.wait(60) and w.ok
+    assert (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert w.take(a) is False                            # ended: nothing to wait for
+
+
+def test_a_warmup_whose_worker_dies_wakes_who_waits_for_its_job():
+    w = Warmup([WarmJob("os", "_exit", (3,)), WarmJob("os", "getpid")], workers=1)
+    assert w.wait(60) and w.ok is False and not w.finished
+    assert w.take(w.jobs[0]) is False                    # not waited on forever
+    assert w.take(w.jobs[1]) is True                     # left queued: the caller does it
+
+
+class _Queue:
+    """A Warmup's queue as FirstPass uses it, recording the calls."""
+
+    def __init__(self):
+        self.added, self.taken = [], []
+
+    def add(self, jobs):
+        self.added += list(jobs)
+
+    def take(self, job):
+        self.taken.append(job)
+        return True
+
+
+def test_a_first_pass_shares_its_matmul_kernels_from_both_ends(engine):
+    # as a cold run: decode takes the per-matrix kernels while the fused ones are held (Deferral)
+    from ramforge.kernels import fused, qmatmul
+
+    ids = engine.tokenizer.encode("Why is the sky blue?", add_special=True)
+    jobs = warmup.first_pass_jobs(engine, len(ids))
+    assert jobs and all(j.module == "ramforge.kernels.qmatmul" and j.args[2] in ((len(ids),), (1,))
+                        for j in jobs.values())
+    assert len(set(jobs)) == len(jobs)                   # one job a kernel
+    for job in jobs.values():
+        job.run()                                        # each names its kernel
+    assert all(k.signatures for k in jobs)
+    engine.reset()
+    want = [engine.eval(ids).copy(), engine.eval([236743]).copy()]
+    q = _Queue()
+    fused._plan.cache_clear()
+    fused._fused_kernel.cache_clear()
+    fused.hold()
+    with warmup.FirstPass(engine, len(ids), q), warmup.Deferral([]):
+        assert q.added == list(reversed(list(jobs.values())))    # the workers: last needed first
+        assert qmatmul.first_call is not None
+        engine.reset()
+        got = [engine.eval(ids).copy(), engine.eval([236743]).copy()]
+        want_jobs = list(jobs.values())                  # this process: each once, the first needed first
+        assert len(q.taken) == len(want_jobs) and all(j in want_jobs for j in q.taken)
+        assert q.taken[0] == want_jobs[0]
+        assert qmatmul.first_call is None                # all met: the hook is gone
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(want, got))
+
+
+@pytest.mark.slow
+def test_a_cold_run_gives_the_warm_runs_tokens(tmp_path):
+    """A real cold `run` (fresh kernel cache: workers, FirstPass, Deferral) and a warm one: the same tokens."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "kernels"))
+    cmd = [sys.executable, "-m", "ramforge", "run", "default", "Why is the sky blue?", "-n", "8", "--temp", "0",
+           "--json"]
+    runs = [subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    cold, warm = (json.loads(r.stdout) for r in runs)
+    assert cold["completion_tokens"] == warm["completion_tokens"] and cold["timings"]["compile_s"] > 0
