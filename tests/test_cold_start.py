@@ -281,3 +281,55 @@ def test_a_cold_run_gives_the_warm_runs_tokens(tmp_path):
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
     cold, warm = (json.loads(r.stdout) for r in runs)
     assert cold["completion_tokens"] == warm["completion_tokens"] and cold["timings"]["compile_s"] > 0
+
+
+def _bump():
+    """A warm-up job that 'compiles' (counts a compilation): what follows goes to the workers."""
+    from ramforge.jit import COMPILE
+
+    COMPILE.kernels += 1
+
+
+def test_a_cold_serve_answers_on_the_per_matrix_kernels_while_the_fused_ones_compile(monkeypatch, engine):
+    import ramforge.jit as jit
+    from ramforge.kernels import fused
+
+    fused_jobs = [j for j in warm_jobs(engine) if j.module == "ramforge.kernels.fused"]
+    gate, seen = threading.Event(), {}
+
+    class Workers:                                       # the workers, held until the test lets them end
+        def __init__(self, jobs, workers, on_job=None):
+            self.jobs, self.on_job = jobs, on_job
+
+        def wait(self, timeout=None):
+            gate.wait(60)
+            for j in self.jobs:
+                self.on_job(j)
+            self.on_job(None)
+            return True
+
+        def cancel(self):
+            gate.set()
+
+    monkeypatch.setattr(warmup, "warm_jobs", lambda engine, prefill=True: [WarmJob(__name__, "_bump")] + fused_jobs)
+    monkeypatch.setattr(jit, "Warmup", Workers)
+    fused._plan.cache_clear()                            # fresh dispatchers: none compiled in this process
+    fused._fused_kernel.cache_clear()
+    app = create_app(ServerConfig(model="default", ram="400M", n_ctx=256, n_threads=1))
+    app.state.manager.preload()
+    body = {"model": "default", "prompt": "Why is the sky blue?", "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 4}}
+    try:
+        with TestClient(app) as client:
+            warming = app.state.manager.current.warming
+            assert warming.usable.wait(60) and not warming.done.is_set()
+            assert client.get("/health").status_code == 200          # requests run: it says so
+            held = client.post("/api/generate", json=body)
+            assert fused._held and not any(k.signatures for j in fused_jobs for k in fused.kernels(j.args[0]))
+            gate.set()
+            assert warming.done.wait(60) and not fused._held
+            warm = client.post("/api/generate", json=body)
+            assert held.status_code == warm.status_code == 200
+            assert held.json()["response"] == warm.json()["response"] and held.json()["eval_count"] == 4
+    finally:
+        gate.set()
