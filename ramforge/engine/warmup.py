@@ -18,7 +18,7 @@ def sampler_job(n_vocab: int) -> WarmJob:
 def warm_jobs(engine, prefill: bool = True) -> list[WarmJob]:
     """The warm-up jobs of an engine's kernels, first needed first: the sampler's, the fused decode
     kernels (one job per distinct group of a layer's matrices, so workers share them out), the MoE
-    kernels and, with prefill, the matmul kernels of every batch size (one job per weight type).
+    kernels and, with prefill, the matmul kernels of every batch size (one job per kernel).
     An engine without local weights (a pipeline on Ray) gets the sampler's only."""
     jobs = [sampler_job(engine.hp.n_vocab)]
     weights = getattr(engine, "weights", None)
@@ -36,11 +36,17 @@ def warm_jobs(engine, prefill: bool = True) -> list[WarmJob]:
     moe = list(set(weights.expert_shapes()))
     if moe:
         jobs.append(WarmJob("ramforge.kernels.fused_moe", "warm", (moe,)))
-    if prefill:
-        by_type: dict = {}
-        for shape in weights.matmul_shapes():
-            by_type.setdefault(shape[0], []).append(shape)
-        jobs += [WarmJob("ramforge.kernels.qmatmul", "warm", (s,)) for s in by_type.values()]
+    if prefill:                     # one job a kernel (workers share them out), a decode's first
+        threads, vec = numba.get_num_threads(), qmatmul.VECTOR
+        kernels: dict = {}
+        for n in qmatmul._WARM_TOKENS:
+            for shape in sorted(weights.matmul_shapes(), key=lambda s: (s[0].value, s[1:])):
+                try:
+                    kernel = qmatmul._plan(*shape[:3], n, n, 0, threads, vec, shape[3]).kernel
+                except RamforgeError:   # no integer-dot kernel (F16, F32): another path
+                    continue
+                kernels.setdefault(kernel, WarmJob(qmatmul.__name__, "warm", ([shape], None, (n,))))
+        jobs += kernels.values()
     return jobs
 
 

@@ -75,12 +75,12 @@ class Warming:
     """The kernel warm-up of a loaded model, in the background: compile, or load from the disk cache,
     the sampler's kernels and the matmul kernels any batch of this model may take (engine.warmup.warm_jobs),
     so that no request compiles one under the model lock (a kernel compiling holds the GIL, and the event
-    loop with it, for seconds). Jobs run here one by one while they load from the cache; at the first
-    that compiled (a cold cache), the rest compile in worker processes (ramforge.jit.Warmup, one per
-    core), the fused decode kernels last, and are then loaded from the cache here. Meanwhile the fused
-    kernels are held (engine.warmup.Deferral: each runs once its job has ended; until then the
-    per-matrix kernels, the same arithmetic bit for bit), so requests run as soon as every other job
-    has ended (`usable`). `done` is set at the end, success or not (and `usable` with it)."""
+    loop with it, for seconds). Jobs run here one by one while they load from the cache; from the first
+    that compiled, or from the start on a fresh cache (jit.cached), the rest compile in worker processes
+    (ramforge.jit.Warmup, one per core), the fused decode kernels last, and are then loaded from the
+    cache here. Meanwhile the fused kernels are held (engine.warmup.Deferral: each runs once its job has
+    ended; until then the per-matrix kernels, the same arithmetic bit for bit), so requests run as soon
+    as every other job has ended (`usable`). `done` is set at the end, success or not (and `usable`)."""
 
     def __init__(self, model):
         self.model = model
@@ -92,16 +92,18 @@ class Warming:
         threading.Thread(target=self._run, name="ramforge-warm", daemon=True).start()
 
     def _run(self) -> None:
+        from .. import jit
         from ..engine.warmup import Deferral, warm_jobs
-        from ..jit import COMPILE, Warmup, worker_count
-        from ..kernels import fused
+        from ..jit import COMPILE, worker_count
+        from ..kernels import cxxsort, fused
 
         t0 = time.perf_counter()
         deferral = None
         try:
             jobs = warm_jobs(self.model.engine)
             k0 = COMPILE.kernels
-            while jobs and COMPILE.kernels == k0 and not self._closed:
+            cold = not jit.cached(cxxsort.top_sorted)  # a fresh cache: all to the workers, the sampler's too
+            while jobs and not cold and COMPILE.kernels == k0 and not self._closed:
                 jobs.pop(0).run()
             if jobs and not self._closed:
                 held = [j for j in jobs if j.module == fused.__name__]
@@ -121,7 +123,7 @@ class Warming:
                 log.info("compiling kernels for this CPU in %d processes (first run only)", worker_count())
                 if not needed:
                     self.usable.set()
-                self._workers = Warmup(jobs, worker_count(), on_job=on_job)
+                self._workers = jit.Warmup(jobs, worker_count(), on_job=on_job)
                 self._workers.wait()
                 for job in jobs:                    # from the cache now (or compiled here if a worker failed)
                     if self._closed:
