@@ -202,8 +202,10 @@ def first_run_estimate(cores: int) -> float:
     return FIRST_RUN_S if cores > 1 else FIRST_RUN_ONE_CORE_S
 
 
-FIRST_RUN_S = 16.0           # measured (gemma-3 270m, 2 cores): notice to first token
-FIRST_RUN_ONE_CORE_S = 30.0  # the same work on one core
+# gemma-3 270m, from COMPILE.records' CPU seconds: this process's share is ~15 s of kernels (+ ~1 s),
+# the worker's ~7 s of the sampler's, ~4 s of matmuls and ~1 s to start
+FIRST_RUN_S = 16.0           # on 2 cores or more: this process's share
+FIRST_RUN_ONE_CORE_S = 30.0  # on one core: both
 
 
 @click.command()

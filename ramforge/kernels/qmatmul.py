@@ -417,8 +417,9 @@ _WARM_TOKENS = (1, 2, 3, 4, 5, 8, 9)    # every path _plan takes for a batch of 
 def warm(shapes, vector: bool | None = None, tokens=_WARM_TOKENS) -> int:
     """Compile, or load from numba's disk cache, the kernels that matmuls of these weights take for any
     batch of its own (of each size in `tokens`; no call is made); returns how many. shapes: (type,
-    n_out, n_in, repacked) tuples. A server calls it as it loads a model: a kernel compiled under a request holds the GIL,
-    and with it the event loop, for seconds. Shapes without an integer-dot kernel are skipped."""
+    n_out, n_in, repacked) tuples. A server calls it as it loads a model: a kernel compiled under a
+    request holds the GIL, and with it the event loop, for seconds. Shapes without an integer-dot
+    kernel are skipped."""
     vec = VECTOR if vector is None else bool(vector)
     made = set()
     for t, n_out, n_in, rep in shapes:
