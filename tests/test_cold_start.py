@@ -333,3 +333,16 @@ def test_a_cold_serve_answers_on_the_per_matrix_kernels_while_the_fused_ones_com
             assert held.json()["response"] == warm.json()["response"] and held.json()["eval_count"] == 4
     finally:
         gate.set()
+
+
+def test_a_warm_cache_is_told_before_anything_loads():
+    from numba import njit
+
+    from ramforge import jit, sampling
+    from ramforge.cli.generate import cold_start
+    from ramforge.kernels import cxxsort
+
+    sampling.warm(64)                                    # the sampler's sort, in the disk cache now
+    assert jit.cached(cxxsort.top_sorted)
+    assert cold_start({}, say=False) is None             # a warm `run` starts no worker
+    assert not jit.cached(njit(lambda x: x))             # no disk cache: unknown, so not cached
