@@ -173,6 +173,17 @@ class WarmJob:
         return fn(*self.args)
 
 
+def cached(dispatcher) -> bool:
+    """Whether numba's disk cache holds an index for this kernel (compiled once for some types): a
+    look at one file, for telling a fresh kernel cache before anything loads. False when unknown."""
+    import os
+
+    try:
+        return os.path.exists(dispatcher._cache._cache_file._index_path)
+    except AttributeError:                  # not cached, or another numba's layout
+        return False
+
+
 def worker_count(reserve: int = 0) -> int:
     """The cores this process may run on, less `reserve` (at least 1)."""
     import os
@@ -185,49 +196,120 @@ def worker_count(reserve: int = 0) -> int:
 
 
 class Warmup:
-    """Jobs compiling in worker processes (`python -c ...`, jobs pickled on stdin), dealt round-robin in
-    order, so the first jobs finish first. wait() blocks until all have ended (ok: every job ran).
-    on_job(job) is called (from a reader thread) as each job ends in its worker, then on_job(None) once
-    every worker has ended, however they ended (cancelled, failed)."""
+    """Jobs compiling in worker processes (`python -c ...`): each worker takes the next job from one
+    queue as it ends the last (jobs pickled on its stdin, one at a time), so the first jobs finish first.
+    With more=True the workers wait for jobs `add`ed later until `seal()`; else the queue is sealed at
+    once. `take(job)` gives a job still queued back to the caller (who then compiles it in-process) or
+    waits for it, if a worker is on it. wait() blocks until every worker has ended (ok: every job ran).
+    on_job(job) (an attribute) is called from a feeder thread as each job ends in its worker, then
+    on_job(None) once every worker has ended, however they ended (cancelled, failed)."""
 
-    def __init__(self, jobs: list[WarmJob], workers: int, on_job: Callable[[WarmJob | None], None] | None = None):
+    def __init__(self, jobs: list[WarmJob], workers: int, on_job: Callable[[WarmJob | None], None] | None = None,
+                 more: bool = False):
         import os
-        import pickle
         import subprocess
         import sys
         import tempfile
 
-        self.jobs = list(jobs)
+        self.jobs = list(jobs)                  # every job ever queued, in order
         self.ok: bool | None = None
         self.finished: list[WarmJob] = []       # the jobs ended so far, in the order they ended
-        self._on_job = on_job
+        self.on_job = on_job
+        self._queue = list(jobs)
+        self._running: dict[int, threading.Event] = {}     # id(job) -> set as its worker ends it
+        self._sealed = not more
         self._cancelled = False
+        self._cond = threading.Condition()
         self._done = threading.Event()
         self._procs = []
-        n = max(1, min(workers, len(self.jobs)))
+        n = max(1, workers if more else min(workers, len(self.jobs)))
         env = dict(os.environ, RAMFORGE_WARM_WORKER="1")
-        readers = []
-        for i in range(n if self.jobs else 0):
+        feeders = []
+        for _ in range(n if (self.jobs or more) else 0):
             err = tempfile.TemporaryFile()
             p = subprocess.Popen([sys.executable, "-c", "from ramforge.jit import _worker; _worker()"], env=env,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
-            p.stdin.write(pickle.dumps(self.jobs[i::n]))
-            p.stdin.close()
             self._procs.append(p)
-            readers.append(threading.Thread(target=self._read, args=(p, err, self.jobs[i::n]), daemon=True,
-                                            name="ramforge-warm-reader"))
-        for t in readers:
+            feeders.append(threading.Thread(target=self._feed, args=(p, err), daemon=True,
+                                            name="ramforge-warm-feeder"))
+        for t in feeders:
             t.start()
-        threading.Thread(target=self._reap, args=(readers,), name="ramforge-warm-reaper", daemon=True).start()
+        threading.Thread(target=self._reap, args=(feeders,), name="ramforge-warm-reaper", daemon=True).start()
 
-    def _read(self, p, err, jobs: list[WarmJob]) -> None:
-        # the worker writes one line as each of its jobs ends
-        for line, job in zip(p.stdout, jobs):
-            if line.strip() != b"done":
-                break
-            self.finished.append(job)
-            if self._on_job is not None:
-                self._on_job(job)
+    # ---- the queue
+    def add(self, jobs) -> None:
+        """Queue more jobs, after those queued (a sealed queue refuses: ValueError)."""
+        with self._cond:
+            if self._sealed:
+                raise ValueError("this warm-up's queue is sealed")
+            jobs = list(jobs)
+            self.jobs += jobs
+            self._queue += jobs
+            self._cond.notify_all()
+
+    def seal(self) -> None:
+        """No more jobs: each worker ends once the queue is empty."""
+        with self._cond:
+            self._sealed = True
+            self._cond.notify_all()
+
+    def take(self, job: WarmJob) -> bool:
+        """True: the job was still queued and is the caller's now (no worker will run it). False: a
+        worker has run it, after waiting for the worker that is on it, if one is (its kernels are in the
+        disk cache then, unless it failed: a call compiles what is missing)."""
+        with self._cond:
+            if any(j is job for j in self._queue):
+                self._queue = [j for j in self._queue if j is not job]
+                return True
+            ev = self._running.get(id(job))
+        if ev is not None:
+            ev.wait()
+        return False
+
+    def _next(self) -> WarmJob | None:
+        with self._cond:
+            while not self._queue and not self._sealed and not self._cancelled:
+                self._cond.wait()
+            if self._cancelled or not self._queue:
+                return None
+            job = self._queue.pop(0)
+            self._running[id(job)] = threading.Event()
+            return job
+
+    def _ended(self, job: WarmJob, ok: bool) -> None:
+        with self._cond:
+            ev = self._running.pop(id(job), None)
+            if ok:
+                self.finished.append(job)
+        if ok and self.on_job is not None:
+            self.on_job(job)
+        if ev is not None:
+            ev.set()
+
+    def _feed(self, p, err) -> None:
+        # hand the worker one job at a time; it writes one line as each ends
+        import pickle
+
+        job = None
+        try:
+            while (job := self._next()) is not None:
+                data = pickle.dumps(job)
+                p.stdin.write(len(data).to_bytes(8, "little") + data)
+                p.stdin.flush()
+                ok = p.stdout.readline().strip() == b"done"
+                self._ended(job, ok)
+                job = None
+                if not ok:
+                    break
+        except OSError:                     # the worker is gone (killed, failed)
+            pass
+        finally:
+            if job is not None:
+                self._ended(job, False)
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
         if p.wait() != 0 and not self._cancelled:
             import logging
 
@@ -236,12 +318,14 @@ class Warmup:
                                                   err.read().decode(errors="replace")[-2000:])
         err.close()
 
-    def _reap(self, readers) -> None:
-        for t in readers:
+    def _reap(self, feeders) -> None:
+        for t in feeders:
             t.join()
-        self.ok = all(p.returncode == 0 for p in self._procs)
-        if self._on_job is not None:
-            self._on_job(None)
+        with self._cond:
+            left = bool(self._queue)
+        self.ok = all(p.returncode == 0 for p in self._procs) and not left and not self._cancelled
+        if self.on_job is not None:
+            self.on_job(None)
         self._done.set()
 
     def done(self) -> bool:
@@ -251,9 +335,17 @@ class Warmup:
         """Whether every worker has ended within timeout."""
         return self._done.wait(timeout)
 
+    def __enter__(self) -> "Warmup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()
+
     def cancel(self) -> None:
-        """Stop the workers (what they saved stays in the cache) and wait for them to end."""
-        self._cancelled = True
+        """Stop the workers (what they saved stays in the cache) and wait for them to end (idempotent)."""
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
         for p in self._procs:
             if p.poll() is None:
                 p.kill()
@@ -261,16 +353,17 @@ class Warmup:
 
 
 def _worker() -> None:
-    """A warm-up worker's main: run the pickled WarmJobs from stdin (into the on-disk kernel cache)."""
+    """A warm-up worker's main: run the WarmJobs pickled on stdin (each after its 8-byte length), one
+    by one, into the on-disk kernel cache, writing "done" as each ends; stdin's end ends it."""
     import os
     import pickle
     import sys
 
-    jobs = pickle.loads(sys.stdin.buffer.read())
+    src = sys.stdin.buffer
     marks = os.fdopen(os.dup(1), "w")       # the progress lines; whatever a job prints goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    for job in jobs:
-        job.run()
-        marks.write("done\n")              # Warmup._read: this job has ended
+    while len(head := src.read(8)) == 8:
+        pickle.loads(src.read(int.from_bytes(head, "little"))).run()
+        marks.write("done\n")              # Warmup._feed: this job has ended
         marks.flush()

@@ -2,6 +2,7 @@
 `serve` answers /health 503 (llama-server's "Loading model") while they do, and requests wait for them."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -197,3 +198,151 @@ def test_a_held_decode_gives_the_fused_decodes_logits(engine):
     finally:
         fused.unhold()
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(fused_run, held_run))
+
+
+def test_a_warmup_takes_jobs_until_sealed_and_gives_queued_ones_back(tmp_path):
+    w = Warmup([], workers=1, more=True)
+    slow = WarmJob("time", "sleep", (1.5,))
+    a, b = (WarmJob("os", "mkdir", (str(tmp_path / n),)) for n in "ab")
+    w.add([slow, a, b])
+    assert w.take(b) is True                             # still queued: the caller's now
+    t0 = time.monotonic()
+    while id(slow) not in w._running:                    # a worker is on it
+        assert time.monotonic() - t0 < 60
+        time.sleep(0.01)
+    assert w.take(slow) is False and slow in w.finished  # waited for it to end
+    assert not w.done()                                  # not sealed: the worker waits for more
+    w.seal()
+    with pytest.raises(ValueError):
+        w.add([WarmJob("os", "getpid")])
+    assert w.wait(60) and w.ok
+    assert (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert w.take(a) is False                            # ended: nothing to wait for
+
+
+def test_a_warmup_whose_worker_dies_wakes_who_waits_for_its_job():
+    w = Warmup([WarmJob("os", "_exit", (3,)), WarmJob("os", "getpid")], workers=1)
+    assert w.wait(60) and w.ok is False and not w.finished
+    assert w.take(w.jobs[0]) is False                    # not waited on forever
+    assert w.take(w.jobs[1]) is True                     # left queued: the caller does it
+
+
+class _Queue:
+    """A Warmup's queue as FirstPass uses it, recording the calls."""
+
+    def __init__(self):
+        self.added, self.taken = [], []
+
+    def add(self, jobs):
+        self.added += list(jobs)
+
+    def take(self, job):
+        self.taken.append(job)
+        return True
+
+
+def test_a_first_pass_shares_its_matmul_kernels_from_both_ends(engine):
+    # as a cold run: decode takes the per-matrix kernels while the fused ones are held (Deferral)
+    from ramforge.kernels import fused, qmatmul
+
+    ids = engine.tokenizer.encode("Why is the sky blue?", add_special=True)
+    jobs = warmup.first_pass_jobs(engine, len(ids))
+    assert jobs and all(j.module == "ramforge.kernels.qmatmul" and j.args[2] in ((len(ids),), (1,))
+                        for j in jobs.values())
+    assert len(set(jobs)) == len(jobs)                   # one job a kernel
+    for job in jobs.values():
+        job.run()                                        # each names its kernel
+    assert all(k.signatures for k in jobs)
+    engine.reset()
+    want = [engine.eval(ids).copy(), engine.eval([236743]).copy()]
+    q = _Queue()
+    fused._plan.cache_clear()
+    fused._fused_kernel.cache_clear()
+    fused.hold()
+    with warmup.FirstPass(engine, len(ids), q), warmup.Deferral([]):
+        assert q.added == list(reversed(list(jobs.values())))    # the workers: last needed first
+        assert qmatmul.first_call is not None
+        engine.reset()
+        got = [engine.eval(ids).copy(), engine.eval([236743]).copy()]
+        want_jobs = list(jobs.values())                  # this process: each once, the first needed first
+        assert len(q.taken) == len(want_jobs) and all(j in want_jobs for j in q.taken)
+        assert q.taken[0] == want_jobs[0]
+        assert qmatmul.first_call is None                # all met: the hook is gone
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(want, got))
+
+
+@pytest.mark.slow
+def test_a_cold_run_gives_the_warm_runs_tokens(tmp_path):
+    """A real cold `run` (fresh kernel cache: workers, FirstPass, Deferral) and a warm one: the same tokens."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "kernels"))
+    cmd = [sys.executable, "-m", "ramforge", "run", "default", "Why is the sky blue?", "-n", "8", "--temp", "0",
+           "--json"]
+    runs = [subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    cold, warm = (json.loads(r.stdout) for r in runs)
+    assert cold["completion_tokens"] == warm["completion_tokens"] and cold["timings"]["compile_s"] > 0
+
+
+def _bump():
+    """A warm-up job that 'compiles' (counts a compilation): what follows goes to the workers."""
+    from ramforge.jit import COMPILE
+
+    COMPILE.kernels += 1
+
+
+def test_a_cold_serve_answers_on_the_per_matrix_kernels_while_the_fused_ones_compile(monkeypatch, engine):
+    import ramforge.jit as jit
+    from ramforge.kernels import fused
+
+    fused_jobs = [j for j in warm_jobs(engine) if j.module == "ramforge.kernels.fused"]
+    gate, seen = threading.Event(), {}
+
+    class Workers:                                       # the workers, held until the test lets them end
+        def __init__(self, jobs, workers, on_job=None):
+            self.jobs, self.on_job = jobs, on_job
+
+        def wait(self, timeout=None):
+            gate.wait(60)
+            for j in self.jobs:
+                self.on_job(j)
+            self.on_job(None)
+            return True
+
+        def cancel(self):
+            gate.set()
+
+    monkeypatch.setattr(warmup, "warm_jobs", lambda engine, prefill=True: [WarmJob(__name__, "_bump")] + fused_jobs)
+    monkeypatch.setattr(jit, "Warmup", Workers)
+    fused._plan.cache_clear()                            # fresh dispatchers: none compiled in this process
+    fused._fused_kernel.cache_clear()
+    app = create_app(ServerConfig(model="default", ram="400M", n_ctx=256, n_threads=1))
+    app.state.manager.preload()
+    body = {"model": "default", "prompt": "Why is the sky blue?", "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 4}}
+    try:
+        with TestClient(app) as client:
+            warming = app.state.manager.current.warming
+            assert warming.usable.wait(60) and not warming.done.is_set()
+            assert client.get("/health").status_code == 200          # requests run: it says so
+            held = client.post("/api/generate", json=body)
+            assert fused._held and not any(k.signatures for j in fused_jobs for k in fused.kernels(j.args[0]))
+            gate.set()
+            assert warming.done.wait(60) and not fused._held
+            warm = client.post("/api/generate", json=body)
+            assert held.status_code == warm.status_code == 200
+            assert held.json()["response"] == warm.json()["response"] and held.json()["eval_count"] == 4
+    finally:
+        gate.set()
+
+
+def test_a_warm_cache_is_told_before_anything_loads():
+    from numba import njit
+
+    from ramforge import jit, sampling
+    from ramforge.cli.generate import cold_start
+    from ramforge.kernels import cxxsort
+
+    sampling.warm(64)                                    # the sampler's sort, in the disk cache now
+    assert jit.cached(cxxsort.top_sorted)
+    assert cold_start({}, say=False) is None             # a warm `run` starts no worker
+    assert not jit.cached(njit(lambda x: x))             # no disk cache: unknown, so not cached

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 
 import click
 import numpy as np
@@ -81,8 +82,10 @@ def run(model, prompt_arg, prompt, raw, max_tokens, ctx, ram, io, threads, exper
     from ..jit import COMPILE
 
     k0 = COMPILE.kernels
-    with compile_notice(), load_engine(model, ctx, ram, io, threads, expert_cache, expert_prefetch, drafter,
-                                       cluster, kv, spill_of(kv_spill)) as eng:
+    early = cold_start(md, not as_json) if cluster is None else None
+    with compile_notice(), early or nullcontext(), load_engine(model, ctx, ram, io, threads, expert_cache,
+                                                                expert_prefetch, drafter, cluster, kv,
+                                                                spill_of(kv_spill)) as eng:
         if trace_routing:
             routing_trace.attach(eng, trace_routing)
         sampler = Sampler(params, eng.hp.n_vocab, chain=LLAMA, tokenizer=eng.tokenizer)
@@ -90,7 +93,7 @@ def run(model, prompt_arg, prompt, raw, max_tokens, ctx, ram, io, threads, exper
             text = template.strip_special(template.render([{"role": "user", "content": text}]))
         ids = eng.tokenizer.encode(text, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
-        background = decode_kernels_in_background(eng, COMPILE.kernels > k0, not as_json)
+        background = decode_kernels_in_background(eng, early, COMPILE.kernels > k0, not as_json, len(ids))
         try:
             for tok in eng.generate(ids, max_tokens, sampler, draft=drafter, **shift):
                 out.append(tok)
@@ -127,40 +130,82 @@ def run(model, prompt_arg, prompt, raw, max_tokens, ctx, ram, io, threads, exper
             render_memory(extra["memory"])
 
 
-def decode_kernels_in_background(eng, cold: bool, say: bool):
-    """On a cold kernel cache (the load compiled kernels), compile the sampler's and the fused decode
-    kernels in worker processes (ramforge.jit.Warmup, on the cores this process leaves) while this one
-    evaluates the prompt; until each fused kernel's job has ended, decode runs the per-matrix kernels
-    the prefill compiled (engine.warmup.Deferral: the same arithmetic, bit for bit). A kernel both
-    reach compiles once into the disk cache, and the other loads it from there. Returns the Warmup (the
-    caller cancels it at the end, which releases the deferred kernels), or None when warm."""
-    from ..engine.warmup import Deferral, warm_jobs
-    from ..jit import Warmup, worker_count
+def cold_start(md: dict, say: bool):
+    """On a fresh kernel cache (the sampler's kernel not in it: jit.cached), start the warm-up workers
+    before the model loads (ramforge.jit.Warmup, on the cores this process leaves, taking more jobs
+    later), with the sampler's kernels first, and say how long the first token will take. None when warm."""
+    from ..engine.warmup import sampler_job
+    from ..jit import Warmup, cached, worker_count
+    from ..kernels import cxxsort
 
-    if not cold:
+    if cached(cxxsort.top_sorted):
         return None
-    jobs = warm_jobs(eng, prefill=False)
     if say:
         click.echo(f"first run: compiling this model's kernels for this CPU, once (about "
                    f"{first_run_estimate(worker_count()):.0f} s before the first token; later runs load them "
                    f"from the cache)", err=True)
+    n_vocab = len(md.get("tokenizer.ggml.tokens") or ()) or 32000   # the dummy row's size only
+    return Warmup([sampler_job(n_vocab)], worker_count(reserve=1), more=True)
+
+
+class ColdRun:
+    """What a cold `run` compiles beside its first pass (`cancel` at the end: what is left is not needed)."""
+
+    def __init__(self, warmup, deferral, first):
+        self.warmup, self.deferral, self.first = warmup, deferral, first
+
+    def cancel(self) -> None:
+        self.first.release()
+        self.warmup.cancel()
+        self.deferral.release()
+
+
+def decode_kernels_in_background(eng, warmup, cold: bool, say: bool, n_prompt: int):
+    """On a cold kernel cache (cold_start's warmup, or the load compiled kernels), compile in the warm-up
+    workers, while this process evaluates the prompt: the first pass's matmul kernels, shared with this
+    process (engine.warmup.FirstPass: the workers take them last-needed first, this process first-needed
+    first), then the sampler's (unless queued already) and the fused decode kernels. Until each fused
+    kernel's job has ended, decode runs the per-matrix kernels the prefill compiled (engine.warmup.
+    Deferral: the same arithmetic, bit for bit). A kernel both reach compiles once into the disk cache,
+    and the other loads it from there. Returns a ColdRun, or None when warm."""
+    from ..engine.warmup import Deferral, FirstPass, warm_jobs
+    from ..jit import Warmup, worker_count
+
+    if warmup is None and not cold:
+        return None
+    jobs = warm_jobs(eng, prefill=False)
+    if warmup is None:
+        if say:
+            click.echo(f"first run: compiling this model's kernels for this CPU, once (about "
+                       f"{first_run_estimate(worker_count()):.0f} s before the first token; later runs load "
+                       f"them from the cache)", err=True)
+        warmup = Warmup([], worker_count(reserve=1), more=True)
+    else:
+        jobs = jobs[1:]                             # the sampler's: queued before the load
     deferral = Deferral(jobs)
     try:
-        return Warmup(jobs, worker_count(reserve=1), on_job=deferral.on_job)
+        warmup.on_job = deferral.on_job
+        first = FirstPass(eng, n_prompt, warmup)
+        warmup.add(jobs)
+        warmup.seal()
     except BaseException:
         deferral.release()
+        warmup.cancel()
         raise
+    return ColdRun(warmup, deferral, first)
 
 
 def first_run_estimate(cores: int) -> float:
-    """Seconds from this notice to the first token of a first run on a quiet machine, roughly: the first
-    pass's per-matrix kernels in this process (FIRST_PASS_CPU_S) while a worker compiles the sampler's;
-    on one core, both."""
-    return FIRST_PASS_CPU_S if cores > 1 else FIRST_PASS_CPU_S + SAMPLER_CPU_S
+    """Seconds from this notice to the first token of a first run on a quiet machine, roughly: on two
+    cores or more, this process's share (the load's and the first pass's kernels, FIRST_RUN_S) while a
+    worker compiles the sampler's and the first pass's last matmul kernels; on one core, all of them."""
+    return FIRST_RUN_S if cores > 1 else FIRST_RUN_ONE_CORE_S
 
 
-FIRST_PASS_CPU_S = 16.0     # a first pass's per-matrix kernels (matmuls, attention, quantizing): CPU s after load, measured 13-19 (gemma-3 270m)
-SAMPLER_CPU_S = 8.0         # the sampler's (top-k's sort), CPU s, measured
+# gemma-3 270m, from COMPILE.records' CPU seconds: this process's share is ~15 s of kernels (+ ~1 s),
+# the worker's ~7 s of the sampler's, ~4 s of matmuls and ~1 s to start
+FIRST_RUN_S = 16.0           # on 2 cores or more: this process's share
+FIRST_RUN_ONE_CORE_S = 30.0  # on one core: both
 
 
 @click.command()

@@ -2,16 +2,25 @@
 cache): what `serve` makes ready in the background and `run` starts beside its first pass."""
 from __future__ import annotations
 
+import numba
+
+from ..errors import RamforgeError
 from ..jit import WarmJob
-from ..kernels import fused
+from ..kernels import fused, qmatmul
+
+
+def sampler_job(n_vocab: int) -> WarmJob:
+    """The sampler's warm-up (top-k's sort: the longest single compile of a first run, 6-8 s), which
+    needs only the vocabulary's size: a cold `run` starts it before the model loads."""
+    return WarmJob("ramforge.sampling", "warm", (int(n_vocab),))
 
 
 def warm_jobs(engine, prefill: bool = True) -> list[WarmJob]:
     """The warm-up jobs of an engine's kernels, first needed first: the sampler's, the fused decode
     kernels (one job per distinct group of a layer's matrices, so workers share them out), the MoE
-    kernels and, with prefill, the matmul kernels of every batch size (one job per weight type).
+    kernels and, with prefill, the matmul kernels of every batch size (one job per kernel).
     An engine without local weights (a pipeline on Ray) gets the sampler's only."""
-    jobs = [WarmJob("ramforge.sampling", "warm", (int(engine.hp.n_vocab),))]
+    jobs = [sampler_job(engine.hp.n_vocab)]
     weights = getattr(engine, "weights", None)
     if weights is None:
         return jobs
@@ -27,11 +36,17 @@ def warm_jobs(engine, prefill: bool = True) -> list[WarmJob]:
     moe = list(set(weights.expert_shapes()))
     if moe:
         jobs.append(WarmJob("ramforge.kernels.fused_moe", "warm", (moe,)))
-    if prefill:
-        by_type: dict = {}
-        for shape in weights.matmul_shapes():
-            by_type.setdefault(shape[0], []).append(shape)
-        jobs += [WarmJob("ramforge.kernels.qmatmul", "warm", (s,)) for s in by_type.values()]
+    if prefill:                     # one job a kernel (workers share them out), a decode's first
+        threads, vec = numba.get_num_threads(), qmatmul.VECTOR
+        kernels: dict = {}
+        for n in qmatmul._WARM_TOKENS:
+            for shape in sorted(weights.matmul_shapes(), key=lambda s: (s[0].value, s[1:])):
+                try:
+                    kernel = qmatmul._plan(*shape[:3], n, n, 0, threads, vec, shape[3]).kernel
+                except RamforgeError:   # no integer-dot kernel (F16, F32): another path
+                    continue
+                kernels.setdefault(kernel, WarmJob(qmatmul.__name__, "warm", ([shape], None, (n,))))
+        jobs += kernels.values()
     return jobs
 
 
@@ -56,6 +71,62 @@ class Deferral:
         fused.unhold()
 
     def __enter__(self) -> "Deferral":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def first_pass_jobs(engine, n_prompt: int) -> dict:
+    """{kernel: job} of the matmul kernels a first pass over n_prompt tokens and its decode take
+    (per-matrix, as a held pass runs: Deferral), one qmatmul.warm job each, in the order the pass first
+    calls them. Empty for an engine without local weights."""
+    weights = getattr(engine, "weights", None)
+    if weights is None:
+        return {}
+    ub = max(1, int(engine.ubatch))
+    sizes = dict.fromkeys(n for n in (min(n_prompt, ub), n_prompt % ub, 1) if n > 0)
+    threads, vec = numba.get_num_threads(), qmatmul.VECTOR
+    out: dict = {}
+    for n in sizes:
+        for layer in weights.layer_matrices():
+            for name, shape in layer.items():
+                m = 1 if name == "output" else n        # a prompt's logits: its last token's alone
+                try:
+                    kernel = qmatmul._plan(*shape[:3], m, m, 0, threads, vec, shape[3]).kernel
+                except RamforgeError:       # no integer-dot kernel (F16, F32): another path
+                    continue
+                out.setdefault(kernel, WarmJob(qmatmul.__name__, "warm", ([shape], None, (m,))))
+    return out
+
+
+class FirstPass:
+    """A cold first pass's matmul kernels shared with the warm-up workers (a jit.Warmup with more=True):
+    queued for them last-needed first, while this process meets them first-needed first. At its first
+    call of one (qmatmul.first_call), this process takes the job back if no worker has started it (and
+    compiles the kernel itself), or waits for the worker that is on it and loads the kernel from the
+    disk cache: the two ends meet in the middle and nothing compiles twice. As a context manager, the
+    hook is removed at exit."""
+
+    def __init__(self, engine, n_prompt: int, warmup):
+        self._warmup = warmup
+        self._pending = first_pass_jobs(engine, n_prompt)
+        warmup.add(reversed(list(self._pending.values())))
+        if self._pending:
+            qmatmul.first_call = self._first_call
+
+    def _first_call(self, kernel) -> None:
+        job = self._pending.pop(kernel, None)
+        if job is not None:
+            self._warmup.take(job)
+        if not self._pending:
+            self.release()
+
+    def release(self) -> None:
+        if qmatmul.first_call == self._first_call:
+            qmatmul.first_call = None
+
+    def __enter__(self) -> "FirstPass":
         return self
 
     def __exit__(self, *exc) -> None:

@@ -414,22 +414,28 @@ _WARM_TOKENS = (1, 2, 3, 4, 5, 8, 9)    # every path _plan takes for a batch of 
 #                                        whole / partial gemm tiles (n % 4), tiled K-quant batches (8+)
 
 
-def warm(shapes, vector: bool | None = None) -> int:
+def warm(shapes, vector: bool | None = None, tokens=_WARM_TOKENS) -> int:
     """Compile, or load from numba's disk cache, the kernels that matmuls of these weights take for any
-    batch of its own (no call is made); returns how many. shapes: (type, n_out, n_in, repacked)
-    tuples. A server calls it as it loads a model: a kernel compiled under a request holds the GIL,
-    and with it the event loop, for seconds. Shapes without an integer-dot kernel are skipped."""
+    batch of its own (of each size in `tokens`; no call is made); returns how many. shapes: (type,
+    n_out, n_in, repacked) tuples. A server calls it as it loads a model: a kernel compiled under a
+    request holds the GIL, and with it the event loop, for seconds. Shapes without an integer-dot
+    kernel are skipped."""
     vec = VECTOR if vector is None else bool(vector)
     made = set()
     for t, n_out, n_in, rep in shapes:
         k = kernels_for(t)
         if k.qdot is None or n_in % GGML_BLOCK[k.ggml_type][0]:
             continue
-        for n in _WARM_TOKENS:
+        for n in tokens:
             made.add(_plan(t, n_out, n_in, n, n, 0, numba.get_num_threads(), vec, rep).kernel)
     for kernel in made:
         kernel.compile(kernel_signature())
     return len(made)
+
+
+# A cold process's hook (engine.warmup.FirstPass), None otherwise: called with a kernel before qmatmul
+# calls it, so that a kernel a warm-up worker is compiling is waited for rather than compiled twice.
+first_call = None
 
 
 def kernel_signature() -> tuple:
@@ -458,6 +464,8 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
     v_n, v_off = (batch.n_tok, batch.offset) if inside else (n_tok, 0)
     vec = VECTOR if vector is None else bool(vector)
     plan = _plan(ggml_type, n_out, n_in, n_tok, v_n, v_off, numba.get_num_threads(), vec, repacked)
+    if first_call is not None:
+        first_call(plan.kernel)
     c, row_bytes = plan.choice, plan.choice.row_bytes
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.size != n_out * row_bytes:
         got = f"{raw.size:,} ({raw.dtype})" if isinstance(raw, np.ndarray) else type(raw).__name__

@@ -88,12 +88,16 @@ class Warming:
     """The kernel warm-up of a loaded model, in the background: compile, or load from the disk cache,
     the sampler's kernels and the matmul kernels any batch of this model may take (engine.warmup.warm_jobs),
     so that no request compiles one under the model lock (a kernel compiling holds the GIL, and the event
-    loop with it, for seconds). Jobs run here one by one while they load from the cache; at the first
-    that compiled (a cold cache), the rest compile in worker processes (ramforge.jit.Warmup, one per
-    core) and are then loaded from the cache here. `done` is set at the end, success or not."""
+    loop with it, for seconds). Jobs run here one by one while they load from the cache; from the first
+    that compiled, or from the start on a fresh cache (jit.cached), the rest compile in worker processes
+    (ramforge.jit.Warmup, one per core), the fused decode kernels last, and are then loaded from the
+    cache here. Meanwhile the fused kernels are held (engine.warmup.Deferral: each runs once its job has
+    ended; until then the per-matrix kernels, the same arithmetic bit for bit), so requests run as soon
+    as every other job has ended (`usable`). `done` is set at the end, success or not (and `usable`)."""
 
     def __init__(self, model):
         self.model = model
+        self.usable = threading.Event()
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._workers = None
@@ -101,18 +105,38 @@ class Warming:
         threading.Thread(target=self._run, name="ramforge-warm", daemon=True).start()
 
     def _run(self) -> None:
-        from ..engine.warmup import warm_jobs
-        from ..jit import COMPILE, Warmup, worker_count
+        from .. import jit
+        from ..engine.warmup import Deferral, warm_jobs
+        from ..jit import COMPILE, worker_count
+        from ..kernels import cxxsort, fused
 
         t0 = time.perf_counter()
+        deferral = None
         try:
             jobs = warm_jobs(self.model.engine)
             k0 = COMPILE.kernels
-            while jobs and COMPILE.kernels == k0 and not self._closed:
+            cold = not jit.cached(cxxsort.top_sorted)  # a fresh cache: all to the workers, the sampler's too
+            while jobs and not cold and COMPILE.kernels == k0 and not self._closed:
                 jobs.pop(0).run()
             if jobs and not self._closed:
+                held = [j for j in jobs if j.module == fused.__name__]
+                jobs = [j for j in jobs if j.module != fused.__name__] + held
+                needed = {id(j) for j in jobs} - {id(j) for j in held}
+                deferral = Deferral(held)
+
+                def on_job(job):
+                    deferral.on_job(job)
+                    needed.discard(id(job))
+                    if job is None or not needed:
+                        if not self.usable.is_set():
+                            log.info("serving on the per-matrix kernels after %.1f s; the fused ones go on "
+                                     "compiling", time.perf_counter() - t0)
+                        self.usable.set()
+
                 log.info("compiling kernels for this CPU in %d processes (first run only)", worker_count())
-                self._workers = Warmup(jobs, worker_count())
+                if not needed:
+                    self.usable.set()
+                self._workers = jit.Warmup(jobs, worker_count(), on_job=on_job)
                 self._workers.wait()
                 for job in jobs:                    # from the cache now (or compiled here if a worker failed)
                     if self._closed:
@@ -124,6 +148,9 @@ class Warming:
             self.error = e
             log.warning("warming the kernels failed: %s: %s", type(e).__name__, e)
         finally:
+            if deferral is not None:
+                deferral.release()
+            self.usable.set()
             self.done.set()
 
     def close(self) -> None:
@@ -132,10 +159,10 @@ class Warming:
             self._workers.cancel()
 
     async def wait(self, timeout: float | None = None) -> None:
-        """Until the warm-up has ended; ServerBusy after `timeout` seconds (default WARM_WAIT_S)."""
+        """Until requests may run (`usable`); ServerBusy after `timeout` seconds (default WARM_WAIT_S)."""
         timeout = WARM_WAIT_S if timeout is None else timeout
-        if not self.done.is_set() and not await anyio.to_thread.run_sync(self.done.wait, timeout,
-                                                                          abandon_on_cancel=True):
+        if not self.usable.is_set() and not await anyio.to_thread.run_sync(self.usable.wait, timeout,
+                                                                            abandon_on_cancel=True):
             raise ServerBusy(f"the model's kernels are still compiling (a first run) after {timeout:.0f} s; "
                              f"retry later")
 
@@ -294,9 +321,10 @@ class ModelManager:
 
     @property
     def warming(self) -> bool:
-        """Whether the loaded model's kernels are still warming up (llama-server's "Loading model")."""
+        """Whether the loaded model's kernels are still warming up (llama-server's "Loading model"): until
+        requests may run (the fused decode kernels may go on compiling after)."""
         cur = self.current
-        return cur is not None and cur.warming is not None and not cur.warming.done.is_set()
+        return cur is not None and cur.warming is not None and not cur.warming.usable.is_set()
 
     async def unload(self) -> None:
         cur, self.current = self.current, None
