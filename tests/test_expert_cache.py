@@ -345,3 +345,43 @@ def test_cached_experts_are_repacked_and_every_logit_stays(moe_q4k, repacked, mo
     assert b.current == 0 and b.charges() == []
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
+
+
+def test_a_prefill_runs_the_cached_experts_and_the_arrivals_in_batches(moe_q4k, monkeypatch):
+    """A prompt of several tokens through the expert cache runs its experts as fused_moe.run_batch calls
+    over the pool: the cached ones, repacked (used twice since their read) and in file order, then the
+    misses a batch of finished reads at a time, never expert by expert; experts past TILED_FROM rows take
+    Q6_K down's tiled matmul. Every logit equals the in-RAM engine's bit for bit."""
+    from ramforge.gguf.constants import GGMLType
+    from ramforge.models import moe
+
+    prompts = [[1, 17, 300, 4000, 52, 9, 77, 1000], [5, 6], list(range(40, 64)), [7], list(range(90, 102))]
+    with Engine.load(moe_q4k, n_ctx=128, batch=64) as eng:
+        want = [eng.eval(p, all_logits=True) for p in prompts]
+    with GGUFFile(moe_q4k) as f:
+        p = plan_for_budget(f, None, 128, batch=64)
+        b = MemoryBudget(plan_for_budget(f, p.min_budget, 128, batch=64).min_budget + (1 << 20))
+    calls, taken, alone = [], [], []
+    real_batch, real_take = moe._pool_batch, ExpertCache.take
+    monkeypatch.setattr(moe, "_pool_batch", lambda kern, reps, *a: (calls.append((reps, len(a[3]))), real_batch(kern, reps, *a)))
+    monkeypatch.setattr(ExpertCache, "take", lambda self, *a: (taken.append(a[0]), real_take(self, *a))[1])
+    real_rows = moe._expert_rows
+    monkeypatch.setattr(moe, "_expert_rows", lambda y, x, t: (alone.append(t.ggml_type), real_rows(y, x, t))[1])
+    with Engine.load(moe_q4k, n_ctx=128, budget=b, batch=64) as eng:
+        c = eng.weights.expert_cache
+        assert c is not None and c.n_slots < eng.hp.n_layer * eng.hp.n_expert
+        got, layouts = [], []
+        for p in prompts:
+            calls.clear(), taken.clear()
+            got.append(eng.eval(p, all_logits=True))
+            if len(p) > 1:
+                assert not taken and calls                    # no expert of a prompt taken one at a time
+                assert any(m > 1 for _, m in calls)           # several experts in one call
+                layouts.append({reps for reps, _ in calls})
+        assert {c.reps[0], (0, 0, 0)} in layouts and c.reps[0] != (0, 0, 0)   # both layouts in one prefill
+        assert set(alone) == {GGMLType.Q6_K}                  # down's tiled matmul, for experts of 8+ rows
+        t = c.totals
+        assert t.misses > 0 and t.hits > 0 and t.bytes_read > 0
+    assert b.current == 0 and b.charges() == []
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
