@@ -270,10 +270,10 @@ def _predict(predictor, x: np.ndarray, xn: np.ndarray, logits: np.ndarray, hp, b
     row's top k (a guess: its arithmetic need not be llama.cpp's)."""
     norm, router = predictor
     rms_norm(xn, x, norm.data, hp.rms_eps)
-    if router.ggml_type == GGMLType.F32:                       # (numpy's BLAS: a guess needs no ggml arithmetic)
+    if router.ggml_type == GGMLType.F32 and len(x) == 1:      # numpy's BLAS: a guess needs no ggml arithmetic
         np.matmul(xn, router.data.view(np.float32).reshape(router.dims[1], router.dims[0]).T, out=logits)
-    else:
-        router.rows(logits, xn, batch)
+    else:                                                      # (a batch: BLAS's threads against the engine's
+        router.rows(logits, xn, batch)                         # took 40-70 ms a layer, this 6)
     k = hp.n_expert_used
     top = np.argpartition(-logits, k - 1, axis=1)[:, :k] if k < hp.n_expert else np.tile(np.arange(k), (len(x), 1))
     ids, counts = np.unique(top, return_counts=True)
