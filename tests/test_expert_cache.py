@@ -389,7 +389,7 @@ def test_cached_experts_are_repacked_and_every_logit_stays(moe_q4k, repacked, mo
 @pytest.mark.parametrize("repacked", [True, False])          # (file order: the kernels a first use compiles)
 def test_a_prefill_runs_the_cached_experts_and_the_arrivals_in_batches(moe_q4k, repacked, monkeypatch):
     """A prompt of several tokens through the expert cache runs its experts as fused_moe.run_batch calls
-    over the pool: the cached ones, repacked (used twice since their read) and in file order, then the
+    over the pool (a lone token's as fused_moe.run calls): the cached ones, repacked (used twice since their read) and in file order, then the
     misses a batch of finished reads at a time, never expert by expert; experts past TILED_FROM rows take
     Q6_K down's tiled matmul (RAMFORGE_NO_REPACK_EXPERTS: file order alone). Every logit equals the in-RAM
     engine's bit for bit."""
@@ -418,8 +418,9 @@ def test_a_prefill_runs_the_cached_experts_and_the_arrivals_in_batches(moe_q4k, 
         for p in prompts:
             calls.clear(), taken.clear()
             got.append(eng.eval(p, all_logits=True))
+            assert not taken                                  # no expert taken one at a time
             if len(p) > 1:
-                assert not taken and calls                    # no expert of a prompt taken one at a time
+                assert calls
                 assert any(m > 1 for _, m in calls)           # several experts in one call
                 layouts.append({reps for reps, _ in calls})
         if repacked:

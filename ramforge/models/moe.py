@@ -66,8 +66,8 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray, batch: Batch | None = N
     with w.experts(il, experts, n) as E:
         if E.wants_prediction:
             E.predict(_predict(w.predictors[il + 1], x, s.xe[:n], logits, hp, batch))
-        if n == 1 and fuse and E.pool is not None:             # a lone token: the cached experts at once
-            _cached_experts(E, s, xb, ex[0])
+        if n == 1 and fuse and E.pool is not None:             # a lone token: the cached experts at once,
+            _cached_experts(E, s, xb, ex[0])                   # then the misses as they arrive
         elif n > 1 and fuse and E.pool is not None:            # a batch: the cached ones, then the misses as
             _cached_batch(E, s, xb, sel, ex.reshape(n * sel.shape[1], -1))   # they arrive, at once
         for e, (gate, up, down) in E:                          # cached experts first: any order is exact
@@ -135,27 +135,31 @@ def _kernels(g, u, d, reps: tuple | None = None) -> fused_moe.ExpertKernels | No
 
 
 def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
-    """ex0 f32[k, n_embd][j] = slot j's expert output, for the slots whose experts the cache holds now (one
-    token, xb f32[1, n_embd]): two compiled calls over the cache's pool for those repacked, two for those
-    in file order; the others are left to E's loop."""
+    """ex0 f32[k, n_embd][j] = slot j's expert output (one token, xb f32[1, n_embd]): the experts the cache
+    holds now, then the misses a batch of finished reads at a time (E.take_arrived), each batch two
+    compiled calls over the cache's pool per layout (repacked, or file order); any left to E's loop."""
     kerns = {reps: _kernels(*E.tensors, reps) for reps in {E.reps, (0, 0, 0)}}
-    ready = E.take_ready() if None not in kerns.values() else []
-    if not ready:
+    if None in kerns.values():
         return
-    try:
-        sel = s.sel[0]
-        for reps, kern in kerns.items():
-            these = [(e, o) for e, o, r in ready if r == reps]
-            if not these:
-                continue
-            slots = np.array([int(np.flatnonzero(sel == e)[0]) for e, _ in these])
-            offs = tuple(np.array([o[i] for _, o in these], np.int64) for i in range(3))
-            c = len(these)
-            part = np.empty((c, ex0.shape[1]), np.float32)     # (then moved to their slots)
-            _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part, s.ye[:1])
-            ex0[slots] = part
-    finally:
-        E.release()
+    sel, got = s.sel[0], E.take_ready()
+    while True:
+        try:
+            for reps, kern in kerns.items():
+                these = [(e, o) for e, o, r in got if r == reps]
+                if not these:
+                    continue
+                slots = np.array([int(np.flatnonzero(sel == e)[0]) for e, _ in these])
+                offs = tuple(np.array([o[i] for _, o in these], np.int64) for i in range(3))
+                c = len(these)
+                part = np.empty((c, ex0.shape[1]), np.float32)     # (then moved to their slots)
+                _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part,
+                               s.ye[:1])
+                ex0[slots] = part
+        finally:
+            E.release()
+        got = E.take_arrived()
+        if not got:
+            return
 
 
 def _cached_batch(E, s, xb: np.ndarray, sel: np.ndarray, ex2: np.ndarray) -> None:

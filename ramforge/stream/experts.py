@@ -7,8 +7,8 @@ thread does all the bookkeeping, so a slot is never reused while a kernel reads 
 
 A layer's turn (`layer`): the experts its router picked are protected; the ones not cached are
 queued for reading (as many as free or evictable slots allow, the rest as earlier ones finish);
-the cached ones are handed out first, so compute overlaps the reads (a prompt's misses then go a batch
-at a time: the next one awaited, with every other whose read has finished, `take_arrived`). A prediction for the next
+the cached ones are handed out first, so compute overlaps the reads (the misses then go a batch at a
+time: the next one awaited, with every other whose read has finished, `take_arrived`). A prediction for the next
 layer (`predict`: its router applied to this layer's hidden state, models.moe) queues the
 predicted experts that are not cached behind this layer's own reads. Compute always uses the true
 routing: a wrong guess costs bandwidth only, and is counted as a wasted prefetch (cancelled if its read
