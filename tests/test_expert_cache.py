@@ -96,6 +96,45 @@ def test_more_picks_than_slots_are_read_as_slots_free(cache):
         assert np.array_equal(raw[0], np.fromfile(cache.f.path, np.uint8, count=per, offset=whole[0].offset + e * per))
 
 
+def test_a_prompts_misses_are_taken_a_batch_of_finished_reads_at_a_time(cache):
+    """take_arrived hands the next miss, awaited, with every other whose read has finished, each at its
+    offsets in the pool holding the file's bytes; slots freed by `release` take the misses still waiting.
+    Where the next cannot have a slot until an expert held in the turn is given up, it hands none."""
+    from concurrent.futures import wait
+
+    c = cache(range(1, 2), 3)
+    rec = ExpertRecord(1)
+    order = c.layer(1, np.array([3, 5, 7, 9, 11]), 4, rec)
+    assert c.take_ready(order, rec) == [] and rec.misses == 5
+    left, sizes, whole = list(order), [], _tensors(cache.f, 1)
+    while left:
+        wait(list(c._loading.values()))                   # every read begun has finished: one batch of them
+        got = c.take_arrived(left, rec)
+        assert got and got[0][0] == left[0]
+        sizes.append(len(got))
+        for (il, e), offs, reps in got:
+            assert reps == (0, 0, 0)                       # F16: no repacked layout
+            for t, o in zip(whole, offs):
+                per = t.nbytes // t.dims[2]
+                assert np.array_equal(c.pool[o:o + per], np.fromfile(cache.f.path, np.uint8, count=per, offset=t.offset + e * per))
+        c.release([k for k, _, _ in got], rec)
+        left = [k for k in left if k not in {k for k, _, _ in got}]
+    c.end(rec)
+    assert sizes == [3, 2] and c.take_arrived([], rec) == []
+    assert rec.bytes_read == sum(expert_span(whole, e).nbytes for e in (3, 5, 7, 9, 11))
+
+    one = cache(range(1, 2), 1)
+    rec = ExpertRecord(1)
+    order = one.layer(1, np.array([3, 5]), 2, rec)        # 3 holds the one slot until taken
+    try:
+        assert one.take_arrived(order[1:], rec) == []
+        assert [k for k, _, _ in one.take_arrived(order, rec)] == [(1, 3)]
+        one.release([(1, 3)], rec)
+        assert [k for k, _, _ in one.take_arrived(order[1:], rec)] == [(1, 5)]
+    finally:
+        one.end(rec)
+
+
 def test_prediction_reads_ahead_and_is_scored(cache):
     c = cache(range(0, 2), 4)
     rec0, _ = _turn(c, 0, [0], predict=[1, 2])          # two slots free: both read ahead
@@ -342,6 +381,55 @@ def test_cached_experts_are_repacked_and_every_logit_stays(moe_q4k, repacked, mo
                 assert np.array_equal(gate.data, raw) != repacked      # repacked in the slot, or the file's bytes
             finally:
                 c.end(rec)
+    assert b.current == 0 and b.charges() == []
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("repacked", [True, False])          # (file order: the kernels a first use compiles)
+def test_a_prefill_runs_the_cached_experts_and_the_arrivals_in_batches(moe_q4k, repacked, monkeypatch):
+    """A prompt of several tokens through the expert cache runs its experts as fused_moe.run_batch calls
+    over the pool (a lone token's as fused_moe.run calls): the cached ones, repacked (used twice since their read) and in file order, then the
+    misses a batch of finished reads at a time, never expert by expert; experts past TILED_FROM rows take
+    Q6_K down's tiled matmul (RAMFORGE_NO_REPACK_EXPERTS: file order alone). Every logit equals the in-RAM
+    engine's bit for bit."""
+    from ramforge.gguf.constants import GGMLType
+    from ramforge.models import moe
+    from ramforge.stream import weights
+
+    monkeypatch.setattr(weights, "REPACK_EXPERTS", repacked)
+
+    prompts = [[1, 17, 300, 4000, 52, 9, 77, 1000], [5, 6], list(range(40, 64)), [7], list(range(90, 102))]
+    with Engine.load(moe_q4k, n_ctx=128, batch=64) as eng:
+        want = [eng.eval(p, all_logits=True) for p in prompts]
+    with GGUFFile(moe_q4k) as f:
+        p = plan_for_budget(f, None, 128, batch=64)
+        b = MemoryBudget(plan_for_budget(f, p.min_budget, 128, batch=64).min_budget + (1 << 20))
+    calls, taken, alone = [], [], []
+    real_batch, real_take = moe._pool_batch, ExpertCache.take
+    monkeypatch.setattr(moe, "_pool_batch", lambda kern, reps, *a: (calls.append((reps, len(a[3]))), real_batch(kern, reps, *a)))
+    monkeypatch.setattr(ExpertCache, "take", lambda self, *a: (taken.append(a[0]), real_take(self, *a))[1])
+    real_rows = moe._expert_rows
+    monkeypatch.setattr(moe, "_expert_rows", lambda y, x, t: (alone.append(t.ggml_type), real_rows(y, x, t))[1])
+    with Engine.load(moe_q4k, n_ctx=128, budget=b, batch=64) as eng:
+        c = eng.weights.expert_cache
+        assert c is not None and c.n_slots < eng.hp.n_layer * eng.hp.n_expert
+        got, layouts = [], []
+        for p in prompts:
+            calls.clear(), taken.clear()
+            got.append(eng.eval(p, all_logits=True))
+            assert not taken                                  # no expert taken one at a time
+            if len(p) > 1:
+                assert calls
+                assert any(m > 1 for _, m in calls)           # several experts in one call
+                layouts.append({reps for reps, _ in calls})
+        if repacked:
+            assert any((0, 0, 0) in ls and ls & set(c.reps.values()) for ls in layouts)   # both layouts in a prefill
+        else:
+            assert set().union(*layouts) == {(0, 0, 0)}
+        assert set(alone) == {GGMLType.Q6_K}                  # down's tiled matmul, for experts of 8+ rows
+        t = c.totals
+        assert t.misses > 0 and t.hits > 0 and t.bytes_read > 0
     assert b.current == 0 and b.charges() == []
     for g, w in zip(got, want):
         assert np.array_equal(g, w)

@@ -26,7 +26,7 @@ from ..kernels.moe import expert_matmul, route, router_token, shared_expert_gate
 from ..kernels.ops import rms_norm, swiglu, swiglu_oai
 from ..profiling import timed
 from . import routing_trace
-from .weights import expert_slice, rows_of
+from .weights import QTensor, expert_slice, rows_of
 
 BIASES = ("ffn_gate_inp_bias", "ffn_gate_exps_bias", "ffn_up_exps_bias", "ffn_down_exps_bias")   # gpt-oss's
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0        # gpt-oss's clamped SwiGLU (LLM_FFN_SWIGLU_OAI_MOE)
@@ -66,8 +66,10 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray, batch: Batch | None = N
     with w.experts(il, experts, n) as E:
         if E.wants_prediction:
             E.predict(_predict(w.predictors[il + 1], x, s.xe[:n], logits, hp, batch))
-        if n == 1 and fuse and E.pool is not None:             # a lone token: the cached experts at once
-            _cached_experts(E, s, xb, ex[0])
+        if n == 1 and fuse and E.pool is not None:             # a lone token: the cached experts at once,
+            _cached_experts(E, s, xb, ex[0])                   # then the misses as they arrive
+        elif n > 1 and fuse and E.pool is not None:            # a batch: the cached ones, then the misses as
+            _cached_batch(E, s, xb, sel, ex.reshape(n * sel.shape[1], -1))   # they arrive, at once
         for e, (gate, up, down) in E:                          # cached experts first: any order is exact
             tok, slot = np.nonzero(sel == e)                   # its rows: (token, slot), token-major
             c = tok.size
@@ -133,27 +135,83 @@ def _kernels(g, u, d, reps: tuple | None = None) -> fused_moe.ExpertKernels | No
 
 
 def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
-    """ex0 f32[k, n_embd][j] = slot j's expert output, for the slots whose experts the cache holds now (one
-    token, xb f32[1, n_embd]): two compiled calls over the cache's pool for those repacked, two for those
-    in file order; the others are left to E's loop."""
+    """ex0 f32[k, n_embd][j] = slot j's expert output (one token, xb f32[1, n_embd]): the experts the cache
+    holds now, then the misses a batch of finished reads at a time (E.take_arrived), each batch two
+    compiled calls over the cache's pool per layout (repacked, or file order); any left to E's loop."""
     kerns = {reps: _kernels(*E.tensors, reps) for reps in {E.reps, (0, 0, 0)}}
-    ready = E.take_ready() if None not in kerns.values() else []
-    if not ready:
+    if None in kerns.values():
         return
-    try:
-        sel = s.sel[0]
-        for reps, kern in kerns.items():
-            these = [(e, o) for e, o, r in ready if r == reps]
-            if not these:
-                continue
-            slots = np.array([int(np.flatnonzero(sel == e)[0]) for e, _ in these])
-            offs = tuple(np.array([o[i] for _, o in these], np.int64) for i in range(3))
-            c = len(these)
-            part = np.empty((c, ex0.shape[1]), np.float32)     # (then moved to their slots)
-            _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part, s.ye[:1])
-            ex0[slots] = part
-    finally:
-        E.release()
+    sel, got = s.sel[0], E.take_ready()
+    while True:
+        try:
+            for reps, kern in kerns.items():
+                these = [(e, o) for e, o, r in got if r == reps]
+                if not these:
+                    continue
+                slots = np.array([int(np.flatnonzero(sel == e)[0]) for e, _ in these])
+                offs = tuple(np.array([o[i] for _, o in these], np.int64) for i in range(3))
+                c = len(these)
+                part = np.empty((c, ex0.shape[1]), np.float32)     # (then moved to their slots)
+                _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part,
+                               s.ye[:1])
+                ex0[slots] = part
+        finally:
+            E.release()
+        got = E.take_arrived()
+        if not got:
+            return
+
+
+def _cached_batch(E, s, xb: np.ndarray, sel: np.ndarray, ex2: np.ndarray) -> None:
+    """ex2 f32[n * k, n_embd][t * k + j] = slot j of token t's expert output (n tokens xb, routed sel
+    i32[n, k]) for the picked experts of at most kern.up_rows rows, from the cache's pool: those cached now
+    first, then the misses in batches of those whose reads have finished, each batch two compiled calls
+    (fused_moe.run_batch) per layout its experts lie in (repacked, or file order until their second use).
+    The experts of more rows are left to E's loop, as _batch_experts leaves them."""
+    kerns = {reps: _kernels(*E.tensors, reps) for reps in {E.reps, (0, 0, 0)}}
+    if any(kern is None or kern.up_act is None for kern in kerns.values()):
+        return
+    flat = sel.reshape(-1)
+    order = np.argsort(flat, kind="stable").astype(np.int64)   # pairs t * k + j by expert, token-major
+    ids, counts = np.unique(flat, return_counts=True)
+    start = np.zeros(ids.size + 1, np.int64)
+    np.cumsum(counts, out=start[1:])
+    small = set(ids[counts <= min(kern.up_rows for kern in kerns.values())].tolist())
+    if not small:
+        return
+    got = E.take_ready(small)
+    while True:
+        try:
+            for reps, kern in kerns.items():
+                these = [(e, o) for e, o, r in got if r == reps]
+                if these:
+                    _pool_batch(kern, reps, E, s, xb, these, (ids, start, order), sel.shape[1], ex2)
+        finally:
+            E.release()
+        got = E.take_arrived(small)
+        if not got:
+            return
+
+
+def _pool_batch(kern, reps, E, s, xb: np.ndarray, these: list, routing: tuple, k: int, ex2: np.ndarray) -> None:
+    """The experts these [(e, (gate, up, down) offsets in E.pool)] of one layout reps through run_batch, their
+    (token, slot) pairs from routing (ids, start, order: the picked experts ascending, where each one's pairs
+    start in order, the pairs t * k + j sorted by expert)."""
+    ids, start, order = routing
+    i = np.searchsorted(ids, np.array([e for e, _ in these]))
+    gstart = np.zeros(i.size + 1, np.int64)
+    np.cumsum(start[i + 1] - start[i], out=gstart[1:])
+    pairs = np.concatenate([order[start[j]:start[j + 1]] for j in i])
+    offs = tuple(np.array([o[t] for _, o in these], np.int64) for t in range(3))
+    pool, d = E.pool, E.tensors[2]
+    per = d.nbytes // d.dims[2]
+
+    def down_alone(m: int, ge: np.ndarray) -> np.ndarray:     # an expert of many rows: down's tiled matmul
+        at = int(offs[2][m])
+        down = QTensor(f"{d.name}[{these[m][0]}]", d.ggml_type, d.dims[:2], pool[at:at + per], reps[2])
+        return _expert_rows(s.ye[:ge.shape[0]], ge, down)
+
+    _fused_batch(kern, xb, (pool,) * 3, offs, gstart, pairs // k, pairs, s.ge, s.ue, ex2, down_alone)
 
 
 def _token_experts(kern, L, s, xb: np.ndarray, mix: np.ndarray) -> None:
@@ -216,10 +274,10 @@ def _predict(predictor, x: np.ndarray, xn: np.ndarray, logits: np.ndarray, hp, b
     row's top k (a guess: its arithmetic need not be llama.cpp's)."""
     norm, router = predictor
     rms_norm(xn, x, norm.data, hp.rms_eps)
-    if router.ggml_type == GGMLType.F32:                       # (numpy's BLAS: a guess needs no ggml arithmetic)
+    if router.ggml_type == GGMLType.F32 and len(x) == 1:      # numpy's BLAS: a guess needs no ggml arithmetic
         np.matmul(xn, router.data.view(np.float32).reshape(router.dims[1], router.dims[0]).T, out=logits)
-    else:
-        router.rows(logits, xn, batch)
+    else:                                                      # (a batch: BLAS's threads against the engine's
+        router.rows(logits, xn, batch)                         # took 40-70 ms a layer, this 6)
     k = hp.n_expert_used
     top = np.argpartition(-logits, k - 1, axis=1)[:, :k] if k < hp.n_expert else np.tile(np.arange(k), (len(x), 1))
     ids, counts = np.unique(top, return_counts=True)

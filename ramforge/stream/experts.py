@@ -7,7 +7,8 @@ thread does all the bookkeeping, so a slot is never reused while a kernel reads 
 
 A layer's turn (`layer`): the experts its router picked are protected; the ones not cached are
 queued for reading (as many as free or evictable slots allow, the rest as earlier ones finish);
-the cached ones are handed out first, so compute overlaps the reads. A prediction for the next
+the cached ones are handed out first, so compute overlaps the reads (the misses then go a batch at a
+time: the next one awaited, with every other whose read has finished, `take_arrived`). A prediction for the next
 layer (`predict`: its router applied to this layer's hidden state, models.moe) queues the
 predicted experts that are not cached behind this layer's own reads. Compute always uses the true
 routing: a wrong guess costs bandwidth only, and is counted as a wasted prefetch (cancelled if its read
@@ -190,11 +191,49 @@ class ExpertCache:
                 del self._loading[slot]
                 rec.read_s += fut.result()[1]
             self._use(slot)
-            span = self._spans[k]
-            base = slot * self.slot_bytes
-            out.append((k, tuple(base + span.offsets[t.name] for t in self.tensors[k[0]])))
-        self._pack([self._slot[k] for k, _ in out])
-        return [(k, offs, self.layout(self._slot[k])) for k, offs in out]
+            out.append(k)
+        return self._handed(out)
+
+    def take_arrived(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> list[tuple[tuple[int, int], tuple, tuple]]:
+        """Of this turn's keys not yet taken (in compute order), the first, waiting for its read, and every
+        other whose read has finished by then: as take_ready gives them (a prefill's misses, a batch at a
+        time as they arrive). [] when keys is empty, or when the first cannot get a slot until an expert
+        held elsewhere in the turn is given up (then `take` them in order)."""
+        if not keys:
+            return []
+        first = keys[0]
+        self._submit([first], rec)
+        if first not in self._slot and not any(not self._protected[sl] and not f.done() for sl, f in self._loading.items()):
+            return []
+        got = [first]
+        self._wait(first, rec)
+        for k in keys[1:]:
+            slot = self._slot.get(k)
+            if slot is None:
+                continue
+            fut = self._loading.get(slot)
+            if fut is not None:                                 # done and sound, or left for a later batch
+                if not fut.done() or fut.cancelled() or fut.exception() is not None:
+                    continue
+                del self._loading[slot]
+                rec.read_s += fut.result()[1]
+            got.append(k)
+        for k in got:
+            if k in self._todo:
+                self._todo.remove(k)
+            self._use(self._slot[k])
+        return self._handed(got)
+
+    def _handed(self, keys: list[tuple[int, int]]) -> list[tuple[tuple[int, int], tuple, tuple]]:
+        """keys (in their slots, marked used) as (key, gate/up/down byte offsets in `pool`, layout), those at
+        their PACK_AT_USE'th use repacked first."""
+        self._pack([self._slot[k] for k in keys])
+        out = []
+        for k in keys:
+            slot, span = self._slot[k], self._spans[k]
+            offs = tuple(slot * self.slot_bytes + span.offsets[t.name] for t in self.tensors[k[0]])
+            out.append((k, offs, self.layout(slot)))
+        return out
 
     def layout(self, slot: int) -> tuple[int, int, int]:
         """The repacked groups (gate, up, down) of the expert in slot as it is now (0: file order)."""
@@ -444,20 +483,31 @@ class Experts:
         c = self.w.expert_cache
         return c.reps[self.il] if c is not None else tuple(t.repacked for t in self.tensors)
 
-    def take_ready(self) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
-        """The picked experts already in the cache, as (expert, (gate, up, down) byte offsets into `pool`,
-        their repacked groups); iterating then yields only the others. Call `release` once they are
-        computed. [] when resident."""
+    def take_ready(self, ids=None) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
+        """The picked experts (of ids, if given) already in the cache, as (expert, (gate, up, down) byte
+        offsets into `pool`, their repacked groups); iterating then yields only the others. Call `release`
+        once they are computed. [] when resident."""
         c = self.w.expert_cache
-        if c is None:
-            return []
-        ready = c.take_ready(self.order, self.rec)
-        self._ready = [k for k, _, _ in ready]
-        self.order = [k for k in self.order if k not in self._ready]
-        return [(k[1], offs, reps) for k, offs, reps in ready]
+        return [] if c is None else self._took(c.take_ready(self._pending(ids), self.rec))
+
+    def take_arrived(self, ids=None) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
+        """As take_ready, for the next of the picked experts (of ids) not yet taken, waiting for its read,
+        and every other whose read has finished meanwhile; [] when none is left (or see
+        ExpertCache.take_arrived). Call `release` before the next."""
+        c = self.w.expert_cache
+        return [] if c is None else self._took(c.take_arrived(self._pending(ids), self.rec))
+
+    def _pending(self, ids) -> list[tuple[int, int]]:
+        return self.order if ids is None else [k for k in self.order if k[1] in ids]
+
+    def _took(self, got: list) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
+        self._ready = [k for k, _, _ in got]
+        taken = set(self._ready)
+        self.order = [k for k in self.order if k not in taken]
+        return [(k[1], offs, reps) for k, offs, reps in got]
 
     def release(self) -> None:
-        """The experts take_ready gave are computed: their slots may be reused."""
+        """The experts take_ready or take_arrived gave are computed: their slots may be reused."""
         keys, self._ready = self._ready, []
         if keys:
             self.w.expert_cache.release(keys, self.rec)
