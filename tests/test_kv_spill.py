@@ -411,8 +411,9 @@ def test_default_model_spilled_gives_the_in_ram_logits(default_model):
 
 def test_the_server_passes_its_kv_spill_on(tiny):
     from ramforge.server.common import ServerConfig
-    from ramforge.server.manager import ModelManager
-    m = ModelManager(ServerConfig(kv_spill=True))._load(str(tiny), 1024)
+    from ramforge.server.manager import ModelManager, Target
+    from ramforge.store.modelfile import ModelConfig
+    m = ModelManager(ServerConfig(kv_spill=True))._load(Target("tiny", str(tiny), ModelConfig()), 1024)
     try:
         assert isinstance(m.engine.kv, SpilledKVCache)
     finally:

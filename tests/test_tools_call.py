@@ -251,7 +251,7 @@ def test_long_streams_cost_linear_time(fmt, text):
 
     t = time.perf_counter()
     cs, content, deltas = stream(fmt, [text[i:i + 4] for i in range(0, len(text), 4)])
-    assert time.perf_counter() - t < 2.0
+    assert time.perf_counter() - t < 10.0          # ~0.3 s alone; quadratic re-parsing took minutes
     want_content, want_calls = parse(text, fmt)
     assert content == want_content
     assert "".join(d["function"]["arguments"] for d in deltas) == "".join(c.arguments for c in want_calls)

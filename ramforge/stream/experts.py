@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import InternalError, InvalidArgument
 from ..gguf.reader import GGUFFile
 from ..kernels.repack import repack_group, repack_many, repackable
-from ..models.weights import EXPERT_TENSORS, LayerExperts, QTensor, gguf_name
+from ..models.weights import EXPERT_TENSORS, QTensor, gguf_name
 from .layout import Span, expert_span
 from ..profiling import ExpertRecord
 from .io import ModelFile, aligned_empty
@@ -451,73 +451,3 @@ class ExpertCache:
         return {"policy": self.policy.value, "slots": self.n_slots, "slot_bytes": self.slot_bytes,
                 "prefetch": self.prefetch, **t.as_dict()}
 
-
-class Experts:
-    """One layer's picked experts for the forward pass (Weights.experts): iterate for (e, (gate, up,
-    down)); `predict` names the next layer's likely experts so the cache can read them meanwhile."""
-
-    def __init__(self, w: "Weights", il: int, order: list[tuple[int, int]], rec: ExpertRecord | None,
-                 resident: LayerExperts | None = None):
-        self.w, self.il, self.order, self.rec, self.resident = w, il, order, rec, resident
-        self._ready: list[tuple[int, int]] = []             # keys take_ready gave, until release
-
-    def __iter__(self):
-        for key in self.order:
-            e = key[1]
-            yield e, (self.resident[e] if self.resident is not None else self.w.expert_cache.take(key, self.rec))
-
-    @property
-    def pool(self) -> np.ndarray | None:
-        """The expert cache's buffer of every slot (take_ready's offsets are into it); None when resident."""
-        return None if self.w.expert_cache is None else self.w.expert_cache.pool
-
-    @property
-    def tensors(self) -> list:
-        """The layer's expert tensors (gate, up, down): the file's TensorInfo (cached), else the layer's."""
-        c = self.w.expert_cache
-        return c.tensors[self.il] if c is not None else [self.resident.layer.tensors[s] for s in EXPERT_TENSORS]
-
-    @property
-    def reps(self) -> tuple[int, int, int]:
-        """The repacked groups (gate, up, down) of the layer's experts once repacked (0: file order)."""
-        c = self.w.expert_cache
-        return c.reps[self.il] if c is not None else tuple(t.repacked for t in self.tensors)
-
-    def take_ready(self, ids=None) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
-        """The picked experts (of ids, if given) already in the cache, as (expert, (gate, up, down) byte
-        offsets into `pool`, their repacked groups); iterating then yields only the others. Call `release`
-        once they are computed. [] when resident."""
-        c = self.w.expert_cache
-        return [] if c is None else self._took(c.take_ready(self._pending(ids), self.rec))
-
-    def take_arrived(self, ids=None) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
-        """As take_ready, for the next of the picked experts (of ids) not yet taken, waiting for its read,
-        and every other whose read has finished meanwhile; [] when none is left (or see
-        ExpertCache.take_arrived). Call `release` before the next."""
-        c = self.w.expert_cache
-        return [] if c is None else self._took(c.take_arrived(self._pending(ids), self.rec))
-
-    def _pending(self, ids) -> list[tuple[int, int]]:
-        return self.order if ids is None else [k for k in self.order if k[1] in ids]
-
-    def _took(self, got: list) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
-        self._ready = [k for k, _, _ in got]
-        taken = set(self._ready)
-        self.order = [k for k in self.order if k not in taken]
-        return [(k[1], offs, reps) for k, offs, reps in got]
-
-    def release(self) -> None:
-        """The experts take_ready or take_arrived gave are computed: their slots may be reused."""
-        keys, self._ready = self._ready, []
-        if keys:
-            self.w.expert_cache.release(keys, self.rec)
-
-    @property
-    def wants_prediction(self) -> bool:
-        c = self.w.expert_cache
-        return c is not None and c.prefetch and self.il + 1 in self.w.predictors
-
-    def predict(self, ids) -> None:
-        """Read ahead the next layer's experts ids (best first), where the budget leaves slots."""
-        if self.wants_prediction:
-            self.w.expert_cache.predict(self.il + 1, ids, self.rec)

@@ -29,7 +29,8 @@ from ..models.weights import EXPERT_TENSORS, Layer, LayerExperts, QTensor, gguf_
 from .layout import ALIGN, SMALL, block_row_bytes, is_expert_tensor, span_of
 from .plan import Plan
 from ..profiling import ExpertRecord, LayerRecord, PassRecord
-from .experts import DEFAULT_POLICY, ExpertCache, Experts, Policy
+from .expert_view import Experts
+from .experts import DEFAULT_POLICY, ExpertCache, Policy
 from .io import IOMode, ModelFile, aligned_empty
 
 REPACK_OFF = flags.NO_REPACK.get()                              # keep file order (A/B runs)
