@@ -26,22 +26,19 @@ from ..errors import ModelFileError
 from ..kernels.batch import Batch
 from ..kernels.encoder import alibi_slopes, encoder_attention, layer_norm, tanh
 from ..kernels.ops import geglu
+from . import nomic_bert
 from .arch import Arch
 from .bert import check_metadata, hidden_out, seq_bounds
 
 MAX_ALIBI_BIAS = 8.0          # llama_model_jina_bert_v2::load_arch_hparams (the file's key is not read)
-REQUIRED = ("token_types.weight", "token_embd_norm.weight", "token_embd_norm.bias")
 
 
 def embed(m, x: np.ndarray, tokens) -> None:
-    """x f32[n, n_embd] = LayerNorm(token embeddings + token type 0's row)."""
-    g = m.weights.vectors
-    for name in REQUIRED:
-        if g[name] is None:
-            raise ModelFileError(f"{m.path}: tensor {name} is missing; architecture {m.hp.arch} needs it")
-    m.weights.embed(tokens, x)
-    x += g["token_types.weight"].data[:x.shape[1]]
-    layer_norm(x, x, g["token_embd_norm.weight"].data, g["token_embd_norm.bias"].data, m.hp.norm_eps)
+    """x f32[n, n_embd] = LayerNorm(token embeddings + token type 0's row), as nomic-bert's; the token types
+    are required here (llama.cpp's jina-bert-v2 loads them without a fallback)."""
+    if m.weights.vectors["token_types.weight"] is None:
+        raise ModelFileError(f"{m.path}: tensor token_types.weight is missing; architecture {m.hp.arch} needs it")
+    nomic_bert.embed(m, x, tokens)
 
 
 def _linear(W, b, y, x, batch: Batch | None) -> None:
