@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,12 +87,18 @@ def test_layer_ranges_chain_to_the_full_model(tiny, reference):
 
 @pytest.mark.parametrize("io", ["direct", "buffered"])
 def test_page_cache_does_not_hold_the_model(tiny, io):
-    sio.evict(tiny)
-    lo, hi = _budgets(tiny)
-    with Engine.load(tiny, n_ctx=64, budget=MemoryBudget(lo + (hi - lo) // 3), io=io) as e:
-        list(e.generate(PROMPT, 4))
-    resident, size = sio.page_cache_residency(tiny)
-    assert resident <= 0.05 * size, f"{io}: page cache holds {resident:,} of {size:,} B"
+    # a copy beside the fixture (the same filesystem), which no other test (xdist worker) reads meanwhile
+    own = Path(tiny).with_name(f".page-cache-{os.getpid()}-{io}.gguf")
+    shutil.copyfile(tiny, own)
+    try:
+        sio.evict(own)
+        lo, hi = _budgets(own)
+        with Engine.load(own, n_ctx=64, budget=MemoryBudget(lo + (hi - lo) // 3), io=io) as e:
+            list(e.generate(PROMPT, 4))
+        resident, size = sio.page_cache_residency(own)
+        assert resident <= 0.05 * size, f"{io}: page cache holds {resident:,} of {size:,} B"
+    finally:
+        own.unlink(missing_ok=True)
 
 
 class _Faulty:
