@@ -91,6 +91,8 @@ def test_page_cache_does_not_hold_the_model(tiny, io):
     own = Path(tiny).with_name(f".page-cache-{os.getpid()}-{io}.gguf")
     shutil.copyfile(tiny, own)
     try:
+        with open(own, "rb+") as fh:               # written back first: eviction skips dirty pages
+            os.fsync(fh.fileno())
         sio.evict(own)
         lo, hi = _budgets(own)
         with Engine.load(own, n_ctx=64, budget=MemoryBudget(lo + (hi - lo) // 3), io=io) as e:
