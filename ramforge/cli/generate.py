@@ -141,9 +141,7 @@ def cold_start(md: dict, say: bool):
     if cached(cxxsort.top_sorted):
         return None
     if say:
-        click.echo(f"first run: compiling this model's kernels for this CPU, once (about "
-                   f"{first_run_estimate(worker_count()):.0f} s before the first token; later runs load them "
-                   f"from the cache)", err=True)
+        say_first_run()
     n_vocab = len(md.get("tokenizer.ggml.tokens") or ()) or 32000   # the dummy row's size only
     return Warmup([sampler_job(n_vocab)], worker_count(reserve=1), more=True)
 
@@ -176,9 +174,7 @@ def decode_kernels_in_background(eng, warmup, cold: bool, say: bool, n_prompt: i
     jobs = warm_jobs(eng, prefill=False)
     if warmup is None:
         if say:
-            click.echo(f"first run: compiling this model's kernels for this CPU, once (about "
-                       f"{first_run_estimate(worker_count()):.0f} s before the first token; later runs load "
-                       f"them from the cache)", err=True)
+            say_first_run()
         warmup = Warmup([], worker_count(reserve=1), more=True)
     else:
         jobs = jobs[1:]                             # the sampler's: queued before the load
@@ -193,6 +189,15 @@ def decode_kernels_in_background(eng, warmup, cold: bool, say: bool, n_prompt: i
         warmup.cancel()
         raise
     return ColdRun(warmup, deferral, first)
+
+
+def say_first_run() -> None:
+    """run's notice on a cold kernel cache (stderr), with how long the first token will take."""
+    from ..jit import worker_count
+
+    click.echo(f"first run: compiling this model's kernels for this CPU, once (about "
+               f"{first_run_estimate(worker_count()):.0f} s before the first token; later runs load them "
+               f"from the cache)", err=True)
 
 
 def first_run_estimate(cores: int) -> float:

@@ -2,9 +2,6 @@
 cache): what `serve` makes ready in the background and `run` starts beside its first pass."""
 from __future__ import annotations
 
-import numba
-
-from ..errors import RamforgeError
 from ..jit import WarmJob
 from ..kernels import fused, qmatmul
 
@@ -37,15 +34,10 @@ def warm_jobs(engine, prefill: bool = True) -> list[WarmJob]:
     if moe:
         jobs.append(WarmJob("ramforge.kernels.fused_moe", "warm", (moe,)))
     if prefill:                     # one job a kernel (workers share them out), a decode's first
-        threads, vec = numba.get_num_threads(), qmatmul.VECTOR
         kernels: dict = {}
         for n in qmatmul._WARM_TOKENS:
             for shape in sorted(weights.matmul_shapes(), key=lambda s: (s[0].value, s[1:])):
-                try:
-                    kernel = qmatmul._plan(*shape[:3], n, n, 0, threads, vec, shape[3]).kernel
-                except RamforgeError:   # no integer-dot kernel (F16, F32): another path
-                    continue
-                kernels.setdefault(kernel, WarmJob(qmatmul.__name__, "warm", ([shape], None, (n,))))
+                _add_matmul_job(kernels, shape, n)
         jobs += kernels.values()
     return jobs
 
@@ -86,18 +78,20 @@ def first_pass_jobs(engine, n_prompt: int) -> dict:
         return {}
     ub = max(1, int(engine.ubatch))
     sizes = dict.fromkeys(n for n in (min(n_prompt, ub), n_prompt % ub, 1) if n > 0)
-    threads, vec = numba.get_num_threads(), qmatmul.VECTOR
     out: dict = {}
     for n in sizes:
         for layer in weights.layer_matrices():
             for name, shape in layer.items():
-                m = 1 if name == "output" else n        # a prompt's logits: its last token's alone
-                try:
-                    kernel = qmatmul._plan(*shape[:3], m, m, 0, threads, vec, shape[3]).kernel
-                except RamforgeError:       # no integer-dot kernel (F16, F32): another path
-                    continue
-                out.setdefault(kernel, WarmJob(qmatmul.__name__, "warm", ([shape], None, (m,))))
+                _add_matmul_job(out, shape, 1 if name == "output" else n)   # a prompt's logits: its last token's
     return out
+
+
+def _add_matmul_job(jobs: dict, shape, n: int) -> None:
+    """jobs[kernel] = the qmatmul.warm job of the kernel a weight shape takes for n tokens (its first
+    shape kept), where the shape has an integer-dot kernel."""
+    kernel = qmatmul.own_kernel(shape, n)
+    if kernel is not None:
+        jobs.setdefault(kernel, WarmJob(qmatmul.__name__, "warm", ([shape], None, (n,))))
 
 
 class FirstPass:

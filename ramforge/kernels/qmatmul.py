@@ -420,17 +420,21 @@ def warm(shapes, vector: bool | None = None, tokens=_WARM_TOKENS) -> int:
     n_out, n_in, repacked) tuples. A server calls it as it loads a model: a kernel compiled under a
     request holds the GIL, and with it the event loop, for seconds. Shapes without an integer-dot
     kernel are skipped."""
-    vec = VECTOR if vector is None else bool(vector)
-    made = set()
-    for t, n_out, n_in, rep in shapes:
-        k = kernels_for(t)
-        if k.qdot is None or n_in % GGML_BLOCK[k.ggml_type][0]:
-            continue
-        for n in tokens:
-            made.add(_plan(t, n_out, n_in, n, n, 0, numba.get_num_threads(), vec, rep).kernel)
+    made = {own_kernel(shape, n, vector) for shape in shapes for n in tokens} - {None}
     for kernel in made:
         kernel.compile(kernel_signature())
     return len(made)
+
+
+def own_kernel(shape, n: int, vector: bool | None = None):
+    """The kernel a matmul of a weight shape (type, n_out, n_in, repacked) takes for a batch of n tokens of
+    its own, or None where the shape has no integer-dot kernel (another path: F16, F32)."""
+    t, n_out, n_in, rep = shape
+    k = kernels_for(t)
+    if k.qdot is None or n_in % GGML_BLOCK[k.ggml_type][0]:
+        return None
+    vec = VECTOR if vector is None else bool(vector)
+    return _plan(t, n_out, n_in, n, n, 0, numba.get_num_threads(), vec, rep).kernel
 
 
 # A cold process's hook (engine.warmup.FirstPass), None otherwise: called with a kernel before qmatmul

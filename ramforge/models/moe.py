@@ -134,41 +134,55 @@ def _kernels(g, u, d, reps: tuple | None = None) -> fused_moe.ExpertKernels | No
     return fused_moe.plan(g.ggml_type, u.ggml_type, d.ggml_type, g.dims[0], g.dims[1], reps)
 
 
-def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
-    """ex0 f32[k, n_embd][j] = slot j's expert output (one token, xb f32[1, n_embd]): the experts the cache
-    holds now, then the misses a batch of finished reads at a time (E.take_arrived), each batch two
-    compiled calls over the cache's pool per layout (repacked, or file order); any left to E's loop."""
-    kerns = {reps: _kernels(*E.tensors, reps) for reps in {E.reps, (0, 0, 0)}}
-    if None in kerns.values():
-        return
-    sel, got = s.sel[0], E.take_ready()
+def _layouts(E) -> dict:
+    """{repacked groups: expert kernels} of the layouts a cached expert lies in (repacked, or file order
+    until its second use); a layout without kernels maps to None."""
+    return {reps: _kernels(*E.tensors, reps) for reps in {E.reps, (0, 0, 0)}}
+
+
+def _by_arrival(E, kerns: dict, run, ids=None) -> None:
+    """run(kern, reps, these) for the cache's picked experts (of ids) a batch at a time, a call per layout:
+    those cached now, then the misses a batch of finished reads at a time (E.take_arrived); these:
+    [(e, (gate, up, down) byte offsets in E.pool)]. Each batch is released once run."""
+    got = E.take_ready(ids)
     while True:
         try:
             for reps, kern in kerns.items():
                 these = [(e, o) for e, o, r in got if r == reps]
-                if not these:
-                    continue
-                slots = np.array([int(np.flatnonzero(sel == e)[0]) for e, _ in these])
-                offs = tuple(np.array([o[i] for _, o in these], np.int64) for i in range(3))
-                c = len(these)
-                part = np.empty((c, ex0.shape[1]), np.float32)     # (then moved to their slots)
-                _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part,
-                               s.ye[:1])
-                ex0[slots] = part
+                if these:
+                    run(kern, reps, these)
         finally:
             E.release()
-        got = E.take_arrived()
+        got = E.take_arrived(ids)
         if not got:
             return
 
 
+def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
+    """ex0 f32[k, n_embd][j] = slot j's expert output (one token, xb f32[1, n_embd]) for the cache's experts
+    (_by_arrival), two compiled calls over its pool a batch and layout; any left to E's loop."""
+    kerns = _layouts(E)
+    if None in kerns.values():
+        return
+    sel = s.sel[0]
+
+    def run(kern, reps, these) -> None:
+        slots = np.array([int(np.flatnonzero(sel == e)[0]) for e, _ in these])
+        offs = tuple(np.array([o[i] for _, o in these], np.int64) for i in range(3))
+        c = len(these)
+        part = np.empty((c, ex0.shape[1]), np.float32)         # (then moved to their slots)
+        _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part, s.ye[:1])
+        ex0[slots] = part
+
+    _by_arrival(E, kerns, run)
+
+
 def _cached_batch(E, s, xb: np.ndarray, sel: np.ndarray, ex2: np.ndarray) -> None:
     """ex2 f32[n * k, n_embd][t * k + j] = slot j of token t's expert output (n tokens xb, routed sel
-    i32[n, k]) for the picked experts of at most kern.up_rows rows, from the cache's pool: those cached now
-    first, then the misses in batches of those whose reads have finished, each batch two compiled calls
-    (fused_moe.run_batch) per layout its experts lie in (repacked, or file order until their second use).
-    The experts of more rows are left to E's loop, as _batch_experts leaves them."""
-    kerns = {reps: _kernels(*E.tensors, reps) for reps in {E.reps, (0, 0, 0)}}
+    i32[n, k]) for the picked experts of at most kern.up_rows rows, from the cache's pool (_by_arrival),
+    each batch two compiled calls (fused_moe.run_batch) per layout. The experts of more rows are left to
+    E's loop, as _batch_experts leaves them."""
+    kerns = _layouts(E)
     if any(kern is None or kern.up_act is None for kern in kerns.values()):
         return
     flat = sel.reshape(-1)
@@ -177,20 +191,9 @@ def _cached_batch(E, s, xb: np.ndarray, sel: np.ndarray, ex2: np.ndarray) -> Non
     start = np.zeros(ids.size + 1, np.int64)
     np.cumsum(counts, out=start[1:])
     small = set(ids[counts <= min(kern.up_rows for kern in kerns.values())].tolist())
-    if not small:
-        return
-    got = E.take_ready(small)
-    while True:
-        try:
-            for reps, kern in kerns.items():
-                these = [(e, o) for e, o, r in got if r == reps]
-                if these:
-                    _pool_batch(kern, reps, E, s, xb, these, (ids, start, order), sel.shape[1], ex2)
-        finally:
-            E.release()
-        got = E.take_arrived(small)
-        if not got:
-            return
+    if small:
+        _by_arrival(E, kerns, lambda kern, reps, these: _pool_batch(kern, reps, E, s, xb, these, (ids, start, order),
+                                                                    sel.shape[1], ex2), small)
 
 
 def _pool_batch(kern, reps, E, s, xb: np.ndarray, these: list, routing: tuple, k: int, ex2: np.ndarray) -> None:

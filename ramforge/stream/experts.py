@@ -182,14 +182,8 @@ class ExpertCache:
         out = []
         for k in keys:
             slot = self._slot.get(k)
-            if slot is None or k in self._todo:
+            if slot is None or k in self._todo or not self._arrived(slot, rec):   # (a read ahead not done: `take`)
                 continue
-            fut = self._loading.get(slot)
-            if fut is not None:                                 # a read ahead: done and sound, or left to `take`
-                if not fut.done() or fut.cancelled() or fut.exception() is not None:
-                    continue
-                del self._loading[slot]
-                rec.read_s += fut.result()[1]
             self._use(slot)
             out.append(k)
         return self._handed(out)
@@ -209,20 +203,25 @@ class ExpertCache:
         self._wait(first, rec)
         for k in keys[1:]:
             slot = self._slot.get(k)
-            if slot is None:
-                continue
-            fut = self._loading.get(slot)
-            if fut is not None:                                 # done and sound, or left for a later batch
-                if not fut.done() or fut.cancelled() or fut.exception() is not None:
-                    continue
-                del self._loading[slot]
-                rec.read_s += fut.result()[1]
-            got.append(k)
+            if slot is not None and self._arrived(slot, rec):  # (else left for a later batch)
+                got.append(k)
         for k in got:
             if k in self._todo:
                 self._todo.remove(k)
             self._use(self._slot[k])
         return self._handed(got)
+
+    def _arrived(self, slot: int, rec: ExpertRecord) -> bool:
+        """Whether slot's bytes are in: no read pending, or one done and sound (then settled: its seconds
+        counted); a read still running, cancelled or failed is left to `take` / `_wait`."""
+        fut = self._loading.get(slot)
+        if fut is None:
+            return True
+        if not fut.done() or fut.cancelled() or fut.exception() is not None:
+            return False
+        del self._loading[slot]
+        rec.read_s += fut.result()[1]
+        return True
 
     def _handed(self, keys: list[tuple[int, int]]) -> list[tuple[tuple[int, int], tuple, tuple]]:
         """keys (in their slots, marked used) as (key, gate/up/down byte offsets in `pool`, layout), those at
