@@ -5,7 +5,7 @@ The bound: each value within BOUND_ULPS float32 ulps of the vector's largest mag
 about 1.2e-4 relative; F16 weights F16_BOUND_ULPS, one half ulp: a 1-ulp difference upstream that flips
 the rounding of an F16 matmul's input to half moves that element by 8192 float32 ulps), far below what
 separates two texts' vectors. Measured when recorded: every record (bert, nomic-bert, gemma-embedding in
-F32 and F16, qwen3), one at a time and packed, bit for bit. Two roundings made that so, both of the
+F32 and F16, qwen3; llama and gemma3 packed), one at a time and packed, bit for bit. Two roundings made that so, both of the
 encoders' attention: the no-cache KQ mask is n_tokens x n_tokens, unpadded, so ggml_vec_soft_max_f32
 takes the keys after the last whole 16 through libm's expf, added one by one (kernels.encoder
 ._softmax_row), and P.V over fewer than 64 keys is ggml_vec_dot_f32's leftovers as gcc compiled them
@@ -521,11 +521,13 @@ def test_rerank_orders_by_score():
         assert x["document"]["text"] == docs[x["index"]]
 
 
-@pytest.mark.parametrize("mid,pooling", [("qwen3-tiny-f16", 1), ("qwen3-rerank-f16", 4)])
+@pytest.mark.parametrize("mid,pooling", [("qwen3-tiny-f16", 1), ("qwen3-rerank-f16", 4), ("llama-tiny-f16", 3),
+                                         ("gemma3-linear-f16", 1)])
 def test_causal_pack_in_small_chunks_equals_llama_cpp_batch(mid, pooling):
     """A causal model's packed batch computed in chunks of 16 rows (a small budget's chunk: each chunk a
     pass over the weights, the batch's keys of earlier chunks read from the KV cache) is still llama.cpp's
-    one-ubatch result, bit for bit, and counts its passes."""
+    one-ubatch result, bit for bit, and counts its passes: qwen3, llama (an output matrix of its own) and
+    gemma3 (windows of 8 crossing the chunks and the 47-token document)."""
     import numba
 
     from ramforge.engine.engine import Engine
