@@ -238,6 +238,17 @@ def test_generation_engine_packs_in_the_embedding_chunk_without_leaking():
             after = budget.charges()
             assert "embedding activations" not in dict(after) and dict(after).keys() == dict(before).keys()
             assert eng.state.x.shape[0] == 64 and budget.peak <= budget.limit
+        state, books, run_chunk = eng.state, budget.charges(), eng.run_chunk
+
+        def fails_second(inp, c, embd=False):                 # a pass that fails mid-batch gives all back
+            if c.start:
+                raise RuntimeError("a failed pass")
+            return run_chunk(inp, c, embd)
+        eng.run_chunk = fails_second
+        with pytest.raises(RuntimeError, match="a failed pass"):
+            emb.embed_many(toks)
+        del eng.run_chunk
+        assert eng.state is state and budget.charges() == books and eng.kv.n_past == 0
         eng.reset()
         assert eng.eval(toks[0]).shape == (1, eng.hp.n_vocab)    # and still generates in its own chunk
 
