@@ -281,3 +281,37 @@ def test_served_rerank_and_model_take_the_embedding_chunk():
         assert m.engine.last_pack.chunk > 64 and "embedding activations" not in dict(m.budget.charges())
     for v, ref in zip(vecs, run["batch"]):
         assert np.array_equal(np.asarray(v, np.float32), np.asarray(ref, np.float32))
+
+
+def test_mixture_streaming_its_experts_packs_in_the_bigger_chunk():
+    """qwen3moe streaming its experts (a 64-token prompt chunk): a packed batch takes one pass of a whole
+    ubatch where the budget left holds its activations, its vectors those of an engine whose chunk is the
+    whole ubatch, bit for bit."""
+    import numba
+
+    from ramforge.engine.engine import Engine
+    from ramforge.generation.embed import EmbedStats, Embedder, Pooling
+    from ramforge.memory import MemoryBudget
+    from ramforge.stream.embed_plan import pass_chunk
+    from tools.make_models import ensure_model
+    path = str(ensure_model("qwen3moe", "F16"))
+    rec = json.loads((RECORDS / "qwen3-tiny-f16.json").read_text())            # (qwen3moe shares its vocabulary)
+    toks = [it["tokens"] for it in rec["runs"][1]["items"]] * 3
+    n = sum(map(len, toks))
+    with GGUFFile(path) as f:
+        hp = _hp(f)
+        budget = next(b for b in range(plan_for_budget(f, 10 ** 6, 512).min_budget, 10 ** 9, 500_000)
+                      if (p := plan_for_budget(f, b, 512)).batch == 64 and p.experts_apart
+                      and pass_chunk(hp, p, n, b - p.planned_peak).rows == n)
+    threads = min(2, numba.config.NUMBA_NUM_THREADS)
+    out = []
+    for kw in (dict(budget=MemoryBudget(budget)), dict(batch=512)):
+        with Engine.load(path, n_ctx=512, n_threads=threads, **kw) as eng:
+            st = EmbedStats()
+            out.append(Embedder(eng, Pooling.MEAN).embed_many(toks, stats=st))
+            assert st.passes == 1 and eng.last_pack.chunk == 512
+            assert "embedding activations" not in dict(eng.budget.charges())
+            if "budget" in kw:
+                assert eng.plan.batch == 64 and eng.plan.experts_apart
+    for a, b in zip(*out):
+        assert np.array_equal(a, b)
