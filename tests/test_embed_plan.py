@@ -124,6 +124,10 @@ def test_embed_plan_leaves_the_output_matrix_out():
         assert not whole.logits and gen.logits
         assert whole.resident_budget == gen.resident_budget - out
         assert whole.active_bytes_per_token == gen.active_bytes_per_token - out
+        # a pipeline's middle stage computes with its layers and the norms, neither the output nor the embedding
+        middle = make_plan(f, None, 512, 64, layers=(1, 2))
+        assert middle.active_bytes_per_token == sum(t.nbytes for n, t in f.tensors.items() if n.startswith("blk.1.")) \
+            + f.tensors["output_norm.weight"].nbytes
         # a budget the generation plan streams the output matrix under (every layer pinned) holds the
         # embedding plan whole; below it, a pass streams its unpinned layers and embedding rows, no output
         mid = (whole.resident_budget + gen.resident_budget) // 2
