@@ -548,3 +548,24 @@ def test_causal_pack_in_small_chunks_equals_llama_cpp_batch(mid, pooling):
         assert eng.kv.n_past == 0 and eng.tokens == []          # the pack leaves no sequence behind
     finally:
         eng.close()
+
+
+def test_parallel_sequences_refuse_causal_embeddings_untouched():
+    """An engine of parallel sequences (serve --parallel: their generations share its KV cells) refuses a
+    causal model's embeddings by name, before it frees a cell: sequence 0's generation keeps its cache."""
+    import numba
+
+    from ramforge.engine.engine import Engine
+    from ramforge.errors import NotReproduced
+    from ramforge.generation.embed import Embedder
+    from tools.record_embeddings import model_file
+    with Engine.load(model_file("qwen3-tiny-f16"), n_ctx=512, n_seq=2,
+                     n_threads=min(2, numba.config.NUMBA_NUM_THREADS)) as eng:
+        want = eng.eval_batch([(0, [9707, 1879, 13]), (1, [785, 3974])])
+        with pytest.raises(NotReproduced, match="2 parallel sequences"):
+            Embedder(eng, Pooling.MEAN).embed_many([[9707, 1879]])
+        assert eng.tokens == [9707, 1879, 13] and eng.seq_tokens[1] == [785, 3974]
+        eng.seq_rm(0, -1, -1)
+        eng.seq_rm(1, -1, -1)
+        again = eng.eval_batch([(0, [9707, 1879, 13]), (1, [785, 3974])])
+        assert all(np.array_equal(want[s], again[s]) for s in (0, 1))

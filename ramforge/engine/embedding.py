@@ -46,6 +46,10 @@ def hidden(eng, tokens) -> np.ndarray:
     (non-causal attention) takes the sequence in one pass, as llama.cpp's encoder takes one ubatch."""
     if not eng.causal:
         return hidden_batch(eng, [tokens])[0]                # checks and resets there
+    if eng.kv.celled and eng.kv.n_seq > 1:                   # (before the reset: it would free sequence 0's cells)
+        raise NotReproduced(f"a causal model's embeddings take the KV cache of one sequence, and this engine's holds "
+                            f"{eng.kv.n_seq} parallel sequences (serve --parallel), whose generations share it; "
+                            f"embed with a server or Model of one sequence")
     toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
     if toks.size == 0:
         raise EmptyPrompt("an embedding needs at least one token")
