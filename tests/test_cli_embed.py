@@ -1,8 +1,10 @@
 """`ramforge embed` (cli/embed.py) on the synthetic bert fixture: its outputs equal the Embedder's
-(generation/embed.py, itself checked against llama-cpp-python in test_embeddings.py)."""
+(generation/embed.py, itself checked against llama-cpp-python in test_embeddings.py); on a streamed causal
+model, --profile's passes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from click.testing import CliRunner
 from ramforge.cli import cli
 from ramforge.cli.embed import read_documents
 
+RECORDS = Path(__file__).parent / "fixtures" / "embeddings"
 DOCS = ["Hello world", "", "The quick brown fox jumps over the lazy dog.", "Äpfel und Birnen, 42 Stück!"]
 
 
@@ -98,3 +101,25 @@ def test_too_long_without_truncate(model):
     from ramforge.errors import ContextLengthExceeded
     with pytest.raises(ContextLengthExceeded, match="truncate"):
         _run([model, "--no-truncate"], "word " * 600 + "\n")
+
+
+def test_profile_counts_a_causal_models_passes():
+    """A causal model streamed under --ram: --profile's documents per weight pass and tokens a pass are the
+    embedding plan's (`plan --embed`'s batch), the 4 documents' vectors llama.cpp's packed ones."""
+    from ramforge.gguf.reader import GGUFFile
+    from ramforge.stream.embed_plan import embed_plan
+    from tools.record_embeddings import model_file
+    path = str(model_file("llama-tiny-f16"))
+    run = next(r for r in json.loads((RECORDS / "llama-tiny-f16.json").read_text())["runs"] if r["pooling_type"] == 1)
+    with GGUFFile(path) as f:
+        p = embed_plan(f, 6 * 2 ** 20, 512)[0]
+    assert p.verdict == "streaming" and 1 < p.batch < 512
+    r = _run([path, "--ram", "6M", "--pooling", "mean", "--normalize", "-1", "--profile"],
+             "\n".join(it["text"] for it in run["items"]) + "\n")
+    assert r.exit_code == 0, r.output
+    n = sum(len(it["tokens"]) for it in run["items"])
+    passes = -(-n // p.batch)
+    assert f"4 documents, {n} tokens, {passes} weight passes ({4 / passes:.2f} documents per pass, " \
+           f"{p.batch} tokens a pass)" in r.stderr
+    for line, ref in zip(r.stdout.splitlines(), run["batch"]):
+        assert np.array_equal(np.asarray(json.loads(line)["embedding"], np.float32), np.asarray(ref, np.float32))

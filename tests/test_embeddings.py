@@ -5,7 +5,7 @@ The bound: each value within BOUND_ULPS float32 ulps of the vector's largest mag
 about 1.2e-4 relative; F16 weights F16_BOUND_ULPS, one half ulp: a 1-ulp difference upstream that flips
 the rounding of an F16 matmul's input to half moves that element by 8192 float32 ulps), far below what
 separates two texts' vectors. Measured when recorded: every record (bert, nomic-bert, gemma-embedding in
-F32 and F16, qwen3), one at a time and packed, bit for bit. Two roundings made that so, both of the
+F32 and F16, qwen3; llama and gemma3 packed), one at a time and packed, bit for bit. Two roundings made that so, both of the
 encoders' attention: the no-cache KQ mask is n_tokens x n_tokens, unpadded, so ggml_vec_soft_max_f32
 takes the keys after the last whole 16 through libm's expf, added one by one (kernels.encoder
 ._softmax_row), and P.V over fewer than 64 keys is ggml_vec_dot_f32's leftovers as gcc compiled them
@@ -521,11 +521,13 @@ def test_rerank_orders_by_score():
         assert x["document"]["text"] == docs[x["index"]]
 
 
-@pytest.mark.parametrize("mid,pooling", [("qwen3-tiny-f16", 1), ("qwen3-rerank-f16", 4)])
+@pytest.mark.parametrize("mid,pooling", [("qwen3-tiny-f16", 1), ("qwen3-rerank-f16", 4), ("llama-tiny-f16", 3),
+                                         ("gemma3-linear-f16", 1)])
 def test_causal_pack_in_small_chunks_equals_llama_cpp_batch(mid, pooling):
     """A causal model's packed batch computed in chunks of 16 rows (a small budget's chunk: each chunk a
     pass over the weights, the batch's keys of earlier chunks read from the KV cache) is still llama.cpp's
-    one-ubatch result, bit for bit, and counts its passes."""
+    one-ubatch result, bit for bit, and counts its passes: qwen3, llama (an output matrix of its own) and
+    gemma3 (windows of 8 crossing the chunks and the 47-token document)."""
     import numba
 
     from ramforge.engine.engine import Engine
@@ -546,3 +548,24 @@ def test_causal_pack_in_small_chunks_equals_llama_cpp_batch(mid, pooling):
         assert eng.kv.n_past == 0 and eng.tokens == []          # the pack leaves no sequence behind
     finally:
         eng.close()
+
+
+def test_parallel_sequences_refuse_causal_embeddings_untouched():
+    """An engine of parallel sequences (serve --parallel: their generations share its KV cells) refuses a
+    causal model's embeddings by name, before it frees a cell: sequence 0's generation keeps its cache."""
+    import numba
+
+    from ramforge.engine.engine import Engine
+    from ramforge.errors import NotReproduced
+    from ramforge.generation.embed import Embedder
+    from tools.record_embeddings import model_file
+    with Engine.load(model_file("qwen3-tiny-f16"), n_ctx=512, n_seq=2,
+                     n_threads=min(2, numba.config.NUMBA_NUM_THREADS)) as eng:
+        want = eng.eval_batch([(0, [9707, 1879, 13]), (1, [785, 3974])])
+        with pytest.raises(NotReproduced, match="2 parallel sequences"):
+            Embedder(eng, Pooling.MEAN).embed_many([[9707, 1879]])
+        assert eng.tokens == [9707, 1879, 13] and eng.seq_tokens[1] == [785, 3974]
+        eng.seq_rm(0, -1, -1)
+        eng.seq_rm(1, -1, -1)
+        again = eng.eval_batch([(0, [9707, 1879, 13]), (1, [785, 3974])])
+        assert all(np.array_equal(want[s], again[s]) for s in (0, 1))

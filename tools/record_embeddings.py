@@ -9,8 +9,9 @@ gguf's writer; a Q8_0 one by llama.cpp's quantizer; a reranker with a classifier
 `nomic-bert` ones (nomic-embed-text's tensors and mean pooling, F32, F16 and Q8_0), `jina-bert-v2` ones
 (jina-embeddings-v2-base-en's tensors, 12 heads of ALiBi, mean pooling; F32 with every optional tensor, F16,
 Q8_0, a jina-reranker-v1 head with rank pooling, and jina-v2-code's BPE pre-tokenizer over GPT-2's
-vocabulary) and a causal
-one (qwen3-tiny-f16, tools/make_models.py); from make_models Specs (write_spec_model) a `gemma-embedding`
+vocabulary) and causal
+ones (tools/make_models.py's qwen3-tiny-f16, llama-tiny-f16 with its own output matrix, and gemma3-linear-f16:
+five layers of a window of 8, one global, so packed documents cross the window); from make_models Specs (write_spec_model) a `gemma-embedding`
 model (EmbeddingGemma's traits: a window of 8, dense_2/dense_3 projections) and a Qwen3-Reranker
 (qwen3-rerank-f16: qwen3-tiny's weights plus the yes/no cls.output rows, labels and rerank template,
 its prompts as llama-server's format_prompt_rerank builds them; both softmax outputs recorded). Per pooling type, per text: llama-cpp-python's tokens and
@@ -68,6 +69,8 @@ MODELS = {
     "jina-bert-v2-tiny-q8_0": ("jina-bert-v2", "Q8_0", 1, (1,)),
     "jina-bert-v2-rank-f16": ("jina-bert-v2", "F16", 4, (4,)),
     "jina-bert-v2-code-f16": ("jina-bert-v2", "F16", 1, (1,)),
+    "llama-tiny-f16": ("llama", "F16", None, (1, 3)),
+    "gemma3-linear-f16": ("gemma3-linear", "F16", None, (1, 3)),
 }
 ENCODERS = ("bert", "nomic-bert", "jina-bert-v2")  # written here with gguf's writer (WordPiece vocabulary)
 SPEC_MODELS = ("gemma-embedding", "qwen3-rerank")  # written here from a make_models Spec (write_spec_model)

@@ -239,7 +239,9 @@ def show_plan(p, budget, remote=None, probe_io=False, storage_gb_s=None, as_json
             (f"KV cache spilled (K {p.type_k}, V {p.type_v}, ctx {p.n_ctx:,}): {p.kv_tail} recent positions a layer "
              f"and 2 read buffers in RAM", p.kv_bytes),
             ("KV cache per 1k tokens", p.kv_bytes_per_1k), (f"activations (batch {p.batch})", p.state_bytes),
-            ("planned peak (managed)", p.planned_peak), ("streamed per token (at most)", p.streamed_bytes_per_token),
+            ("planned peak (managed)", p.planned_peak),
+            ("streamed per pass over the weights (at most)" if embed is not None else "streamed per token (at most)",
+             p.streamed_bytes_per_token),
             ("active weights per token", p.active_bytes_per_token),
             *([("KV spill files on disk", p.kv_spill_file_bytes),
                ("KV read back per token (at a full context)", p.kv_read_bytes_per_token)] if p.kv_spill else []),

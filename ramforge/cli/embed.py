@@ -76,7 +76,7 @@ def embed(model, file, as_json, npy, pooling, normalize, no_truncate, profile, c
             sys.stdout.write(json.dumps({"line": n, "embedding": v.tolist()}) + "\n")
     if profile:
         err.print(f"{stats.docs} documents, {stats.tokens} tokens, {stats.passes} weight passes "
-                  f"({stats.docs_per_pass:.2f} documents per pass, {eng.plan.batch} tokens a pass), {seconds:.3f} s, "
+                  f"({stats.docs_per_pass:.2f} documents per pass, {stats.chunk} tokens a pass), {seconds:.3f} s, "
                   f"{stats.docs / seconds if seconds else 0.0:.1f} docs/s, pooling {emb.pooling.name.lower()}")
 
 

@@ -89,6 +89,7 @@ class Engine:
     seq_tokens: dict = field(default_factory=dict)  # the token ids of sequences 1.. (parallel.py; 0's: tokens)
     seq_bounds: np.ndarray | None = None            # an encoder pass's sequences' rows [a, b) i64[n_seq, 2]
                                                     # (hidden_batch; None: the batch is one sequence)
+    last_pack: object = None                        # embedding.PackedPass: the last hidden_batch's tokens and chunk
 
     @classmethod
     def load(cls, path, n_ctx: int | None = None, budget: MemoryBudget | None = None, batch: int | None = None,
@@ -126,7 +127,7 @@ class Engine:
             _refuse_unknown_tensors(f, hp, arch)
             if not (isinstance(n_seq, int) and 1 <= n_seq <= 64):
                 raise InvalidArgument(f"n_seq = {n_seq!r}: between 1 and 64 sequences")
-            if embed and batch is None and layers is None and n_seq == 1 and not kv_spill:
+            if embed and batch is None and embedding.can_pack(layers, hp.n_layer, n_seq, bool(kv_spill)):
                 plan = embed_plan(f, budget.available, n_ctx, type_k=type_k, type_v=type_v)[0]
             else:
                 plan = plan_for_budget(f, budget.available, n_ctx, layers, batch, type_k=type_k, type_v=type_v,
@@ -213,6 +214,9 @@ class Engine:
         toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if self.layers != (0, self.hp.n_layer):
             raise InvalidArgument(f"this engine runs layers {self.layers}; use eval_hidden")
+        if not embd and not self.plan.logits:     # loaded for embedding: no output matrix planned
+            raise Unsupported("this engine was loaded for embeddings (Engine.load(embed=True)): its plan keeps no "
+                              "output matrix, so it cannot compute logits; load it without embed=True to generate")
         if toks.size == 0:
             raise EmptyPrompt("eval needs at least one token")
         check_token_ids(toks, self.hp.n_vocab)

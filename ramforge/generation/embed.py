@@ -13,7 +13,8 @@ sequence evaluated from position 0.
 most n_batch tokens and N_SEQ_MAX sequences, each batch one llama_decode (Engine.hidden_batch): an
 encoder's one pass over the weights, a causal model's one ubatch in its unified KV cache (each token
 seeing its own sequence's earlier tokens), computed in chunks of the plan's batch, each chunk a pass
-over the weights (an engine loaded for embedding sizes it from the budget: stream.embed_plan). A packed
+over the weights (stream.embed_plan sizes it from the budget: an engine loaded for embedding by its plan,
+one loaded to generate by the budget its plan leaves, for the batch: engine/embedding.py). A packed
 input's vector is llama.cpp's for that batch, not bit for bit the one of the input alone: the batch's
 attention (P.V over the batch's keys, zeros outside the sequence: a key's lane is its row in the
 batch) and mean pooling (a dot over the batch's tokens) sum in other lanes, and a 1-token input's
@@ -52,6 +53,7 @@ class EmbedStats:
     docs: int = 0
     tokens: int = 0
     passes: int = 0
+    chunk: int = 0               # the largest chunk (tokens a pass over the weights can take) a batch took
 
     @property
     def docs_per_pass(self) -> float:
@@ -60,6 +62,7 @@ class EmbedStats:
     def add(self, other: "EmbedStats") -> None:
         self.docs, self.tokens, self.passes = self.docs + other.docs, self.tokens + other.tokens, \
             self.passes + other.passes
+        self.chunk = max(self.chunk, other.chunk)
 
 
 class NoEmbeddings(Unsupported):
@@ -195,8 +198,9 @@ class Embedder:
         return min(self.n_batch, N_SEQ_MAX)
 
     def passes_of(self, n_tokens: int) -> int:
-        """The passes over the weights one batch of n_tokens takes: an encoder's one, a causal model's
-        one per chunk of the plan's batch (stream.plan sizes it from the budget)."""
+        """The passes over the weights one batch of n_tokens takes in chunks of the plan's batch: an
+        encoder's one, a causal model's one per chunk (a packed batch may take bigger chunks where the
+        budget allows: Engine.last_pack)."""
         return 1 if not self.engine.causal else -(-n_tokens // self.engine.plan.batch)
 
     def packs(self, token_lists: list[list[int]]) -> list[list[int]]:
@@ -224,12 +228,14 @@ class Embedder:
             for i, t in enumerate(token_lists):
                 out[i] = self.embed_tokens(t, normalize, pooling)
                 st.passes += self.passes_of(len(t))
+                st.chunk = e.plan.batch
         else:
             for pack in self.packs(token_lists):
                 hidden, bounds = e.hidden_batch([token_lists[i] for i in pack])
                 for i, v in zip(pack, pool_batch(e, hidden, bounds, pooling)):
                     out[i] = v if normalize == -1 else embd_normalize(v, normalize)
-                st.passes += self.passes_of(int(bounds[-1, 1]))
+                st.passes += e.last_pack.passes
+                st.chunk = max(st.chunk, e.last_pack.chunk)
         st.docs, st.tokens = len(token_lists), sum(len(t) for t in token_lists)
         if stats is not None:
             stats.add(st)

@@ -100,15 +100,17 @@ class Tensors:
     small_bytes: int                              # the small persistent tensors (SMALL), kept as float32
     embd_row_bytes: int                           # one row of the token embedding (0: none)
     model_bytes: int
-    logits: bool                                  # the last range computes the logits
+    logits: bool                                  # the range computes the logits (the last, unless embedding)
 
     @property
     def embeds(self) -> bool:                     # the first range embeds the tokens
         return self.layers[0] == 0
 
 
-def classify_tensors(table: Mapping[str, TensorInfo], n_layer: int, layers: tuple[int, int]) -> Tensors:
-    """Sort a tensor table (name -> TensorInfo) into the range's layers and the persistent tensors."""
+def classify_tensors(table: Mapping[str, TensorInfo], n_layer: int, layers: tuple[int, int],
+                     logits: bool = True) -> Tensors:
+    """Sort a tensor table (name -> TensorInfo) into the range's layers and the persistent tensors.
+    logits=False: passes that end in the hidden states (embeddings), which never read the output matrix."""
     a, b = layers
     by_layer: dict[int, list[TensorInfo]] = {i: [] for i in range(a, b)}
     persistent: dict[str, int] = {}
@@ -121,7 +123,8 @@ def classify_tensors(table: Mapping[str, TensorInfo], n_layer: int, layers: tupl
         elif a <= i < b:
             by_layer[i].append(t)
     out_name = OUTPUT if OUTPUT in persistent else EMBD
-    big = [out_name] if b == n_layer else []              # the last range computes logits
+    logits = logits and b == n_layer
+    big = [out_name] if logits else []                    # the last range computes logits
     if a == 0 and EMBD not in big:                        # the first range embeds tokens
         big.append(EMBD)
     small = sum(4 * table[n].n_elements for n in SMALL
@@ -130,7 +133,7 @@ def classify_tensors(table: Mapping[str, TensorInfo], n_layer: int, layers: tupl
     return Tensors(layers, {i: tuple(ts) for i, ts in by_layer.items()}, persistent, out_name,
                    tuple(n for n in big if n in persistent), small,
                    embd.nbytes // embd.dims[1] if embd is not None else 0, sum(t.nbytes for t in table.values()),
-                   b == n_layer)
+                   logits)
 
 
 @dataclass(frozen=True)

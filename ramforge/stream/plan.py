@@ -47,7 +47,7 @@ from ..models import ARCHS, is_executable, layer_windows
 from ..models.config import HParams
 from ..kv.cells import kv_rows
 from ..kv.types import CHUNK, SpillLayout, bytes_per_position, kv_type, spill_layout
-from .layout import EMBD, Layout, Tensors, classify_tensors, layer_layout
+from .layout import EMBD, OUTPUT, Layout, Tensors, classify_tensors, layer_layout
 
 DEFAULT_BATCH = 64          # prompt tokens per forward chunk
 PERSISTENT_SHARE = 0.5      # of the streaming headroom, at most this much for resident persistent tensors
@@ -242,9 +242,10 @@ def residency(budget: int | None, fx: Fixed, t: Tensors, lay: Layout, need: Need
 
 def active_bytes(t: Tensors, lay: Layout) -> int:
     """Weights one token computes with: every dense tensor of the range, k of n_expert experts, the
-    persistent tensors, the output projection (last range) and an embedding row (first range)."""
+    persistent tensors, the output projection (a range that computes logits) and an embedding row (the
+    first range)."""
     ex = lay.experts
-    outside = sum(t.persistent.values()) - sum(t.persistent[n] for n in t.big)       # norms, rope factors
+    outside = sum(v for n, v in t.persistent.items() if n not in (EMBD, OUTPUT))     # norms, rope factors
     return (sum(x.nbytes for ts in t.by_layer.values() for x in ts) - ex.total_bytes
             + (ex.total_bytes * ex.k // ex.n_expert if ex.n_expert else 0) + outside
             + (t.persistent.get(t.out_name, 0) if t.logits else 0) + (t.embd_row_bytes if t.embeds else 0))
@@ -296,6 +297,7 @@ class Plan:
     kv_tail: int = 0                              # positions of each layer in RAM (the most recent ones)
     kv_spill_file_bytes: int = 0                  # the spill files on disk (all layers)
     kv_read_bytes_per_token: int = 0              # K/V read back per decode token at a full context
+    logits: bool = True                           # its passes compute logits (False: embeddings, no output matrix)
 
     def noted(self, note: str) -> Plan:
         """This plan with one more note."""
@@ -337,14 +339,16 @@ class Plan:
 
 def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: int = DEFAULT_BATCH,
               layers: tuple[int, int] | None = None, hit_rate: float | None = None, type_k: str = "f16",
-              type_v: str = "f16", kv_spill: bool = False, kv_tail: int | None = None, n_seq: int = 1) -> Plan:
+              type_v: str = "f16", kv_spill: bool = False, kv_tail: int | None = None, n_seq: int = 1,
+              logits: bool = True) -> Plan:
     """The plan of one prompt chunk size: the steps above, the Plan built from their records.
     hit_rate: the expert cache hit rate for expected_bytes_per_token; by default the share of all
-    experts the cache holds (what routing spread evenly over the experts would hit)."""
+    experts the cache holds (what routing spread evenly over the experts would hit). logits=False:
+    passes that end in the hidden states (stream.embed_plan), the output matrix neither kept nor read."""
     hp = HParams.from_metadata(f.metadata, n_vocab_of(f))
     req = request_of(hp, n_ctx, batch, layers, type_k=type_k, type_v=type_v, kv_spill=kv_spill, kv_tail=kv_tail,
                      n_seq=n_seq, hit_rate=hit_rate)
-    t = classify_tensors(f.tensors, hp.n_layer, req.layers)
+    t = classify_tensors(f.tensors, hp.n_layer, req.layers, logits)
     lay = layer_layout(hp, t)
     fx = fixed_costs(hp, req, t)
     need = needs(fx, t, lay, req.batch)
@@ -366,7 +370,7 @@ def make_plan(f: GGUFFile, budget: int | None, n_ctx: int | None = None, batch: 
         type_k=kv_type(type_k), type_v=kv_type(type_v), kv_bytes_per_pos=fx.kv_bytes_per_pos,
         n_ctx_train=hp.n_ctx_train, kv_positions=req.n_ctx, kv_spill=fx.spill is not None,
         kv_tail=fx.spill.tail if fx.spill is not None else 0, kv_spill_file_bytes=fx.kv_spill_file_bytes,
-        kv_read_bytes_per_token=fx.kv_read_bytes_per_token)
+        kv_read_bytes_per_token=fx.kv_read_bytes_per_token, logits=t.logits)
 
 
 
