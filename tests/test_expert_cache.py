@@ -433,3 +433,34 @@ def test_a_prefill_runs_the_cached_experts_and_the_arrivals_in_batches(moe_q4k, 
     assert b.current == 0 and b.charges() == []
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
+
+
+def test_reads_ahead_stop_while_the_guesses_not_cached_are_missed(cache, monkeypatch):
+    """Guesses naming cached experts rightly keep the accuracy high, but when the guesses a read would fetch
+    (those not cached) are seldom picked (READ_AHEAD_PRECISION), they are not read (counted as skipped);
+    the cached ones are still kept, and reads resume once such guesses are picked again."""
+    from ramforge.stream import experts
+    from ramforge.stream.experts import ACCURACY_TURNS, READ_AHEAD_FROM
+
+    monkeypatch.setattr(experts, "READ_AHEAD_PRECISION", 0.5)
+    c = cache(range(0, 2), 8)
+    _turn(c, 1, [1, 2])
+    for t in range(2 * ACCURACY_TURNS):                   # 1, 2 cached and right; the third never picked
+        rec0, _ = _turn(c, 0, [0], predict=[1, 2, 5 + t % 11])
+        _turn(c, 1, [1, 2])
+    assert c.accuracy >= READ_AHEAD_FROM and c.precision < experts.READ_AHEAD_PRECISION
+    assert (rec0.prefetch_issued, rec0.prefetch_skipped) == (0, 1)
+    rec0 = ExpertRecord(0)
+    c.layer(0, np.array([0]), 1, rec0)
+    c.predict(1, np.array([1, 2, 3]), rec0)
+    assert {c._slot[(1, 1)], c._slot[(1, 2)]} <= set(c._kept.values())   # cached guesses still kept
+    c.end(rec0)
+    _turn(c, 1, [1, 2, 3])
+    for t in range(2 * ACCURACY_TURNS):                   # guesses not cached, and picked: reads resume
+        e = 4 + t % 11
+        _turn(c, 0, [0], predict=[1, 2, e])
+        _turn(c, 1, [1, 2, e])
+    assert c.precision >= experts.READ_AHEAD_PRECISION
+    assert (1, 15) not in c
+    rec0, _ = _turn(c, 0, [0], predict=[1, 2, 15])
+    assert (rec0.prefetch_issued, rec0.prefetch_skipped) == (1, 0) and (1, 15) in c

@@ -180,7 +180,7 @@ def _repack_q4k_in_place(raw8, raw32, n_out, row_bytes, G):
         _q4k_group(tmp8, tmp32, raw8, raw32, g * G * row_bytes, G, row_bytes)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _repack_many(raw8, raw32, offs, kinds, n_outs, row_bytes, groups, n_threads):
     # weights m = 0.. at raw8[offs[m]:] (kind kinds[m], n_outs[m] rows of row_bytes[m] in groups of groups[m]),
     # every one repacked in place; the groups of all of them split evenly over n_threads

@@ -14,14 +14,18 @@ predicted experts that are not cached behind this layer's own reads. Compute alw
 routing: a wrong guess costs bandwidth only, and is counted as a wasted prefetch (cancelled if its read
 has not begun). Every guess is scored; reads ahead are made only while recent guesses name at least
 READ_AHEAD_FROM of the picks (on random-weight models they name about a third, and reading them ahead
-was slower than not).
+was slower than not), and while at least READ_AHEAD_PRECISION of the guesses not cached (the ones a read
+would fetch) were picked: on a skew-routed model the cached guesses are the popular experts, and right,
+the others mostly wrong (the 6-layer skew file at 1/4: 15 wasted reads a token for 4 read-ahead hits;
+gated, 36 MB read a token instead of 66-73, at the same s/token).
 
 An expert whose matrices take kernels.repack's layout (Q4_0, Q4_K, Q8_0) is repacked in its slot at its
 second use after its read (PACK_AT_USE), as llama.cpp repacks its expert tensors at load, by the compute
 threads together (kernels.repack.repack_many): its later uses run the repacked kernels, 2-3x faster than
 rows in file order. The repack costs about one file-order use, so an expert used once per read (at 1/4
 of a random-routed model, many are) is not repacked; on a reader thread the repacks slowed the compute
-threads' parallel regions more than they saved.
+threads' parallel regions more than they saved. (Repacking used experts while the compute thread waited
+for a read, on one thread, was tried: it turned waiting into repacking, and no token got faster.)
 
 Eviction (`Policy`): LRU, or LFU, a frequency-aware policy: the fewest uses, each use's weight
 halving every `HALF_LIFE` tokens, the least recently used among equals.
@@ -46,6 +50,7 @@ from .io import ModelFile, aligned_empty
 HALF_LIFE = 64.0        # tokens: a use's weight in LFU halves over this many tokens
 READ_AHEAD_FROM = 0.5   # read ahead only while at least this share of recent picks was guessed ...
 ACCURACY_TURNS = 32     # ... recent: a moving average over about this many layer turns
+READ_AHEAD_PRECISION = 0.5   # ... and while at least this share of the guesses not cached was picked
 READERS = 2             # reader threads: more than one read in flight keeps a fast SSD busy
 PACK_AT_USE = 2         # an expert's use (since its read) at which it is repacked
 
@@ -100,6 +105,7 @@ class ExpertCache:
         self._prefetched: dict[tuple[int, int], int] = {}  # key -> slot, read for a layer not yet run
         self._kept: dict[tuple[int, int], int] = {}        # key -> slot, cached and predicted: kept from eviction
         self._predicted: dict[int, set[int]] = {}          # layer -> its predicted experts, until it runs
+        self._unseen: dict[int, set[int]] = {}             # ... those of them not cached when guessed
         self._pool = ThreadPoolExecutor(readers, thread_name_prefix="ramforge-experts")
         self._turn: list[tuple[int, int]] = []              # this layer's keys, in compute order
         self._todo: list[tuple[int, int]] = []              # ... those that were misses
@@ -109,6 +115,7 @@ class ExpertCache:
         self.totals = ExpertRecord("all")
         self.prefetch = prefetch                            # guess the next layer's experts ...
         self.accuracy = 1.0                                 # ... and read them ahead while guesses are right
+        self.precision = 1.0                                # ... and the guesses a read would fetch
 
     @property
     def n_slots(self) -> int:
@@ -138,6 +145,9 @@ class ExpertCache:
             rec.predicted += len(keys)
             rec.predicted_right += right
             self.accuracy += (right / max(len(keys), 1) - self.accuracy) / ACCURACY_TURNS
+        unseen = self._unseen.pop(il, None)
+        if unseen:
+            self.precision += (sum(e in unseen for _, e in keys) / len(unseen) - self.precision) / ACCURACY_TURNS
         for k in [k for k in self._kept if k[0] == il]:
             self._protected[self._kept.pop(k)] = False
         for k in [k for k in self._prefetched if k[0] == il and k not in picked]:
@@ -273,9 +283,13 @@ class ExpertCache:
         if not self.prefetch or il not in self.tensors:
             return
         self._predicted[il] = {int(e) for e in ids}           # scored when layer il runs
+        self._unseen[il] = {int(e) for e in ids if (il, int(e)) not in self._slot}
         if self.accuracy < READ_AHEAD_FROM:                     # guesses mostly wrong lately: reads would
             rec.prefetch_skipped += 1                           # cost more than they save
             return
+        reads = self.precision >= READ_AHEAD_PRECISION
+        if not reads and self._unseen[il]:
+            rec.prefetch_skipped += 1
         for e in ids:
             k = (il, int(e))
             slot = self._slot.get(k)
@@ -283,6 +297,8 @@ class ExpertCache:
                 if not self._protected[slot]:
                     self._protected[slot] = True
                     self._kept[k] = slot
+                continue
+            if not reads:
                 continue
             if not self._start(k):
                 return
@@ -439,6 +455,7 @@ class ExpertCache:
         self._prefetched.clear()
         self._kept.clear()
         self._predicted.clear()
+        self._unseen.clear()
         self._protected[:] = False
 
     def close(self) -> None:
