@@ -266,6 +266,26 @@ class Warmup:
             ev.wait()
         return False
 
+    def share(self, job: WarmJob, kernels) -> None:
+        """Route this process's first load of each kernel (a numba dispatcher with a disk cache) that `job`
+        compiles through take(job), where the disk cache lacks it: still queued, the kernel compiles here;
+        else it is loaded from the disk cache after the worker (numba looks there before it compiles, under
+        its compiler lock). Once per kernel: its cache's own method is back after that first load."""
+        for kernel in kernels:
+            cache = getattr(kernel, "_cache", None)
+            load = getattr(cache, "load_overload", None)
+            if load is None:
+                continue
+
+            def load_overload(sig, target_context, cache=cache, load=load):
+                cache.__dict__.pop("load_overload", None)          # once: the class's method again
+                cres = load(sig, target_context)
+                if cres is None and not self.take(job):
+                    cres = load(sig, target_context)
+                return cres
+
+            cache.load_overload = load_overload
+
     def _next(self) -> WarmJob | None:
         with self._cond:
             while not self._queue and not self._sealed and not self._cancelled:

@@ -82,15 +82,15 @@ def run(model, prompt_arg, prompt, raw, max_tokens, ctx, ram, io, threads, exper
     from ..jit import COMPILE
 
     k0 = COMPILE.kernels
-    early = cold_start(md, not as_json) if cluster is None else None
+    if template is not None:
+        text = template.strip_special(template.render([{"role": "user", "content": text}]))
+    early = cold_start(md, path, text, threads, kv, not as_json) if cluster is None else None
     with compile_notice(), early or nullcontext(), load_engine(model, ctx, ram, io, threads, expert_cache,
                                                                 expert_prefetch, drafter, cluster, kv,
                                                                 spill_of(kv_spill)) as eng:
         if trace_routing:
             routing_trace.attach(eng, trace_routing)
         sampler = Sampler(params, eng.hp.n_vocab, chain=LLAMA, tokenizer=eng.tokenizer)
-        if template is not None:
-            text = template.strip_special(template.render([{"role": "user", "content": text}]))
         ids = eng.tokenizer.encode(text, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
         background = decode_kernels_in_background(eng, early, COMPILE.kernels > k0, not as_json, len(ids))
@@ -130,11 +130,13 @@ def run(model, prompt_arg, prompt, raw, max_tokens, ctx, ram, io, threads, exper
             render_memory(extra["memory"])
 
 
-def cold_start(md: dict, say: bool):
+def cold_start(md: dict, path: str, text: str, threads, kv, say: bool):
     """On a fresh kernel cache (the sampler's kernel not in it: jit.cached), start the warm-up workers
     before the model loads (ramforge.jit.Warmup, on the cores this process leaves, taking more jobs
-    later), with the sampler's kernels first, and say how long the first token will take. None when warm."""
-    from ..engine.warmup import sampler_job
+    later) with the jobs that need no loaded model (engine.warmup.early_jobs: a dry first pass over the
+    prompt, which compiles its kernels but the matmuls', then the sampler's, which this process waits for
+    if it gets there first: jit.Warmup.share), and say how long the first token will take. None when warm."""
+    from ..engine.warmup import early_jobs
     from ..jit import Warmup, cached, worker_count
     from ..kernels import cxxsort
 
@@ -142,8 +144,11 @@ def cold_start(md: dict, say: bool):
         return None
     if say:
         say_first_run()
-    n_vocab = len(md.get("tokenizer.ggml.tokens") or ()) or 32000   # the dummy row's size only
-    return Warmup([sampler_job(n_vocab)], worker_count(reserve=1), more=True)
+    early = early_jobs(md, path, text, threads, kv)
+    warmup = Warmup([job for job, _ in early], worker_count(reserve=1), more=True)
+    for job, kernels in early:
+        warmup.share(job, kernels)
+    return warmup
 
 
 class ColdRun:
@@ -177,7 +182,7 @@ def decode_kernels_in_background(eng, warmup, cold: bool, say: bool, n_prompt: i
             say_first_run()
         warmup = Warmup([], worker_count(reserve=1), more=True)
     else:
-        jobs = jobs[1:]                             # the sampler's: queued before the load
+        jobs = jobs[1:]                             # the sampler's: queued before the load (early_jobs)
     deferral = Deferral(jobs)
     try:
         warmup.on_job = deferral.on_job
