@@ -253,16 +253,16 @@ class Warmup:
             self._sealed = True
             self._cond.notify_all()
 
-    def take(self, job: WarmJob) -> bool:
+    def take(self, job: WarmJob, wait: bool = True) -> bool:
         """True: the job was still queued and is the caller's now (no worker will run it). False: a
-        worker has run it, after waiting for the worker that is on it, if one is (its kernels are in the
-        disk cache then, unless it failed: a call compiles what is missing)."""
+        worker has run it, after waiting for the worker that is on it, if one is and `wait` (its kernels
+        are in the disk cache then, unless it failed: a call compiles what is missing)."""
         with self._cond:
             if any(j is job for j in self._queue):
                 self._queue = [j for j in self._queue if j is not job]
                 return True
             ev = self._running.get(id(job))
-        if ev is not None:
+        if ev is not None and wait:
             ev.wait()
         return False
 

@@ -167,11 +167,13 @@ def decode_kernels_in_background(eng, warmup, cold: bool, say: bool, n_prompt: i
     """On a cold kernel cache (cold_start's warmup, or the load compiled kernels), compile in the warm-up
     workers, while this process evaluates the prompt: the first pass's matmul kernels, shared with this
     process (engine.warmup.FirstPass: the workers take them last-needed first, this process first-needed
-    first), then the sampler's (unless queued already) and the fused decode kernels. Until each fused
-    kernel's job has ended, decode runs the per-matrix kernels the prefill compiled (engine.warmup.
-    Deferral: the same arithmetic, bit for bit). A kernel both reach compiles once into the disk cache,
-    and the other loads it from there. Returns a ColdRun, or None when warm."""
-    from ..engine.warmup import Deferral, FirstPass, warm_jobs
+    first), then the sampler's (unless queued already) and the fused decode kernels. The sampler's job,
+    if no worker has begun it (the dry first pass still on), is taken back and run here first: the worker
+    goes on with the matmuls meanwhile. Until each fused kernel's job has ended, decode runs the
+    per-matrix kernels the prefill compiled (engine.warmup.Deferral: the same arithmetic, bit for bit).
+    A kernel both reach compiles once into the disk cache, and the other loads it from there. Returns a
+    ColdRun, or None when warm."""
+    from ..engine.warmup import Deferral, FirstPass, sampler_job, warm_jobs
     from ..jit import Warmup, worker_count
 
     if warmup is None and not cold:
@@ -189,6 +191,9 @@ def decode_kernels_in_background(eng, warmup, cold: bool, say: bool, n_prompt: i
         first = FirstPass(eng, n_prompt, warmup)
         warmup.add(jobs)
         warmup.seal()
+        sampler = next((j for j in warmup.jobs if j.module == sampler_job(1).module), None)
+        if sampler is not None and warmup.take(sampler, wait=False):
+            sampler.run()       # no worker has begun it (the dry pass's still on): here, while it goes on
     except BaseException:
         deferral.release()
         warmup.cancel()
