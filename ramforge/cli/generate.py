@@ -212,14 +212,16 @@ def say_first_run() -> None:
 
 def first_run_estimate(cores: int) -> float:
     """Seconds from this notice to the first token of a first run on a quiet machine, roughly: on two
-    cores or more, this process's share (the load's and the first pass's kernels, FIRST_RUN_S) while a
-    worker compiles the sampler's and the first pass's last matmul kernels; on one core, all of them."""
+    cores or more, the larger share of two processes (FIRST_RUN_S): this one compiles the load's
+    kernels, the sampler's and some of the first pass's matmuls while a worker runs the dry first pass
+    (the pass's other kernels) and the rest of its matmuls; on one core, all of them."""
     return FIRST_RUN_S if cores > 1 else FIRST_RUN_ONE_CORE_S
 
 
-# gemma-3 270m, from COMPILE.records' CPU seconds: this process's share is ~15 s of kernels (+ ~1 s),
-# the worker's ~7 s of the sampler's, ~4 s of matmuls and ~1 s to start
-FIRST_RUN_S = 16.0           # on 2 cores or more: this process's share
+# gemma-3 270m, from COMPILE.records' CPU seconds and /proc at the first token (session 48, a busy host: ~15 s
+# each; ~28 s in all, as before the dry pass): this process ~5 s of the load's kernels, ~5 s of the sampler's,
+# a part of ~6 s of matmuls and ~2 s else; the worker ~2 s to start and load, ~8 s of the dry pass, the rest
+FIRST_RUN_S = 16.0           # on 2 cores or more: the larger share
 FIRST_RUN_ONE_CORE_S = 30.0  # on one core: both
 
 

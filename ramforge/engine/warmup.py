@@ -25,6 +25,9 @@ def early_jobs(md: dict, path: str, prompt: str | int, n_threads: int | None = N
     return first + [(sampler_job(n_vocab), (cxxsort.top_sorted, libm.exp_shifted))]
 
 
+DRY_TOKENS = 1024      # the most tokens a dry pass runs (a long prompt's first batch and its remainder's)
+
+
 def warm_first_pass(path: str, prompt: str | int, n_threads: int | None, type_k=None, type_v=None) -> None:
     """Compile (or load) the kernels a first pass over `prompt` (a text, tokenized as `run` does, or a count
     of tokens) and one decode step take, but the matmuls' (jobs of their own) and the load's: a dry pass
@@ -34,7 +37,7 @@ def warm_first_pass(path: str, prompt: str | int, n_threads: int | None, type_k=
     from ..kernels import fused
     from .engine import Engine
 
-    n = len(prompt.encode()) + 2 if isinstance(prompt, str) else int(prompt)
+    n = min(len(prompt.encode()) + 2 if isinstance(prompt, str) else int(prompt), DRY_TOKENS)
     qmatmul.dry = True
     fused.hold()
     try:
@@ -43,6 +46,8 @@ def warm_first_pass(path: str, prompt: str | int, n_threads: int | None, type_k=
         try:
             ids = (eng.tokenizer.encode(prompt, add_special=True, parse_special=True) if isinstance(prompt, str)
                    else [max(eng.tokenizer.bos_id, 0)] * max(1, n))
+            ub = max(1, int(eng.ubatch))
+            ids = ids[:min(n, ub + len(ids) % ub if len(ids) > ub else len(ids))]  # a long prompt's two batch sizes
             eng.eval(ids)
             eng.eval(ids[-1:])
         finally:
