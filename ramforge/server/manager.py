@@ -354,10 +354,13 @@ class ModelManager:
             return None, None
         with GGUFFile(target.path) as f:
             md = f.metadata
-        turn = [{"role": "user", "content": "Hello"}]       # a first request's size, roughly
-        template = model_chat_template(md, is_default_model(target.name, target.path),
-                                       target.config.template or (self.cfg.chat_template if target.startup else None))
-        prompt = template.strip_special(template.render(turn))
+        prompt = "Hello"                                    # a first request's size, roughly: a chat turn's
+        try:
+            template = model_chat_template(md, is_default_model(target.name, target.path), target.config.template
+                                           or (self.cfg.chat_template if target.startup else None))
+            prompt = template.strip_special(template.render([{"role": "user", "content": prompt}]))
+        except Exception as e:  # noqa: BLE001 - a template the requests will refuse; the plain text will do here
+            log.debug("no chat turn for the warm-up: %s", e)
         early = early_jobs(md, target.path, prompt, runner[0],
                            tuple(self._kv_types().get(k) for k in ("type_k", "type_v")))
         workers = jit.Warmup([job for job, _ in early], jit.worker_count(reserve=1), more=True)
