@@ -253,18 +253,38 @@ class Warmup:
             self._sealed = True
             self._cond.notify_all()
 
-    def take(self, job: WarmJob) -> bool:
+    def take(self, job: WarmJob, wait: bool = True) -> bool:
         """True: the job was still queued and is the caller's now (no worker will run it). False: a
-        worker has run it, after waiting for the worker that is on it, if one is (its kernels are in the
-        disk cache then, unless it failed: a call compiles what is missing)."""
+        worker has run it, after waiting for the worker that is on it, if one is and `wait` (its kernels
+        are in the disk cache then, unless it failed: a call compiles what is missing)."""
         with self._cond:
             if any(j is job for j in self._queue):
                 self._queue = [j for j in self._queue if j is not job]
                 return True
             ev = self._running.get(id(job))
-        if ev is not None:
+        if ev is not None and wait:
             ev.wait()
         return False
+
+    def share(self, job: WarmJob, kernels) -> None:
+        """Route this process's first load of each kernel (a numba dispatcher with a disk cache) that `job`
+        compiles through take(job), where the disk cache lacks it: still queued, the kernel compiles here;
+        else it is loaded from the disk cache after the worker (numba looks there before it compiles, under
+        its compiler lock). Once per kernel: its cache's own method is back after that first load."""
+        for kernel in kernels:
+            cache = getattr(kernel, "_cache", None)
+            load = getattr(cache, "load_overload", None)
+            if load is None:
+                continue
+
+            def load_overload(sig, target_context, cache=cache, load=load):
+                cache.__dict__.pop("load_overload", None)          # once: the class's method again
+                cres = load(sig, target_context)
+                if cres is None and not self.take(job):
+                    cres = load(sig, target_context)
+                return cres
+
+            cache.load_overload = load_overload
 
     def _next(self) -> WarmJob | None:
         with self._cond:

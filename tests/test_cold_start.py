@@ -1,5 +1,7 @@
 """A first run that does not make people wait: kernels warm up in worker processes (ramforge.jit.Warmup),
-`serve` answers /health 503 (llama-server's "Loading model") while they do, and requests wait for them."""
+from before the model loads on a fresh cache (a dry first pass, the sampler's); `run` and `serve`'s requests
+share the matmul kernels with them; `serve` answers /health 503 (llama-server's "Loading model") while a
+warm cache loads, and requests wait for that."""
 from __future__ import annotations
 
 import json
@@ -118,27 +120,34 @@ def test_a_request_that_outwaits_the_warm_up_is_told_to_retry(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_cold_serve_answers_health_at_once(tmp_path):
-    """A real cold compile (a fresh kernel cache): /health answers (503) within 30 s, then 200."""
+def test_a_cold_serve_answers_at_once_with_the_warm_servers_tokens(tmp_path):
+    """A real cold compile (a fresh kernel cache): /health answers 200 once the model has loaded, the first
+    generation runs while the workers compile, and a second server on the now warm cache gives its tokens."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "kernels"))
-    port = 18000 + os.getpid() % 1000
-    p = subprocess.Popen([sys.executable, "-m", "ramforge", "serve", "default", "--port", str(port)], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         cwd=Path(__file__).resolve().parents[1])
-    try:
-        t0, seen = time.monotonic(), []
-        while time.monotonic() - t0 < 900 and 200 not in seen:
-            try:
-                seen.append(httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code)
-                if len(seen) == 1:
-                    assert time.monotonic() - t0 < 30
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        assert seen[0] == 503 and seen[-1] == 200
-    finally:
-        p.terminate()
-        p.wait(60)
+    body = {"model": "default", "prompt": "Why is the sky blue?", "stream": False,
+            "options": {"temperature": 0, "num_predict": 8}}
+    answers = []
+    for run in range(2):
+        port = 18000 + (os.getpid() + run) % 1000
+        p = subprocess.Popen([sys.executable, "-m", "ramforge", "serve", "default", "--port", str(port)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             cwd=Path(__file__).resolve().parents[1])
+        try:
+            t0, seen = time.monotonic(), []
+            while time.monotonic() - t0 < 120 and 200 not in seen:
+                try:
+                    seen.append(httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code)
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.5)
+            assert seen and seen[-1] == 200
+            r = httpx.post(f"http://127.0.0.1:{port}/api/generate", json=body, timeout=900)
+            assert r.status_code == 200 and r.json()["eval_count"] == 8
+            answers.append(r.json()["context"])
+        finally:
+            p.terminate()
+            p.wait(60)
+    assert answers[0] == answers[1]
 
 
 def test_each_job_is_reported_as_it_ends_then_the_end(tmp_path):
@@ -298,8 +307,14 @@ def test_a_cold_serve_answers_on_the_per_matrix_kernels_while_the_fused_ones_com
     gate, seen = threading.Event(), {}
 
     class Workers:                                       # the workers, held until the test lets them end
-        def __init__(self, jobs, workers, on_job=None):
-            self.jobs, self.on_job = jobs, on_job
+        def __init__(self, jobs, workers, on_job=None, more=False):
+            self.jobs, self.on_job = list(jobs), on_job
+
+        def add(self, jobs):
+            self.jobs += list(jobs)
+
+        def seal(self):
+            pass
 
         def wait(self, timeout=None):
             gate.wait(60)
@@ -344,5 +359,181 @@ def test_a_warm_cache_is_told_before_anything_loads():
 
     sampling.warm(64)                                    # the sampler's sort, in the disk cache now
     assert jit.cached(cxxsort.top_sorted)
-    assert cold_start({}, say=False) is None             # a warm `run` starts no worker
+    assert cold_start({}, "x.gguf", "Hello", None, (None, None), say=False) is None   # a warm `run` starts no worker
     assert not jit.cached(njit(lambda x: x))             # no disk cache: unknown, so not cached
+
+
+_SHARED_SRC = '''
+from numba import njit
+
+
+@njit(cache=True)
+def twice(x):
+    return 2 * x
+'''
+
+
+@pytest.mark.parametrize("queued", [True, False])
+def test_a_shared_kernel_is_taken_back_if_queued_else_loaded_after_the_worker(tmp_path, monkeypatch, queued):
+    # jit.Warmup.share: this process's first cache miss of a kernel a job compiles goes through take(job)
+    import importlib
+
+    from ramforge.jit import COMPILE
+
+    name = f"shared_kernel_{os.getpid()}_{int(queued)}"
+    (tmp_path / f"{name}.py").write_text(_SHARED_SRC)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    mod = importlib.import_module(name)
+    job = WarmJob(name, "twice", (21,))
+    busy = [WarmJob("time", "sleep", (5.0,))] if queued else []       # the worker busy while this process calls
+    w = Warmup(busy + [job], workers=1, more=True)
+    try:
+        w.share(job, [mod.twice])
+        assert "load_overload" in vars(mod.twice._cache)
+        if not queued:
+            t0 = time.monotonic()
+            while job not in w.finished:
+                assert time.monotonic() - t0 < 60
+                time.sleep(0.05)
+        k0 = COMPILE.kernels
+        assert mod.twice(21) == 42
+        assert COMPILE.kernels - k0 == (1 if queued else 0)      # compiled here, or loaded from the worker's save
+        assert "load_overload" not in vars(mod.twice._cache)     # the hook is gone after one miss
+        w.seal()
+        assert w.wait(60) and w.ok
+        assert (job in w.finished) is not queued                 # taken back: no worker ran it
+    finally:
+        w.cancel()
+
+
+def test_a_cold_serve_runs_requests_at_once_sharing_their_matmul_kernels(monkeypatch, engine):
+    # a fresh cache: requests run while the workers compile; a matmul kernel whose job is still queued is
+    # taken back (here: loaded from the warm cache), and the answer is the warm one, bit for bit
+    import ramforge.jit as jit
+
+    gate, taken = threading.Event(), []
+
+    class Workers:                                       # the workers, queued jobs not begun until the gate
+        def __init__(self, jobs, workers, on_job=None, more=False):
+            self.jobs, self.on_job = list(jobs), on_job
+
+        def add(self, jobs):
+            self.jobs += list(jobs)
+
+        def seal(self):
+            pass
+
+        def share(self, job, kernels):
+            pass
+
+        def take(self, job):
+            taken.append(job)
+            return True
+
+        def wait(self, timeout=None):
+            gate.wait(60)
+            self.on_job(None)
+            return True
+
+        def cancel(self):
+            gate.set()
+
+    monkeypatch.setattr(jit, "Warmup", Workers)
+    monkeypatch.setattr(jit, "cached", lambda dispatcher: False)             # a fresh kernel cache
+    body = {"model": "default", "prompt": "Why is the sky blue?", "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 4}}
+    app = create_app(ServerConfig(model="default", ram="400M", n_ctx=256, n_threads=1))
+    try:
+        app.state.manager.preload()
+        with TestClient(app) as client:
+            warming = app.state.manager.current.warming
+            assert warming.usable.wait(60) and not warming.done.is_set()
+            assert client.get("/health").status_code == 200
+            cold = client.post("/api/generate", json=body)
+            eng = app.state.manager.current.model.engine
+            kernels = warmup.shared_matmuls(taken)                   # each taken once, a matmul kernel's job
+            assert taken and len(kernels) == len(taken) and set(kernels) <= set(warmup.matmul_jobs(eng))
+            n = cold.json()["prompt_eval_count"]                     # the first pass's, queued first
+            assert list(kernels)[0] == list(warmup.first_pass_jobs(eng, n))[0]
+            gate.set()
+            assert warming.done.wait(60)
+            from ramforge.kernels import qmatmul
+            assert qmatmul.first_call is None                    # the hook went with the workers
+            warm = client.post("/api/generate", json=body)
+            assert cold.status_code == warm.status_code == 200
+            assert cold.json()["context"] == warm.json()["context"] and cold.json()["eval_count"] == 4
+    finally:
+        gate.set()
+
+
+def test_a_dry_first_pass_runs_every_kernel_but_the_matmuls(default_model, monkeypatch):
+    # warm_first_pass (a worker's job before the load): the pass and a decode step run, no matmul kernel is
+    # called (the products stay zero, so the logits do), and the process is left as it was
+    from ramforge.engine import engine as engine_mod
+    from ramforge.kernels import fused, qmatmul
+
+    seen = {}
+    load = engine_mod.Engine.load
+
+    def spy(*a, **kw):
+        seen["eng"] = eng = load(*a, **kw)
+        evals = eng.eval
+
+        def eval_(ids, *x, **y):
+            out = evals(ids, *x, **y)
+            seen.setdefault("logits", []).append(np.array(out, copy=True))
+            seen.setdefault("dry", []).append((qmatmul.dry, fused._held))
+            return out
+
+        eng.eval = eval_
+        return eng
+
+    monkeypatch.setattr(engine_mod.Engine, "load", spy)
+    fused._plan.cache_clear()                            # fresh dispatchers, as a worker's: none compiled here
+    fused._fused_kernel.cache_clear()
+    called = []
+    monkeypatch.setattr(qmatmul, "first_call", called.append)      # every matmul meets it, dry or not
+    warmup.warm_first_pass(default_model, "Why is the sky blue?", 1)
+    assert seen["dry"] == [(True, True), (True, True)] and len(seen["logits"]) == 2
+    assert all(not lg.any() for lg in seen["logits"])               # every product zero
+    assert called                                                   # the matmuls were reached, not run
+    assert qmatmul.dry is False and fused._held is False
+    assert seen["eng"].weights.mmap
+
+
+def test_early_jobs_are_a_dry_pass_then_the_sampler_whose_kernels_are_shared(default_model):
+    from ramforge.kernels import cxxsort
+    from ramforge.sampling import libm
+
+    jobs = warmup.early_jobs({"tokenizer.ggml.tokens": ["a"] * 10}, default_model, "Hello", 2, ("f16", "q8_0"))
+    assert [(j.module, j.function) for j, _ in jobs] == [("ramforge.engine.warmup", "warm_first_pass"),
+                                                          ("ramforge.sampling", "warm")]
+    assert jobs[0][0].args == (str(default_model), "Hello", 2, "f16", "q8_0") and jobs[0][1] == ()
+    assert jobs[1][0].args == (10,) and jobs[1][1] == (cxxsort.top_sorted, libm.exp_shifted)
+    moe = warmup.early_jobs({"qwen3moe.expert_count": 128}, default_model, "Hello")
+    assert [j.function for j, _ in moe] == ["warm"]                 # experts' matmuls are not dry: no pass
+
+
+@pytest.mark.slow
+def test_after_a_dry_pass_a_cold_first_pass_compiles_only_its_matmuls_and_the_load(tmp_path, default_model):
+    """The dry pass in one process (a worker's), then a real first pass in another, on a fresh kernel cache:
+    the second compiles the load's kernels and the matmuls, nothing the dry pass covers."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "kernels"))
+    env.pop("NUMBA_NUM_THREADS", None)
+    env.pop("RAMFORGE_THREADS", None)
+    dry = (f"from ramforge.engine.warmup import warm_first_pass; warm_first_pass({str(default_model)!r}, "
+           f"'Why is the sky blue?', None)")
+    real = ("import sys; from ramforge.jit import COMPILE; from ramforge.engine.engine import Engine; "
+            "from ramforge.kernels import fused; fused.hold(); "
+            f"e = Engine.load({str(default_model)!r}); "
+            "ids = e.tokenizer.encode('Why is the sky blue?', add_special=True, parse_special=True); "
+            "e.eval(ids); e.eval(ids[-1:]); print('\\n'.join(r.kernel for r in COMPILE.records))")
+    assert subprocess.run([sys.executable, "-c", dry], env=env, timeout=900).returncode == 0
+    r = subprocess.run([sys.executable, "-c", real], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    compiled = r.stdout.split()
+    assert any(".qmatmul." in k for k in compiled)
+    others = [k for k in compiled if not k.startswith(("ramforge.kernels.qmatmul.", "ramforge.kernels.repack.",
+                                                        "ramforge.kernels.decode."))]
+    assert others == []

@@ -82,15 +82,15 @@ def run(model, prompt_arg, prompt, raw, max_tokens, ctx, ram, io, threads, exper
     from ..jit import COMPILE
 
     k0 = COMPILE.kernels
-    early = cold_start(md, not as_json) if cluster is None else None
+    if template is not None:
+        text = template.strip_special(template.render([{"role": "user", "content": text}]))
+    early = cold_start(md, path, text, threads, kv, not as_json) if cluster is None else None
     with compile_notice(), early or nullcontext(), load_engine(model, ctx, ram, io, threads, expert_cache,
                                                                 expert_prefetch, drafter, cluster, kv,
                                                                 spill_of(kv_spill)) as eng:
         if trace_routing:
             routing_trace.attach(eng, trace_routing)
         sampler = Sampler(params, eng.hp.n_vocab, chain=LLAMA, tokenizer=eng.tokenizer)
-        if template is not None:
-            text = template.strip_special(template.render([{"role": "user", "content": text}]))
         ids = eng.tokenizer.encode(text, add_special=True, parse_special=True)
         out, dec = [], eng.tokenizer.stream()
         background = decode_kernels_in_background(eng, early, COMPILE.kernels > k0, not as_json, len(ids))
@@ -130,11 +130,13 @@ def run(model, prompt_arg, prompt, raw, max_tokens, ctx, ram, io, threads, exper
             render_memory(extra["memory"])
 
 
-def cold_start(md: dict, say: bool):
+def cold_start(md: dict, path: str, text: str, threads, kv, say: bool):
     """On a fresh kernel cache (the sampler's kernel not in it: jit.cached), start the warm-up workers
     before the model loads (ramforge.jit.Warmup, on the cores this process leaves, taking more jobs
-    later), with the sampler's kernels first, and say how long the first token will take. None when warm."""
-    from ..engine.warmup import sampler_job
+    later) with the jobs that need no loaded model (engine.warmup.early_jobs: a dry first pass over the
+    prompt, which compiles its kernels but the matmuls', then the sampler's, which this process waits for
+    if it gets there first: jit.Warmup.share), and say how long the first token will take. None when warm."""
+    from ..engine.warmup import early_jobs
     from ..jit import Warmup, cached, worker_count
     from ..kernels import cxxsort
 
@@ -142,8 +144,11 @@ def cold_start(md: dict, say: bool):
         return None
     if say:
         say_first_run()
-    n_vocab = len(md.get("tokenizer.ggml.tokens") or ()) or 32000   # the dummy row's size only
-    return Warmup([sampler_job(n_vocab)], worker_count(reserve=1), more=True)
+    early = early_jobs(md, path, text, threads, kv)
+    warmup = Warmup([job for job, _ in early], worker_count(reserve=1), more=True)
+    for job, kernels in early:
+        warmup.share(job, kernels)
+    return warmup
 
 
 class ColdRun:
@@ -162,11 +167,13 @@ def decode_kernels_in_background(eng, warmup, cold: bool, say: bool, n_prompt: i
     """On a cold kernel cache (cold_start's warmup, or the load compiled kernels), compile in the warm-up
     workers, while this process evaluates the prompt: the first pass's matmul kernels, shared with this
     process (engine.warmup.FirstPass: the workers take them last-needed first, this process first-needed
-    first), then the sampler's (unless queued already) and the fused decode kernels. Until each fused
-    kernel's job has ended, decode runs the per-matrix kernels the prefill compiled (engine.warmup.
-    Deferral: the same arithmetic, bit for bit). A kernel both reach compiles once into the disk cache,
-    and the other loads it from there. Returns a ColdRun, or None when warm."""
-    from ..engine.warmup import Deferral, FirstPass, warm_jobs
+    first), then the sampler's (unless queued already) and the fused decode kernels. The sampler's job,
+    if no worker has begun it (the dry first pass still on), is taken back and run here first: the worker
+    goes on with the matmuls meanwhile. Until each fused kernel's job has ended, decode runs the
+    per-matrix kernels the prefill compiled (engine.warmup.Deferral: the same arithmetic, bit for bit).
+    A kernel both reach compiles once into the disk cache, and the other loads it from there. Returns a
+    ColdRun, or None when warm."""
+    from ..engine.warmup import Deferral, FirstPass, sampler_job, warm_jobs
     from ..jit import Warmup, worker_count
 
     if warmup is None and not cold:
@@ -177,13 +184,16 @@ def decode_kernels_in_background(eng, warmup, cold: bool, say: bool, n_prompt: i
             say_first_run()
         warmup = Warmup([], worker_count(reserve=1), more=True)
     else:
-        jobs = jobs[1:]                             # the sampler's: queued before the load
+        jobs = jobs[1:]                             # the sampler's: queued before the load (early_jobs)
     deferral = Deferral(jobs)
     try:
         warmup.on_job = deferral.on_job
         first = FirstPass(eng, n_prompt, warmup)
         warmup.add(jobs)
         warmup.seal()
+        sampler = next((j for j in warmup.jobs if j.module == sampler_job(1).module), None)
+        if sampler is not None and warmup.take(sampler, wait=False):
+            sampler.run()       # no worker has begun it (the dry pass's still on): here, while it goes on
     except BaseException:
         deferral.release()
         warmup.cancel()
@@ -202,14 +212,16 @@ def say_first_run() -> None:
 
 def first_run_estimate(cores: int) -> float:
     """Seconds from this notice to the first token of a first run on a quiet machine, roughly: on two
-    cores or more, this process's share (the load's and the first pass's kernels, FIRST_RUN_S) while a
-    worker compiles the sampler's and the first pass's last matmul kernels; on one core, all of them."""
+    cores or more, the larger share of two processes (FIRST_RUN_S): this one compiles the load's
+    kernels, the sampler's and some of the first pass's matmuls while a worker runs the dry first pass
+    (the pass's other kernels) and the rest of its matmuls; on one core, all of them."""
     return FIRST_RUN_S if cores > 1 else FIRST_RUN_ONE_CORE_S
 
 
-# gemma-3 270m, from COMPILE.records' CPU seconds: this process's share is ~15 s of kernels (+ ~1 s),
-# the worker's ~7 s of the sampler's, ~4 s of matmuls and ~1 s to start
-FIRST_RUN_S = 16.0           # on 2 cores or more: this process's share
+# gemma-3 270m, from COMPILE.records' CPU seconds and /proc at the first token (session 48, a busy host: ~15 s
+# each; ~28 s in all, as before the dry pass): this process ~5 s of the load's kernels, ~5 s of the sampler's,
+# a part of ~6 s of matmuls and ~2 s else; the worker ~2 s to start and load, ~8 s of the dry pass, the rest
+FIRST_RUN_S = 16.0           # on 2 cores or more: the larger share
 FIRST_RUN_ONE_CORE_S = 30.0  # on one core: both
 
 

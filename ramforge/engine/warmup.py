@@ -12,6 +12,51 @@ def sampler_job(n_vocab: int) -> WarmJob:
     return WarmJob("ramforge.sampling", "warm", (int(n_vocab),))
 
 
+def early_jobs(md: dict, path: str, prompt: str | int, n_threads: int | None = None, kv=(None, None)) -> list:
+    """The warm-up jobs a cold process queues before its model loads, each with the kernels it makes that
+    this process may reach while a worker is on it (for jit.Warmup.share): a dry first pass over `prompt`
+    (warm_first_pass; a dense model's) and the sampler's, which this process needs last. [(job, kernels)]."""
+    from ..kernels import cxxsort
+    from ..sampling import libm
+
+    n_vocab = len(md.get("tokenizer.ggml.tokens") or ()) or 32000      # the dummy row's size only
+    moe = any(k.endswith(".expert_count") and v for k, v in md.items())
+    first = [] if moe else [(WarmJob(__name__, "warm_first_pass", (str(path), prompt, n_threads, *kv)), ())]
+    return first + [(sampler_job(n_vocab), (cxxsort.top_sorted, libm.exp_shifted))]
+
+
+DRY_TOKENS = 1024      # the most tokens a dry pass runs (a long prompt's first batch and its remainder's)
+
+
+def warm_first_pass(path: str, prompt: str | int, n_threads: int | None, type_k=None, type_v=None) -> None:
+    """Compile (or load) the kernels a first pass over `prompt` (a text, tokenized as `run` does, or a count
+    of tokens) and one decode step take, but the matmuls' (jobs of their own) and the load's: a dry pass
+    (kernels.qmatmul.dry, the fused kernels held) of the model mapped (nothing read, nothing repacked),
+    in a warm-up worker before the process that queued it has loaded its model: the norms, RoPE, the KV
+    cache's stores, attention, the activations' quantization, the FFN's gate, of the sizes it will run."""
+    from ..kernels import fused
+    from .engine import Engine
+
+    n = min(len(prompt.encode()) + 2 if isinstance(prompt, str) else int(prompt), DRY_TOKENS)
+    qmatmul.dry = True
+    fused.hold()
+    try:
+        eng = Engine.load(path, n_ctx=n + 64, io="mmap", n_threads=n_threads, type_k=type_k, type_v=type_v,
+                          kv_spill=False)
+        try:
+            ids = (eng.tokenizer.encode(prompt, add_special=True, parse_special=True) if isinstance(prompt, str)
+                   else [max(eng.tokenizer.bos_id, 0)] * max(1, n))
+            ub = max(1, int(eng.ubatch))
+            ids = ids[:min(n, ub + len(ids) % ub if len(ids) > ub else len(ids))]  # a long prompt's two batch sizes
+            eng.eval(ids)
+            eng.eval(ids[-1:])
+        finally:
+            eng.close()
+    finally:
+        qmatmul.dry = False
+        fused.unhold()
+
+
 def warm_jobs(engine, prefill: bool = True) -> list[WarmJob]:
     """The warm-up jobs of an engine's kernels, first needed first: the sampler's, the fused decode
     kernels (one job per distinct group of a layer's matrices, so workers share them out), the MoE
@@ -34,12 +79,21 @@ def warm_jobs(engine, prefill: bool = True) -> list[WarmJob]:
     if moe:
         jobs.append(WarmJob("ramforge.kernels.fused_moe", "warm", (moe,)))
     if prefill:                     # one job a kernel (workers share them out), a decode's first
-        kernels: dict = {}
-        for n in qmatmul._WARM_TOKENS:
-            for shape in sorted(weights.matmul_shapes(), key=lambda s: (s[0].value, s[1:])):
-                _add_matmul_job(kernels, shape, n)
-        jobs += kernels.values()
+        jobs += matmul_jobs(engine).values()
     return jobs
+
+
+def matmul_jobs(engine) -> dict:
+    """{kernel: job} of the matmul kernels any batch of its own may take (one qmatmul.warm job each, of the
+    sizes in qmatmul._WARM_TOKENS, a decode's first). Empty for an engine without local weights."""
+    weights = getattr(engine, "weights", None)
+    kernels: dict = {}
+    if weights is None:
+        return kernels
+    for n in qmatmul._WARM_TOKENS:
+        for shape in sorted(weights.matmul_shapes(), key=lambda s: (s[0].value, s[1:])):
+            _add_matmul_job(kernels, shape, n)
+    return kernels
 
 
 class Deferral:
@@ -86,6 +140,18 @@ def first_pass_jobs(engine, n_prompt: int) -> dict:
     return out
 
 
+def shared_matmuls(jobs) -> dict:
+    """{kernel: job} of the jobs (of warm_jobs, first_pass_jobs) that compile one matmul kernel each."""
+    out = {}
+    for job in jobs:
+        if job.module == qmatmul.__name__ and job.function == "warm" and len(job.args) == 3 \
+                and len(job.args[0]) == 1 and len(job.args[2]) == 1:
+            kernel = qmatmul.own_kernel(job.args[0][0], job.args[2][0], job.args[1])
+            if kernel is not None:
+                out.setdefault(kernel, job)
+    return out
+
+
 def _add_matmul_job(jobs: dict, shape, n: int) -> None:
     """jobs[kernel] = the qmatmul.warm job of the kernel a weight shape takes for n tokens (its first
     shape kept), where the shape has an integer-dot kernel."""
@@ -94,18 +160,16 @@ def _add_matmul_job(jobs: dict, shape, n: int) -> None:
         jobs.setdefault(kernel, WarmJob(qmatmul.__name__, "warm", ([shape], None, (n,))))
 
 
-class FirstPass:
-    """A cold first pass's matmul kernels shared with the warm-up workers (a jit.Warmup with more=True):
-    queued for them last-needed first, while this process meets them first-needed first. At its first
-    call of one (qmatmul.first_call), this process takes the job back if no worker has started it (and
-    compiles the kernel itself), or waits for the worker that is on it and loads the kernel from the
-    disk cache: the two ends meet in the middle and nothing compiles twice. As a context manager, the
-    hook is removed at exit."""
+class Shared:
+    """Matmul kernels shared with the warm-up workers that have their jobs queued ({kernel: job}, a
+    jit.Warmup): at this process's first call of one (qmatmul.first_call), it takes the job back if no
+    worker has started it (and compiles the kernel itself), or waits for the worker that is on it and
+    loads the kernel from the disk cache, so that nothing compiles twice. The hook goes once every kernel
+    has been met, or at `release` (as a context manager: at exit)."""
 
-    def __init__(self, engine, n_prompt: int, warmup):
+    def __init__(self, pending: dict, warmup):
         self._warmup = warmup
-        self._pending = first_pass_jobs(engine, n_prompt)
-        warmup.add(reversed(list(self._pending.values())))
+        self._pending = dict(pending)
         if self._pending:
             qmatmul.first_call = self._first_call
 
@@ -120,8 +184,19 @@ class FirstPass:
         if qmatmul.first_call == self._first_call:
             qmatmul.first_call = None
 
-    def __enter__(self) -> "FirstPass":
+    def __enter__(self) -> "Shared":
         return self
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class FirstPass(Shared):
+    """A cold first pass's matmul kernels shared with the warm-up workers (a jit.Warmup with more=True):
+    queued for them last-needed first, while this process meets them first-needed first (Shared): the two
+    ends meet in the middle."""
+
+    def __init__(self, engine, n_prompt: int, warmup):
+        pending = first_pass_jobs(engine, n_prompt)
+        warmup.add(reversed(list(pending.values())))
+        super().__init__(pending, warmup)

@@ -440,6 +440,9 @@ def own_kernel(shape, n: int, vector: bool | None = None):
 # A cold process's hook (engine.warmup.FirstPass), None otherwise: called with a kernel before qmatmul
 # calls it, so that a kernel a warm-up worker is compiling is waited for rather than compiled twice.
 first_call = None
+# A warm-up worker's dry pass (engine.warmup.warm_first_pass): inputs quantized, products left at zero,
+# so that a pass compiles every kernel but the matmuls' (which have jobs of their own).
+dry = False
 
 
 def kernel_signature() -> tuple:
@@ -480,9 +483,11 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
         return y
     q = _quantized(x, c.act, c.sub, c.pos_ties, c.q81, shared)
     out = y if y.flags.c_contiguous and y.flags.writeable else np.empty_like(y)
-    args = KernelArgs(out, q.aq, q.ad, q.am, q.bsum, np.ascontiguousarray(raw).reshape(-1), n_out, n_in, row_bytes,
-                      c.split, plan.n_chunks, c.group)
-    plan.kernel(*args)
+    if dry:
+        out[...] = 0
+    else:
+        plan.kernel(*KernelArgs(out, q.aq, q.ad, q.am, q.bsum, np.ascontiguousarray(raw).reshape(-1), n_out, n_in,
+                                row_bytes, c.split, plan.n_chunks, c.group))
     if out is not y:
         y[...] = out
     return y

@@ -87,67 +87,75 @@ WARM_WAIT_S = 600.0     # the longest a generation waits for a model's kernels t
 class Warming:
     """The kernel warm-up of a loaded model, in the background: compile, or load from the disk cache,
     the sampler's kernels and the matmul kernels any batch of this model may take (engine.warmup.warm_jobs),
-    so that no request compiles one under the model lock (a kernel compiling holds the GIL, and the event
-    loop with it, for seconds). Jobs run here one by one while they load from the cache; from the first
-    that compiled, or from the start on a fresh cache (jit.cached), the rest compile in worker processes
-    (ramforge.jit.Warmup, one per core), the fused decode kernels last, and are then loaded from the
-    cache here. Meanwhile the fused kernels are held (engine.warmup.Deferral: each runs once its job has
-    ended; until then the per-matrix kernels, the same arithmetic bit for bit), so requests run as soon
-    as every other job has ended (`usable`). `done` is set at the end, success or not (and `usable`)."""
+    so that later requests compile nothing under the model lock (a kernel compiling holds the GIL, and the
+    event loop with it, for seconds). Jobs run here one by one while they load from the cache, and
+    requests wait for them (`usable`). From the first that compiled, or from the start on a fresh cache
+    (`early`: workers started before the load, ModelManager._cold_warmup), the rest compile in
+    worker processes (ramforge.jit.Warmup), the fused decode kernels last, and requests run at once, as a
+    cold `run` does: a request's matmul kernel whose job no worker has begun is taken back and compiled
+    under it, one a worker is on is waited for (engine.warmup.Shared), and decode runs the per-matrix
+    kernels until each fused one's job has ended (engine.warmup.Deferral: the same arithmetic, bit for
+    bit). At the workers' end every kernel is loaded from the cache here; `done` is set then, success or not."""
 
-    def __init__(self, model):
+    def __init__(self, model, early=None, prompt: str | None = None):
         self.model = model
+        self.prompt = prompt            # a first request's text, roughly: its kernels are queued first
         self.usable = threading.Event()
         self.done = threading.Event()
         self.error: BaseException | None = None
-        self._workers = None
+        self._workers = early
         self._closed = False
         threading.Thread(target=self._run, name="ramforge-warm", daemon=True).start()
 
     def _run(self) -> None:
-        from .. import jit
-        from ..engine.warmup import Deferral, warm_jobs
-        from ..jit import COMPILE, worker_count
-        from ..kernels import cxxsort, fused
+        from ..engine.warmup import Deferral, Shared, first_pass_jobs, shared_matmuls, warm_jobs
+        from ..jit import COMPILE, Warmup, worker_count
+        from ..kernels import fused
 
         t0 = time.perf_counter()
-        deferral = None
+        deferral = shared = None
         try:
             jobs = warm_jobs(self.model.engine)
             k0 = COMPILE.kernels
-            cold = not jit.cached(cxxsort.top_sorted)  # a fresh cache: all to the workers, the sampler's too
-            while jobs and not cold and COMPILE.kernels == k0 and not self._closed:
+            if self._workers is not None:
+                jobs = jobs[1:]                     # the sampler's: queued before the load (early_jobs)
+            while jobs and self._workers is None and COMPILE.kernels == k0 and not self._closed:
                 jobs.pop(0).run()
             if jobs and not self._closed:
                 held = [j for j in jobs if j.module == fused.__name__]
-                jobs = [j for j in jobs if j.module != fused.__name__] + held
-                needed = {id(j) for j in jobs} - {id(j) for j in held}
+                jobs = [j for j in jobs if j.module != fused.__name__]
+                if self.prompt is not None:         # a first request's matmuls first, the last needed first
+                    first = first_pass_jobs(self.model.engine, len(self.model.engine.tokenizer.encode(
+                        self.prompt, add_special=True, parse_special=True)))
+                    again = {id(j) for k, j in shared_matmuls(jobs).items() if k in first}
+                    jobs = list(reversed(first.values())) + [j for j in jobs if id(j) not in again]
+                jobs += held
+                log.info("compiling kernels for this CPU in worker processes (first run only); requests run "
+                         "meanwhile, compiling what no worker has begun")
+                if self._workers is None:
+                    self._workers = Warmup([], worker_count(reserve=1), more=True)
                 deferral = Deferral(held)
-
-                def on_job(job):
-                    deferral.on_job(job)
-                    needed.discard(id(job))
-                    if job is None or not needed:
-                        if not self.usable.is_set():
-                            log.info("serving on the per-matrix kernels after %.1f s; the fused ones go on "
-                                     "compiling", time.perf_counter() - t0)
-                        self.usable.set()
-
-                log.info("compiling kernels for this CPU in %d processes (first run only)", worker_count())
-                if not needed:
-                    self.usable.set()
-                self._workers = jit.Warmup(jobs, worker_count(), on_job=on_job)
+                self._workers.on_job = deferral.on_job
+                shared = Shared(shared_matmuls(jobs), self._workers)
+                self._workers.add(jobs)
+                self._workers.seal()
+                self.usable.set()                   # requests run now (see above)
                 self._workers.wait()
+                shared.release()
                 for job in jobs:                    # from the cache now (or compiled here if a worker failed)
                     if self._closed:
                         break
                     job.run()
+            elif self._workers is not None:
+                self._workers.seal()
             log.info("kernels ready in %.1f s (%d compiled in this process)", time.perf_counter() - t0,
                      COMPILE.kernels - k0)
         except BaseException as e:                  # noqa: BLE001 - kept for the requests that wait
             self.error = e
             log.warning("warming the kernels failed: %s: %s", type(e).__name__, e)
         finally:
+            if shared is not None:
+                shared.release()
             if deferral is not None:
                 deferral.release()
             self.usable.set()
@@ -301,9 +309,15 @@ class ModelManager:
         await self.unload()                         # first, so that one model at a time fits the budget
         t0 = time.perf_counter()
         want = want or Runner().resolved(self.cfg)
-        model = await self.call(self._load, target, num_ctx, want)
-        self.current = Loaded(model, served, path, num_ctx, runner=want, config=config, warming=Warming(model),
-                              startup=target.startup)
+        early, prompt = await self.call(self._cold_warmup, target, want)
+        try:
+            model = await self.call(self._load, target, num_ctx, want)
+        except BaseException:
+            if early is not None:
+                early.cancel()
+            raise
+        self.current = Loaded(model, served, path, num_ctx, runner=want, config=config,
+                              warming=Warming(model, early, prompt), startup=target.startup)
         self.current.keep(self.cfg.keep_alive)
         log.info("loaded %s (%s) in %.2f s", served, path, time.perf_counter() - t0)
         await self.current.warming.wait()
@@ -311,13 +325,48 @@ class ModelManager:
 
     def preload(self) -> None:
         """Load the startup model now (from the CLI, before serving): errors surface as they are. Its
-        kernels warm up in the background (Warming): /health answers 503 until they are ready."""
+        kernels warm up in the background (Warming): /health answers 503 until requests may run."""
         target = self.run_sync(self.resolve, None)
         runner = Runner().resolved(self.cfg)
-        model = self.run_sync(self._load, target, None, runner)
+        early, prompt = self.run_sync(self._cold_warmup, target, runner)
+        try:
+            model = self.run_sync(self._load, target, None, runner)
+        except BaseException:
+            if early is not None:
+                early.cancel()
+            raise
         self.current = Loaded(model, target.name, target.path, None, runner=runner, config=target.config,
-                              warming=Warming(model), startup=True)
+                              warming=Warming(model, early, prompt), startup=True)
         self.current.keep(self.cfg.keep_alive)
+
+    def _cold_warmup(self, target: Target, runner: tuple):
+        """On a fresh kernel cache (jit.cached of the sampler's sort), warm-up workers started before a
+        model loads, with the jobs that need no loaded model (engine.warmup.early_jobs: a dry first pass
+        over a short chat turn, then the sampler's), taking the rest after it (Warming), and that turn's
+        text; (None, None) when warm, or for a pipeline on Ray (whose stages compile their own)."""
+        from .. import jit
+        from ..engine.warmup import early_jobs
+        from ..generation.model_chat import is_default_model, model_chat_template
+        from ..gguf.reader import GGUFFile
+        from ..kernels import cxxsort
+
+        if self.cfg.cluster or jit.cached(cxxsort.top_sorted):
+            return None, None
+        with GGUFFile(target.path) as f:
+            md = f.metadata
+        prompt = "Hello"                                    # a first request's size, roughly: a chat turn's
+        try:
+            template = model_chat_template(md, is_default_model(target.name, target.path), target.config.template
+                                           or (self.cfg.chat_template if target.startup else None))
+            prompt = template.strip_special(template.render([{"role": "user", "content": prompt}]))
+        except Exception as e:  # noqa: BLE001 - a template the requests will refuse; the plain text will do here
+            log.debug("no chat turn for the warm-up: %s", e)
+        early = early_jobs(md, target.path, prompt, runner[0],
+                           tuple(self._kv_types().get(k) for k in ("type_k", "type_v")))
+        workers = jit.Warmup([job for job, _ in early], jit.worker_count(reserve=1), more=True)
+        for job, kernels in early:
+            workers.share(job, kernels)
+        return workers, prompt
 
     @property
     def warming(self) -> bool:
