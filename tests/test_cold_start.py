@@ -299,14 +299,11 @@ def _bump():
     COMPILE.kernels += 1
 
 
-def test_a_cold_serve_answers_on_the_per_matrix_kernels_while_the_fused_ones_compile(monkeypatch, engine):
-    import ramforge.jit as jit
-    from ramforge.kernels import fused
+def _held_workers(gate: threading.Event, report_jobs: bool = False, taken: list | None = None):
+    """A stand-in for jit.Warmup: its workers begin no job until `gate` is set, then end (each job reported
+    ended first where report_jobs). A job this process takes back (`take`) is appended to `taken`."""
 
-    fused_jobs = [j for j in warm_jobs(engine) if j.module == "ramforge.kernels.fused"]
-    gate, seen = threading.Event(), {}
-
-    class Workers:                                       # the workers, held until the test lets them end
+    class Workers:
         def __init__(self, jobs, workers, on_job=None, more=False):
             self.jobs, self.on_job = list(jobs), on_job
 
@@ -316,9 +313,17 @@ def test_a_cold_serve_answers_on_the_per_matrix_kernels_while_the_fused_ones_com
         def seal(self):
             pass
 
+        def share(self, job, kernels):
+            pass
+
+        def take(self, job):
+            if taken is not None:
+                taken.append(job)
+            return True
+
         def wait(self, timeout=None):
             gate.wait(60)
-            for j in self.jobs:
+            for j in self.jobs if report_jobs else ():
                 self.on_job(j)
             self.on_job(None)
             return True
@@ -326,8 +331,18 @@ def test_a_cold_serve_answers_on_the_per_matrix_kernels_while_the_fused_ones_com
         def cancel(self):
             gate.set()
 
+    return Workers
+
+
+def test_a_cold_serve_answers_on_the_per_matrix_kernels_while_the_fused_ones_compile(monkeypatch, engine):
+    import ramforge.jit as jit
+    from ramforge.kernels import fused
+
+    fused_jobs = [j for j in warm_jobs(engine) if j.module == "ramforge.kernels.fused"]
+    gate, seen = threading.Event(), {}
+
     monkeypatch.setattr(warmup, "warm_jobs", lambda engine, prefill=True: [WarmJob(__name__, "_bump")] + fused_jobs)
-    monkeypatch.setattr(jit, "Warmup", Workers)
+    monkeypatch.setattr(jit, "Warmup", _held_workers(gate, report_jobs=True))
     fused._plan.cache_clear()                            # fresh dispatchers: none compiled in this process
     fused._fused_kernel.cache_clear()
     app = create_app(ServerConfig(model="default", ram="400M", n_ctx=256, n_threads=1))
@@ -414,32 +429,7 @@ def test_a_cold_serve_runs_requests_at_once_sharing_their_matmul_kernels(monkeyp
 
     gate, taken = threading.Event(), []
 
-    class Workers:                                       # the workers, queued jobs not begun until the gate
-        def __init__(self, jobs, workers, on_job=None, more=False):
-            self.jobs, self.on_job = list(jobs), on_job
-
-        def add(self, jobs):
-            self.jobs += list(jobs)
-
-        def seal(self):
-            pass
-
-        def share(self, job, kernels):
-            pass
-
-        def take(self, job):
-            taken.append(job)
-            return True
-
-        def wait(self, timeout=None):
-            gate.wait(60)
-            self.on_job(None)
-            return True
-
-        def cancel(self):
-            gate.set()
-
-    monkeypatch.setattr(jit, "Warmup", Workers)
+    monkeypatch.setattr(jit, "Warmup", _held_workers(gate, taken=taken))
     monkeypatch.setattr(jit, "cached", lambda dispatcher: False)             # a fresh kernel cache
     body = {"model": "default", "prompt": "Why is the sky blue?", "raw": True, "stream": False,
             "options": {"temperature": 0, "num_predict": 4}}
