@@ -131,24 +131,17 @@ def run(model, prompt_arg, prompt, raw, max_tokens, ctx, ram, io, threads, exper
 
 
 def cold_start(md: dict, path: str, text: str, threads, kv, say: bool):
-    """On a fresh kernel cache (the sampler's kernel not in it: jit.cached), start the warm-up workers
-    before the model loads (ramforge.jit.Warmup, on the cores this process leaves, taking more jobs
-    later) with the jobs that need no loaded model (engine.warmup.early_jobs: a dry first pass over the
-    prompt, which compiles its kernels but the matmuls', then the sampler's, which this process waits for
-    if it gets there first: jit.Warmup.share), and say how long the first token will take. None when warm."""
-    from ..engine.warmup import early_jobs
-    from ..jit import Warmup, cached, worker_count
-    from ..kernels import cxxsort
+    """On a fresh kernel cache (engine.warmup.cold), start the warm-up workers before the model loads
+    (engine.warmup.start_early: a dry first pass over the prompt, which compiles its kernels but the
+    matmuls', then the sampler's, which this process waits for if it gets there first), and say how long
+    the first token will take. None when warm."""
+    from ..engine.warmup import cold, start_early
 
-    if cached(cxxsort.top_sorted):
+    if not cold():
         return None
     if say:
         say_first_run()
-    early = early_jobs(md, path, text, threads, kv)
-    warmup = Warmup([job for job, _ in early], worker_count(reserve=1), more=True)
-    for job, kernels in early:
-        warmup.share(job, kernels)
-    return warmup
+    return start_early(md, path, text, threads, kv)
 
 
 class ColdRun:

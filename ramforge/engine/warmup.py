@@ -25,6 +25,27 @@ def early_jobs(md: dict, path: str, prompt: str | int, n_threads: int | None = N
     return first + [(sampler_job(n_vocab), (cxxsort.top_sorted, libm.exp_shifted))]
 
 
+def cold() -> bool:
+    """Whether the kernel cache is fresh (the sampler's sort not in it: jit.cached): a first run."""
+    from .. import jit
+    from ..kernels import cxxsort
+
+    return not jit.cached(cxxsort.top_sorted)
+
+
+def start_early(md: dict, path: str, prompt: str, n_threads: int | None = None, kv=(None, None)):
+    """Warm-up workers (jit.Warmup, on the cores this process leaves, taking more jobs later) started
+    before a model loads, with the jobs that need no loaded model (early_jobs), their kernels shared
+    with this process (jit.Warmup.share): `run`'s and `serve`'s cold start."""
+    from .. import jit
+
+    early = early_jobs(md, path, prompt, n_threads, kv)
+    workers = jit.Warmup([job for job, _ in early], jit.worker_count(reserve=1), more=True)
+    for job, kernels in early:
+        workers.share(job, kernels)
+    return workers
+
+
 DRY_TOKENS = 1024      # the most tokens a dry pass runs (a long prompt's first batch and its remainder's)
 
 
@@ -137,18 +158,6 @@ def first_pass_jobs(engine, n_prompt: int) -> dict:
         for layer in weights.layer_matrices():
             for name, shape in layer.items():
                 _add_matmul_job(out, shape, 1 if name == "output" else n)   # a prompt's logits: its last token's
-    return out
-
-
-def shared_matmuls(jobs) -> dict:
-    """{kernel: job} of the jobs (of warm_jobs, first_pass_jobs) that compile one matmul kernel each."""
-    out = {}
-    for job in jobs:
-        if job.module == qmatmul.__name__ and job.function == "warm" and len(job.args) == 3 \
-                and len(job.args[0]) == 1 and len(job.args[2]) == 1:
-            kernel = qmatmul.own_kernel(job.args[0][0], job.args[2][0], job.args[1])
-            if kernel is not None:
-                out.setdefault(kernel, job)
     return out
 
 

@@ -108,14 +108,16 @@ class Warming:
         threading.Thread(target=self._run, name="ramforge-warm", daemon=True).start()
 
     def _run(self) -> None:
-        from ..engine.warmup import Deferral, Shared, first_pass_jobs, shared_matmuls, warm_jobs
+        from ..engine.warmup import Deferral, Shared, first_pass_jobs, matmul_jobs, warm_jobs
         from ..jit import COMPILE, Warmup, worker_count
         from ..kernels import fused
 
         t0 = time.perf_counter()
         deferral = shared = None
+        eng = self.model.engine
         try:
-            jobs = warm_jobs(self.model.engine)
+            matmuls = matmul_jobs(eng)                  # {kernel: job}, the tail of warm_jobs
+            jobs = warm_jobs(eng)
             k0 = COMPILE.kernels
             if self._workers is not None:
                 jobs = jobs[1:]                     # the sampler's: queued before the load (early_jobs)
@@ -124,11 +126,14 @@ class Warming:
             if jobs and not self._closed:
                 held = [j for j in jobs if j.module == fused.__name__]
                 jobs = [j for j in jobs if j.module != fused.__name__]
+                left = {id(j) for j in jobs}
+                pending = {k: j for k, j in matmuls.items() if id(j) in left}    # not run yet
                 if self.prompt is not None:         # a first request's matmuls first, the last needed first
-                    first = first_pass_jobs(self.model.engine, len(self.model.engine.tokenizer.encode(
-                        self.prompt, add_special=True, parse_special=True)))
-                    again = {id(j) for k, j in shared_matmuls(jobs).items() if k in first}
+                    first = first_pass_jobs(eng, len(eng.tokenizer.encode(self.prompt, add_special=True,
+                                                                           parse_special=True)))
+                    again = {id(pending.pop(k)) for k in first if k in pending}
                     jobs = list(reversed(first.values())) + [j for j in jobs if id(j) not in again]
+                    pending = {**first, **pending}
                 jobs += held
                 log.info("compiling kernels for this CPU in worker processes (first run only); requests run "
                          "meanwhile, compiling what no worker has begun")
@@ -136,7 +141,7 @@ class Warming:
                     self._workers = Warmup([], worker_count(reserve=1), more=True)
                 deferral = Deferral(held)
                 self._workers.on_job = deferral.on_job
-                shared = Shared(shared_matmuls(jobs), self._workers)
+                shared = Shared(pending, self._workers)
                 self._workers.add(jobs)
                 self._workers.seal()
                 self.usable.set()                   # requests run now (see above)
@@ -340,17 +345,15 @@ class ModelManager:
         self.current.keep(self.cfg.keep_alive)
 
     def _cold_warmup(self, target: Target, runner: tuple):
-        """On a fresh kernel cache (jit.cached of the sampler's sort), warm-up workers started before a
-        model loads, with the jobs that need no loaded model (engine.warmup.early_jobs: a dry first pass
+        """On a fresh kernel cache (engine.warmup.cold), warm-up workers started before a
+        model loads, with the jobs that need no loaded model (engine.warmup.start_early: a dry first pass
         over a short chat turn, then the sampler's), taking the rest after it (Warming), and that turn's
         text; (None, None) when warm, or for a pipeline on Ray (whose stages compile their own)."""
-        from .. import jit
-        from ..engine.warmup import early_jobs
+        from ..engine.warmup import cold, start_early
         from ..generation.model_chat import is_default_model, model_chat_template
         from ..gguf.reader import GGUFFile
-        from ..kernels import cxxsort
 
-        if self.cfg.cluster or jit.cached(cxxsort.top_sorted):
+        if self.cfg.cluster or not cold():
             return None, None
         with GGUFFile(target.path) as f:
             md = f.metadata
@@ -361,12 +364,8 @@ class ModelManager:
             prompt = template.strip_special(template.render([{"role": "user", "content": prompt}]))
         except Exception as e:  # noqa: BLE001 - a template the requests will refuse; the plain text will do here
             log.debug("no chat turn for the warm-up: %s", e)
-        early = early_jobs(md, target.path, prompt, runner[0],
-                           tuple(self._kv_types().get(k) for k in ("type_k", "type_v")))
-        workers = jit.Warmup([job for job, _ in early], jit.worker_count(reserve=1), more=True)
-        for job, kernels in early:
-            workers.share(job, kernels)
-        return workers, prompt
+        return start_early(md, target.path, prompt, runner[0],
+                           tuple(self._kv_types().get(k) for k in ("type_k", "type_v"))), prompt
 
     @property
     def warming(self) -> bool:
