@@ -241,6 +241,7 @@ class _Queue:
 
     def __init__(self):
         self.added, self.taken = [], []
+        self.on_job = None
 
     def add(self, jobs):
         self.added += list(jobs)
@@ -271,12 +272,18 @@ def test_a_first_pass_shares_its_matmul_kernels_from_both_ends(engine):
     with warmup.FirstPass(engine, len(ids), q), warmup.Deferral([]):
         assert q.added == list(reversed(list(jobs.values())))    # the workers: last needed first
         assert qmatmul.first_call is not None
+        stand = dict(qmatmul.deferred)                   # batch kernels left to the workers: their stand-ins run
+        assert stand and all(warmup.stand_in(k) is v for k, v in stand.items())
         engine.reset()
         got = [engine.eval(ids).copy(), engine.eval([236743]).copy()]
-        want_jobs = list(jobs.values())                  # this process: each once, the first needed first
+        want_jobs = [j for k, j in jobs.items() if k not in stand]   # this process: each once, first needed first
         assert len(q.taken) == len(want_jobs) and all(j in want_jobs for j in q.taken)
-        assert q.taken[0] == want_jobs[0]
+        first = stand.get(next(iter(jobs)), next(iter(jobs)))        # the pass's first kernel, or its stand-in
+        assert first not in jobs or q.taken[0] == jobs[first]
         assert qmatmul.first_call is None                # all met: the hook is gone
+        for job in q.added:
+            q.on_job(job)                                # the workers end their jobs: the kernels themselves again
+        assert not qmatmul.deferred
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(want, got))
 
 
@@ -447,11 +454,13 @@ def test_a_cold_serve_runs_requests_at_once_sharing_their_matmul_kernels(monkeyp
             assert None not in kernels                                                  # a matmul kernel's job
             assert taken and len(kernels) == len(taken) and set(kernels) <= set(warmup.matmul_jobs(eng))
             n = cold.json()["prompt_eval_count"]                     # the first pass's, queued first
-            assert list(kernels)[0] == list(warmup.first_pass_jobs(eng, n))[0]
+            first = list(warmup.first_pass_jobs(eng, n))[0]
+            assert list(kernels)[0] in (first, warmup.stand_in(first))     # (a batch kernel: its stand-in)
+            assert warmup.stand_in(first) in qmatmul.deferred.values()     # left to the held workers
             gate.set()
             assert warming.done.wait(60)
             from ramforge.kernels import qmatmul
-            assert qmatmul.first_call is None                    # the hook went with the workers
+            assert qmatmul.first_call is None and not qmatmul.deferred     # the hook went with the workers
             warm = client.post("/api/generate", json=body)
             assert cold.status_code == warm.status_code == 200
             assert cold.json()["context"] == warm.json()["context"] and cold.json()["eval_count"] == 4

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ramforge.engine.engine import Engine
+from ramforge.engine.warmup import stand_in
 from ramforge.gguf.constants import GGMLType
 from ramforge.gguf.reader import GGUFFile
 from ramforge.kernels import qmatmul as qm
@@ -101,6 +102,30 @@ def test_repacked_equals_file_order_bit_for_bit(t, n_out, n_in, vector):
             got = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, rep, n_out, n_in, vector=vector,
                              batch=batch, repacked=G)
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (n_tok, batch)
+
+
+@pytest.mark.parametrize("t", [Q4_K, GGMLType.Q8_0, GGMLType.Q5_0, Q6_K], ids=_ids([Q4_K, GGMLType.Q8_0, GGMLType.Q5_0, Q6_K]))
+def test_a_grouped_kernels_stand_in_is_bit_equal(t, monkeypatch):
+    # a cold process runs a batch through the packed kernel of the same variants (qmatmul.deferred) while a
+    # warm-up worker compiles the grouped one: every batch size's result the same bits, file order and repacked
+    n_out, n_in = 48, 512
+    raw = weight(t, n_out, n_in, seed=7)
+    rep, G = _repacked(t, raw, n_out, n_in) if rp.repackable(t, (n_in, n_out)) else (raw, 0)
+    subs = 0
+    for w, g in ((raw, 0), (rep, G)):
+        for n_tok in (4, 5, 8, 9, 17):
+            x = np.random.default_rng(n_tok).standard_normal((n_tok, n_in)).astype(np.float32)
+            want = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, w, n_out, n_in, vector=True, repacked=g)
+            kernel = qm.own_kernel((t, n_out, n_in, g), n_tok, vector=True)
+            sub = stand_in(kernel)
+            if sub is None:
+                continue
+            subs += 1
+            monkeypatch.setattr(qm, "deferred", {kernel: sub})
+            got = qm.qmatmul(np.zeros((n_tok, n_out), np.float32), x, t, w, n_out, n_in, vector=True, repacked=g)
+            monkeypatch.setattr(qm, "deferred", {})
+            assert sub.signatures and np.array_equal(got.view(np.uint32), want.view(np.uint32)), (n_tok, g)
+    assert subs > 0 or t == Q6_K            # (Q6_K's batches take its tiled matmul: no packed rows in it)
 
 
 @pytest.mark.oracle

@@ -117,6 +117,7 @@ def test_chat_follow_up_reuses_the_kv_cache(server, ref):
 
 
 def test_ollama_listing_show_ps_version(server):
+    server.ollama.generate(model="default")                 # loads it, as Ollama does (ps lists loaded models)
     tags = server.ollama.list()
     default = next(m for m in tags.models if m.model == "default")
     assert default.details.family == "gemma3" and default.details.quantization_level == "Q4_K_M"

@@ -151,7 +151,7 @@ class ColdRun:
         self.warmup, self.deferral, self.first = warmup, deferral, first
 
     def cancel(self) -> None:
-        self.first.release()
+        self.first.close()
         self.warmup.cancel()
         self.deferral.release()
 

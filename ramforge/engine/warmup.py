@@ -169,18 +169,53 @@ def _add_matmul_job(jobs: dict, shape, n: int) -> None:
         jobs.setdefault(kernel, WarmJob(qmatmul.__name__, "warm", ([shape], None, (n,))))
 
 
+def stand_in(kernel):
+    """The packed matmul kernel of a grouped kernel's type, variants and layout (qmatmul.deferred: the same
+    arithmetic, bit for bit; 1-2.4 s to compile where a grouped one takes 5-8 s), or None where it has none:
+    a packed kernel already, scalar IR, or a variant without a packed-row intrinsic."""
+    from ..kernels.registry import kernels_for
+    from ..kernels.variants import raw_row_id
+
+    key = next((k for k, v in qmatmul._KERNELS.items() if v is kernel), None)
+    if key is None:
+        return None
+    t, vec, lo, hi, packed, rep = key
+    raw = kernels_for(t).qdot.raw
+    if packed or not vec or raw_row_id(raw, lo) < 0 or raw_row_id(raw, hi) < 0:
+        return None
+    return qmatmul._kernel(t, vec, lo, hi, True, rep)
+
+
 class Shared:
     """Matmul kernels shared with the warm-up workers that have their jobs queued ({kernel: job}, a
     jit.Warmup): at this process's first call of one (qmatmul.first_call), it takes the job back if no
     worker has started it (and compiles the kernel itself), or waits for the worker that is on it and
     loads the kernel from the disk cache, so that nothing compiles twice. The hook goes once every kernel
-    has been met, or at `release` (as a context manager: at exit)."""
+    has been met, or at `release` (`close`: the deferred kernels too; as a context manager: at exit). A batch kernel with a stand-in
+    (stand_in: the same arithmetic, a third of the compile or less) is left to the workers: batches run
+    the stand-in (qmatmul.deferred) until its job ends (chained to the warm-up's on_job)."""
 
     def __init__(self, pending: dict, warmup):
         self._warmup = warmup
         self._pending = dict(pending)
+        self._deferred = {}                 # id(job) -> its kernel, in qmatmul.deferred until the job ends
+        for kernel, job in pending.items():
+            sub = stand_in(kernel)
+            if sub is not None:
+                del self._pending[kernel]
+                self._deferred[id(job)] = kernel
+                qmatmul.deferred[kernel] = sub
+        if self._deferred:
+            before = warmup.on_job
+            warmup.on_job = lambda job: (before is not None and before(job), self._job_ended(job))
         if self._pending:
             qmatmul.first_call = self._first_call
+
+    def _job_ended(self, job) -> None:
+        """A worker's job ended (None: every worker has): its deferred kernel loads from the disk cache at
+        its next call (or compiles here, where the worker failed)."""
+        for key in ([id(job)] if job is not None else list(self._deferred)):
+            qmatmul.deferred.pop(self._deferred.pop(key, None), None)
 
     def _first_call(self, kernel) -> None:
         job = self._pending.pop(kernel, None)
@@ -193,11 +228,16 @@ class Shared:
         if qmatmul.first_call == self._first_call:
             qmatmul.first_call = None
 
+    def close(self) -> None:
+        """No more sharing: the hook goes, and the deferred kernels run (or compile) here from now on."""
+        self.release()
+        self._job_ended(None)
+
     def __enter__(self) -> "Shared":
         return self
 
     def __exit__(self, *exc) -> None:
-        self.release()
+        self.close()
 
 
 class FirstPass(Shared):

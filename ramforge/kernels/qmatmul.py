@@ -443,6 +443,9 @@ first_call = None
 # A warm-up worker's dry pass (engine.warmup.warm_first_pass): inputs quantized, products left at zero,
 # so that a pass compiles every kernel but the matmuls' (which have jobs of their own).
 dry = False
+# A cold process's batch kernels left to the warm-up workers -> their stand-ins, which qmatmul runs meanwhile
+# (engine.warmup.stand_in: the packed kernel of the same variants, the same arithmetic, a third of the compile).
+deferred: dict = {}
 
 
 def kernel_signature() -> tuple:
@@ -471,6 +474,9 @@ def qmatmul(y: np.ndarray, x: np.ndarray, ggml_type, raw: np.ndarray, n_out: int
     v_n, v_off = (batch.n_tok, batch.offset) if inside else (n_tok, 0)
     vec = VECTOR if vector is None else bool(vector)
     plan = _plan(ggml_type, n_out, n_in, n_tok, v_n, v_off, numba.get_num_threads(), vec, repacked)
+    sub = deferred.get(plan.kernel) if deferred else None  # its stand-in (till a worker ends its job)
+    if sub is not None:
+        plan = MatmulPlan(plan.choice._replace(packed=True, group=1), sub, plan.n_chunks)
     if first_call is not None:
         first_call(plan.kernel)
     c, row_bytes = plan.choice, plan.choice.row_bytes

@@ -160,7 +160,7 @@ class Warming:
             log.warning("warming the kernels failed: %s: %s", type(e).__name__, e)
         finally:
             if shared is not None:
-                shared.release()
+                shared.close()
             if deferral is not None:
                 deferral.release()
             self.usable.set()
