@@ -151,7 +151,7 @@ class ColdRun:
         self.warmup, self.deferral, self.first = warmup, deferral, first
 
     def cancel(self) -> None:
-        self.first.close()
+        self.first.release()
         self.warmup.cancel()
         self.deferral.release()
 
@@ -181,7 +181,7 @@ def decode_kernels_in_background(eng, warmup, cold: bool, say: bool, n_prompt: i
     deferral = Deferral(jobs)
     try:
         warmup.on_job = deferral.on_job
-        first = FirstPass(eng, n_prompt, warmup)
+        first = FirstPass(eng, n_prompt, warmup, deferral)
         warmup.add(jobs)
         warmup.seal()
         sampler = next((j for j in warmup.jobs if j.module == sampler_job(1).module), None)

@@ -118,24 +118,43 @@ def matmul_jobs(engine) -> dict:
 
 
 class Deferral:
-    """A cold process's fused decode kernels left to the warm-up workers: kernels.fused.hold keeps them
-    off (decode runs the per-matrix kernels, the same arithmetic bit for bit, which the prefill has
-    compiled already) and each is made ready as the worker job that compiles it ends (`on_job`,
-    jit.Warmup's callback; None, the workers' end: all). As a context manager, it unholds at exit."""
+    """A cold process's kernels left to the warm-up workers, each run in another's place, the same
+    arithmetic bit for bit, until the worker job that compiles it ends (`on_job`, jit.Warmup's callback;
+    None, the workers' end: all): the fused decode kernels (kernels.fused.hold: decode runs the per-matrix
+    kernels, which the prefill has compiled already) and, by `defer`, the batch matmul kernels with a
+    stand-in (qmatmul.deferred). As a context manager, it releases them all at exit."""
 
     def __init__(self, jobs: list[WarmJob]):
         self._kernels = {id(j): fused.kernels(j.args[0]) for j in jobs
                          if j.module == fused.__name__ and j.function == "warm"}
+        self._matmuls: dict = {}            # id(job) -> its batch kernel, in qmatmul.deferred until the job ends
         fused.hold()
+
+    def defer(self, pending: dict) -> dict:
+        """Of pending matmul kernels ({kernel: job}, queued for the workers), leave those with a stand-in to
+        the workers, batches running the stand-in meanwhile; the rest ({kernel: job}), this process shares
+        with them (Shared)."""
+        rest = {}
+        for kernel, job in pending.items():
+            sub = stand_in(kernel)
+            if sub is None:
+                rest[kernel] = job
+            else:
+                self._matmuls[id(job)] = kernel
+                qmatmul.deferred[kernel] = sub
+        return rest
 
     def on_job(self, job: WarmJob | None) -> None:
         if job is None:
-            fused.unhold()
+            self.release()
         else:
             fused.ready(self._kernels.get(id(job), ()))
+            qmatmul.deferred.pop(self._matmuls.pop(id(job), None), None)   # its next call: from the cache
 
     def release(self) -> None:
         fused.unhold()
+        while self._matmuls:                # (popitem: the feeder thread's on_job may pop meanwhile)
+            qmatmul.deferred.pop(self._matmuls.popitem()[1], None)
 
     def __enter__(self) -> "Deferral":
         return self
@@ -191,31 +210,13 @@ class Shared:
     jit.Warmup): at this process's first call of one (qmatmul.first_call), it takes the job back if no
     worker has started it (and compiles the kernel itself), or waits for the worker that is on it and
     loads the kernel from the disk cache, so that nothing compiles twice. The hook goes once every kernel
-    has been met, or at `release` (`close`: the deferred kernels too; as a context manager: at exit). A batch kernel with a stand-in
-    (stand_in: the same arithmetic, a third of the compile or less) is left to the workers: batches run
-    the stand-in (qmatmul.deferred) until its job ends (chained to the warm-up's on_job)."""
+    has been met, or at `release` (as a context manager: at exit)."""
 
     def __init__(self, pending: dict, warmup):
         self._warmup = warmup
         self._pending = dict(pending)
-        self._deferred = {}                 # id(job) -> its kernel, in qmatmul.deferred until the job ends
-        for kernel, job in pending.items():
-            sub = stand_in(kernel)
-            if sub is not None:
-                del self._pending[kernel]
-                self._deferred[id(job)] = kernel
-                qmatmul.deferred[kernel] = sub
-        if self._deferred:
-            before = warmup.on_job
-            warmup.on_job = lambda job: (before is not None and before(job), self._job_ended(job))
         if self._pending:
             qmatmul.first_call = self._first_call
-
-    def _job_ended(self, job) -> None:
-        """A worker's job ended (None: every worker has): its deferred kernel loads from the disk cache at
-        its next call (or compiles here, where the worker failed)."""
-        for key in ([id(job)] if job is not None else list(self._deferred)):
-            qmatmul.deferred.pop(self._deferred.pop(key, None), None)
 
     def _first_call(self, kernel) -> None:
         job = self._pending.pop(kernel, None)
@@ -228,24 +229,19 @@ class Shared:
         if qmatmul.first_call == self._first_call:
             qmatmul.first_call = None
 
-    def close(self) -> None:
-        """No more sharing: the hook goes, and the deferred kernels run (or compile) here from now on."""
-        self.release()
-        self._job_ended(None)
-
     def __enter__(self) -> "Shared":
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        self.release()
 
 
 class FirstPass(Shared):
     """A cold first pass's matmul kernels shared with the warm-up workers (a jit.Warmup with more=True):
     queued for them last-needed first, while this process meets them first-needed first (Shared): the two
-    ends meet in the middle."""
+    ends meet in the middle; those with a stand-in are the deferral's (Deferral.defer)."""
 
-    def __init__(self, engine, n_prompt: int, warmup):
+    def __init__(self, engine, n_prompt: int, warmup, deferral: Deferral):
         pending = first_pass_jobs(engine, n_prompt)
         warmup.add(reversed(list(pending.values())))
-        super().__init__(pending, warmup)
+        super().__init__(deferral.defer(pending), warmup)

@@ -141,7 +141,7 @@ class Warming:
                     self._workers = Warmup([], worker_count(reserve=1), more=True)
                 deferral = Deferral(held)
                 self._workers.on_job = deferral.on_job
-                shared = Shared(pending, self._workers)
+                shared = Shared(deferral.defer(pending), self._workers)
                 self._workers.add(jobs)
                 self._workers.seal()
                 self.usable.set()                   # requests run now (see above)
@@ -160,7 +160,7 @@ class Warming:
             log.warning("warming the kernels failed: %s: %s", type(e).__name__, e)
         finally:
             if shared is not None:
-                shared.close()
+                shared.release()
             if deferral is not None:
                 deferral.release()
             self.usable.set()
