@@ -129,6 +129,18 @@ def read_ahead_kb(path: str | os.PathLike) -> int | None:
     return None
 
 
+def device_reads(path: str | os.PathLike) -> tuple[int, float] | None:
+    """(bytes read, seconds with I/O in flight) so far by the block device holding path, from its
+    /sys/.../stat (sectors read, io_ticks); None where the kernel gives none. The difference over a window
+    is how long the device was busy in it: reads known one at a time leave it idle between them."""
+    dev = os.stat(path).st_dev
+    try:
+        f = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read_text().split()
+        return int(f[2]) * 512, int(f[9]) / 1000.0
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class DiskStatus:
     mount: str

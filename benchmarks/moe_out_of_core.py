@@ -16,7 +16,9 @@ Both engines read the model from a fair disk (benchmarks/fairdisk.py: a copy on 
 image, direct I/O to its backing file, read-ahead 128 KiB as a typical NVMe's) where root and losetup
 are; --no-fair-disk runs from the file's own disk (this VM's reads 8 MiB around every mmap fault).
 The device's O_DIRECT bandwidth for expert-sized random reads (one expert's gate/up/down slice, 1 and
-4 readers) is measured on the file, and each ramforge run's read rate is given as a share of it.
+4 readers) is measured on the file, and each ramforge run's read rate is given as a share of it: over the
+whole decode, and while the device is busy (its own counters, /sys/dev/block/.../stat: how long it had a read
+in flight a token, and its rate then; reads known only once a router has run leave it idle between them).
 
 Every measurement runs in a fresh child process, with the file evicted from the page cache before
 it (posix_fadvise DONTNEED, as `dd iflag=nocache count=0`) and its page-cache residency (mincore,
@@ -126,7 +128,9 @@ def child_ramforge(c: dict) -> dict:
             out.append(int(np.argmax(e.eval([tok])[-1])))
             if i == 0:               # the first decode pass (warm-up) is done: the measured window opens
                 io0, st0, ru0 = _proc_io(), stats(), resource.getrusage(resource.RUSAGE_SELF)
+                dev0 = fairdisk.device_reads(c["model"])
         io1, st1, ru1 = _proc_io(), stats(), resource.getrusage(resource.RUSAGE_SELF)
+        dev1 = fairdisk.device_reads(c["model"])
         PROFILE.enabled = False
         s = PROFILE.summary()
         prefill = [p for p in s["passes"] if p["kind"] != "decode"]
@@ -150,6 +154,8 @@ def child_ramforge(c: dict) -> dict:
             "majflt_per_token": (ru1.ru_majflt - ru0.ru_majflt) / n,
             "expert_cache": st1, "expert_cache_decode": _delta(st1, st0),
             "compile_s": s["compile_s"], "tokens": out,
+            "device_busy_per_token": (dev1[1] - dev0[1]) / n if dev0 and dev1 else None,
+            "device_bytes_per_token": (dev1[0] - dev0[0]) / n if dev0 and dev1 else None,
             "peak_rss": peak_rss(),
             "ramforge_file": sys.modules["ramforge"].__file__,
         }
@@ -573,6 +579,12 @@ def bench(a, model: str, disk, have_llama: bool) -> int:
                 print(f"  {label(r)}: reads {r['bytes_per_token'] / r['s_per_token'] / 1e9:.3f} GB/s while decoding = "
                       f"{100 * r['read_share_of_expert_bw']:.0f}% of the device's {bw_x / 1e9:.2f} GB/s for "
                       f"expert-sized reads")
+                busy, dbytes = r.get("device_busy_per_token"), r.get("device_bytes_per_token")
+                if busy and dbytes:               # the device's own counters: busy time, and its rate while busy
+                    r["busy_share"], r["busy_read_share_of_expert_bw"] = busy / r["s_per_token"], dbytes / busy / bw_x
+                    print(f"  {label(r)}: the device busy {1e3 * busy:.1f} ms a token ({100 * r['busy_share']:.0f}% of "
+                          f"it), reading {dbytes / busy / 1e9:.3f} GB/s while busy = "
+                          f"{100 * r['busy_read_share_of_expert_bw']:.0f}% of its bandwidth for expert-sized reads")
             st = r.get("expert_cache_decode")
             if st:
                 print(f"  {label(r)}: expert cache over the measured tokens {st}")

@@ -446,9 +446,11 @@ def test_reads_ahead_stop_while_the_guesses_not_cached_are_missed(cache, monkeyp
     c = cache(range(0, 2), 8)
     _turn(c, 1, [1, 2])
     for t in range(2 * ACCURACY_TURNS):                   # 1, 2 cached and right; the third never picked
-        rec0, _ = _turn(c, 0, [0], predict=[1, 2, 5 + t % 11])
+        _turn(c, 0, [0], predict=[1, 2, 5 + t % 11])
         _turn(c, 1, [1, 2])
     assert c.accuracy >= READ_AHEAD_FROM and c.precision < experts.READ_AHEAD_PRECISION
+    rec0, _ = _turn(c, 0, [0], predict=[1, 2, 4])         # 4: never read (an earlier wasted read-ahead of 5-15
+    _turn(c, 1, [1, 2])                                   # may still hold its slot, then it is no read to skip)
     assert (rec0.prefetch_issued, rec0.prefetch_skipped) == (0, 1)
     rec0 = ExpertRecord(0)
     c.layer(0, np.array([0]), 1, rec0)

@@ -16,7 +16,7 @@ from ramforge.kernels import qmatmul as qm
 from ramforge.kernels.batch import Batch
 from ramforge.kernels.variants import TILED_FROM
 from ramforge.kernels.matmul import matmul_reference
-from ramforge.kernels.moe import argsort_desc, expert_matmul, route, weighted_sum
+from ramforge.kernels.moe import argsort_desc, expert_matmul, guess_token, route, weighted_sum
 from ramforge.kernels.registry import REGISTRY
 from ramforge.memory import MemoryBudget
 from ramforge.models.config import ConfigError
@@ -106,6 +106,27 @@ def test_route_validates():
         route(np.empty((2, 9), np.int32), np.empty((2, 9), np.float32), ok, True)     # k > n_expert
     with pytest.raises(RamforgeError, match="dtypes"):
         route(np.empty((2, 2), np.int64), np.empty((2, 2), np.float32), ok, True)
+
+
+@pytest.mark.parametrize("n_expert,k", [(8, 2), (60, 4), (128, 8)])
+def test_the_next_layers_guess_is_the_top_k_of_its_router(n_expert, k):
+    """guess_token (the read-ahead's guess for one token, models.moe._predict): the k experts with the
+    highest logits of the router over the RMS-normed input, ascending; the naive reference in float64."""
+    rng = np.random.default_rng(n_expert)
+    n = 256
+    for _ in range(20):
+        x = rng.standard_normal(n).astype(np.float32) * 3
+        norm = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        w = (rng.standard_normal((n_expert, n)) / np.sqrt(n)).astype(np.float32)
+        got = guess_token(x, norm, 1e-6, w.reshape(-1), k, np.empty(n, np.float32), np.empty(n_expert, np.float32))
+        xn = x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-6) * norm
+        logits = w.astype(np.float64) @ xn
+        want = np.argsort(-logits)[:k]
+        if np.sort(-logits)[k - 1] - np.sort(-logits)[k] > -1e-4:   # a near tie at the k-th: either may win
+            continue
+        assert got.dtype == np.int64 and got.tolist() == sorted(want.tolist())
+    with pytest.raises(RamforgeError, match="guess_token"):
+        guess_token(x, norm[:-1], 1e-6, w.reshape(-1), k, np.empty(n, np.float32), np.empty(n_expert, np.float32))
 
 
 # ---- one expert's rows, as mul_mat_id computes them -------------------------------------------

@@ -149,7 +149,7 @@ def _attention(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16
         _attend(job, out, q, k_cache, v_cache, pos0, kq_scale, window, gqa, f16, single, softcap, sinks)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _attention_1(out, q, k_cache, v_cache, pos0, n_tok, kq_scale, window, gqa, f16, single, softcap, sinks):
     # the same on the calling thread: a short one-token attention costs less than a parallel region's
     # wake-up and barrier (which a busy core stretches to a scheduler slice)

@@ -78,7 +78,7 @@ def _swiglu(out, gate, up, n_tok, n):
         _swiglu_block(out, gate, up, n, k // nb, k % nb * _GLU_BLOCK)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _swiglu_1(out, gate, up, n_tok, n):
     # one row on the calling thread (a decode token: vexp makes it a few microseconds, less than
     # waking a parallel region)

@@ -94,7 +94,7 @@ def _route(ids, wts, logits, norm_w, gating):
         _route_row(ids, wts, logits, norm_w, gating, t)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _route_1(ids, wts, logits, norm_w, gating):
     # one token's (or a few): on the calling thread, no parallel region
     for t in range(logits.shape[0]):
@@ -150,7 +150,7 @@ def route(ids: np.ndarray, wts: np.ndarray, logits: np.ndarray, norm_w: bool,
 _SERIAL_TOKENS = 4             # routed on the calling thread up to this many tokens (a parallel region costs more)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _router_1(logits, xb, w32, ids, wts, norm_w, gating):
     # one token: logits f32[1, n_exp] = xb f32[1, n] . W^T for an F32 router W (w32: n_exp rows of n), in
     # ggml_vec_dot_f32's arithmetic (fmatmul's for one token), then its routing (_route_row); on the
@@ -175,6 +175,46 @@ def router_token(ids: np.ndarray, wts: np.ndarray, logits: np.ndarray, xb: np.nd
     if ids.shape != wts.shape or ids.shape[0] != 1 or not 1 <= ids.shape[1] <= n_exp:
         raise RamforgeError(f"router_token: logits {logits.shape}, ids {ids.shape}, weights {wts.shape}")
     _router_1(logits, xb, w32, ids, wts, bool(norm_w), int(Gating(gating)))
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _guess_1(ids, x, norm, eps, w32, xn, logits):
+    # one token's likely experts: ids i64[k] ascending = the top k of W . (rms_norm(x) * norm), x f32[n],
+    # W f32[n_exp * n]; xn f32[n], logits f32[n_exp] scratch. A guess, in no llama.cpp arithmetic
+    n, n_exp, k = x.size, logits.size, ids.size
+    ss = np.float32(0.0)
+    for i in range(n):
+        ss += x[i] * x[i]
+    scale = np.float32(1.0 / math.sqrt(ss / n + eps))
+    for i in range(n):
+        xn[i] = x[i] * scale * norm[i]
+    for r in range(n_exp):
+        acc = np.float32(0.0)
+        for i in range(n):
+            acc += w32[r * n + i] * xn[i]
+        logits[r] = acc
+    for j in range(k):                         # k passes of selection: k * n_exp compares
+        best = -1
+        for r in range(n_exp):
+            if best < 0 or logits[r] > logits[best]:
+                best = r
+        ids[j] = best
+        logits[best] = -np.inf
+    ids.sort()
+
+
+def guess_token(x: np.ndarray, norm: np.ndarray, eps: float, w32: np.ndarray, k: int,
+                xn: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """The k experts (i64, ascending) an F32 router w32 f32[n_expert * n_embd] ranks highest for one
+    token x f32[n_embd] normed with norm f32[n_embd] (xn f32[n_embd], logits f32[n_expert]: scratch);
+    one call on the calling thread, the GIL let go. The next layer's guess (models.moe): fast, not exact."""
+    n, n_exp = x.size, logits.size
+    if (norm.shape != (n,) or xn.shape != (n,) or w32.dtype != np.float32 or w32.size != n_exp * n
+            or not 1 <= k <= n_exp):
+        raise RamforgeError(f"guess_token: x {x.shape}, norm {norm.shape}, router {w32.shape}, k {k}")
+    ids = np.empty(k, np.int64)
+    _guess_1(ids, x, norm, np.float32(eps), w32, xn, logits)
+    return ids
 
 
 def argsort_desc(v: np.ndarray) -> np.ndarray:
@@ -261,7 +301,7 @@ def _weighted_sum(out, ex, wts):
         _weighted_row(out, ex, wts, t)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _weighted_sum_serial(out, ex, wts):
     # a few rows: less work than waking the threads
     for t in range(ex.shape[0]):

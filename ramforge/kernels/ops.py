@@ -43,7 +43,7 @@ def _rms_norm(out, x, w, eps):
         _rms_row(out, x, w, eps, t)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rms_norm_1(out, x, w, eps):
     # rows on the calling thread (a decode token, its heads' q/k norms: no parallel region to wake)
     for t in range(x.shape[0]):
@@ -177,7 +177,7 @@ def _rope_cache(n_rot, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi):
     return mix, mscale
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rope(x, pos, n_rot, base, neox, freq_factors, freq_scale, ext_factor, mix, mscale):
     # x f32[n_tok, n_head, head_dim], rotated in place; pos i32[n_tok]; freq_factors f32[n_rot/2] or empty;
     # mix f32[n_rot/2] (YaRN's, with ext_factor != 0), mscale f32: ggml-cpu's rope cache and rotate_pairs

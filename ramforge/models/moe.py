@@ -22,7 +22,7 @@ from ..gguf.constants import GGMLType
 from ..kernels import fused_moe
 from ..kernels.batch import Batch
 from ..kernels.matmul import matmul
-from ..kernels.moe import expert_matmul, route, router_token, shared_expert_gate, weighted_sum
+from ..kernels.moe import expert_matmul, guess_token, route, router_token, shared_expert_gate, weighted_sum
 from ..kernels.ops import rms_norm, swiglu, swiglu_oai
 from ..profiling import timed
 from . import routing_trace
@@ -164,10 +164,10 @@ def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
     kerns = _layouts(E)
     if None in kerns.values():
         return
-    sel = s.sel[0]
+    slot_of = {e: j for j, e in enumerate(s.sel[0].tolist())}   # expert -> its slot (the k picks are distinct)
 
     def run(kern, reps, these) -> None:
-        slots = np.array([int(np.flatnonzero(sel == e)[0]) for e, _ in these])
+        slots = [slot_of[e] for e, _ in these]
         offs = tuple(np.array([o[i] for _, o in these], np.int64) for i in range(3))
         c = len(these)
         part = np.empty((c, ex0.shape[1]), np.float32)         # (then moved to their slots)
@@ -276,12 +276,11 @@ def _predict(predictor, x: np.ndarray, xn: np.ndarray, logits: np.ndarray, hp, b
     x f32[n, n_embd], normed with its ffn_norm (into xn), logits into f32[n, n_expert] scratch; each
     row's top k (a guess: its arithmetic need not be llama.cpp's)."""
     norm, router = predictor
-    rms_norm(xn, x, norm.data, hp.rms_eps)
-    if router.ggml_type == GGMLType.F32 and len(x) == 1:      # numpy's BLAS: a guess needs no ggml arithmetic
-        np.matmul(xn, router.data.view(np.float32).reshape(router.dims[1], router.dims[0]).T, out=logits)
-    else:                                                      # (a batch: BLAS's threads against the engine's
-        router.rows(logits, xn, batch)                         # took 40-70 ms a layer, this 6)
     k = hp.n_expert_used
+    if router.ggml_type == GGMLType.F32 and len(x) == 1:      # one token: one serial call, no ggml arithmetic
+        return guess_token(x[0], norm.data, hp.rms_eps, router.data.view(np.float32), k, xn[0], logits[0])
+    rms_norm(xn, x, norm.data, hp.rms_eps)                     # a batch: the router's own matmul (BLAS's
+    router.rows(logits, xn, batch)                             # threads against the engine's took 40-70 ms a layer)
     top = np.argpartition(-logits, k - 1, axis=1)[:, :k] if k < hp.n_expert else np.tile(np.arange(k), (len(x), 1))
     ids, counts = np.unique(top, return_counts=True)
     return ids[np.argsort(-counts, kind="stable")]
