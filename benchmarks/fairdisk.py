@@ -117,10 +117,15 @@ def direct_io(dev: str) -> bool | None:
         return None
 
 
+def _sys_block(path: str | os.PathLike) -> Path:
+    """/sys's directory of the block device (or partition) holding path."""
+    dev = os.stat(path).st_dev
+    return Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+
+
 def read_ahead_kb(path: str | os.PathLike) -> int | None:
     """The read-ahead window of the block device holding path (an mmap fault reads around this much)."""
-    dev = os.stat(path).st_dev
-    d = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    d = _sys_block(path)
     for q in (d / "queue" / "read_ahead_kb", d / ".." / "queue" / "read_ahead_kb"):
         try:
             return int(q.read_text())
@@ -133,9 +138,8 @@ def device_reads(path: str | os.PathLike) -> tuple[int, float] | None:
     """(bytes read, seconds with I/O in flight) so far by the block device holding path, from its
     /sys/.../stat (sectors read, io_ticks); None where the kernel gives none. The difference over a window
     is how long the device was busy in it: reads known one at a time leave it idle between them."""
-    dev = os.stat(path).st_dev
     try:
-        f = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read_text().split()
+        f = (_sys_block(path) / "stat").read_text().split()
         return int(f[2]) * 512, int(f[9]) / 1000.0
     except (OSError, IndexError, ValueError):
         return None

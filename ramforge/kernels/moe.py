@@ -27,7 +27,7 @@ from . import cxxsort
 from .batch import Batch
 from .fmatmul import _row_dot
 from .matmul import float_matmul
-from .ops import _expf
+from .ops import _expf, _rms_row
 from .qmatmul import qmatmul
 from .variants import TILED_FROM
 from .registry import kernels_for
@@ -150,16 +150,21 @@ def route(ids: np.ndarray, wts: np.ndarray, logits: np.ndarray, norm_w: bool,
 _SERIAL_TOKENS = 4             # routed on the calling thread up to this many tokens (a parallel region costs more)
 
 
-@njit(cache=True, nogil=True)
-def _router_1(logits, xb, w32, ids, wts, norm_w, gating):
+@njit(cache=True, inline="always")
+def _router_logits(logits, xb, w32):
     # one token: logits f32[1, n_exp] = xb f32[1, n] . W^T for an F32 router W (w32: n_exp rows of n), in
-    # ggml_vec_dot_f32's arithmetic (fmatmul's for one token), then its routing (_route_row); on the
-    # calling thread
+    # ggml_vec_dot_f32's arithmetic (fmatmul's for one token)
     n_exp, n = logits.shape[1], xb.shape[1]
     a = xb.reshape(-1)
     none16, f16 = np.empty(0, np.uint16), np.empty(0, np.float32)
     for r in range(n_exp):
         logits[0, r] = _row_dot(0, False, w32, none16, r * n, a, 0, n, f16)
+
+
+@njit(cache=True, nogil=True)
+def _router_1(logits, xb, w32, ids, wts, norm_w, gating):
+    # one token's router logits (_router_logits), then its routing (_route_row); on the calling thread
+    _router_logits(logits, xb, w32)
     _route_row(ids, wts, logits, norm_w, gating, 0)
 
 
@@ -177,43 +182,29 @@ def router_token(ids: np.ndarray, wts: np.ndarray, logits: np.ndarray, xb: np.nd
     _router_1(logits, xb, w32, ids, wts, bool(norm_w), int(Gating(gating)))
 
 
-@njit(cache=True, nogil=True, fastmath=True)
-def _guess_1(ids, x, norm, eps, w32, xn, logits):
-    # one token's likely experts: ids i64[k] ascending = the top k of W . (rms_norm(x) * norm), x f32[n],
-    # W f32[n_exp * n]; xn f32[n], logits f32[n_exp] scratch. A guess, in no llama.cpp arithmetic
-    n, n_exp, k = x.size, logits.size, ids.size
-    ss = np.float32(0.0)
-    for i in range(n):
-        ss += x[i] * x[i]
-    scale = np.float32(1.0 / math.sqrt(ss / n + eps))
-    for i in range(n):
-        xn[i] = x[i] * scale * norm[i]
-    for r in range(n_exp):
-        acc = np.float32(0.0)
-        for i in range(n):
-            acc += w32[r * n + i] * xn[i]
-        logits[r] = acc
-    for j in range(k):                         # k passes of selection: k * n_exp compares
-        best = -1
-        for r in range(n_exp):
-            if best < 0 or logits[r] > logits[best]:
-                best = r
-        ids[j] = best
-        logits[best] = -np.inf
-    ids.sort()
+@njit(cache=True, nogil=True)
+def _guess_1(ids, x, norm, eps, w32, xn, logits, order):
+    # one token's likely experts, ids i64[k] ascending: the router's top k (by logit) of x f32[1, n] normed
+    # with norm f32[n] (into xn f32[1, n]), in the router's own steps without its weights; logits
+    # f32[1, n_exp], order i32[n_exp] scratch
+    _rms_row(xn, x, norm, eps, 0)
+    _router_logits(logits, xn, w32)
+    _argsort_desc(order, logits[0])
+    ids[:] = np.sort(order[:ids.size])
 
 
 def guess_token(x: np.ndarray, norm: np.ndarray, eps: float, w32: np.ndarray, k: int,
                 xn: np.ndarray, logits: np.ndarray) -> np.ndarray:
     """The k experts (i64, ascending) an F32 router w32 f32[n_expert * n_embd] ranks highest for one
     token x f32[n_embd] normed with norm f32[n_embd] (xn f32[n_embd], logits f32[n_expert]: scratch);
-    one call on the calling thread, the GIL let go. The next layer's guess (models.moe): fast, not exact."""
+    one call on the calling thread, the GIL let go. The next layer's guess (models.moe)."""
     n, n_exp = x.size, logits.size
     if (norm.shape != (n,) or xn.shape != (n,) or w32.dtype != np.float32 or w32.size != n_exp * n
             or not 1 <= k <= n_exp):
         raise RamforgeError(f"guess_token: x {x.shape}, norm {norm.shape}, router {w32.shape}, k {k}")
     ids = np.empty(k, np.int64)
-    _guess_1(ids, x, norm, np.float32(eps), w32, xn, logits)
+    _guess_1(ids, x.reshape(1, n), norm, np.float32(eps), w32, xn.reshape(1, n), logits.reshape(1, n_exp),
+             np.empty(n_exp, np.int32))
     return ids
 
 
