@@ -227,6 +227,14 @@ def test_a_failed_read_frees_its_slot_and_the_next_turn_works(cache, monkeypatch
     assert rec.misses == 2 and sorted(got) == [0, 1]
 
 
+def test_the_pool_is_in_memory_from_the_start(cache):
+    """Every slot's pages are faulted in when the cache is made (stream.io.populate), not by a decode's reads."""
+    from ramforge.stream.io import memory_residency
+
+    c = cache(range(2), 5)
+    assert memory_residency(c.pool) == c.pool.nbytes
+
+
 def test_cache_refuses_what_it_cannot_hold(cache):
     c = cache(range(1, 2), 2)
     with pytest.raises(RamforgeError, match="out of range"):

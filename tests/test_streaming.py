@@ -208,6 +208,19 @@ def test_probe_read_speed_takes_any_length(tmp_path):
         assert probe_read_speed(str(p), nbytes=nbytes, chunk=8192) > 0
 
 
+@pytest.mark.parametrize("how", ["madvise", "a write a page"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_populate_faults_every_page_in(how, threads, monkeypatch):
+    """populate() leaves every page of a fresh buffer in memory (so reads into it later take no page
+    faults); where madvise refuses (an older kernel: here an advice it does not know) it writes a byte a page."""
+    if how != "madvise":
+        monkeypatch.setattr(sio, "MADV_POPULATE_WRITE", 0x7fff)
+    buf = sio.aligned_empty((48 << 20) + 3 * 4096)            # fresh: mapped, never touched
+    assert sio.memory_residency(buf) < buf.nbytes // 2
+    sio.populate(buf, threads)
+    assert sio.memory_residency(buf) == buf.nbytes
+
+
 @pytest.mark.parametrize("spec", ["phi3-longrope", "gemma2"])
 def test_new_architectures_stream_as_they_run_resident(spec):
     # phi3's fused-projection buffer and LongRoPE factors, gemma2's capped logits: the same at the
