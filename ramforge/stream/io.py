@@ -200,8 +200,9 @@ def populate(buf: np.ndarray, threads: int = 1) -> None:
     parts at once. A buffer that reads fill later (the expert cache's slots) would otherwise take its page
     faults on the decode's path: O_DIRECT faults in the pages a read fills, on the reader thread, while the
     compute threads wait for that read. (Measured on a VM: 3 MiB of fresh memory took 0.5-10 ms to fault,
-    2-10x the expert's read.) madvise(MADV_POPULATE_WRITE) where Linux has it (the GIL let go), else a write
-    to each page."""
+    2-10x the expert's read.) madvise(MADV_POPULATE_WRITE) where Linux has it (the GIL let go), else (EINVAL:
+    a kernel before 5.14; other systems) a write to each page; any other refusal (ENOMEM) leaves the pages to
+    fault in as they are used."""
     n = buf.nbytes
     if n == 0:
         return
@@ -211,11 +212,12 @@ def populate(buf: np.ndarray, threads: int = 1) -> None:
     if sys.platform.startswith("linux"):
         libc, base = _c(), buf.ctypes.data
 
-        def advise(part: tuple[int, int]) -> bool:
-            return libc.madvise(base + part[0], part[1] - part[0], MADV_POPULATE_WRITE) == 0
+        def advise(part: tuple[int, int]) -> int:
+            ok = libc.madvise(base + part[0], part[1] - part[0], MADV_POPULATE_WRITE) == 0
+            return 0 if ok else ctypes.get_errno()
 
         with ThreadPoolExecutor(len(parts)) as pool:
-            if all(pool.map(advise, parts)):
+            if errno.EINVAL not in set(pool.map(advise, parts)):
                 return
     buf[::page] = 0                      # older kernels, other systems: one write a page
 
