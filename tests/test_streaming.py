@@ -242,6 +242,15 @@ def test_populate_faults_every_page_in(how, threads, monkeypatch):
     m.close()
 
 
+def test_stream_buffers_are_in_memory_before_the_first_pass(tiny):
+    """aligned_empty(fault_in=) faults a buffer's pages in (populate): a streamed model's buffers are in memory
+    once it loads, not faulted in by its first token's reads."""
+    lo, _ = _budgets(tiny)
+    with Engine.load(tiny, n_ctx=64, budget=MemoryBudget(lo)) as e:
+        assert e.weights._buffers
+        assert all(sio.memory_residency(b) == b.nbytes for b in e.weights._buffers)
+
+
 @pytest.mark.parametrize("spec", ["phi3-longrope", "gemma2"])
 def test_new_architectures_stream_as_they_run_resident(spec):
     # phi3's fused-projection buffer and LongRoPE factors, gemma2's capped logits: the same at the

@@ -45,7 +45,7 @@ from ..kernels.repack import repack_group, repack_many, repackable
 from ..models.weights import EXPERT_TENSORS, QTensor, gguf_name
 from .layout import Span, expert_span
 from ..profiling import ExpertRecord
-from .io import ModelFile, aligned_empty, populate
+from .io import ModelFile, aligned_empty
 
 HALF_LIFE = 64.0        # tokens: a use's weight in LFU halves over this many tokens
 READ_AHEAD_FROM = 0.5   # read ahead only while at least this share of recent picks was guessed ...
@@ -86,8 +86,8 @@ class ExpertCache:
         self.n_expert = self.tensors[layers[0]][0].dims[2]
         self.reps = {il: tuple(repack_group(t.dims[1]) if repacked and repackable(t.ggml_type, t.dims[:2]) else 0
                                for t in ts) for il, ts in self.tensors.items()}   # (gate, up, down) groups, 0: file order
-        self.pool = aligned_empty(n_slots * slot_bytes)     # every slot's buffer, one after another, its pages
-        populate(self.pool, numba.get_num_threads())        # faulted in now, not by the reads of a decode
+        self.pool = aligned_empty(n_slots * slot_bytes,     # every slot's buffer, one after another, its pages
+                                  fault_in=numba.get_num_threads())   # faulted in now, not by a decode's reads
         self.buffers = [self.pool[i * slot_bytes:(i + 1) * slot_bytes] for i in range(n_slots)]
         self.slot_bytes = slot_bytes
         self._slot: dict[tuple[int, int], int] = {}          # (layer, expert) -> slot

@@ -51,11 +51,15 @@ def read_full(fd: int, out: np.ndarray, offset: int, want: int, error, hint: str
     return done
 
 
-def aligned_empty(nbytes: int, align: int = DIRECT_ALIGN) -> np.ndarray:
-    """A uint8 buffer of nbytes whose address is a multiple of align."""
+def aligned_empty(nbytes: int, align: int = DIRECT_ALIGN, fault_in: int = 0) -> np.ndarray:
+    """A uint8 buffer of nbytes whose address is a multiple of align; with fault_in, its pages faulted in now
+    on that many threads (populate: a buffer reads will fill again and again, on the decode's path)."""
     raw = np.empty(nbytes + align, dtype=np.uint8)
     skip = (-raw.ctypes.data) % align
-    return raw[skip:skip + nbytes]
+    buf = raw[skip:skip + nbytes]
+    if fault_in:
+        populate(buf, fault_in)
+    return buf
 
 
 class _Part:
@@ -203,14 +207,14 @@ def populate(buf: np.ndarray, threads: int = 1) -> None:
     2-10x the expert's read.) madvise(MADV_POPULATE_WRITE) where Linux has it (the GIL let go), else (EINVAL:
     a kernel before 5.14; other systems) a write to each page; any other refusal (ENOMEM) leaves the pages to
     fault in as they are used."""
-    n = buf.nbytes
+    n, page = buf.nbytes, mmap.PAGESIZE
     if n == 0:
         return
-    page = mmap.PAGESIZE
-    step = -(-n // max(threads, 1) // page) * page                # a part: whole pages
-    parts = [(a, min(n, a + step)) for a in range(0, n, step)]
     if sys.platform.startswith("linux"):
         libc, base = _c(), buf.ctypes.data
+        step = -(-n // max(threads, 1))                         # a thread's part, in whole pages
+        step += -step % page
+        parts = [(a, min(n, a + step)) for a in range(0, n, step)]
 
         def advise(part: tuple[int, int]) -> int:
             ok = libc.madvise(base + part[0], part[1] - part[0], MADV_POPULATE_WRITE) == 0

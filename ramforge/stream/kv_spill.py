@@ -209,7 +209,7 @@ class SpilledKVCache(KVBase):
             self.free: queue.Queue = queue.Queue()
             self.done: queue.Queue = queue.Queue()
             for _ in range(SPILL_BUFFERS):
-                self.free.put(aligned_empty(lay.buffer_bytes))
+                self.free.put(aligned_empty(lay.buffer_bytes, fault_in=1))   # not by the first pass's reads
             self.dir = spill_directory(directory, n_layer * lay.buffer_bytes)
             stem = f".ramforge-kv-{os.getpid()}-{secrets.token_hex(6)}"
             for i in range(n_layer):        # appended one by one: a failure closes those made

@@ -31,7 +31,7 @@ from .plan import Plan
 from ..profiling import ExpertRecord, LayerRecord, PassRecord
 from .expert_view import Experts
 from .experts import DEFAULT_POLICY, ExpertCache, Policy
-from .io import IOMode, ModelFile, aligned_empty, populate
+from .io import IOMode, ModelFile, aligned_empty
 
 REPACK_OFF = flags.NO_REPACK.get()                              # keep file order (A/B runs)
 REPACK_STREAMED = not REPACK_OFF and flags.REPACK_STREAMED.get()
@@ -167,10 +167,10 @@ class Weights:
         for il in (range(a, b) if self.mmap else p.pinned):
             self.pinned[il] = self._pinned_layer(il)
         self.streamed = [il for il in range(a, b) if il not in self.pinned]
-        buffers = [aligned_empty(p.buffer_bytes) for _ in range(p.n_buffers)] if self.streamed or self._out_streamed() else []
-        for i, buf in enumerate(buffers):
+        buffers = []
+        for i in range(p.n_buffers if self.streamed or self._out_streamed() else 0):
             self._charge(f"stream buffer {i}", p.buffer_bytes)
-            populate(buf)                    # its pages faulted in now, not by the first token's reads
+            buffers.append(aligned_empty(p.buffer_bytes, fault_in=1))   # not by the first token's reads
         self._buffers = buffers
         if buffers:
             self._reader = Reader(self.file, buffers)
