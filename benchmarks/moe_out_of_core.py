@@ -43,7 +43,10 @@ in); an OOM kill is reported, not raised. Bytes read per token come from /proc/<
 Prints a table per budget and, with --json, writes every raw figure. On a shared machine, run it
 when it is idle: the `busy` column gives the cores' worth of CPU other processes took during each run,
 and with --threads equal to the core count one busy core slows both engines several-fold; --repeat N
-reports the median run (all of them in the JSON).
+runs N rounds, each measurement once a round (so runs compared are side by side in time), and reports
+the median run (all of them in the JSON). With a budget above the file (e.g. --rams 1/4 16G), each
+out-of-core run is set against the in-RAM one: its share of in-RAM speed round by round, and the causal
+bound of tools/moe_bound.py.
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -118,6 +122,9 @@ def child_ramforge(c: dict) -> dict:
     with Engine.load(c["model"], n_ctx=c["ctx"], budget=budget, io=c["io"], batch=c["batch"],
                      n_threads=c["threads"], **kw) as e:
         load = time.perf_counter() - t0
+        if c.get("trace"):                  # the routing, for moe_bound's Belady replay
+            from ramforge.models import routing_trace
+            routing_trace.attach(e, c["trace"])
         cache = getattr(e.weights, "expert_cache", None)
         stats = (lambda: dict(cache.stats())) if cache is not None else (lambda: {})
         PROFILE.enabled = True
@@ -128,6 +135,7 @@ def child_ramforge(c: dict) -> dict:
             out.append(int(np.argmax(e.eval([tok])[-1])))
             if i == 0:               # the first decode pass (warm-up) is done: the measured window opens
                 io0, st0, ru0 = _proc_io(), stats(), resource.getrusage(resource.RUSAGE_SELF)
+                ops0 = dict(PROFILE.ops)
                 dev0 = fairdisk.device_reads(c["model"])
         io1, st1, ru1 = _proc_io(), stats(), resource.getrusage(resource.RUSAGE_SELF)
         dev1 = fairdisk.device_reads(c["model"])
@@ -140,6 +148,7 @@ def child_ramforge(c: dict) -> dict:
         plan = {k: getattr(p, k, None) for k in (
             "verdict", "min_budget", "resident_budget", "resident", "pinned", "n_buffers", "buffer_bytes",
             "embd_row_bytes", "experts_apart", "expert_slots", "expert_slot_bytes", "streamed_bytes_per_token")}
+        experts_s = sum(v - ops0.get(k, 0.0) for k, v in PROFILE.ops.items() if k.startswith("experts"))
         experts_rd = sum(r["bytes_read"] for q in decode for r in q["layers"] if str(r["layer"]).startswith("experts"))
         return {
             "engine": "ramforge", "config": {k: c.get(k) for k in ("expert_policy", "expert_prefetch", "io")},
@@ -149,6 +158,7 @@ def child_ramforge(c: dict) -> dict:
             "s_per_token": sum(q["seconds"] for q in decode) / n,
             "bytes_per_token": sum(q["bytes_read"] for q in decode) / n,
             "expert_bytes_per_token": experts_rd / n,
+            "expert_compute_per_token": experts_s / n,       # the experts' matmuls (ops "experts ...")
             "wait_per_token": sum(q["wait_s"] for q in decode) / n,
             "os_read_bytes_per_token": (io1.get("read_bytes", 0) - io0.get("read_bytes", 0)) / n,
             "majflt_per_token": (ru1.ru_majflt - ru0.ru_majflt) / n,
@@ -531,36 +541,49 @@ def bench(a, model: str, disk, have_llama: bool) -> int:
               "expert_read_bytes": xb, "expert_read_bandwidth": [asdict(b) for b in expert_bw]}
     common = {"model": model, "ctx": a.ctx, "batch": a.batch, "threads": a.threads, "tokens": tokens,
               "prompt": prompt, "text": text}
-    for ram in rams:
-        limit = parse_ram(ram, size)
-        runs = []
+    tmp = tempfile.TemporaryDirectory(prefix="ramforge-moe-bench-")
+    trace = Path(tmp.name) / "routing.npz" if xb else None
+
+    def ramforge_run(cfg: dict, limit: int) -> dict:
+        evict(model)
+        if trace is not None and not trace.exists():    # one routing trace: every run routes alike
+            cfg = {**cfg, "trace": str(trace)}
+        r = run_child("ramforge", {**common, **cfg, "budget": limit, "io": a.io}, a.timeout)
+        r["page_cache_after"], _ = page_cache_residency(model)
+        if r.get("compile_s", 0) > 0.5:  # it compiled kernels (their cache was cold): that inflates the
+            again = ramforge_run(cfg, limit)    # process's peak RSS, so measure again with the cache warm
+            again["compiling_run"] = r
+            return again
+        return r
+
+    def llama_run(repack: bool, limit: int, tag: str) -> dict:
+        evict(model)
+        try:
+            with MemoryCgroup(limit, f"{tag}-{int(repack)}") as cg:
+                r = run_child("llama", {**common, "repack": repack}, a.timeout, cg)
+                r["page_cache_after"], _ = page_cache_residency(model)
+                evict(model)             # drop what it faulted in while its cgroup still holds the charge
+        except (OSError, RuntimeError) as ex:
+            r = {"engine": "llama.cpp", "error": f"no memory cgroup: {ex}"}
+        r.setdefault("config", {"repack": repack})
+        return r
+
+    limits = [parse_ram(ram, size) for ram in rams]
+    done: dict[tuple, list[dict]] = {}      # (budget, engine, config) -> its runs, a round each
+    for rnd in range(a.repeat):             # rounds: every measurement once a round, so that the ratios
+        for b, (ram, limit) in enumerate(zip(rams, limits)):        # between them are side by side in time
+            jobs = [(("rf", c), lambda c=c: ramforge_run(configs[c], limit)) for c in range(len(configs))]
+            jobs += [(("llama", rp), lambda rp=rp: llama_run(rp, limit, f"{b}-{rnd}")) for rp in llama_runs]
+            for key, job in jobs:
+                r = job()
+                r["round"] = rnd
+                done.setdefault((b, *key), []).append(r)
+                print(f"round {rnd + 1}/{a.repeat}, budget {ram}: {label(r)} "
+                      + (f"{r['s_per_token']:.3f} s/token" if "s_per_token" in r else r.get("error", "?")[:80]), flush=True)
+    for b, (ram, limit) in enumerate(zip(rams, limits)):
         print(f"\n== budget {ram} = {limit / 2**20:.0f} MiB ({100 * limit / size:.0f}% of the file) ==", flush=True)
-        def ramforge_run(cfg: dict) -> dict:
-            evict(model)
-            r = run_child("ramforge", {**common, **cfg, "budget": limit, "io": a.io}, a.timeout)
-            r["page_cache_after"], _ = page_cache_residency(model)
-            if r.get("compile_s", 0) > 0.5:  # it compiled kernels (their cache was cold): that inflates the
-                again = ramforge_run(cfg)    # process's peak RSS, so measure again with the cache warm
-                again["compiling_run"] = r
-                return again
-            return r
-
-        def llama_run(repack: bool) -> dict:
-            evict(model)
-            try:
-                with MemoryCgroup(limit, f"{len(report['budgets'])}-{int(repack)}") as cg:
-                    r = run_child("llama", {**common, "repack": repack}, a.timeout, cg)
-                    r["page_cache_after"], _ = page_cache_residency(model)
-                    evict(model)             # drop what it faulted in while its cgroup still holds the charge
-            except (OSError, RuntimeError) as ex:
-                r = {"engine": "llama.cpp", "error": f"no memory cgroup: {ex}"}
-            r.setdefault("config", {"repack": repack})
-            return r
-
-        for cfg in configs:
-            runs.append(median([ramforge_run(cfg) for _ in range(a.repeat)]))
-        for repack in llama_runs:
-            runs.append(median([llama_run(repack) for _ in range(a.repeat)]))
+        runs = [median(done[(b, "rf", c)]) for c in range(len(configs))]
+        runs += [median(done[(b, "llama", rp)]) for rp in llama_runs]
         for r in runs:
             r["budget_bytes"] = limit
         ref = next((r["tokens"] for r in runs if r["engine"] == "ramforge" and "tokens" in r), None)
@@ -571,9 +594,9 @@ def bench(a, model: str, disk, have_llama: bool) -> int:
         for r in runs:
             if r.get("repeats"):
                 each = [r] + r["repeats"]
-                print(f"  {label(r)}: repeats s/token (busy cores) " + ", ".join(
+                print(f"  {label(r)}: s/token by round (busy cores) " + ", ".join(
                     f"{x['s_per_token']:.3f} ({x['other_cpu']:.1f})" if "s_per_token" in x else x.get("error", "?")[:30]
-                    for x in sorted(each, key=lambda x: x.get("s_per_token", 0))))
+                    for x in sorted(each, key=lambda x: x["round"])))
             if bw_x and r["engine"] == "ramforge" and r.get("s_per_token"):
                 r["read_share_of_expert_bw"] = r["bytes_per_token"] / r["s_per_token"] / bw_x
                 print(f"  {label(r)}: reads {r['bytes_per_token'] / r['s_per_token'] / 1e9:.3f} GB/s while decoding = "
@@ -594,10 +617,71 @@ def bench(a, model: str, disk, have_llama: bool) -> int:
             if "tokens_match" in r and not r["tokens_match"]:
                 print(f"  {label(r)}: tokens differ from ramforge's: {r['tokens']} vs {ref}")
         report["budgets"].append({"ram": ram, "budget": limit, "runs": runs})
+    if bw_x and trace is not None and trace.exists():
+        report["causal_bounds"] = causal_bounds(report["budgets"], model, trace, bw_x)
+    tmp.cleanup()
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
         print(f"\nraw figures: {a.json}")
     return 0
+
+
+def causal_bounds(budgets: list[dict], model: str, trace: Path, bw_x: float) -> list[dict]:
+    """tools/moe_bound.py's bounds for each out-of-core ramforge run, against the in-RAM ramforge run
+    of the same invocation (a budget above the file: no bytes read), printed; [] without one."""
+    from tools.moe_bound import causal_bound, replay
+    from ramforge.gguf.reader import GGUFFile
+    from ramforge.models.weights import EXPERT_TENSORS, gguf_name
+    from ramforge.stream.experts import DEFAULT_POLICY
+    from ramforge.stream.layout import expert_span
+
+    runs = [r for b in budgets for r in b["runs"] if r["engine"] == "ramforge" and "s_per_token" in r]
+    ram = next((r for r in runs if r["bytes_per_token"] == 0), None)
+    if ram is None:
+        print("\n(no in-RAM ramforge run, e.g. --rams 1/4 16G: no causal bound)")
+        return []
+    with GGUFFile(model) as f:
+        per_expert = expert_span([f.tensors[gguf_name(s, 0)] for s in EXPERT_TENSORS], 0).nbytes
+        k = int(f.metadata[f"{f.metadata['general.architecture']}.expert_used_count"])
+    t, e, x = ram["s_per_token"], ram["expert_compute_per_token"], per_expert / bw_x
+    print(f"\ncausal bound (tools/moe_bound.py, no reading ahead): in RAM {t:.4f} s/token, {e:.4f} of it in "
+          f"expert matmuls; an expert's read {per_expert / 1e6:.2f} MB, {1e3 * x:.2f} ms at {bw_x / 1e9:.2f} GB/s")
+    out = []
+    for r in runs:
+        slots = (r.get("plan") or {}).get("expert_slots")
+        if r is ram or not slots:
+            continue
+        dense = r["bytes_per_token"] - (r.get("expert_cache_decode") or {}).get("bytes_read", 0) / r["measured_tokens"]
+        if dense > 0.01 * r["bytes_per_token"]:   # streamed layers too: reads known ahead, not bounded here
+            print(f"  {label(r)}: streams {dense / 1e6:.1f} MB a token besides its experts: no causal bound")
+            continue
+        s, own = r["s_per_token"], (r.get("config") or {}).get("expert_policy") or DEFAULT_POLICY.value
+        busy, dbytes = r.get("device_busy_per_token"), r.get("device_bytes_per_token")
+        rate = dbytes / busy if busy and dbytes else None      # what the device gave this run while reading
+        row = {}
+        for policy in (own, "belady"):
+            rp = replay(trace, slots, policy)
+            row[policy] = {"misses_per_token": rp.misses_per_token, "bound": causal_bound(t, e, k, x, rp),
+                           "bound_at_run_rate": rate and causal_bound(t, e, k, per_expert / rate, rp)}
+            b, b2 = row[policy]["bound"], row[policy]["bound_at_run_rate"]
+            print(f"  {label(r)} at {r['budget_bytes'] / 2**20:.0f} MiB ({slots} slots), {policy} replayed: "
+                  f"{rp.misses_per_token:.2f} misses a token; bound {b:.4f} s/token = {t / b:.2f}x in-RAM speed"
+                  + (f" ({b2:.4f} s = {t / b2:.2f}x at the {rate / 1e9:.2f} GB/s the device read at in this run)"
+                     if b2 else ""))
+        by_round = {x["round"]: x["s_per_token"] for x in [ram] + ram.get("repeats", []) if "s_per_token" in x}
+        share = sorted(by_round[x["round"]] / x["s_per_token"] for x in [r] + r.get("repeats", [])
+                       if "s_per_token" in x and x["round"] in by_round)
+        if len(share) > 1:
+            print(f"  {label(r)}: share of in-RAM speed round by round (the same round's in-RAM run): "
+                  f"median {share[(len(share) - 1) // 2]:.2f}, {share[0]:.2f}-{share[-1]:.2f}")
+        roof, bound = max(t, r["bytes_per_token"] / bw_x), row[own]["bound"]
+        print(f"  {label(r)}: measured {s:.4f} s/token = {t / s:.2f}x in-RAM speed, {s / bound:.2f}x its policy's "
+              f"bound; the roofline max(in RAM, its reads / bandwidth) {roof:.4f} s: that bound {bound / roof:.2f}x "
+              f"it, measured {s / roof:.2f}x")
+        out.append({"budget": r["budget_bytes"], "config": r.get("config"), "slots": slots, "s_per_token": s,
+                    "t_ram": t, "e_ram": e, "expert_read_s": x, "roofline": roof, "bounds": row,
+                    "share_by_round": share})
+    return out
 
 
 if __name__ == "__main__":

@@ -162,3 +162,25 @@ def test_replay_cli(tmp_path, capsys):
     (tmp_path / "bad.npz").write_bytes(b"nope")
     with pytest.raises(InvalidArgument, match="not a routing trace"):
         Trace.load(tmp_path / "bad.npz")
+
+
+def test_per_step_misses_and_the_causal_bound(tmp_path):
+    """simulate's per-step misses sum to its total; tools.moe_bound replays a trace's measured decode
+    steps (after the warm-up) and bounds a token at D + sum over layers of max(E/L, m x + E/(L k))."""
+    from tools.moe_bound import causal_bound, replay as bound_replay
+
+    steps, counted, tokens = _flat([0, 0, 0, 1, 2, 0])
+    for policy in POLICIES:
+        per: list[int] = []
+        _, misses = simulate(steps, 2, policy, counted, tokens, per)
+        assert len(per) == len(steps) and sum(per) == misses
+    # 2 layers, 1 expert a token: a prefill pass, then decode passes (the first is the warm-up)
+    t = _trace([[[0, 1], [0, 1]], [[0], [2]], [[0], [3]], [[1], [2]]], n_expert=4, k=1)
+    path = tmp_path / "t.npz"
+    np.savez(path, ids=t.ids, layer=t.layer, pass_=t.pass_, row=t.row, n_expert=4, n_layer=2, k=1, model="hand")
+    # LRU, 4 slots: the prompt fills them; the warm-up's (1,2) evicts (0,1), then (1,3) evicts (1,0):
+    # measured (layer 0, layer 1) misses (0, 1) and (1, 0)
+    r = bound_replay(path, 4, "lru")
+    assert (r.n_tokens, r.n_layers, r.misses) == (2, 2, [0, 1, 1, 0])
+    # in RAM 10 s a token, 4 of them in experts (2 a layer); an expert reads in 3 s
+    assert causal_bound(10.0, 4.0, 1, 3.0, r) == pytest.approx(6 + (2 + (3 + 2) + (3 + 2) + 2) / 2)

@@ -52,15 +52,19 @@ class Result:
                 "misses": self.misses, "hit_rate": self.hit_rate}
 
 
-def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], tokens: list[float]) -> tuple[int, int]:
+def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], tokens: list[float],
+             per_step: list[int] | None = None) -> tuple[int, int]:
     """(hits, misses) of one cache of n_slots over steps (keys (layer, expert)); counted[i]: whether
-    step i's lookups count; tokens[i]: the token clock at step i (LFU's decay)."""
+    step i's lookups count; tokens[i]: the token clock at step i (LFU's decay). per_step, if given,
+    gets each step's misses (counted or not) appended."""
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: one of {POLICIES}")
     keys_at = [[(s.layer, e) for e in s.experts] for s in steps]
     if policy == "static":
         uses = Counter(k for ks in keys_at for k in ks)
         pinned = {k for k, _ in sorted(uses.items(), key=lambda kv: (-kv[1], kv[0]))[:n_slots]}
+        if per_step is not None:
+            per_step += [sum(k not in pinned for k in ks) for ks in keys_at]
         hits = sum(k in pinned for ks, c in zip(keys_at, counted) if c for k in ks)
         return hits, sum(len(ks) for ks, c in zip(keys_at, counted) if c) - hits
     nxt: list[list[int]] = []                  # belady: each lookup's next use (step index)
@@ -82,6 +86,7 @@ def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], 
     for i, ks in enumerate(keys_at):
         busy[:] = False
         t = tokens[i]
+        step_misses = 0
         for j, k in enumerate(ks):
             tick += 1
             s = slot_of.get(k)
@@ -89,6 +94,7 @@ def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], 
                 hits += counted[i]
             else:
                 misses += counted[i]
+                step_misses += 1
                 if free:
                     s = free.pop()
                 else:
@@ -115,6 +121,8 @@ def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], 
                 score[s] = np.log2(c) + t / HALF_LIFE     # the order of counts decayed to any common time
             elif policy == "belady":
                 score[s] = nxt[i][j]
+        if per_step is not None:
+            per_step.append(step_misses)
     return hits, misses
 
 

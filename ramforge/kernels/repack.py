@@ -150,25 +150,29 @@ def _repack_in_place(kind, raw, n_out, row_bytes, G):
 @njit(cache=True, nogil=True)
 def _q4k_group(tmp8, tmp32, raw8, raw32, o, G, row_bytes):
     # the group of G Q4_K rows at raw8[o:] (o 4-aligned; raw32 the u32 view of raw8), copied to tmp8 (tmp32
-    # its u32 view) first, into the group layout: the quads (8 of every 9 bytes) as u32, d, dmin and the
-    # scale planes byte by byte; ~1.3x _pack_group's speed
+    # its u32 view) first, into the group layout, a u32 at a time: d and dmin (the row's first u32, halves),
+    # the scale planes (4 rows' bytes of a plane packed into a u32, little-endian), the quads (8 of every 9 bytes)
     n_sb, rw = row_bytes // 144, row_bytes // 4
     tmp32[:G * rw] = raw32[o // 4:o // 4 + G * rw]
     for b in range(n_sb):
-        d0 = o + b * G * 144                                     # the group's super-block b
-        for r in range(G):
-            s0 = r * row_bytes + b * 144
-            raw8[d0 + 2 * r] = tmp8[s0]                          # d
-            raw8[d0 + 2 * r + 1] = tmp8[s0 + 1]
-            raw8[d0 + 2 * G + 2 * r] = tmp8[s0 + 2]              # dmin
-            raw8[d0 + 2 * G + 2 * r + 1] = tmp8[s0 + 3]
-            for p in range(12):                                  # scale plane p
-                raw8[d0 + (4 + p) * G + r] = tmp8[s0 + 4 + p]
-        q0 = d0 // 4 + 4 * G                                     # quad vector v: G u32 from q0 + v * G
-        for r in range(G):
-            s32 = r * rw + b * 36 + 4
-            for v in range(32):
-                raw32[q0 + v * G + r] = tmp32[s32 + v]
+        d0 = (o + b * G * 144) // 4                              # the group's super-block b, in u32
+        for r in range(0, G, 2):                                 # d, dmin f16 of rows r, r + 1
+            a, c = tmp32[r * rw + b * 36], tmp32[(r + 1) * rw + b * 36]
+            raw32[d0 + r // 2] = (a & 0xFFFF) | ((c & 0xFFFF) << 16)
+            raw32[d0 + G // 2 + r // 2] = (a >> 16) | (c & 0xFFFF0000)
+        for w in range(3):                                       # scales bytes 4w..4w+3: planes 4w..4w+3
+            for r in range(0, G, 4):
+                s0, s1 = tmp32[r * rw + b * 36 + 1 + w], tmp32[(r + 1) * rw + b * 36 + 1 + w]
+                s2, s3 = tmp32[(r + 2) * rw + b * 36 + 1 + w], tmp32[(r + 3) * rw + b * 36 + 1 + w]
+                for q in range(4):                               # plane 4w + q, rows r..r+3
+                    sh = 8 * q
+                    raw32[d0 + (4 + 4 * w + q) * G // 4 + r // 4] = (((s0 >> sh) & 0xFF) | (((s1 >> sh) & 0xFF) << 8)
+                                                                     | (((s2 >> sh) & 0xFF) << 16)
+                                                                     | (((s3 >> sh) & 0xFF) << 24))
+        q0 = d0 + 4 * G                                          # quad vector v: G u32 from q0 + v * G
+        for v in range(32):
+            for r in range(G):
+                raw32[q0 + v * G + r] = tmp32[r * rw + b * 36 + 4 + v]
 
 
 @njit(cache=True, nogil=True)
