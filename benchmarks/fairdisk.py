@@ -7,6 +7,7 @@ read-ahead is a typical NVMe's 128 KiB. This VM's own disk reads 8 MiB around ev
     python benchmarks/fairdisk.py status [--dir D] [--json]
     python benchmarks/fairdisk.py place MODEL.gguf [--dir D]         # mounts first if needed; prints the path
     python benchmarks/fairdisk.py bandwidth [FILE] [--sizes 4K 128K 1M 3M] [--readers 1 4] [--seconds 2] [--json]
+        [--busy 0 2]                  # ... also while 2 threads compute, as a decode's do beside its reads
     python benchmarks/fairdisk.py umount [--dir D]                    # unmount and detach the loop device
 
 From a benchmark (tears down on exit, on error too, only what it set up itself):
@@ -179,16 +180,40 @@ class Bandwidth:
     bytes_per_s: float
     p50_ms: float
     p99_ms: float
+    busy: int = 0             # threads computing meanwhile (_spin)
 
     def describe(self) -> str:
-        return (f"{self.read_bytes / 1024:8.0f} KiB x {self.readers} readers: {self.bytes_per_s / 1e9:6.3f} GB/s "
+        beside = f", {self.busy} threads computing" if self.busy else ""
+        return (f"{self.read_bytes / 1024:8.0f} KiB x {self.readers} readers{beside}: {self.bytes_per_s / 1e9:6.3f} GB/s "
                 f"({self.reads / self.seconds:7.0f} reads/s; latency p50 {self.p50_ms:.2f} ms, p99 {self.p99_ms:.2f} ms)")
 
 
+def _spin(a: np.ndarray) -> float:
+    """Keep a core busy on a (f32, 64 MiB: past the caches, as a layer's weights), the GIL let go (compiled on
+    first use): a decode's compute thread, as far as a read's CPU share is concerned."""
+    global _spin_kernel
+    if _spin_kernel is None:
+        from numba import njit
+
+        @njit(nogil=True, cache=True)
+        def spin(a):
+            s = np.float32(0)
+            for i in range(a.size):
+                s = s * np.float32(0.999) + a[i]
+            return s
+        _spin_kernel = spin
+    return float(_spin_kernel(a))
+
+
+_spin_kernel = None
+
+
 def measure_bandwidth(path: str | os.PathLike, read_bytes: int, readers: int = 1, seconds: float = 2.0,
-                      seed: int = 0) -> Bandwidth:
+                      seed: int = 0, busy: int = 0) -> Bandwidth:
     """O_DIRECT random reads of read_bytes (rounded up to whole 4 KiB blocks) from path for `seconds`, by
-    `readers` threads (each preadv releases the GIL), after a 0.2 s warm-up: total bytes / wall time."""
+    `readers` threads (each preadv releases the GIL), after a 0.2 s warm-up: total bytes / wall time. busy:
+    that many more threads compute meanwhile (_spin, the GIL let go): a read needs CPU too (its syscall, the
+    loop device's worker, the completion), which a decode's compute threads contend for."""
     size = os.path.getsize(path)
     rb = -(-read_bytes // DIRECT_ALIGN) * DIRECT_ALIGN
     if rb > size:
@@ -222,21 +247,29 @@ def measure_bandwidth(path: str | os.PathLike, read_bytes: int, readers: int = 1
         finally:
             os.close(fd)
 
+    def spinner() -> None:
+        a = np.ones(16 << 20, np.float32)
+        while time.perf_counter() < window.get("end", float("inf")):
+            _spin(a)
+
+    if busy:
+        _spin(np.ones(16, np.float32))                        # compiled before the window
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(readers)]
-    for t in threads:
+    spinners = [threading.Thread(target=spinner, daemon=True) for _ in range(busy)]
+    for t in spinners + threads:
         t.start()
     now = time.perf_counter()
     window.update(begin=now + 0.2, end=now + 0.2 + seconds)
     with contextlib.suppress(threading.BrokenBarrierError):
         start.wait()
-    for t in threads:
+    for t in threads + spinners:
         t.join()
     if errors:
         raise errors[0]
     every = np.concatenate([np.asarray(x) for x in lat]) if any(lat) else np.zeros(1)
     reads = sum(len(x) for x in lat)
     return Bandwidth(str(path), rb, readers, reads, seconds, reads * rb / seconds,
-                     float(np.percentile(every, 50) * 1e3), float(np.percentile(every, 99) * 1e3))
+                     float(np.percentile(every, 50) * 1e3), float(np.percentile(every, 99) * 1e3), busy)
 
 
 class FairDisk:
@@ -423,8 +456,8 @@ class FairDisk:
         return p
 
     def bandwidth(self, path: str | os.PathLike | None, read_bytes: int, readers: int = 1,
-                  seconds: float = 2.0) -> Bandwidth:
-        return measure_bandwidth(path or self.scratch(), read_bytes, readers, seconds)
+                  seconds: float = 2.0, busy: int = 0) -> Bandwidth:
+        return measure_bandwidth(path or self.scratch(), read_bytes, readers, seconds, busy=busy)
 
     def status(self) -> DiskStatus:
         devs = loop_devices(self.image)
@@ -527,9 +560,11 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--sizes", nargs="+", type=parse_size, default=[4 << 10, 128 << 10, 1 << 20, 3 << 20])
             p.add_argument("--readers", nargs="+", type=int, default=[1, 4])
             p.add_argument("--seconds", type=float, default=2.0)
+            p.add_argument("--busy", nargs="+", type=int, default=[0],
+                           help="threads computing beside the reads (each count measured in turn; default 0)")
     a = ap.parse_args(argv)
-    if a.cmd == "bandwidth" and (min(a.readers) < 1 or a.seconds <= 0 or min(a.sizes) < 1):
-        ap.error("--readers, --sizes and --seconds must be positive")
+    if a.cmd == "bandwidth" and (min(a.readers) < 1 or a.seconds <= 0 or min(a.sizes) < 1 or min(a.busy) < 0):
+        ap.error("--readers, --sizes and --seconds must be positive, --busy not negative")
     try:
         d = FairDisk(a.dir, a.image, getattr(a, "read_ahead_kb", READ_AHEAD_KB))
     except FairDiskError as ex:
@@ -546,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                 out["path"] = str(d.place(a.file))
             if a.cmd == "bandwidth":
                 f = a.file or d.scratch()
-                out["bandwidth"] = [asdict(d.bandwidth(f, s, r, a.seconds)) for s in a.sizes for r in a.readers]
+                out["bandwidth"] = [asdict(d.bandwidth(f, s, r, a.seconds, b)) for s in a.sizes for r in a.readers
+                                    for b in a.busy]
                 d.down()                     # what a measurement set up goes; a mount it found stays
         elif a.cmd == "umount":
             d.teardown()

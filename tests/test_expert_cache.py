@@ -86,6 +86,40 @@ def test_lfu_forgets_old_uses(cache):
     assert (1, 0) not in c and (1, 1) in c
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_eviction_steps_equal_their_numpy_reference(seed):
+    """stream/eviction.py's count_uses and pick_victim against the NumPy arithmetic they replace: the same
+    decayed counts within an ulp (NumPy's exp2 and the compiled one may round apart), and the same slot (LFU: lowest count within 1e-9, then least recently used,
+    then the lowest slot; LRU: least recently used), on states with ties, held slots and repeated ids."""
+    from ramforge.stream.eviction import count_uses, pick_victim
+
+    rng = np.random.default_rng(seed)
+    n_layers, n_exp, n = 3, 16, 40
+    freq = rng.integers(0, 3, (n_layers, n_exp)).astype(np.float64)    # small integers: ties are common
+    freq_t = rng.integers(0, 50, (n_layers, n_exp)).astype(np.float64)
+    want_f, want_t = freq.copy(), freq_t.copy()
+    for now in (50.0, 51.0, 120.0):
+        ids = rng.integers(0, n_exp, 5).astype(np.int64)                 # repeats count once, as NumPy's
+        count_uses(freq, freq_t, 1, ids, now, HALF_LIFE)
+        want_f[1, ids] = want_f[1, ids] * np.exp2((want_t[1, ids] - now) / HALF_LIFE) + 1.0
+        want_t[1, ids] = now
+        assert np.allclose(freq, want_f, rtol=2.3e-16, atol=0) and np.array_equal(freq_t, want_t)
+    where = np.stack([rng.integers(0, n_layers, n), rng.integers(0, n_exp, n)], 1).astype(np.int64)
+    used = rng.integers(0, 8, n).astype(np.float64)                     # ties in recency too
+    for held in (rng.random(n) < 0.5, np.zeros(n, bool), np.arange(n) != 7, np.ones(n, bool)):
+        for lfu in (True, False):
+            cand = np.flatnonzero(~held)
+            if cand.size == 0:
+                want = -1
+            else:
+                if lfu:
+                    r, e = where[cand, 0], where[cand, 1]
+                    score = freq[r, e] * np.exp2((freq_t[r, e] - 130.0) / HALF_LIFE)
+                    cand = cand[score <= score.min() * (1 + 1e-9)]
+                want = int(cand[np.argmin(used[cand])])
+            assert pick_victim(held, where, freq, freq_t, 130.0, HALF_LIFE, used, lfu) == want
+
+
 def test_more_picks_than_slots_are_read_as_slots_free(cache):
     c = cache(range(1, 2), 2)
     rec, got = _turn(c, 1, [3, 5, 7, 9, 11])
@@ -163,6 +197,30 @@ def test_wrong_guesses_stop_the_reads_ahead_but_not_the_scoring(cache):
     assert c.accuracy >= READ_AHEAD_FROM
     rec0, _ = _turn(c, 0, [0], predict=[3])
     assert rec0.prefetch_issued == 1 and rec0.prefetch_skipped == 0
+
+
+def test_while_reads_ahead_are_off_one_turn_in_guess_every_still_guesses(cache):
+    """A guess costs a router's matvec a layer: every turn asks wants_guess once; while reads ahead are on,
+    every turn guesses; once wrong guesses turn them off, one turn in GUESS_EVERY does (and is scored), and
+    when those guesses are right again, every turn guesses again."""
+    from ramforge.stream.experts import GUESS_EVERY, READ_AHEAD_FROM
+
+    c = cache(range(0, 2), 8)
+    assert all(c.wants_guess() for _ in range(3 * GUESS_EVERY))
+    while c.accuracy >= READ_AHEAD_FROM:
+        _turn(c, 0, [0], predict=[5, 6])
+        _turn(c, 1, [1, 2])                               # never what was guessed
+    asked = [c.wants_guess() for _ in range(4 * GUESS_EVERY)]
+    assert sum(asked) == 4 and all(asked[i] == (i % GUESS_EVERY == GUESS_EVERY - 1) for i in range(len(asked)))
+    turns = 0
+    while c.accuracy < READ_AHEAD_FROM:                   # the sampled turns' guesses, right again
+        turns += 1
+        guess = c.wants_guess()
+        _turn(c, 0, [0], predict=[1, 2] if guess else None)
+        _turn(c, 1, [1, 2])
+    assert turns >= GUESS_EVERY and all(c.wants_guess() for _ in range(GUESS_EVERY))
+    c.prefetch = False
+    assert not c.wants_guess()
 
 
 def _predict_with_reads_held(c, monkeypatch, ids):

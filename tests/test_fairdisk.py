@@ -86,9 +86,9 @@ def test_mount_place_measure_umount(disk, tmp_path):
     assert out["status"]["read_ahead_kb"] == 128
 
     bw = json.loads(cli("bandwidth", str(placed), *args, "--sizes", "4K", "1M", "--readers", "1", "2",
-                        "--seconds", "0.3", "--json").stdout)
-    assert [(b["read_bytes"], b["readers"]) for b in bw["bandwidth"]] == [(4096, 1), (4096, 2), (1 << 20, 1),
-                                                                          (1 << 20, 2)]
+                        "--seconds", "0.3", "--busy", "0", "1", "--json").stdout)
+    assert [(b["read_bytes"], b["readers"], b["busy"]) for b in bw["bandwidth"]] == [
+        (s, r, b) for s in (4096, 1 << 20) for r in (1, 2) for b in (0, 1)]
     assert all(b["reads"] > 0 and b["bytes_per_s"] > 0 and 0 < b["p50_ms"] <= b["p99_ms"] for b in bw["bandwidth"])
     assert bw["status"]["mounted"]                  # a mount the measurement found stays
 

@@ -71,10 +71,11 @@ class Experts:
 
     @property
     def wants_prediction(self) -> bool:
+        """Whether to guess the next layer's experts now (ExpertCache.wants_guess: ask once a turn)."""
         c = self.w.expert_cache
-        return c is not None and c.prefetch and self.il + 1 in self.w.predictors
+        return c is not None and self.il + 1 in self.w.predictors and c.wants_guess()
 
     def predict(self, ids) -> None:
         """Read ahead the next layer's experts ids (best first), where the budget leaves slots."""
-        if self.wants_prediction:
+        if self.w.expert_cache is not None:
             self.w.expert_cache.predict(self.il + 1, ids, self.rec)

@@ -17,7 +17,10 @@ READ_AHEAD_FROM of the picks (on random-weight models they name about a third, a
 was slower than not), and while at least READ_AHEAD_PRECISION of the guesses not cached (the ones a read
 would fetch) were picked: on a skew-routed model the cached guesses are the popular experts, and right,
 the others mostly wrong (the 6-layer skew file at 1/4: 15 wasted reads a token for 4 read-ahead hits;
-gated, 36 MB read a token instead of 66-73, at the same s/token).
+gated, 36 MB read a token instead of 66-73, at the same s/token). While reads ahead are off, one layer turn in
+GUESS_EVERY still guesses (`wants_guess`), to go on scoring: a guess is a router's matvec over the layer's state
+(~80 us a layer on the 48-layer shape: 4 ms a token where it guessed every turn), and on the skew-routed files
+reads ahead are off most of the time.
 
 An expert whose matrices take kernels.repack's layout (Q4_0, Q4_K, Q8_0) is repacked in its slot at its
 second use after its read (PACK_AT_USE), as llama.cpp repacks its expert tensors at load, by the compute
@@ -43,6 +46,7 @@ from ..errors import InternalError, InvalidArgument
 from ..gguf.reader import GGUFFile
 from ..kernels.repack import repack_group, repack_many, repackable
 from ..models.weights import EXPERT_TENSORS, QTensor, gguf_name
+from .eviction import count_uses, pick_victim
 from .layout import Span, expert_span
 from ..profiling import ExpertRecord
 from .io import ModelFile, aligned_empty
@@ -53,6 +57,7 @@ ACCURACY_TURNS = 32     # ... recent: a moving average over about this many laye
 READ_AHEAD_PRECISION = 0.5   # ... and while at least this share of the guesses not cached was picked
 READERS = 2             # reader threads: more than one read in flight keeps a fast SSD busy
 PACK_AT_USE = 2         # an expert's use (since its read) at which it is repacked
+GUESS_EVERY = 8         # while reads ahead are off, one layer turn in this many still guesses (to score)
 
 
 class Policy(str, enum.Enum):
@@ -94,9 +99,11 @@ class ExpertCache:
         self._key: list[tuple[int, int] | None] = [None] * n_slots
         self._free = list(range(n_slots - 1, -1, -1))      # slots holding no expert (popped from the end)
         self._spans: dict[tuple[int, int], Span] = {}            # key -> its read plan, made on first read
+        self._offs: dict[tuple[int, int], tuple] = {}       # key -> its (gate, up, down) offsets in a slot
         self._loading: dict[int, Future] = {}               # slot -> its read, until taken
         self._failed: list[Future] = []                     # reads that ended in an error or were cancelled
         self._protected = np.zeros(n_slots, bool)          # in use by this layer, or a pending prefetch
+        self._held = np.zeros(n_slots, bool)               # scratch: protected or being read (_victim)
         self._used = np.zeros(n_slots)                      # clock of the last use (LRU)
         self._packed = np.zeros(n_slots, bool)             # its expert repacked (self.reps) since its read
         self._uses = np.zeros(n_slots, np.int64)           # its expert's uses since its read
@@ -117,6 +124,7 @@ class ExpertCache:
         self.prefetch = prefetch                            # guess the next layer's experts ...
         self.accuracy = 1.0                                 # ... and read them ahead while guesses are right
         self.precision = 1.0                                # ... and the guesses a read would fetch
+        self._gated = 0                                     # layer turns asked while reads ahead were off
 
     @property
     def n_slots(self) -> int:
@@ -240,9 +248,10 @@ class ExpertCache:
         self._pack([self._slot[k] for k in keys])
         out = []
         for k in keys:
-            slot, span = self._slot[k], self._spans[k]
-            offs = tuple(slot * self.slot_bytes + span.offsets[t.name] for t in self.tensors[k[0]])
-            out.append((k, offs, self.layout(slot)))
+            slot = self._slot[k]
+            base = slot * self.slot_bytes
+            g, u, d = self._offs[k]
+            out.append((k, (base + g, base + u, base + d), self.layout(slot)))
         return out
 
     def layout(self, slot: int) -> tuple[int, int, int]:
@@ -277,6 +286,16 @@ class ExpertCache:
             self._taken = None
             if submit:
                 self._submit(self._todo, rec)
+
+    def wants_guess(self) -> bool:
+        """Whether this layer turn should guess the next layer's experts (ask once a turn): every turn while
+        reads ahead are on; while recent guesses keep them off, one turn in GUESS_EVERY, which scores them."""
+        if not self.prefetch:
+            return False
+        if self.accuracy >= READ_AHEAD_FROM and self.precision >= READ_AHEAD_PRECISION:
+            return True
+        self._gated += 1
+        return self._gated % GUESS_EVERY == 0
 
     def predict(self, il: int, ids: np.ndarray, rec: ExpertRecord) -> None:
         """Queue reads of layer il's predicted experts `ids` (best first) that are not cached, in the
@@ -320,18 +339,15 @@ class ExpertCache:
         """A free slot, else the policy's choice among the unprotected ones (None: every slot is in use)."""
         if self._free:
             return self._free.pop()
-        free = ~self._protected
+        held = self._held
+        np.copyto(held, self._protected)
         for slot, fut in self._loading.items():    # a read still running (a wasted read-ahead) keeps its slot
             if not fut.done():
-                free[slot] = False
-        cand = np.flatnonzero(free)
-        if cand.size == 0:
+                held[slot] = True
+        slot = pick_victim(held, self._where, self._freq, self._freq_t, float(self.tokens), HALF_LIFE, self._used,
+                           self.policy is Policy.LFU)
+        if slot < 0:
             return None
-        if self.policy is Policy.LFU:
-            r, e = self._where[cand, 0], self._where[cand, 1]
-            score = self._freq[r, e] * np.exp2((self._freq_t[r, e] - self.tokens) / HALF_LIFE)
-            cand = cand[score <= score.min() * (1 + 1e-9)]
-        slot = int(cand[np.argmin(self._used[cand])])
         self._evict(slot)
         return self._free.pop()
 
@@ -352,6 +368,7 @@ class ExpertCache:
             span = self._spans[key] = expert_span(self.tensors[il], e)
             if span.nbytes > self.slot_bytes:
                 raise InternalError(f"expert {key} needs {span.nbytes:,} B, above the slot of {self.slot_bytes:,}")
+            self._offs[key] = tuple(span.offsets[t.name] for t in self.tensors[il])
         slot = self._victim()
         if slot is None:
             return False
@@ -384,7 +401,8 @@ class ExpertCache:
             span, base = self._spans[key], slot * self.slot_bytes
             todo += [(t.ggml_type, base + span.offsets[t.name], t.dims[:2])
                      for t, g in zip(self.tensors[key[0]], self.reps[key[0]]) if g]
-        repack_many(self.pool, todo, numba.get_num_threads())
+        if todo:
+            repack_many(self.pool, todo, numba.get_num_threads())
 
     def _wait(self, key, rec: ExpertRecord) -> int:
         while key not in self._slot:                       # not started yet: every slot was busy
@@ -431,9 +449,8 @@ class ExpertCache:
 
     def _count(self, il: int, ids) -> None:
         """One use of each of ids at layer il, now: the LFU counts."""
-        r, idx = il - self.layers[0], np.asarray(ids, dtype=np.int64)
-        self._freq[r, idx] = self._freq[r, idx] * np.exp2((self._freq_t[r, idx] - self.tokens) / HALF_LIFE) + 1.0
-        self._freq_t[r, idx] = self.tokens
+        count_uses(self._freq, self._freq_t, il - self.layers[0], np.asarray(ids, dtype=np.int64), float(self.tokens),
+                   HALF_LIFE)
 
     def _tensors(self, key, slot: int) -> tuple[QTensor, QTensor, QTensor]:
         il, e = key
