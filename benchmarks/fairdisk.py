@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -188,24 +189,14 @@ class Bandwidth:
                 f"({self.reads / self.seconds:7.0f} reads/s; latency p50 {self.p50_ms:.2f} ms, p99 {self.p99_ms:.2f} ms)")
 
 
-def _spin(a: np.ndarray) -> float:
-    """Keep a core busy on a (f32, 64 MiB: past the caches, as a layer's weights), the GIL let go (compiled on
-    first use): a decode's compute thread, as far as a read's CPU share is concerned."""
-    global _spin_kernel
-    if _spin_kernel is None:
-        from numba import njit
-
-        @njit(nogil=True, cache=True)
-        def spin(a):
-            s = np.float32(0)
-            for i in range(a.size):
-                s = s * np.float32(0.999) + a[i]
-            return s
-        _spin_kernel = spin
-    return float(_spin_kernel(a))
-
-
-_spin_kernel = None
+@njit(nogil=True, cache=True)
+def _spin(a):
+    # keep a core busy on a (f32, 64 MiB: past the caches, as a layer's weights), the GIL let go: a decode's
+    # compute thread, as far as a read's CPU share is concerned
+    s = np.float32(0)
+    for i in range(a.size):
+        s = s * np.float32(0.999) + a[i]
+    return s
 
 
 def measure_bandwidth(path: str | os.PathLike, read_bytes: int, readers: int = 1, seconds: float = 2.0,

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ramforge.models.routing_trace import Trace
-from tools.replay_routing import simulate
+from tools.replay_routing import decode_passes, simulate, token_clock
 
 
 @dataclass(frozen=True)
@@ -45,20 +45,11 @@ def replay(trace_path, slots: int, policy: str, skip_decode: int = 1) -> Replay:
     """The misses of one pool of `slots` (keys (layer, expert), as the engine's expert cache) under
     policy over the trace, for the decode passes after the first skip_decode (the benchmark's warm-up,
     as it measures); the prompt and the warm-up fill the cache."""
-    trace = Trace.load(trace_path)
-    steps = trace.steps()
-    rows: dict[int, int] = {}
-    for s in steps:
-        rows[s.pass_] = max(rows.get(s.pass_, 0), s.rows)
-    measured = set(sorted(p for p, r in rows.items() if r == 1)[skip_decode:])
-    first = min(s.layer for s in steps)
-    clock, tokens = 0.0, []
-    for s in steps:
-        clock += s.rows if s.layer == first else 0
-        tokens.append(clock)
+    steps = Trace.load(trace_path).steps()
+    measured = set(sorted(decode_passes(steps))[skip_decode:])
     counted = [s.pass_ in measured for s in steps]
     per: list[int] = []
-    simulate(steps, slots, policy, counted, tokens, per)
+    simulate(steps, slots, policy, counted, token_clock(steps), per)
     return Replay(policy, slots, [m for m, c in zip(per, counted) if c], len(measured),
                   len({s.layer for s in steps}))
 

@@ -128,14 +128,9 @@ def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], 
 
 def replay(trace: Trace, slots: int, policies=POLICIES, shared: bool = True, count: str = "decode") -> list[Result]:
     steps = trace.steps()
-    first = min((s.layer for s in steps), default=0)
-    decode_pass = _decode_passes(steps)
+    decode_pass = decode_passes(steps)
     counted = [count == "all" or s.pass_ in decode_pass for s in steps]
-    clock, tokens = 0.0, []
-    for s in steps:
-        if s.layer == first:
-            clock += s.rows
-        tokens.append(clock)
+    tokens = token_clock(steps)
     layers = sorted({s.layer for s in steps})
     out = []
     for p in policies:
@@ -151,11 +146,23 @@ def replay(trace: Trace, slots: int, policies=POLICIES, shared: bool = True, cou
     return out
 
 
-def _decode_passes(steps: list[Step]) -> set[int]:
+def decode_passes(steps: list[Step]) -> set[int]:
+    """The passes of one token each (decode passes)."""
     rows: dict[int, int] = {}
     for s in steps:
         rows[s.pass_] = max(rows.get(s.pass_, 0), s.rows)
     return {p for p, r in rows.items() if r == 1}
+
+
+def token_clock(steps: list[Step]) -> list[float]:
+    """Each step's token clock (LFU's decay): tokens routed through the first layer so far, as the engine's
+    ExpertCache counts them."""
+    first = min((s.layer for s in steps), default=0)
+    clock, tokens = 0.0, []
+    for s in steps:
+        clock += s.rows if s.layer == first else 0
+        tokens.append(clock)
+    return tokens
 
 
 def main(argv=None) -> int:

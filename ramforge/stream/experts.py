@@ -99,7 +99,7 @@ class ExpertCache:
         self._key: list[tuple[int, int] | None] = [None] * n_slots
         self._free = list(range(n_slots - 1, -1, -1))      # slots holding no expert (popped from the end)
         self._spans: dict[tuple[int, int], Span] = {}            # key -> its read plan, made on first read
-        self._offs: dict[tuple[int, int], tuple] = {}       # key -> its (gate, up, down) offsets in a slot
+        self._offs: dict[tuple[int, int], tuple] = {}       # key -> its (gate, up, down) offsets in a slot (its span's)
         self._loading: dict[int, Future] = {}               # slot -> its read, until taken
         self._failed: list[Future] = []                     # reads that ended in an error or were cancelled
         self._protected = np.zeros(n_slots, bool)          # in use by this layer, or a pending prefetch
@@ -397,10 +397,9 @@ class ExpertCache:
             if self._packed[slot] or self._uses[slot] < PACK_AT_USE:
                 continue
             self._packed[slot] = True
-            key = self._key[slot]
-            span, base = self._spans[key], slot * self.slot_bytes
-            todo += [(t.ggml_type, base + span.offsets[t.name], t.dims[:2])
-                     for t, g in zip(self.tensors[key[0]], self.reps[key[0]]) if g]
+            key, base = self._key[slot], slot * self.slot_bytes
+            todo += [(t.ggml_type, base + at, t.dims[:2])
+                     for t, g, at in zip(self.tensors[key[0]], self.reps[key[0]], self._offs[key]) if g]
         if todo:
             repack_many(self.pool, todo, numba.get_num_threads())
 
@@ -454,10 +453,9 @@ class ExpertCache:
 
     def _tensors(self, key, slot: int) -> tuple[QTensor, QTensor, QTensor]:
         il, e = key
-        buf, span = self.buffers[slot], self._spans[key]
+        buf = self.buffers[slot]
         out = []
-        for t, g in zip(self.tensors[il], self.layout(slot)):
-            at = span.offsets[t.name]
+        for t, g, at in zip(self.tensors[il], self.layout(slot), self._offs[key]):
             out.append(QTensor(f"{t.name}[{e}]", t.ggml_type, t.dims[:2], buf[at:at + t.nbytes // t.dims[2]], g))
         return tuple(out)
 
