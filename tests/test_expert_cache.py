@@ -429,7 +429,7 @@ def test_cached_experts_are_repacked_and_every_logit_stays(moe_q4k, repacked, mo
         assert c is not None and c.n_slots < eng.hp.n_layer * eng.hp.n_expert
         for il, ts in c.tensors.items():
             want_reps = tuple(repack_group(t.dims[1]) if repacked and t.ggml_type == GGMLType.Q4_K else 0 for t in ts)
-            assert c.reps[il] == want_reps and (not repacked or want_reps[0] == 16)
+            assert c.reps[il] == want_reps and (not repacked or want_reps[0] > 0)   # (16 or 8: the target's group)
         warm = {shape[5] for shape in eng.weights.expert_shapes()}     # what serve warms: both layouts a cached
         assert warm == {c.reps[il] for il in c.reps} | {(0, 0, 0)}      # expert takes
         got = [eng.eval(toks, all_logits=True)] + [eng.eval([t]) for t in (5, 6, 7, 8, 9)]

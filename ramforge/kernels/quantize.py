@@ -133,8 +133,9 @@ def _q8_k_token(x, t, q, d, bsum, sub, pos_ties):
             d[t * nb + b] = -np.inf if big > 0 else np.inf
             continue
         iscale = np.float32(-127.0) / big if big != 0 else np.float32(0.0)
-        for i in range(QK_K):
-            qb[i] = np.int8(min(_rint(xb[i] * iscale), np.float32(127.0)))
+        for i in range(QK_K):                   # nearest_int(NaN) is 0; a NaN float -> int8 is LLVM poison
+            v = min(_rint(xb[i] * iscale), np.float32(127.0))   # (AVX2's packs saturate it to -128)
+            qb[i] = np.int8(v if v == v else np.float32(0.0))
         for j in range(QK_K // sub):
             acc = 0
             for i in range(sub):
