@@ -239,10 +239,20 @@ def plan(gate_type, up_type, down_type, n_embd: int, n_ff: int, reps: tuple = (0
                          (act[d.act_code], d.sub))
 
 
+@njit(cache=True)
+def _within(offs, nbytes, size):
+    """Whether every expert offs i64[k] + nbytes lies within size bytes (one call: NumPy's min and max on a
+    few offsets cost more than the check)."""
+    for o in offs:
+        if o < 0 or o + nbytes > size:
+            return False
+    return True
+
+
 def _check(name: str, raw: np.ndarray, offs: np.ndarray, nbytes: int) -> None:
     if raw.dtype != np.uint8 or raw.ndim != 1 or not raw.flags.c_contiguous:
         raise InternalError(f"experts: {name} must be contiguous u8, got {raw.dtype}{raw.shape}")
-    if offs.dtype != np.int64 or offs.size and (offs.min() < 0 or offs.max() + nbytes > raw.size):
+    if offs.dtype != np.int64 or offs.ndim != 1 or not _within(offs, nbytes, raw.size):
         raise InternalError(f"experts: {name} offsets {offs} past its {raw.size:,} B (an expert is {nbytes:,} B)")
 
 

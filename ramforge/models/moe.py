@@ -168,7 +168,7 @@ def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
 
     def run(kern, reps, these) -> None:
         slots = [slot_of[e] for e, _ in these]
-        offs = tuple(np.array([o[i] for _, o in these], np.int64) for i in range(3))
+        offs = tuple(np.array([o for _, o in these], np.int64).T.copy())   # (gate, up, down) i64[c] each
         c = len(these)
         part = np.empty((c, ex0.shape[1]), np.float32)         # (then moved to their slots)
         _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part, s.ye[:1])
@@ -205,7 +205,7 @@ def _pool_batch(kern, reps, E, s, xb: np.ndarray, these: list, routing: tuple, k
     gstart = np.zeros(i.size + 1, np.int64)
     np.cumsum(start[i + 1] - start[i], out=gstart[1:])
     pairs = np.concatenate([order[start[j]:start[j + 1]] for j in i])
-    offs = tuple(np.array([o[t] for _, o in these], np.int64) for t in range(3))
+    offs = tuple(np.array([o for _, o in these], np.int64).T.copy())   # (gate, up, down) i64[c] each
     pool, d = E.pool, E.tensors[2]
     per = d.nbytes // d.dims[2]
 

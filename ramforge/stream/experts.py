@@ -141,12 +141,13 @@ class ExpertCache:
         if il not in self.tensors:
             raise InternalError(f"layer {il} has no experts in this cache")
         ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and not (0 <= ids.min() and ids.max() < self.n_expert):
-            raise InternalError(f"layer {il}: expert ids {ids.min()}..{ids.max()} are out of range for {self.n_expert} experts")
+        es = ids.tolist()                                   # (Python's min and max of a few ints: NumPy's cost more)
+        if es and not (0 <= min(es) and max(es) < self.n_expert):
+            raise InternalError(f"layer {il}: expert ids {min(es)}..{max(es)} are out of range for {self.n_expert} experts")
         if il == self.layers[0]:
             self.tokens += n_tokens
         self._count(il, ids)
-        keys = [(il, int(e)) for e in ids]
+        keys = [(il, e) for e in es]
         picked = set(keys)
         guess = self._predicted.pop(il, None)
         if guess is not None:
