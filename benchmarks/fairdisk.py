@@ -505,8 +505,9 @@ def add_argument(ap: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def for_benchmark(choice: str | None, model: str, read_ahead_kb: int = READ_AHEAD_KB):
-    """(the path to run from, the FairDisk or None). choice: AUTO, a mount directory, or None (off)."""
+def for_benchmark(choice: str | None, model: str, ra_kb: int = READ_AHEAD_KB):
+    """(the path to run from, the FairDisk or None). choice: AUTO, a mount directory, or None (off); ra_kb: the
+    fair disk's read-ahead."""
     if choice is None:
         print(f"fair disk: off (--no-fair-disk); {model}'s device read_ahead_kb is {read_ahead_kb(model)}")
         yield model, None
@@ -520,7 +521,7 @@ def for_benchmark(choice: str | None, model: str, read_ahead_kb: int = READ_AHEA
         yield model, None
         return
     size = os.path.getsize(model)
-    with fair_disk(None if choice == AUTO else choice, size=size + margin(size), read_ahead_kb=read_ahead_kb) as d:
+    with fair_disk(None if choice == AUTO else choice, size=size + margin(size), read_ahead_kb=ra_kb) as d:
         t0 = time.perf_counter()
         path = d.place(model)
         print(f"fair disk: {d.status().describe()}; model placed at {path} in {time.perf_counter() - t0:.1f} s")

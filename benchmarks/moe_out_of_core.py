@@ -32,7 +32,8 @@ expert_policy / expert_prefetch only where its signature takes them; otherwise o
 Per token: seconds, bytes read and I/O wait (ramforge.profiling), and the storage bound = bytes
 read / the file's O_DIRECT sequential read bandwidth, measured in the same run; the expert cache's
 stats() (hits, misses, prefetch figures: whatever keys it has), over the measured tokens and over
-the whole run; managed peak vs planned peak; peak RSS vs the budget.
+the whole run; managed peak vs planned peak; peak RSS vs the budget; per-token latency p50/p90/p99 (both
+engines, every round's measured tokens together).
 
 llama.cpp (llama-cpp-python, mmap on, weight repacking off: use_extra_bufts = false; `--llama-repack`
 adds a run with it on), the same prompt tokens, token count, batch and threads, inside a cgroup-v1
@@ -66,6 +67,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from ramforge.cli.report import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
+from ramforge.profiling import latency_percentiles  # noqa: E402
 from benchmarks import fairdisk  # noqa: E402
 from benchmarks.fairdisk import read_ahead_kb  # noqa: E402,F401  (the readahead of the device holding a file)
 
@@ -142,7 +144,8 @@ def child_ramforge(c: dict) -> dict:
         PROFILE.enabled = False
         s = PROFILE.summary()
         prefill = [p for p in s["passes"] if p["kind"] != "decode"]
-        decode = [p for p in s["passes"] if p["kind"] == "decode"][1:]
+        decode_all = [p for p in s["passes"] if p["kind"] == "decode"]
+        decode = decode_all[1:]
         n = len(decode)
         p = e.plan
         plan = {k: getattr(p, k, None) for k in (
@@ -156,6 +159,7 @@ def child_ramforge(c: dict) -> dict:
             "n_layer": e.hp.n_layer, "load_s": load,
             "prefill_s": sum(q["seconds"] for q in prefill), "measured_tokens": n,
             "s_per_token": sum(q["seconds"] for q in decode) / n,
+            "token_s": [q["seconds"] for q in decode_all],   # every decode pass, the warm-up first (as llama.cpp's)
             "bytes_per_token": sum(q["bytes_read"] for q in decode) / n,
             "expert_bytes_per_token": experts_rd / n,
             "expert_compute_per_token": experts_s / n,       # the experts' matmuls (ops "experts ...")
@@ -441,6 +445,13 @@ def table(runs: list[dict], bw: float) -> str:
     return "\n".join(rows)
 
 
+def latency(r: dict) -> dict | None:
+    """The measured decode tokens' latency percentiles over the run and its repeats (token_p50_s, _p90_s, _p99_s:
+    ramforge.profiling's), each run's warm-up pass left out as in s/token; None without per-token times."""
+    ts = [t for x in [r, *r.get("repeats", [])] for t in x.get("token_s", [])[1:]]
+    return latency_percentiles(ts, "token") if ts else None
+
+
 def median(rs: list[dict]) -> dict:
     """The run of median s/token (a failed run, if any failed), the others kept under "repeats"."""
     bad = [r for r in rs if "s_per_token" not in r]
@@ -608,6 +619,12 @@ def bench(a, model: str, disk, have_llama: bool) -> int:
                     print(f"  {label(r)}: the device busy {1e3 * busy:.1f} ms a token ({100 * r['busy_share']:.0f}% of "
                           f"it), reading {dbytes / busy / 1e9:.3f} GB/s while busy = "
                           f"{100 * r['busy_read_share_of_expert_bw']:.0f}% of its bandwidth for expert-sized reads")
+            lat = latency(r)
+            if lat:
+                r["latency"] = lat
+                p50, p90, p99 = lat["token_p50_s"], lat["token_p90_s"], lat["token_p99_s"]
+                print(f"  {label(r)}: per-token latency over its rounds p50 {p50:.3f}, p90 {p90:.3f}, p99 {p99:.3f} s "
+                      f"(p99 {p99 / p50:.2f}x the median)")
             st = r.get("expert_cache_decode")
             if st:
                 print(f"  {label(r)}: expert cache over the measured tokens {st}")
