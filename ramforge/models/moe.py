@@ -64,7 +64,7 @@ def ffn(m, s, il: int, L, xb: np.ndarray, x: np.ndarray, batch: Batch | None = N
     if n > 1 and kern is not None and kern.up_act is not None:  # a batch: its experts' rows at once, but those
         experts = _batch_experts(kern, L, s, xb, sel, ex.reshape(n * sel.shape[1], -1))   # of too many rows
     with w.experts(il, experts, n) as E:
-        if E.wants_prediction:
+        if E.wants_prediction():
             E.predict(_predict(w.predictors[il + 1], x, s.xe[:n], logits, hp, batch))
         if n == 1 and fuse and E.pool is not None:             # a lone token: the cached experts at once,
             _cached_experts(E, s, xb, ex[0])                   # then the misses as they arrive
@@ -168,7 +168,7 @@ def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
 
     def run(kern, reps, these) -> None:
         slots = [slot_of[e] for e, _ in these]
-        offs = tuple(np.array([o for _, o in these], np.int64).T.copy())   # (gate, up, down) i64[c] each
+        offs = _pool_offsets(these)
         c = len(these)
         part = np.empty((c, ex0.shape[1]), np.float32)         # (then moved to their slots)
         _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part, s.ye[:1])
@@ -205,7 +205,7 @@ def _pool_batch(kern, reps, E, s, xb: np.ndarray, these: list, routing: tuple, k
     gstart = np.zeros(i.size + 1, np.int64)
     np.cumsum(start[i + 1] - start[i], out=gstart[1:])
     pairs = np.concatenate([order[start[j]:start[j + 1]] for j in i])
-    offs = tuple(np.array([o for _, o in these], np.int64).T.copy())   # (gate, up, down) i64[c] each
+    offs = _pool_offsets(these)
     pool, d = E.pool, E.tensors[2]
     per = d.nbytes // d.dims[2]
 
@@ -215,6 +215,11 @@ def _pool_batch(kern, reps, E, s, xb: np.ndarray, these: list, routing: tuple, k
         return _expert_rows(s.ye[:ge.shape[0]], ge, down)
 
     _fused_batch(kern, xb, (pool,) * 3, offs, gstart, pairs // k, pairs, s.ge, s.ue, ex2, down_alone)
+
+
+def _pool_offsets(these: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gate, up, down) i64[c] each: where the experts these [(e, (gate, up, down) offsets in E.pool)] lie."""
+    return tuple(np.array([o for _, o in these], np.int64).T.copy())
 
 
 def _token_experts(kern, L, s, xb: np.ndarray, mix: np.ndarray) -> None:

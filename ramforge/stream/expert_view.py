@@ -69,9 +69,9 @@ class Experts:
         if keys:
             self.w.expert_cache.release(keys, self.rec)
 
-    @property
     def wants_prediction(self) -> bool:
-        """Whether to guess the next layer's experts now (ExpertCache.wants_guess: ask once a turn)."""
+        """Whether to guess the next layer's experts now (ExpertCache.wants_guess, which counts the turn: ask
+        once a turn)."""
         c = self.w.expert_cache
         return c is not None and self.il + 1 in self.w.predictors and c.wants_guess()
 

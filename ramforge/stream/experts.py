@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import NamedTuple
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numba
@@ -58,6 +59,13 @@ READ_AHEAD_PRECISION = 0.5   # ... and while at least this share of the guesses 
 READERS = 2             # reader threads: more than one read in flight keeps a fast SSD busy
 PACK_AT_USE = 2         # an expert's use (since its read) at which it is repacked
 GUESS_EVERY = 8         # while reads ahead are off, one layer turn in this many still guesses (to score)
+
+
+class ExpertRead(NamedTuple):
+    """An expert's read plan (made at its first read): its file segments into a slot, and where in the slot
+    its gate, up and down rows land."""
+    span: Span
+    offs: tuple[int, int, int]
 
 
 class Policy(str, enum.Enum):
@@ -98,8 +106,7 @@ class ExpertCache:
         self._slot: dict[tuple[int, int], int] = {}          # (layer, expert) -> slot
         self._key: list[tuple[int, int] | None] = [None] * n_slots
         self._free = list(range(n_slots - 1, -1, -1))      # slots holding no expert (popped from the end)
-        self._spans: dict[tuple[int, int], Span] = {}            # key -> its read plan, made on first read
-        self._offs: dict[tuple[int, int], tuple] = {}       # key -> its (gate, up, down) offsets in a slot (its span's)
+        self._reads: dict[tuple[int, int], ExpertRead] = {}     # key -> its read plan, made on first read
         self._loading: dict[int, Future] = {}               # slot -> its read, until taken
         self._failed: list[Future] = []                     # reads that ended in an error or were cancelled
         self._protected = np.zeros(n_slots, bool)          # in use by this layer, or a pending prefetch
@@ -168,12 +175,12 @@ class ExpertCache:
             if fut is not None and fut.cancel():                # still queued: never read
                 self._evict(slot)
             else:
-                rec.bytes_read += self._spans[k].nbytes
+                rec.bytes_read += self._reads[k].span.nbytes
         cached = [k for k in keys if k in self._slot]
         for k in cached:
             if self._prefetched.pop(k, None) is not None:
                 rec.prefetch_hits += 1
-                rec.bytes_read += self._spans[k].nbytes
+                rec.bytes_read += self._reads[k].span.nbytes
             else:
                 rec.hits += 1
             self._protected[self._slot[k]] = True
@@ -251,7 +258,7 @@ class ExpertCache:
         for k in keys:
             slot = self._slot[k]
             base = slot * self.slot_bytes
-            g, u, d = self._offs[k]
+            g, u, d = self._reads[k].offs
             out.append((k, (base + g, base + u, base + d), self.layout(slot)))
         return out
 
@@ -334,7 +341,7 @@ class ExpertCache:
                 continue
             if not self._start(k):
                 return
-            rec.bytes_read += self._spans[k].nbytes
+            rec.bytes_read += self._reads[k].span.nbytes
 
     def _victim(self) -> int | None:
         """A free slot, else the policy's choice among the unprotected ones (None: every slot is in use)."""
@@ -362,14 +369,14 @@ class ExpertCache:
     def _start(self, key: tuple[int, int]) -> bool:
         """Start reading expert key into a free or evicted slot (protected); False if every slot is in use."""
         il, e = key
-        span = self._spans.get(key)
-        if span is None:
+        plan = self._reads.get(key)
+        if plan is None:
             if not 0 <= e < self.n_expert:
                 raise InternalError(f"layer {il}: expert {e} is out of range for {self.n_expert} experts")
-            span = self._spans[key] = expert_span(self.tensors[il], e)
+            span = expert_span(self.tensors[il], e)
             if span.nbytes > self.slot_bytes:
                 raise InternalError(f"expert {key} needs {span.nbytes:,} B, above the slot of {self.slot_bytes:,}")
-            self._offs[key] = tuple(span.offsets[t.name] for t in self.tensors[il])
+            plan = self._reads[key] = ExpertRead(span, tuple(span.offsets[t.name] for t in self.tensors[il]))
         slot = self._victim()
         if slot is None:
             return False
@@ -378,7 +385,7 @@ class ExpertCache:
         self._packed[slot] = False
         self._uses[slot] = 0
         self._where[slot] = il - self.layers[0], e
-        fut = self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], span)
+        fut = self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], plan.span)
         fut.add_done_callback(self._note_failed)
         return True
 
@@ -400,7 +407,7 @@ class ExpertCache:
             self._packed[slot] = True
             key, base = self._key[slot], slot * self.slot_bytes
             todo += [(t.ggml_type, base + at, t.dims[:2])
-                     for t, g, at in zip(self.tensors[key[0]], self.reps[key[0]], self._offs[key]) if g]
+                     for t, g, at in zip(self.tensors[key[0]], self.reps[key[0]], self._reads[key].offs) if g]
         if todo:
             repack_many(self.pool, todo, numba.get_num_threads())
 
@@ -456,7 +463,7 @@ class ExpertCache:
         il, e = key
         buf = self.buffers[slot]
         out = []
-        for t, g, at in zip(self.tensors[il], self.layout(slot), self._offs[key]):
+        for t, g, at in zip(self.tensors[il], self.layout(slot), self._reads[key].offs):
             out.append(QTensor(f"{t.name}[{e}]", t.ggml_type, t.dims[:2], buf[at:at + t.nbytes // t.dims[2]], g))
         return tuple(out)
 
