@@ -143,6 +143,7 @@ def test_lfu_keeps_the_frequent_expert():
     steps, counted, tokens = _flat(seq)
     assert simulate(steps, 2, "lru", counted, tokens) == (2, 4)
     assert simulate(steps, 2, "lfu", counted, tokens) == (3, 3)
+    assert simulate(steps, 2, "lfu", counted, tokens, half_life=0.01) == (2, 4)   # forgets at once: LRU
 
 
 def _flat(seq):
@@ -157,6 +158,11 @@ def test_replay_cli(tmp_path, capsys):
     assert replay_main([str(path), "--slots", "3", "--policies", "lru", "belady", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)["results"]
     assert [(r["policy"], r["hits"]) for r in res] == [("lru", 3), ("belady", 3)]
+    assert replay_main([str(path), "--slots", "3", "--policies", "lfu", "--half-life", "0.01", "64", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)["results"]
+    assert [r["half_life"] for r in res] == [0.01, 64]
+    with pytest.raises(SystemExit):
+        replay_main([str(path), "--slots", "3", "--half-life", "0"])
     with pytest.raises(SystemExit):
         replay_main([str(path), "--slots", "9"])
     (tmp_path / "bad.npz").write_bytes(b"nope")

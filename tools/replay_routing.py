@@ -4,13 +4,14 @@ slots shared across layers (keys (layer, expert), as stream.experts.ExpertCache 
 
     python tools/replay_routing.py trace.npz --slots 32 [--policies lru lfu belady static] [--shared-pool]
     python tools/replay_routing.py trace.npz --slots 32 64 --json
+    python tools/replay_routing.py trace.npz --slots 25 --policies lfu --shared-pool --half-life 4 12 64
 
 A step is one layer of one pass (a decode token, or a prefill chunk): its distinct experts are
 looked up in order; a miss reads the expert into a slot, evicting one the step does not use (or,
 when the step uses more experts than there are slots, one it has finished with). Hits are counted
 over decode steps (one-token passes; prefill warms the cache) unless --count all.
 Policies: lru; lfu as the engine's (stream.experts: uses decay with HALF_LIFE tokens, LRU among
-equals); belady (evict the expert used again furthest in the future: the bound no policy beats);
+equals; --half-life: other half-lives than the engine's); belady (evict the expert used again furthest in the future: the bound no policy beats);
 static (the N most used experts of the whole trace pinned, a miss read past the cache: a
 calibrated resident set, in-sample; it caches nothing on demand, so Belady does not bound it).
 """
@@ -41,6 +42,7 @@ class Result:
     slots: int                # per layer (the shared pool holds slots x layers)
     hits: int
     misses: int
+    half_life: float | None = None   # lfu's, in tokens
 
     @property
     def hit_rate(self) -> float:
@@ -49,14 +51,14 @@ class Result:
 
     def as_dict(self) -> dict:
         return {"policy": self.policy, "layout": self.layout, "slots": self.slots, "hits": self.hits,
-                "misses": self.misses, "hit_rate": self.hit_rate}
+                "misses": self.misses, "hit_rate": self.hit_rate, "half_life": self.half_life}
 
 
 def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], tokens: list[float],
-             per_step: list[int] | None = None) -> tuple[int, int]:
+             per_step: list[int] | None = None, half_life: float = HALF_LIFE) -> tuple[int, int]:
     """(hits, misses) of one cache of n_slots over steps (keys (layer, expert)); counted[i]: whether
-    step i's lookups count; tokens[i]: the token clock at step i (LFU's decay). per_step, if given,
-    gets each step's misses (counted or not) appended."""
+    step i's lookups count; tokens[i]: the token clock at step i (LFU's decay, its weight halving every
+    half_life tokens). per_step, if given, gets each step's misses (counted or not) appended."""
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: one of {POLICIES}")
     keys_at = [[(s.layer, e) for e in s.experts] for s in steps]
@@ -116,9 +118,9 @@ def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], 
             used[s] = tick
             if policy == "lfu":                  # the engine's decayed count: c * 2^((t0 - t) / H) + 1
                 c, t0 = freq.get(k, (0.0, t))
-                c = c * 2.0 ** ((t0 - t) / HALF_LIFE) + 1.0
+                c = c * 2.0 ** ((t0 - t) / half_life) + 1.0
                 freq[k] = (c, t)
-                score[s] = np.log2(c) + t / HALF_LIFE     # the order of counts decayed to any common time
+                score[s] = np.log2(c) + t / half_life     # the order of counts decayed to any common time
             elif policy == "belady":
                 score[s] = nxt[i][j]
         if per_step is not None:
@@ -126,23 +128,26 @@ def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], 
     return hits, misses
 
 
-def replay(trace: Trace, slots: int, policies=POLICIES, shared: bool = True, count: str = "decode") -> list[Result]:
+def replay(trace: Trace, slots: int, policies=POLICIES, shared: bool = True, count: str = "decode",
+           half_lives: tuple[float, ...] = (HALF_LIFE,)) -> list[Result]:
+    """Each policy's hits and misses (lfu's at each of half_lives), per layer and, if shared, in one pool."""
     steps = trace.steps()
     decode_pass = decode_passes(steps)
     counted = [count == "all" or s.pass_ in decode_pass for s in steps]
     tokens = token_clock(steps)
     layers = sorted({s.layer for s in steps})
     out = []
-    for p in policies:
+    for p, hl in ((p, hl) for p in policies for hl in (half_lives if p == "lfu" else (None,))):
         h = m = 0
         for il in layers:
             idx = [i for i, s in enumerate(steps) if s.layer == il]
-            a, b = simulate([steps[i] for i in idx], slots, p, [counted[i] for i in idx], [tokens[i] for i in idx])
+            a, b = simulate([steps[i] for i in idx], slots, p, [counted[i] for i in idx], [tokens[i] for i in idx],
+                            half_life=hl or HALF_LIFE)
             h, m = h + a, m + b
-        out.append(Result(p, "per-layer", slots, h, m))
+        out.append(Result(p, "per-layer", slots, h, m, hl))
         if shared:
-            a, b = simulate(steps, slots * len(layers), p, counted, tokens)
-            out.append(Result(p, "shared", slots, a, b))
+            a, b = simulate(steps, slots * len(layers), p, counted, tokens, half_life=hl or HALF_LIFE)
+            out.append(Result(p, "shared", slots, a, b, hl))
     return out
 
 
@@ -173,20 +178,25 @@ def main(argv=None) -> int:
     ap.add_argument("--shared-pool", action="store_true", help="also one pool of slots x layers across layers")
     ap.add_argument("--count", choices=("decode", "all"), default="decode",
                     help="which steps' lookups count (prefill always warms the cache)")
+    ap.add_argument("--half-life", type=float, nargs="+", default=[HALF_LIFE],
+                    help=f"lfu's half-lives to replay, in tokens (default: the engine's, {HALF_LIFE:g})")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     trace = Trace.load(a.trace)
     if any(not 1 <= n <= trace.n_expert for n in a.slots):
         ap.error(f"--slots: between 1 and the {trace.n_expert} experts of a layer")
-    res = [r for n in a.slots for r in replay(trace, n, a.policies, a.shared_pool, a.count)]
+    if any(not h > 0 for h in a.half_life):
+        ap.error("--half-life: a number of tokens above 0")
+    res = [r for n in a.slots for r in replay(trace, n, a.policies, a.shared_pool, a.count, tuple(a.half_life))]
     if a.json:
         print(json.dumps({"trace": str(a.trace), "model": trace.model, "n_expert": trace.n_expert, "k": trace.k,
                           "results": [r.as_dict() for r in res]}))
         return 0
     print(f"{a.trace}: {trace.model}, {trace.n_expert} experts (k {trace.k}), {a.count} lookups counted")
-    print(f"{'slots/layer':>11} {'share':>6} {'policy':>7} {'layout':>9} {'hit rate':>8} {'misses':>7}")
+    print(f"{'slots/layer':>11} {'share':>6} {'policy':>10} {'layout':>9} {'hit rate':>8} {'misses':>7}")
     for r in res:
-        print(f"{r.slots:>11} {r.slots / trace.n_expert:>6.0%} {r.policy:>7} {r.layout:>9} {r.hit_rate:>8.1%} {r.misses:>7}")
+        name = r.policy if r.half_life is None else f"{r.policy}/{r.half_life:g}"
+        print(f"{r.slots:>11} {r.slots / trace.n_expert:>6.0%} {name:>10} {r.layout:>9} {r.hit_rate:>8.1%} {r.misses:>7}")
     return 0
 
 

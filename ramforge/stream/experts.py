@@ -31,7 +31,11 @@ threads' parallel regions more than they saved. (Repacking used experts while th
 for a read, on one thread, was tried: it turned waiting into repacking, and no token got faster.)
 
 Eviction (`Policy`): LRU, or LFU, a frequency-aware policy: the fewest uses, each use's weight
-halving every `HALF_LIFE` tokens, the least recently used among equals.
+halving every `HALF_LIFE` tokens, the least recently used among equals. Replayed offline
+(tools/replay_routing.py) on routing traces of random- and skew-routed Qwen3-30B-A3B shapes, with caches
+of 6-38% of the experts, a half-life of 12 tokens missed at most 4% more than the best half-life of each
+case; 64 up to 61% more (a cache of 20% on the skew-routed 48 layers, where recency matters), and LRU
+up to 65% more (a small cache, where frequency does).
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ from .layout import Span, expert_span
 from ..profiling import ExpertRecord
 from .io import ModelFile, aligned_empty
 
-HALF_LIFE = 64.0        # tokens: a use's weight in LFU halves over this many tokens
+HALF_LIFE = 12.0        # tokens: a use's weight in LFU halves over this many tokens (see Eviction, above)
 READ_AHEAD_FROM = 0.5   # read ahead only while at least this share of recent picks was guessed ...
 ACCURACY_TURNS = 32     # ... recent: a moving average over about this many layer turns
 READ_AHEAD_PRECISION = 0.5   # ... and while at least this share of the guesses not cached was picked
