@@ -17,6 +17,7 @@ from ramforge.engine.engine import Engine
 from ramforge.errors import ContextLengthExceeded, RamforgeError, UnsupportedArch
 from ramforge.models.config import ConfigError
 from ramforge.models.weights import ModelError
+from tests.ggufpy import gguf_reader
 from tools.make_models import SPECS, reproducible_here
 from tools.oracle_report import compare, model_path, records
 
@@ -87,7 +88,7 @@ def test_other_build_float_record_within_the_build_gap(rec):
 def _edit(tmp_path, src, kv=None, drop=(), rename=None):
     """A copy of GGUF `src` with metadata changed, tensors dropped or renamed (gguf-py as writer)."""
     gguf = pytest.importorskip("gguf")
-    r = gguf.GGUFReader(src)
+    r = gguf_reader(src)
     arch = r.fields["general.architecture"].contents()
     out = tmp_path / "edited.gguf"
     w = gguf.GGUFWriter(out, arch)

@@ -21,6 +21,7 @@ from ramforge.kernels.registry import REGISTRY
 from ramforge.memory import MemoryBudget
 from ramforge.models.config import ConfigError
 from ramforge.models.weights import ModelError
+from tests.ggufpy import gguf_reader
 from tests.test_inference import _edit
 from tests.test_qmatmul import activation, weight
 
@@ -259,7 +260,7 @@ def test_dense_architectures_still_refuse_experts(tmp_path):
 def _edit_tensor(tmp_path, src, name, fn):
     """A copy of GGUF `src` with tensor `name`'s array (numpy order: experts first) replaced by fn(array)."""
     gguf = pytest.importorskip("gguf")
-    r = gguf.GGUFReader(src)
+    r = gguf_reader(src)
     out = tmp_path / "edited.gguf"
     w = gguf.GGUFWriter(out, r.fields["general.architecture"].contents())
     for f in r.fields.values():

@@ -15,6 +15,7 @@ from ramforge.errors import SplitMismatch, SplitShardMissing
 from ramforge.gguf.reader import SHARD_GAP, GGUFFile, split_path, split_prefix
 from ramforge.memory import MemoryBudget
 from ramforge.stream.plan import plan_for_budget
+from tests.ggufpy import gguf_reader
 
 PROMPT = [1, 415, 4996, 17354, 1701, 29916, 432, 17204, 975, 278, 17366, 11203, 29889]
 gguf = pytest.importorskip("gguf")
@@ -23,7 +24,7 @@ gguf = pytest.importorskip("gguf")
 def split_gguf(src, out_dir, stem: str, max_tensors: int, drop=(), kv=None) -> list:
     """src rewritten as gguf-py's GGUFWriter splits a model (split_max_tensors: llama.cpp's layout,
     names NAME-0000k-of-0000N.gguf, the metadata in the first shard); the shard paths, in order."""
-    r = gguf.GGUFReader(src)
+    r = gguf_reader(src)
     out = out_dir / f"{stem}.gguf"
     w = gguf.GGUFWriter(out, r.fields["general.architecture"].contents(), split_max_tensors=max_tensors)
     for f in r.fields.values():
