@@ -11,9 +11,10 @@ looked up in order; a miss reads the expert into a slot, evicting one the step d
 when the step uses more experts than there are slots, one it has finished with). Hits are counted
 over decode steps (one-token passes; prefill warms the cache) unless --count all.
 Policies: lru; lfu as the engine's (stream.experts: uses decay with HALF_LIFE tokens, LRU among
-equals; --half-life: other half-lives than the engine's); belady (evict the expert used again furthest in the future: the bound no policy beats);
-static (the N most used experts of the whole trace pinned, a miss read past the cache: a
-calibrated resident set, in-sample; it caches nothing on demand, so Belady does not bound it).
+equals; --half-life: other half-lives than the engine's); belady (evict the expert used again
+furthest in the future: the bound no policy beats); static (the N most used experts of the whole
+trace pinned, a miss read past the cache: a calibrated resident set, in-sample; it caches nothing on
+demand, so Belady does not bound it).
 """
 from __future__ import annotations
 
