@@ -151,10 +151,7 @@ class ExpertCache:
         then `end` the turn. rec collects the layer's figures."""
         if il not in self.tensors:
             raise InternalError(f"layer {il} has no experts in this cache")
-        ids = np.asarray(ids, dtype=np.int64)
-        es = ids.tolist()                                   # (Python's min and max of a few ints: NumPy's cost more)
-        if es and not (0 <= min(es) and max(es) < self.n_expert):
-            raise InternalError(f"layer {il}: expert ids {min(es)}..{max(es)} are out of range for {self.n_expert} experts")
+        es = self._checked(il, ids)
         if il == self.layers[0]:
             self.tokens += n_tokens
         self._count(il, ids)
@@ -314,16 +311,17 @@ class ExpertCache:
         slots that are free or evictable now; cached ones are kept from eviction until layer il runs."""
         if not self.prefetch or il not in self.tensors:
             return
-        self._predicted[il] = {int(e) for e in ids}           # scored when layer il runs
-        self._unseen[il] = {int(e) for e in ids if (il, int(e)) not in self._slot}
+        es = self._checked(il, ids)
+        self._predicted[il] = set(es)                           # scored when layer il runs
+        self._unseen[il] = {e for e in es if (il, e) not in self._slot}
         if self.accuracy < READ_AHEAD_FROM:                     # guesses mostly wrong lately: reads would
             rec.prefetch_skipped += 1                           # cost more than they save
             return
         reads = self.precision >= READ_AHEAD_PRECISION
         if not reads and self._unseen[il]:
             rec.prefetch_skipped += 1
-        for e in ids:
-            k = (il, int(e))
+        for e in es:
+            k = (il, e)
             slot = self._slot.get(k)
             if slot is not None:                            # cached: keep it for layer il
                 if not self._protected[slot]:
@@ -374,9 +372,7 @@ class ExpertCache:
         """Start reading expert key into a free or evicted slot (protected); False if every slot is in use."""
         il, e = key
         plan = self._reads.get(key)
-        if plan is None:
-            if not 0 <= e < self.n_expert:
-                raise InternalError(f"layer {il}: expert {e} is out of range for {self.n_expert} experts")
+        if plan is None:                                    # (e was range-checked where it came in: _checked)
             span = expert_span(self.tensors[il], e)
             if span.nbytes > self.slot_bytes:
                 raise InternalError(f"expert {key} needs {span.nbytes:,} B, above the slot of {self.slot_bytes:,}")
@@ -452,6 +448,13 @@ class ExpertCache:
                     self._prefetched.pop(self._key[slot], None)
                     self._evict(slot)
                     self._protected[slot] = False
+
+    def _checked(self, il: int, ids) -> list[int]:
+        """Layer il's picked or guessed expert ids as ints, each checked below n_expert (LFU indexes by them)."""
+        es = [int(e) for e in ids]                          # (Python's min and max of a few ints: NumPy's cost more)
+        if es and not (0 <= min(es) and max(es) < self.n_expert):
+            raise InternalError(f"layer {il}: expert ids {min(es)}..{max(es)} are out of range for {self.n_expert} experts")
+        return es
 
     def _use(self, slot: int) -> None:
         self._tick += 1
