@@ -28,12 +28,14 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ramforge.errors import InternalError
 from ramforge.gguf.constants import GGMLType
 
+from ..profiling import timed
 from .llvmir import I32, dtypes_are, target_has_512
 
 Q4_0, Q4_K, Q8_0 = GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q8_0
@@ -80,6 +82,42 @@ def _copy4(typingctx, src, so, dst, do, flip):
         builder.store(v, at(2, 3), align=1)
         return context.get_dummy_value()
     return types.void(src, so, dst, do, flip), codegen
+
+
+_LO, _HI = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]          # unpack{lo,hi}_epi32
+_LO2, _HI2 = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]      # unpack{lo,hi}_epi64
+_HALF0, _HALF1 = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]  # permute2x128 0x20, 0x31
+
+
+@intrinsic
+def _transpose8(typingctx, src, so, sstride, dst, do, dstride):
+    """dst[do + i*dstride + r] = src[so + r*sstride + i] for r, i < 8 (u32 arrays, offsets in u32): an 8x8
+    block transposed in registers (8 unaligned <8 x i32> loads, 24 shuffles, 8 stores) where a u32 at a
+    time took a load and a store each."""
+    if not dtypes_are((src, dst), (types.uint32, types.uint32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v8 = ir.VectorType(I32, 8)
+
+        def at(k, o):
+            data = context.make_array(sig.args[k])(context, builder, args[k]).data
+            return builder.bitcast(builder.gep(data, [o]), v8.as_pointer())
+
+        def sh(a, b, mask):
+            return builder.shuffle_vector(a, b, ir.Constant(v8, mask))
+
+        so_, ss, do_, ds = args[1], args[2], args[4], args[5]
+        rows = [builder.load(at(0, builder.add(so_, builder.mul(ss, ir.Constant(ss.type, r)))), align=4)
+                for r in range(8)]
+        t = [sh(rows[p - p % 2], rows[p - p % 2 + 1], _LO if p % 2 == 0 else _HI) for p in range(8)]
+        u = [sh(t[q + s], t[q + 2 + s], m) for q in (0, 4) for s in (0, 1) for m in (_LO2, _HI2)]
+        for c in range(4):                                  # u[c]: column c (rows 0-3, 4-7 per 128-bit half)
+            for i, half in ((c, _HALF0), (c + 4, _HALF1)):
+                o = builder.add(do_, builder.mul(ds, ir.Constant(ds.type, i)))
+                builder.store(sh(u[c], u[4 + c], half), at(3, o), align=4)
+        return context.get_dummy_value()
+    return types.void(src, so, sstride, dst, do, dstride), codegen
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -150,8 +188,9 @@ def _repack_in_place(kind, raw, n_out, row_bytes, G):
 @njit(cache=True, nogil=True)
 def _q4k_group(tmp8, tmp32, raw8, raw32, o, G, row_bytes):
     # the group of G Q4_K rows at raw8[o:] (o 4-aligned; raw32 the u32 view of raw8), copied to tmp8 (tmp32
-    # its u32 view) first, into the group layout, a u32 at a time: d and dmin (the row's first u32, halves),
-    # the scale planes (4 rows' bytes of a plane packed into a u32, little-endian), the quads (8 of every 9 bytes)
+    # its u32 view) first, into the group layout by u32s: d and dmin (the row's first u32, halves), the scale
+    # planes (4 rows' bytes of a plane packed into a u32, little-endian), the quads (8 of every 9 bytes: 8x8 u32
+    # blocks transposed, _transpose8; a u32 at a time they took the repack twice as long)
     n_sb, rw = row_bytes // 144, row_bytes // 4
     tmp32[:G * rw] = raw32[o // 4:o // 4 + G * rw]
     for b in range(n_sb):
@@ -170,9 +209,9 @@ def _q4k_group(tmp8, tmp32, raw8, raw32, o, G, row_bytes):
                                                                      | (((s2 >> sh) & 0xFF) << 16)
                                                                      | (((s3 >> sh) & 0xFF) << 24))
         q0 = d0 + 4 * G                                          # quad vector v: G u32 from q0 + v * G
-        for v in range(32):
-            for r in range(G):
-                raw32[q0 + v * G + r] = tmp32[r * rw + b * 36 + 4 + v]
+        for r in range(0, G, 8):                                 # 8 rows x 8 quads at a time, transposed
+            for v in range(0, 32, 8):
+                _transpose8(tmp32, r * rw + b * 36 + 4 + v, rw, raw32, q0 + v * G + r, G)
 
 
 @njit(cache=True, nogil=True)
@@ -211,6 +250,7 @@ def _repack_many(raw8, raw32, offs, kinds, n_outs, row_bytes, groups, n_threads)
                 _pack_group(kinds[i], tmp8, raw8, o, G, rb // _BLOCK[kinds[i]])
 
 
+@timed("repack")
 def repack_many(raw: np.ndarray, weights: list[tuple], n_threads: int) -> None:
     """Repack several `repackable` weights lying in one writable u8 array raw (size a multiple of 4), in
     place, over n_threads threads: weights (ggml type, byte offset in raw, GGUF dims (row length, rows))."""
