@@ -117,6 +117,19 @@ def test_replay_known_counts():
     assert by3 == {"per-layer": 6, "shared": 6 + 4}
 
 
+def test_static_calibrated_on_another_trace():
+    # pinned by another text's counts (out of sample): C and D were the most used there, so A and B miss here
+    t = _trace([[[e]] for e in SEQ])
+    other = _trace([[[e]] for e in [2, 3, 2, 3, 0]])
+    by = {r.layout: (r.hits, r.misses) for r in replay(t, 2, ("static",), shared=True, calibrate=other)}
+    assert by == {"per-layer": (2, 5), "shared": (2, 5)}
+    # a layer's pins come from that layer's counts only, per layer and shared alike
+    t2 = _trace([[[e], [e + 4]] for e in SEQ])
+    other2 = _trace([[[0], [4]], [[1], [4]], [[0], [6]]])
+    by2 = {r.layout: r.hits for r in replay(t2, 1, ("static",), shared=True, calibrate=other2)}
+    assert by2 == {"per-layer": 3 + 3, "shared": 3 + 3}      # layer 0 pins A (3 hits), layer 1 pins A' (3)
+
+
 def test_replay_prefill_warms_but_is_not_counted():
     t = _trace([[[0, 1]], [[0]], [[1]], [[2]]])          # a 2-row prefill, then 3 decode steps
     r = replay(t, 2, ("lru",), shared=False)[0]
@@ -165,6 +178,13 @@ def test_replay_cli(tmp_path, capsys):
         replay_main([str(path), "--slots", "3", "--half-life", "0"])
     with pytest.raises(SystemExit):
         replay_main([str(path), "--slots", "9"])
+    assert replay_main([str(path), "--slots", "2", "--policies", "static", "--calibrate", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["calibration"] == str(path) and [r["hits"] for r in out["results"]] == [5]   # its own counts: in-sample
+    two = tmp_path / "two.npz"
+    np.savez(two, ids=t.ids, layer=t.layer, pass_=t.pass_, row=t.row, n_expert=8, n_layer=2, k=1, model="hand")
+    with pytest.raises(SystemExit):
+        replay_main([str(path), "--slots", "2", "--calibrate", str(two)])
     (tmp_path / "bad.npz").write_bytes(b"nope")
     with pytest.raises(InvalidArgument, match="not a routing trace"):
         Trace.load(tmp_path / "bad.npz")

@@ -5,6 +5,7 @@ slots shared across layers (keys (layer, expert), as stream.experts.ExpertCache 
     python tools/replay_routing.py trace.npz --slots 32 [--policies lru lfu belady static] [--shared-pool]
     python tools/replay_routing.py trace.npz --slots 32 64 --json
     python tools/replay_routing.py trace.npz --slots 25 --policies lfu --shared-pool --half-life 4 12 64
+    python tools/replay_routing.py trace.npz --slots 25 --policies lfu static --shared-pool --calibrate other.npz
 
 A step is one layer of one pass (a decode token, or a prefill chunk): its distinct experts are
 looked up in order; a miss reads the expert into a slot, evicting one the step does not use (or,
@@ -14,7 +15,8 @@ Policies: lru; lfu as the engine's (stream.experts: uses decay with HALF_LIFE to
 equals; --half-life: other half-lives than the engine's); belady (evict the expert used again
 furthest in the future: the bound no policy beats); static (the N most used experts of the whole
 trace pinned, a miss read past the cache: a calibrated resident set, in-sample; it caches nothing on
-demand, so Belady does not bound it).
+demand, so Belady does not bound it; --calibrate OTHER: pinned by another trace's counts instead, out of
+sample, as a resident set chosen before the text is known would be).
 """
 from __future__ import annotations
 
@@ -56,15 +58,20 @@ class Result:
 
 
 def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], tokens: list[float],
-             per_step: list[int] | None = None, half_life: float = HALF_LIFE) -> tuple[int, int]:
+             per_step: list[int] | None = None, half_life: float = HALF_LIFE,
+             calibration: Counter | None = None) -> tuple[int, int]:
     """(hits, misses) of one cache of n_slots over steps (keys (layer, expert)); counted[i]: whether
     step i's lookups count; tokens[i]: the token clock at step i (LFU's decay, its weight halving every
-    half_life tokens). per_step, if given, gets each step's misses (counted or not) appended."""
+    half_life tokens). per_step, if given, gets each step's misses (counted or not) appended. static pins
+    the most used keys of steps' layers by calibration's counts (another trace's), else by steps' own."""
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: one of {POLICIES}")
     keys_at = [[(s.layer, e) for e in s.experts] for s in steps]
     if policy == "static":
         uses = Counter(k for ks in keys_at for k in ks)
+        if calibration is not None:
+            layers = {s.layer for s in steps}
+            uses = Counter({k: n for k, n in calibration.items() if k[0] in layers})
         pinned = {k for k, _ in sorted(uses.items(), key=lambda kv: (-kv[1], kv[0]))[:n_slots]}
         if per_step is not None:
             per_step += [sum(k not in pinned for k in ks) for ks in keys_at]
@@ -130,9 +137,11 @@ def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], 
 
 
 def replay(trace: Trace, slots: int, policies=POLICIES, shared: bool = True, count: str = "decode",
-           half_lives: tuple[float, ...] = (HALF_LIFE,)) -> list[Result]:
-    """Each policy's hits and misses (lfu's at each of half_lives), per layer and, if shared, in one pool."""
+           half_lives: tuple[float, ...] = (HALF_LIFE,), calibrate: Trace | None = None) -> list[Result]:
+    """Each policy's hits and misses (lfu's at each of half_lives), per layer and, if shared, in one pool;
+    static's pins by calibrate's counts where given (out of sample)."""
     steps = trace.steps()
+    cal = None if calibrate is None else Counter((s.layer, e) for s in calibrate.steps() for e in s.experts)
     decode_pass = decode_passes(steps)
     counted = [count == "all" or s.pass_ in decode_pass for s in steps]
     tokens = token_clock(steps)
@@ -143,11 +152,11 @@ def replay(trace: Trace, slots: int, policies=POLICIES, shared: bool = True, cou
         for il in layers:
             idx = [i for i, s in enumerate(steps) if s.layer == il]
             a, b = simulate([steps[i] for i in idx], slots, p, [counted[i] for i in idx], [tokens[i] for i in idx],
-                            half_life=hl or HALF_LIFE)
+                            half_life=hl or HALF_LIFE, calibration=cal)
             h, m = h + a, m + b
         out.append(Result(p, "per-layer", slots, h, m, hl))
         if shared:
-            a, b = simulate(steps, slots * len(layers), p, counted, tokens, half_life=hl or HALF_LIFE)
+            a, b = simulate(steps, slots * len(layers), p, counted, tokens, half_life=hl or HALF_LIFE, calibration=cal)
             out.append(Result(p, "shared", slots, a, b, hl))
     return out
 
@@ -181,19 +190,26 @@ def main(argv=None) -> int:
                     help="which steps' lookups count (prefill always warms the cache)")
     ap.add_argument("--half-life", type=float, nargs="+", default=[HALF_LIFE],
                     help=f"lfu's half-lives to replay, in tokens (default: the engine's, {HALF_LIFE:g})")
+    ap.add_argument("--calibrate", type=Path, metavar="TRACE",
+                    help="static pins by this trace's counts (another text's: out of sample) instead of its own")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     trace = Trace.load(a.trace)
+    cal = None if a.calibrate is None else Trace.load(a.calibrate)
+    if cal is not None and (cal.n_expert, cal.n_layer) != (trace.n_expert, trace.n_layer):
+        ap.error(f"--calibrate: {cal.n_layer} layers of {cal.n_expert} experts, the trace {trace.n_layer} of {trace.n_expert}")
     if any(not 1 <= n <= trace.n_expert for n in a.slots):
         ap.error(f"--slots: between 1 and the {trace.n_expert} experts of a layer")
     if any(not h > 0 for h in a.half_life):
         ap.error("--half-life: a number of tokens above 0")
-    res = [r for n in a.slots for r in replay(trace, n, a.policies, a.shared_pool, a.count, tuple(a.half_life))]
+    res = [r for n in a.slots for r in replay(trace, n, a.policies, a.shared_pool, a.count, tuple(a.half_life), cal)]
     if a.json:
         print(json.dumps({"trace": str(a.trace), "model": trace.model, "n_expert": trace.n_expert, "k": trace.k,
+                          "calibration": None if cal is None else str(a.calibrate),
                           "results": [r.as_dict() for r in res]}))
         return 0
-    print(f"{a.trace}: {trace.model}, {trace.n_expert} experts (k {trace.k}), {a.count} lookups counted")
+    print(f"{a.trace}: {trace.model}, {trace.n_expert} experts (k {trace.k}), {a.count} lookups counted"
+          + ("" if cal is None else f"; static pinned by {a.calibrate}'s counts"))
     print(f"{'slots/layer':>11} {'share':>6} {'policy':>10} {'layout':>9} {'hit rate':>8} {'misses':>7}")
     for r in res:
         name = r.policy if r.half_life is None else f"{r.policy}/{r.half_life:g}"
