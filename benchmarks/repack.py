@@ -1,6 +1,7 @@
 """Repack speed: an expert cache's repack of experts read in file order (kernels.repack.repack_many), in place.
 
-    python benchmarks/repack.py [--type Q4_K] [--rows 768] [--cols 2048] [--experts 256] [--per-call 1 8] [--threads 1 2]
+    python benchmarks/repack.py [--type Q4_K] [--rows 768] [--cols 2048] [--experts 256]
+        [--per-call 1 8] [--threads 1 2]
 
 Each expert is two matrices (gate and up) of `rows` rows of `cols`, random blocks in a pool of `experts`
 experts (faulted in first, larger than the caches), repacked `per-call` experts a call, every expert once
@@ -23,7 +24,7 @@ def main(argv=None) -> int:
     from ramforge.stream.io import aligned_empty
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--type", default="Q4_K", help="a repackable type: Q4_K, Q8_0, Q4_0")
+    ap.add_argument("--type", default="Q4_K", choices=["Q4_K", "Q8_0", "Q4_0"], help="a repackable type")
     ap.add_argument("--rows", type=int, default=768)
     ap.add_argument("--cols", type=int, default=2048)
     ap.add_argument("--experts", type=int, default=256)
@@ -49,7 +50,8 @@ def main(argv=None) -> int:
             for i in range(1, calls + 1):
                 call(i)
             dt = (time.perf_counter() - t0) / (calls * per)
-            print(f"  {per} expert(s) a call, {th} thread(s): {dt * 1e3:.3f} ms an expert, {2 * mat / dt / 1e9:.2f} GB/s")
+            print(f"  {per} expert(s) a call, {th} thread(s): {dt * 1e3:.3f} ms an expert, "
+                  f"{2 * mat / dt / 1e9:.2f} GB/s")
     return 0
 
 

@@ -68,10 +68,9 @@ def simulate(steps: list[Step], n_slots: int, policy: str, counted: list[bool], 
         raise ValueError(f"policy {policy!r}: one of {POLICIES}")
     keys_at = [[(s.layer, e) for e in s.experts] for s in steps]
     if policy == "static":
-        uses = Counter(k for ks in keys_at for k in ks)
-        if calibration is not None:
-            layers = {s.layer for s in steps}
-            uses = Counter({k: n for k, n in calibration.items() if k[0] in layers})
+        layers = {s.layer for s in steps}
+        uses = Counter(k for ks in keys_at for k in ks) if calibration is None else \
+            Counter({k: n for k, n in calibration.items() if k[0] in layers})
         pinned = {k for k, _ in sorted(uses.items(), key=lambda kv: (-kv[1], kv[0]))[:n_slots]}
         if per_step is not None:
             per_step += [sum(k not in pinned for k in ks) for ks in keys_at]
@@ -197,7 +196,8 @@ def main(argv=None) -> int:
     trace = Trace.load(a.trace)
     cal = None if a.calibrate is None else Trace.load(a.calibrate)
     if cal is not None and (cal.n_expert, cal.n_layer) != (trace.n_expert, trace.n_layer):
-        ap.error(f"--calibrate: {cal.n_layer} layers of {cal.n_expert} experts, the trace {trace.n_layer} of {trace.n_expert}")
+        ap.error(f"--calibrate: {cal.n_layer} layers of {cal.n_expert} experts, "
+                 f"the trace {trace.n_layer} of {trace.n_expert}")
     if any(not 1 <= n <= trace.n_expert for n in a.slots):
         ap.error(f"--slots: between 1 and the {trace.n_expert} experts of a layer")
     if any(not h > 0 for h in a.half_life):
