@@ -53,7 +53,8 @@ def test_layout_round_trips(t, n_out, n_in):
 
 @pytest.mark.parametrize("n_out,n_in,G", [(48, 512, 16), (40, 256, 8), (64, 768, 16), (64, 768, 8)])
 def test_q4k_fast_path_is_the_generic_layout(n_out, n_in, G):
-    # repack's Q4_K path (by u32s and 8x8 transposes, for 4-aligned buffers) writes the bytes the per-byte _pack_group writes
+    # repack's Q4_K path (by u32s and 8x8 transposes, for 4-aligned buffers) writes the bytes the per-byte
+    # _pack_group writes
     raw = weight(Q4_K, n_out, n_in, seed=G + n_out)
     rb = n_in // 256 * 144
     slow, fast = raw.copy(), raw.copy()

@@ -36,7 +36,7 @@ from ramforge.errors import InternalError
 from ramforge.gguf.constants import GGMLType
 
 from ..profiling import timed
-from .llvmir import I32, dtypes_are, target_has_512
+from .llvmir import I32, dtypes_are, ptr, target_has_512
 
 Q4_0, Q4_K, Q8_0 = GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q8_0
 KINDS = {Q4_K: 0, Q8_0: 1, Q4_0: 2}       # the types with a repacked layout, as the kernels name them
@@ -76,8 +76,7 @@ def _copy4(typingctx, src, so, dst, do, flip):
 
     def codegen(context, builder, sig, args):
         def at(k, o):
-            data = context.make_array(sig.args[k])(context, builder, args[k]).data
-            return builder.bitcast(builder.gep(data, [args[o]]), I32.as_pointer())
+            return ptr(context, builder, sig.args[k], args[k], args[o], I32)
         v = builder.xor(builder.load(at(0, 1), align=1), builder.trunc(args[4], I32))
         builder.store(v, at(2, 3), align=1)
         return context.get_dummy_value()
@@ -101,8 +100,7 @@ def _transpose8(typingctx, src, so, sstride, dst, do, dstride):
         v8 = ir.VectorType(I32, 8)
 
         def at(k, o):
-            data = context.make_array(sig.args[k])(context, builder, args[k]).data
-            return builder.bitcast(builder.gep(data, [o]), v8.as_pointer())
+            return ptr(context, builder, sig.args[k], args[k], o, v8)
 
         def sh(a, b, mask):
             return builder.shuffle_vector(a, b, ir.Constant(v8, mask))
