@@ -184,8 +184,10 @@ def llama():
 
 @pytest.fixture(scope="module")
 def moe():
+    """A synthetic llama with experts, F16: gguf writes it, no llama.cpp quantizer needed (a fresh CI machine
+    has none); the plan reads only its tensor table."""
     from tools.make_models import ensure_model
-    return ensure_model("llama-moe", "Q8_0")
+    return ensure_model("llama-moe", "F16")
 
 
 def test_fixture_model_fits_whole(llama):
