@@ -139,32 +139,32 @@ def test_a_prompts_misses_are_taken_a_batch_of_finished_reads_at_a_time(cache):
     c = cache(range(1, 2), 3)
     rec = ExpertRecord(1)
     order = c.layer(1, np.array([3, 5, 7, 9, 11]), 4, rec)
-    assert c.take_ready(order, rec) == [] and rec.misses == 5
+    assert len(c.take_ready(order, rec)) == 0 and rec.misses == 5
     left, sizes, whole = list(order), [], _tensors(cache.f, 1)
     while left:
         wait(list(c._loading.values()))                   # every read begun has finished: one batch of them
         got = c.take_arrived(left, rec)
-        assert got and got[0][0] == left[0]
+        assert got and got.keys[0] == left[0] and got.offs.shape == (3, len(got)) and got.offs.flags.c_contiguous
         sizes.append(len(got))
-        for (il, e), offs, reps in got:
-            assert reps == (0, 0, 0)                       # F16: no repacked layout
-            for t, o in zip(whole, offs):
+        for j, (il, e) in enumerate(got.keys):
+            assert not got.packed[j] and c.layout(c._slot[(il, e)]) == (0, 0, 0)   # F16: no repacked layout
+            for t, o in zip(whole, got.offs[:, j].tolist()):
                 per = t.nbytes // t.dims[2]
                 assert np.array_equal(c.pool[o:o + per], np.fromfile(cache.f.path, np.uint8, count=per, offset=t.offset + e * per))
-        c.release([k for k, _, _ in got], rec)
-        left = [k for k in left if k not in {k for k, _, _ in got}]
+        c.release(got.keys, rec)
+        left = [k for k in left if k not in set(got.keys)]
     c.end(rec)
-    assert sizes == [3, 2] and c.take_arrived([], rec) == []
+    assert sizes == [3, 2] and len(c.take_arrived([], rec)) == 0
     assert rec.bytes_read == sum(expert_span(whole, e).nbytes for e in (3, 5, 7, 9, 11))
 
     one = cache(range(1, 2), 1)
     rec = ExpertRecord(1)
     order = one.layer(1, np.array([3, 5]), 2, rec)        # 3 holds the one slot until taken
     try:
-        assert one.take_arrived(order[1:], rec) == []
-        assert [k for k, _, _ in one.take_arrived(order, rec)] == [(1, 3)]
+        assert len(one.take_arrived(order[1:], rec)) == 0
+        assert one.take_arrived(order, rec).keys == [(1, 3)]
         one.release([(1, 3)], rec)
-        assert [k for k, _, _ in one.take_arrived(order[1:], rec)] == [(1, 5)]
+        assert one.take_arrived(order[1:], rec).keys == [(1, 5)]
     finally:
         one.end(rec)
 
@@ -434,8 +434,10 @@ def test_cached_experts_are_repacked_and_every_logit_stays(moe_q4k, repacked, mo
         assert warm == {c.reps[il] for il in c.reps} | {(0, 0, 0)}      # expert takes
         got = [eng.eval(toks, all_logits=True)] + [eng.eval([t]) for t in (5, 6, 7, 8, 9)]
         assert c.totals.misses > 0 and c.totals.hits > 0
-        held = [sl for sl in range(c.n_slots) if c._key[sl] is not None]
-        assert any(c.layout(sl) != (0, 0, 0) for sl in held) == repacked   # experts used twice: repacked
+        # the experts used since their read (whether a read ahead left unused was cancelled is the reader's timing):
+        # those used twice are repacked, and the take below is each one's second use at least
+        held = [sl for sl in range(c.n_slots) if c._key[sl] is not None and c._uses[sl] > 0]
+        assert any(c.layout(sl) != (0, 0, 0) for sl in held) == repacked
         for il, e in (c._key[held[0]], c._key[held[-1]]):
             rec = ExpertRecord(il)
             c.layer(il, np.array([e]), 1, rec)
@@ -532,3 +534,18 @@ def test_reads_ahead_stop_while_the_guesses_not_cached_are_missed(cache, monkeyp
     assert (1, 15) not in c
     rec0, _ = _turn(c, 0, [0], predict=[1, 2, 15])
     assert (rec0.prefetch_issued, rec0.prefetch_skipped) == (1, 0) and (1, 15) in c
+
+
+def test_handed_experts_go_a_layout_at_a_time():
+    """Handed.by_layout: one call for a turn of one layout, else the repacked ones, then those in file order,
+    each with its experts' offsets as contiguous i64 rows (the kernels' offsets)."""
+    from ramforge.stream.expert_view import Handed
+
+    offs = np.arange(12, dtype=np.int64).reshape(3, 4)
+    one = list(Handed([(2, 7), (2, 1), (2, 5), (2, 3)], offs, np.ones(4, bool)).by_layout())
+    assert len(one) == 1 and one[0][0] is True and one[0][1] == [7, 1, 5, 3] and one[0][2] is offs
+    two = list(Handed([(2, 7), (2, 1), (2, 5), (2, 3)], offs, np.array([False, True, False, True])).by_layout())
+    assert [(p, e) for p, e, _ in two] == [(True, [1, 3]), (False, [7, 5])]
+    assert np.array_equal(two[0][2], offs[:, [1, 3]]) and np.array_equal(two[1][2], offs[:, [0, 2]])
+    assert all(o.flags.c_contiguous and o.dtype == np.int64 for _, _, o in two)
+    assert list(Handed([], np.zeros((3, 0), np.int64), np.zeros(0, bool)).by_layout()) == []

@@ -136,22 +136,23 @@ def _kernels(g, u, d, reps: tuple | None = None) -> fused_moe.ExpertKernels | No
 
 
 def _layouts(E) -> dict:
-    """{repacked groups: expert kernels} of the layouts a cached expert lies in (repacked, or file order
-    until its second use); a layout without kernels maps to None."""
-    return {reps: _kernels(*E.tensors, reps) for reps in {E.reps, (0, 0, 0)}}
+    """{repacked: (its groups, its expert kernels)} for the two layouts a cached expert lies in: repacked
+    (the layer's groups), or in file order until its second use; kernels None where a layout has none."""
+    tensors, reps = E.tensors, E.reps
+    return {True: (reps, _kernels(*tensors, reps)), False: ((0, 0, 0), _kernels(*tensors, (0, 0, 0)))}
 
 
 def _by_arrival(E, kerns: dict, run, ids=None) -> None:
-    """run(kern, reps, these) for the cache's picked experts (of ids) a batch at a time, a call per layout:
-    those cached now, then the misses a batch of finished reads at a time (E.take_arrived); these:
-    [(e, (gate, up, down) byte offsets in E.pool)]. Each batch is released once run."""
+    """run(kern, reps, these, offs) for the cache's picked experts (of ids) a batch at a time, a call per
+    layout: those cached now, then the misses a batch of finished reads at a time (E.take_arrived); these:
+    the experts' ids, offs i64[3, len(these)]: where their gate, up and down rows lie in E.pool. Each batch
+    is released once run."""
     got = E.take_ready(ids)
     while True:
         try:
-            for reps, kern in kerns.items():
-                these = [(e, o) for e, o, r in got if r == reps]
-                if these:
-                    run(kern, reps, these)
+            for packed, these, offs in got.by_layout():
+                reps, kern = kerns[packed]
+                run(kern, reps, these, offs)
         finally:
             E.release()
         got = E.take_arrived(ids)
@@ -163,16 +164,16 @@ def _cached_experts(E, s, xb: np.ndarray, ex0: np.ndarray) -> None:
     """ex0 f32[k, n_embd][j] = slot j's expert output (one token, xb f32[1, n_embd]) for the cache's experts
     (_by_arrival), two compiled calls over its pool a batch and layout; any left to E's loop."""
     kerns = _layouts(E)
-    if None in kerns.values():
+    if any(kern is None for _, kern in kerns.values()):
         return
     slot_of = {e: j for j, e in enumerate(s.sel[0].tolist())}   # expert -> its slot (the k picks are distinct)
 
-    def run(kern, reps, these) -> None:
-        slots = [slot_of[e] for e, _ in these]
-        offs = _pool_offsets(these)
+    def run(kern, reps, these: list[int], offs: np.ndarray) -> None:
+        slots = [slot_of[e] for e in these]
         c = len(these)
         part = np.empty((c, ex0.shape[1]), np.float32)         # (then moved to their slots)
-        _fused_experts(kern, xb, (E.pool,) * 3, offs, np.ones(c, np.float32), s.ge[:c], s.ue[:c], part, s.ye[:1])
+        _fused_experts(kern, xb, (E.pool,) * 3, (offs[0], offs[1], offs[2]), np.ones(c, np.float32), s.ge[:c],
+                       s.ue[:c], part, s.ye[:1])
         ex0[slots] = part
 
     _by_arrival(E, kerns, run)
@@ -184,43 +185,39 @@ def _cached_batch(E, s, xb: np.ndarray, sel: np.ndarray, ex2: np.ndarray) -> Non
     each batch two compiled calls (fused_moe.run_batch) per layout. The experts of more rows are left to
     E's loop, as _batch_experts leaves them."""
     kerns = _layouts(E)
-    if any(kern is None or kern.up_act is None for kern in kerns.values()):
+    if any(kern is None or kern.up_act is None for _, kern in kerns.values()):
         return
     flat = sel.reshape(-1)
     order = np.argsort(flat, kind="stable").astype(np.int64)   # pairs t * k + j by expert, token-major
     ids, counts = np.unique(flat, return_counts=True)
     start = np.zeros(ids.size + 1, np.int64)
     np.cumsum(counts, out=start[1:])
-    small = set(ids[counts <= min(kern.up_rows for kern in kerns.values())].tolist())
+    small = set(ids[counts <= min(kern.up_rows for _, kern in kerns.values())].tolist())
     if small:
-        _by_arrival(E, kerns, lambda kern, reps, these: _pool_batch(kern, reps, E, s, xb, these, (ids, start, order),
-                                                                    sel.shape[1], ex2), small)
+        _by_arrival(E, kerns, lambda kern, reps, these, offs: _pool_batch(kern, reps, E, s, xb, these, offs,
+                                                                          (ids, start, order), sel.shape[1], ex2), small)
 
 
-def _pool_batch(kern, reps, E, s, xb: np.ndarray, these: list, routing: tuple, k: int, ex2: np.ndarray) -> None:
-    """The experts these [(e, (gate, up, down) offsets in E.pool)] of one layout reps through run_batch, their
-    (token, slot) pairs from routing (ids, start, order: the picked experts ascending, where each one's pairs
-    start in order, the pairs t * k + j sorted by expert)."""
+def _pool_batch(kern, reps, E, s, xb: np.ndarray, these: list[int], offs: np.ndarray, routing: tuple, k: int,
+                ex2: np.ndarray) -> None:
+    """The experts these (ids) of one layout reps, their gate, up and down rows at offs i64[3, len(these)] in
+    E.pool, through run_batch, their (token, slot) pairs from routing (ids, start, order: the picked experts
+    ascending, where each one's pairs start in order, the pairs t * k + j sorted by expert)."""
     ids, start, order = routing
-    i = np.searchsorted(ids, np.array([e for e, _ in these]))
+    i = np.searchsorted(ids, np.array(these))
     gstart = np.zeros(i.size + 1, np.int64)
     np.cumsum(start[i + 1] - start[i], out=gstart[1:])
     pairs = np.concatenate([order[start[j]:start[j + 1]] for j in i])
-    offs = _pool_offsets(these)
     pool, d = E.pool, E.tensors[2]
     per = d.nbytes // d.dims[2]
 
     def down_alone(m: int, ge: np.ndarray) -> np.ndarray:     # an expert of many rows: down's tiled matmul
-        at = int(offs[2][m])
-        down = QTensor(f"{d.name}[{these[m][0]}]", d.ggml_type, d.dims[:2], pool[at:at + per], reps[2])
+        at = int(offs[2, m])
+        down = QTensor(f"{d.name}[{these[m]}]", d.ggml_type, d.dims[:2], pool[at:at + per], reps[2])
         return _expert_rows(s.ye[:ge.shape[0]], ge, down)
 
-    _fused_batch(kern, xb, (pool,) * 3, offs, gstart, pairs // k, pairs, s.ge, s.ue, ex2, down_alone)
-
-
-def _pool_offsets(these: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(gate, up, down) i64[c] each: where the experts these [(e, (gate, up, down) offsets in E.pool)] lie."""
-    return tuple(np.array(list(zip(*(o for _, o in these))), np.int64))   # i64[3, c]: its rows contiguous
+    _fused_batch(kern, xb, (pool,) * 3, (offs[0], offs[1], offs[2]), gstart, pairs // k, pairs, s.ge, s.ue, ex2,
+                 down_alone)
 
 
 def _token_experts(kern, L, s, xb: np.ndarray, mix: np.ndarray) -> None:

@@ -3,10 +3,40 @@ layer's resident 3-D tensors, or the expert cache's slots (stream.experts.Expert
 next layer where the router's guess allows."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Iterator
+
 import numpy as np
 
 from ..models.weights import EXPERT_TENSORS, LayerExperts
 from ..profiling import ExpertRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Handed:
+    """Experts of one layer handed out together (take_ready, take_arrived): their keys in compute order, where
+    their gate, up and down rows lie in the cache's `pool` (byte offsets i64[3, c], each row contiguous), and
+    whether each lies repacked (its layer's groups, ExpertCache.reps) or in file order."""
+    keys: list[tuple[int, int]]
+    offs: np.ndarray
+    packed: np.ndarray      # bool[c]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def by_layout(self) -> Iterator[tuple[bool, list[int], np.ndarray]]:
+        """(repacked or not, expert ids, offs i64[3, m]) for each layout present, the repacked first."""
+        n = int(np.count_nonzero(self.packed))
+        if n in (0, len(self.keys)):                        # (one layout: the usual turn)
+            if self.keys:
+                yield bool(n), [e for _, e in self.keys], self.offs
+            return
+        for flag in (True, False):
+            m = self.packed == flag
+            yield flag, [k[1] for k, x in zip(self.keys, m.tolist()) if x], np.compress(m, self.offs, axis=1)
+
+
+NONE_HANDED = Handed([], np.zeros((3, 0), np.int64), np.zeros(0, bool))
 
 
 class Experts:
@@ -40,28 +70,29 @@ class Experts:
         c = self.w.expert_cache
         return c.reps[self.il] if c is not None else tuple(t.repacked for t in self.tensors)
 
-    def take_ready(self, ids=None) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
-        """The picked experts (of ids, if given) already in the cache, as (expert, (gate, up, down) byte
-        offsets into `pool`, their repacked groups); iterating then yields only the others. Call `release`
-        once they are computed. [] when resident."""
+    def take_ready(self, ids=None) -> Handed:
+        """The picked experts (of ids, if given) already in the cache, with where they lie in `pool` and their
+        layouts (a Handed); iterating then yields only the others. Call `release` once they are
+        computed. None handed when resident."""
         c = self.w.expert_cache
-        return [] if c is None else self._took(c.take_ready(self._pending(ids), self.rec))
+        return NONE_HANDED if c is None else self._took(c.take_ready(self._pending(ids), self.rec))
 
-    def take_arrived(self, ids=None) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
+    def take_arrived(self, ids=None) -> Handed:
         """As take_ready, for the next of the picked experts (of ids) not yet taken, waiting for its read,
-        and every other whose read has finished meanwhile; [] when none is left (or see
+        and every other whose read has finished meanwhile; none handed when none is left (or see
         ExpertCache.take_arrived). Call `release` before the next."""
         c = self.w.expert_cache
-        return [] if c is None else self._took(c.take_arrived(self._pending(ids), self.rec))
+        return NONE_HANDED if c is None else self._took(c.take_arrived(self._pending(ids), self.rec))
 
     def _pending(self, ids) -> list[tuple[int, int]]:
         return self.order if ids is None else [k for k in self.order if k[1] in ids]
 
-    def _took(self, got: list) -> list[tuple[int, tuple[int, int, int], tuple[int, int, int]]]:
-        self._ready = [k for k, _, _ in got]
-        taken = set(self._ready)
-        self.order = [k for k in self.order if k not in taken]
-        return [(k[1], offs, reps) for k, offs, reps in got]
+    def _took(self, got: Handed) -> Handed:
+        self._ready = got.keys
+        if got.keys:
+            taken = set(got.keys)
+            self.order = [k for k in self.order if k not in taken]
+        return got
 
     def release(self) -> None:
         """The experts take_ready or take_arrived gave are computed: their slots may be reused."""

@@ -52,6 +52,7 @@ from ..gguf.reader import GGUFFile
 from ..kernels.repack import repack_group, repack_many, repackable
 from ..models.weights import EXPERT_TENSORS, QTensor, gguf_name
 from .eviction import count_uses, pick_victim
+from .expert_view import NONE_HANDED, Handed
 from .layout import Span, expert_span
 from ..profiling import ExpertRecord
 from .io import ModelFile, aligned_empty
@@ -119,6 +120,7 @@ class ExpertCache:
         self._packed = np.zeros(n_slots, bool)             # its expert repacked (self.reps) since its read
         self._uses = np.zeros(n_slots, np.int64)           # its expert's uses since its read
         self._where = np.zeros((n_slots, 2), np.int64)      # slot -> (layer - layers[0], expert), for LFU
+        self._at = np.zeros((3, n_slots), np.int64)        # slot -> its expert's gate, up, down offsets in pool
         self._freq = np.zeros((len(layers), self.n_expert))  # decayed use counts, at _freq_t
         self._freq_t = np.zeros((len(layers), self.n_expert))
         self._prefetched: dict[tuple[int, int], int] = {}  # key -> slot, read for a layer not yet run
@@ -203,10 +205,9 @@ class ExpertCache:
         self._taken = slot
         return self._tensors(key, slot)
 
-    def take_ready(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> list[tuple[tuple[int, int], tuple, tuple]]:
-        """Of this turn's keys, those whose bytes are in their slot now (cached, or read ahead and done),
-        each with its gate, up and down byte offsets in `pool` and their repacked groups (0: file order);
-        marked used. They stay protected until `release`."""
+    def take_ready(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> Handed:
+        """Of this turn's keys, those whose bytes are in their slot now (cached, or read ahead and done), with
+        where they lie in `pool` and their layouts; marked used. They stay protected until `release`."""
         out = []
         for k in keys:
             slot = self._slot.get(k)
@@ -216,17 +217,17 @@ class ExpertCache:
             out.append(k)
         return self._handed(out)
 
-    def take_arrived(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> list[tuple[tuple[int, int], tuple, tuple]]:
+    def take_arrived(self, keys: list[tuple[int, int]], rec: ExpertRecord) -> Handed:
         """Of this turn's keys not yet taken (in compute order), the first, waiting for its read, and every
         other whose read has finished by then: as take_ready gives them (a prefill's misses, a batch at a
-        time as they arrive). [] when keys is empty, or when the first cannot get a slot until an expert
-        held elsewhere in the turn is given up (then `take` them in order)."""
+        time as they arrive). None handed when keys is empty, or when the first cannot get a slot until an
+        expert held elsewhere in the turn is given up (then `take` them in order)."""
         if not keys:
-            return []
+            return NONE_HANDED
         first = keys[0]
         self._submit([first], rec)
         if first not in self._slot and not any(not self._protected[sl] and not f.done() for sl, f in self._loading.items()):
-            return []
+            return NONE_HANDED
         got = [first]
         self._wait(first, rec)
         for k in keys[1:]:
@@ -251,17 +252,14 @@ class ExpertCache:
         rec.read_s += fut.result()[1]
         return True
 
-    def _handed(self, keys: list[tuple[int, int]]) -> list[tuple[tuple[int, int], tuple, tuple]]:
-        """keys (in their slots, marked used) as (key, gate/up/down byte offsets in `pool`, layout), those at
-        their PACK_AT_USE'th use repacked first."""
-        self._pack([self._slot[k] for k in keys])
-        out = []
-        for k in keys:
-            slot = self._slot[k]
-            base = slot * self.slot_bytes
-            g, u, d = self._reads[k].offs
-            out.append((k, (base + g, base + u, base + d), self.layout(slot)))
-        return out
+    def _handed(self, keys: list[tuple[int, int]]) -> Handed:
+        """keys (in their slots, marked used) handed out, those at their PACK_AT_USE'th use repacked first."""
+        if not keys:
+            return NONE_HANDED
+        slots = [self._slot[k] for k in keys]
+        self._pack(slots)
+        at = np.array(slots, np.int64)
+        return Handed(keys, np.take(self._at, at, axis=1), self._packed[at])   # (take: C-contiguous rows)
 
     def layout(self, slot: int) -> tuple[int, int, int]:
         """The repacked groups (gate, up, down) of the expert in slot as it is now (0: file order)."""
@@ -385,6 +383,7 @@ class ExpertCache:
         self._packed[slot] = False
         self._uses[slot] = 0
         self._where[slot] = il - self.layers[0], e
+        self._at[:, slot] = [slot * self.slot_bytes + o for o in plan.offs]
         fut = self._loading[slot] = self._pool.submit(self._read, self.buffers[slot], plan.span)
         fut.add_done_callback(self._note_failed)
         return True
