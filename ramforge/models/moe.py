@@ -194,8 +194,10 @@ def _cached_batch(E, s, xb: np.ndarray, sel: np.ndarray, ex2: np.ndarray) -> Non
     np.cumsum(counts, out=start[1:])
     small = set(ids[counts <= min(kern.up_rows for _, kern in kerns.values())].tolist())
     if small:
-        _by_arrival(E, kerns, lambda kern, reps, these, offs: _pool_batch(kern, reps, E, s, xb, these, offs,
-                                                                          (ids, start, order), sel.shape[1], ex2), small)
+        def run(kern, reps, these: list[int], offs: np.ndarray) -> None:
+            _pool_batch(kern, reps, E, s, xb, these, offs, (ids, start, order), sel.shape[1], ex2)
+
+        _by_arrival(E, kerns, run, small)
 
 
 def _pool_batch(kern, reps, E, s, xb: np.ndarray, these: list[int], offs: np.ndarray, routing: tuple, k: int,

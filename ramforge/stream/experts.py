@@ -120,7 +120,8 @@ class ExpertCache:
         self._packed = np.zeros(n_slots, bool)             # its expert repacked (self.reps) since its read
         self._uses = np.zeros(n_slots, np.int64)           # its expert's uses since its read
         self._where = np.zeros((n_slots, 2), np.int64)      # slot -> (layer - layers[0], expert), for LFU
-        self._at = np.zeros((3, n_slots), np.int64)        # slot -> its expert's gate, up, down offsets in pool
+        self._at = np.zeros((3, n_slots), np.int64)        # slot -> its expert's gate, up, down offsets in pool:
+                                                            # where handing out, repacking and _tensors find them
         self._freq = np.zeros((len(layers), self.n_expert))  # decayed use counts, at _freq_t
         self._freq_t = np.zeros((len(layers), self.n_expert))
         self._prefetched: dict[tuple[int, int], int] = {}  # key -> slot, read for a layer not yet run
@@ -404,9 +405,9 @@ class ExpertCache:
             if self._packed[slot] or self._uses[slot] < PACK_AT_USE:
                 continue
             self._packed[slot] = True
-            key, base = self._key[slot], slot * self.slot_bytes
-            todo += [(t.ggml_type, base + at, t.dims[:2])
-                     for t, g, at in zip(self.tensors[key[0]], self.reps[key[0]], self._reads[key].offs) if g]
+            il = self._key[slot][0]
+            todo += [(t.ggml_type, at, t.dims[:2])
+                     for t, g, at in zip(self.tensors[il], self.reps[il], self._at[:, slot].tolist()) if g]
         if todo:
             repack_many(self.pool, todo, numba.get_num_threads())
 
@@ -467,10 +468,9 @@ class ExpertCache:
 
     def _tensors(self, key, slot: int) -> tuple[QTensor, QTensor, QTensor]:
         il, e = key
-        buf = self.buffers[slot]
         out = []
-        for t, g, at in zip(self.tensors[il], self.layout(slot), self._reads[key].offs):
-            out.append(QTensor(f"{t.name}[{e}]", t.ggml_type, t.dims[:2], buf[at:at + t.nbytes // t.dims[2]], g))
+        for t, g, at in zip(self.tensors[il], self.layout(slot), self._at[:, slot].tolist()):
+            out.append(QTensor(f"{t.name}[{e}]", t.ggml_type, t.dims[:2], self.pool[at:at + t.nbytes // t.dims[2]], g))
         return tuple(out)
 
     # ---- the end --------------------------------------------------------------------------
