@@ -62,6 +62,15 @@ def _turn(c, il, ids, n_tokens=1, predict=None):
     return rec, got
 
 
+def _settle(c):
+    """Wait for every read begun. Else whether a wrong read-ahead is still queued (cancelled, so its guess
+    stays uncached and lowers the precision again next turn) or done (cached: scored once) is the runner's
+    timing, and so is whether precision keeps reads ahead off later."""
+    from concurrent.futures import wait
+
+    wait(list(c._loading.values()))
+
+
 @pytest.mark.parametrize("policy,kept,evicted", [("lru", 1, 0), ("lfu", 0, 1)])
 def test_eviction_policy(cache, moe, policy, kept, evicted):
     c = cache(range(1, 2), 2, policy)
@@ -187,6 +196,7 @@ def test_wrong_guesses_stop_the_reads_ahead_but_not_the_scoring(cache):
     skipped = 0
     for t in range(2 * ACCURACY_TURNS):
         rec0, _ = _turn(c, 0, [0], predict=[5, 6])
+        _settle(c)
         rec1, _ = _turn(c, 1, [1, 2])                     # never what was guessed
         skipped += rec0.prefetch_skipped
         assert rec1.predicted == 2 and rec1.predicted_right == 0
@@ -209,6 +219,7 @@ def test_while_reads_ahead_are_off_one_turn_in_guess_every_still_guesses(cache):
     assert all(c.wants_guess() for _ in range(3 * GUESS_EVERY))
     while c.accuracy >= READ_AHEAD_FROM:
         _turn(c, 0, [0], predict=[5, 6])
+        _settle(c)
         _turn(c, 1, [1, 2])                               # never what was guessed
     asked = [c.wants_guess() for _ in range(4 * GUESS_EVERY)]
     assert sum(asked) == 4 and all(asked[i] == (i % GUESS_EVERY == GUESS_EVERY - 1) for i in range(len(asked)))
