@@ -39,9 +39,11 @@ class ExpertRecord:
     misses: int = 0           # read when picked
     prefetch_issued: int = 0  # reads this layer's prediction started for the next layer
     prefetch_wasted: int = 0  # read ahead for this layer and not picked (cancelled if not yet read)
-    prefetch_skipped: int = 0 # guesses made but not read ahead: recent guesses were mostly wrong
+    prefetch_skipped: int = 0 # guesses made but not read ahead: recent ones (or those not cached) mostly wrong
     predicted: int = 0        # picks of layers that had a prediction ...
     predicted_right: int = 0  # ... and those of them the prediction named
+    unseen_guessed: int = 0   # guesses for this layer not cached when made (what reads ahead fetch) ...
+    unseen_right: int = 0     # ... and those of them picked (READ_AHEAD_PRECISION gates reads ahead on it)
     bytes_read: int = 0       # bytes read for this layer: its misses and the read-aheads made for it
     read_s: float = 0.0       # reader threads' time on this layer's reads
     wait_s: float = 0.0       # compute waiting for experts: I/O not hidden
@@ -55,7 +57,8 @@ class ExpertRecord:
     def as_dict(self) -> dict:
         n = self.hits + self.prefetch_hits + self.misses
         return vars(self) | {"hit_rate": (self.hits + self.prefetch_hits) / n if n else 0.0,
-                             "prediction_rate": self.predicted_right / self.predicted if self.predicted else 0.0}
+                             "prediction_rate": self.predicted_right / self.predicted if self.predicted else 0.0,
+                             "unseen_precision": self.unseen_right / self.unseen_guessed if self.unseen_guessed else 0.0}
 
 
 @dataclass

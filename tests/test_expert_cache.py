@@ -185,8 +185,12 @@ def test_prediction_reads_ahead_and_is_scored(cache):
     rec1, _ = _turn(c, 1, [1, 3])
     assert (rec1.prefetch_hits, rec1.prefetch_wasted, rec1.misses, rec1.hits) == (1, 1, 1, 0)
     assert (rec1.predicted, rec1.predicted_right) == (2, 1)
+    assert (rec1.unseen_guessed, rec1.unseen_right) == (2, 1)        # both guesses were reads; one was picked
     t = c.totals.as_dict()
-    assert t["prediction_rate"] == 0.5 and t["hit_rate"] == pytest.approx(1 / 3)
+    assert t["prediction_rate"] == 0.5 and t["hit_rate"] == pytest.approx(1 / 3) and t["unseen_precision"] == 0.5
+    _turn(c, 0, [0], predict=[1, 3, 4])                  # 1 and 3 cached: only 4 would be read
+    rec1, _ = _turn(c, 1, [1, 3])
+    assert (rec1.predicted, rec1.predicted_right, rec1.unseen_guessed, rec1.unseen_right) == (2, 2, 1, 0)
 
 
 def test_wrong_guesses_stop_the_reads_ahead_but_not_the_scoring(cache):

@@ -172,7 +172,8 @@ def render_experts(last: dict, total: dict, n_passes: int) -> None:
     err.print(f"experts: hit rate {100 * total['hit_rate']:.1f}% ({total['hits']} hits + {total['prefetch_hits']} "
               f"prefetched, {total['misses']} misses); prediction {100 * total['prediction_rate']:.1f}% right, "
               f"{total['prefetch_wasted']} of {total['prefetch_issued']} read-aheads wasted, "
-              f"{total['prefetch_skipped']} layers' guesses not read ahead (recent ones mostly wrong); per pass "
+              f"{total['prefetch_skipped']} layers' guesses not read ahead (recent ones mostly wrong, or those not "
+              f"cached: {100 * total['unseen_precision']:.0f}% of them picked); per pass "
               f"{format_bytes(total['bytes_read'] / n)} read, I/O wait {total['wait_s'] / n * 1e3:.1f} ms")
 
 

@@ -163,12 +163,13 @@ class ExpertCache:
         guess = self._predicted.pop(il, None)
         if guess is not None:
             right = sum(e in guess for _, e in keys)
-            rec.predicted += len(keys)
-            rec.predicted_right += right
+            rec.predicted, rec.predicted_right = rec.predicted + len(keys), rec.predicted_right + right
             self.accuracy += (right / max(len(keys), 1) - self.accuracy) / ACCURACY_TURNS
         unseen = self._unseen.pop(il, None)
         if unseen:
-            self.precision += (sum(e in unseen for _, e in keys) / len(unseen) - self.precision) / ACCURACY_TURNS
+            right = sum(e in unseen for _, e in keys)
+            rec.unseen_guessed, rec.unseen_right = rec.unseen_guessed + len(unseen), rec.unseen_right + right
+            self.precision += (right / len(unseen) - self.precision) / ACCURACY_TURNS
         for k in [k for k in self._kept if k[0] == il]:
             self._protected[self._kept.pop(k)] = False
         for k in [k for k in self._prefetched if k[0] == il and k not in picked]:
@@ -468,10 +469,8 @@ class ExpertCache:
 
     def _tensors(self, key, slot: int) -> tuple[QTensor, QTensor, QTensor]:
         il, e = key
-        out = []
-        for t, g, at in zip(self.tensors[il], self.layout(slot), self._at[:, slot].tolist()):
-            out.append(QTensor(f"{t.name}[{e}]", t.ggml_type, t.dims[:2], self.pool[at:at + t.nbytes // t.dims[2]], g))
-        return tuple(out)
+        return tuple(QTensor(f"{t.name}[{e}]", t.ggml_type, t.dims[:2], self.pool[at:at + t.nbytes // t.dims[2]], g)
+                     for t, g, at in zip(self.tensors[il], self.layout(slot), self._at[:, slot].tolist()))
 
     # ---- the end --------------------------------------------------------------------------
     def abort(self) -> None:
