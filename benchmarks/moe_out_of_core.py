@@ -99,7 +99,7 @@ def _delta(after: dict, before: dict) -> dict:
     for k, v in after.items():
         b = before.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(b, (int, float)) \
-                and not k.endswith("rate") and k not in ("slots", "slot_bytes"):
+                and not k.endswith(("rate", "precision")) and k not in ("slots", "slot_bytes"):
             out[k] = v - b
         else:
             out[k] = v
@@ -108,6 +108,10 @@ def _delta(after: dict, before: dict) -> dict:
         out["hit_rate"] = out["hits"] / n if n else 0.0
     if "prefetch_hits" in out and "prefetch_issued" in out:
         out["prefetch_hit_rate"] = out["prefetch_hits"] / out["prefetch_issued"] if out["prefetch_issued"] else 0.0
+    for rate, right, of in (("prediction_rate", "predicted_right", "predicted"),
+                            ("unseen_precision", "unseen_right", "unseen_guessed")):
+        if of in out:
+            out[rate] = out[right] / out[of] if out[of] else 0.0
     return out
 
 
