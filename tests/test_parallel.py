@@ -64,7 +64,7 @@ def _params():
         yield pytest.param(p, marks=marks, id=p.stem)
 
 
-@pytest.mark.parametrize("path", _params())
+@pytest.mark.parametrize("path", list(_params()))
 def test_replay_equals_llama_cpp(path):
     rec = _load(path)
     o = rec["oracle"]
