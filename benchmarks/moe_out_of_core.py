@@ -62,12 +62,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, fields
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from ramforge.cli.report import peak_rss  # noqa: E402  (VmHWM: the child's own peak, not its parent's)
-from ramforge.profiling import latency_percentiles  # noqa: E402
+from ramforge.profiling import ExpertRecord, latency_percentiles  # noqa: E402
 from benchmarks import fairdisk  # noqa: E402
 from benchmarks.fairdisk import read_ahead_kb  # noqa: E402,F401  (the readahead of the device holding a file)
 
@@ -94,7 +95,7 @@ def _proc_io() -> dict:
 
 
 def _delta(after: dict, before: dict) -> dict:
-    """Counters over a window: numeric values subtracted, hit rates recomputed from the deltas."""
+    """Counters over a window: numeric values subtracted, rates recomputed from the deltas."""
     out = {}
     for k, v in after.items():
         b = before.get(k)
@@ -103,15 +104,12 @@ def _delta(after: dict, before: dict) -> dict:
             out[k] = v - b
         else:
             out[k] = v
-    if "hits" in out and "misses" in out:
-        n = out["hits"] + out["misses"]
-        out["hit_rate"] = out["hits"] / n if n else 0.0
+    counts = {f.name: out[f.name] for f in fields(ExpertRecord) if f.name != "layer" and f.name in out}
+    if counts:                                      # the rates as the record gives them, of the window's counts
+        rec = ExpertRecord("window", **counts)
+        out.update({k: v for k, v in rec.as_dict().items() if k not in vars(rec)})
     if "prefetch_hits" in out and "prefetch_issued" in out:
         out["prefetch_hit_rate"] = out["prefetch_hits"] / out["prefetch_issued"] if out["prefetch_issued"] else 0.0
-    for rate, right, of in (("prediction_rate", "predicted_right", "predicted"),
-                            ("unseen_precision", "unseen_right", "unseen_guessed")):
-        if of in out:
-            out[rate] = out[right] / out[of] if out[of] else 0.0
     return out
 
 
@@ -518,7 +516,6 @@ def expert_read_bytes(model: str) -> int | None:
 
 def bench(a, model: str, disk, have_llama: bool) -> int:
     """The measurements, on `model` (a copy on the fair disk `disk`, or the file itself where disk is None)."""
-    from dataclasses import asdict
 
     from ramforge.stream.io import evict, page_cache_residency, probe_read_speed
 

@@ -143,15 +143,13 @@ def test_a_prompts_misses_are_taken_a_batch_of_finished_reads_at_a_time(cache):
     """take_arrived hands the next miss, awaited, with every other whose read has finished, each at its
     offsets in the pool holding the file's bytes; slots freed by `release` take the misses still waiting.
     Where the next cannot have a slot until an expert held in the turn is given up, it hands none."""
-    from concurrent.futures import wait
-
     c = cache(range(1, 2), 3)
     rec = ExpertRecord(1)
     order = c.layer(1, np.array([3, 5, 7, 9, 11]), 4, rec)
     assert len(c.take_ready(order, rec)) == 0 and rec.misses == 5
     left, sizes, whole = list(order), [], _tensors(cache.f, 1)
     while left:
-        wait(list(c._loading.values()))                   # every read begun has finished: one batch of them
+        _settle(c)                                        # every read begun has finished: one batch of them
         got = c.take_arrived(left, rec)
         assert got and got.keys[0] == left[0] and got.offs.shape == (3, len(got)) and got.offs.flags.c_contiguous
         sizes.append(len(got))
@@ -554,7 +552,7 @@ def test_reads_ahead_stop_while_the_guesses_not_cached_are_missed(cache, monkeyp
 def test_handed_experts_go_a_layout_at_a_time():
     """Handed.by_layout: one call for a turn of one layout, else the repacked ones, then those in file order,
     each with its experts' offsets as contiguous i64 rows (the kernels' offsets)."""
-    from ramforge.stream.expert_view import Handed
+    from ramforge.stream.expert_view import NONE_HANDED, Handed
 
     offs = np.arange(12, dtype=np.int64).reshape(3, 4)
     one = list(Handed([(2, 7), (2, 1), (2, 5), (2, 3)], offs, np.ones(4, bool)).by_layout())
@@ -563,4 +561,4 @@ def test_handed_experts_go_a_layout_at_a_time():
     assert [(p, e) for p, e, _ in two] == [(True, [1, 3]), (False, [7, 5])]
     assert np.array_equal(two[0][2], offs[:, [1, 3]]) and np.array_equal(two[1][2], offs[:, [0, 2]])
     assert all(o.flags.c_contiguous and o.dtype == np.int64 for _, _, o in two)
-    assert list(Handed([], np.zeros((3, 0), np.int64), np.zeros(0, bool)).by_layout()) == []
+    assert list(NONE_HANDED.by_layout()) == []

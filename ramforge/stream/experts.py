@@ -163,12 +163,14 @@ class ExpertCache:
         guess = self._predicted.pop(il, None)
         if guess is not None:
             right = sum(e in guess for _, e in keys)
-            rec.predicted, rec.predicted_right = rec.predicted + len(keys), rec.predicted_right + right
+            rec.predicted += len(keys)
+            rec.predicted_right += right
             self.accuracy += (right / max(len(keys), 1) - self.accuracy) / ACCURACY_TURNS
         unseen = self._unseen.pop(il, None)
         if unseen:
             right = sum(e in unseen for _, e in keys)
-            rec.unseen_guessed, rec.unseen_right = rec.unseen_guessed + len(unseen), rec.unseen_right + right
+            rec.unseen_guessed += len(unseen)
+            rec.unseen_right += right
             self.precision += (right / len(unseen) - self.precision) / ACCURACY_TURNS
         for k in [k for k in self._kept if k[0] == il]:
             self._protected[self._kept.pop(k)] = False
@@ -481,10 +483,8 @@ class ExpertCache:
                 fut.result()
             except BaseException:
                 self._evict(slot)
-        self._prefetched.clear()
-        self._kept.clear()
-        self._predicted.clear()
-        self._unseen.clear()
+        for pending in (self._prefetched, self._kept, self._predicted, self._unseen):
+            pending.clear()
         self._protected[:] = False
 
     def close(self) -> None:
