@@ -108,8 +108,6 @@ def _delta(after: dict, before: dict) -> dict:
     if counts:                                      # the rates as the record gives them, of the window's counts
         rec = ExpertRecord("window", **counts)
         out.update({k: v for k, v in rec.as_dict().items() if k not in vars(rec)})
-    if "prefetch_hits" in out and "prefetch_issued" in out:
-        out["prefetch_hit_rate"] = out["prefetch_hits"] / out["prefetch_issued"] if out["prefetch_issued"] else 0.0
     return out
 
 
@@ -394,8 +392,7 @@ def label(r: dict) -> str:
 
 
 def _pf_rate(st: dict):
-    if "prefetch_hit_rate" in st:
-        return st["prefetch_hit_rate"]
+    """Reads ahead that were picked, of those made (None where none were made)."""
     hits, issued = st.get("prefetch_hits"), st.get("prefetch_issued")
     return hits / issued if hits is not None and issued else None
 
